@@ -1,0 +1,7 @@
+"""The operator-graph IR and the registry of operator kinds."""
+
+from symtensor.graph.ir import DTYPE_BYTES, Graph, Op, Tensor
+from symtensor.graph.kinds import KINDS, kind_of, op_fwd_flops, op_model_flops, op_no_cut, op_saves
+
+__all__ = ["DTYPE_BYTES", "Graph", "Op", "Tensor", "KINDS", "kind_of", "op_fwd_flops", "op_model_flops",
+           "op_no_cut", "op_saves"]

@@ -1,0 +1,273 @@
+"""Clusters: a device type and a hierarchy of link levels; presets and cluster files.
+
+Units inside are SI (seconds, bytes, bytes/s, FLOP/s); cluster files use GB/s, TFLOP/s, GiB and
+microseconds and are converted once, here. Bandwidths are per device and per direction.
+
+A cluster of N devices is a hierarchy of levels, innermost first (NVLink inside a node, then
+InfiniBand between nodes). Its *mesh* factors N into prime-sized axes, each on one level,
+outermost (slowest) level first: 24 H100s = ib:3 x nvlink:2 x nvlink:2 x nvlink:2.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from symtensor.errors import PlanError, did_you_mean
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Device:
+    """One accelerator.
+
+    Attributes:
+        name: e.g. ``A100-SXM4-80GB``.
+        peak_flops: dense peak FLOP/s per dtype (``bf16``, ``fp16``, ``fp32``, ``fp8``).
+        hbm_bandwidth: bytes/s of device memory.
+        memory: bytes of device memory.
+        source: where the numbers come from.
+    """
+
+    name: str
+    peak_flops: dict
+    hbm_bandwidth: float
+    memory: float
+    source: str = field(default="", compare=False)
+
+    def flops(self, dtype: str) -> float:
+        if dtype not in self.peak_flops:
+            raise PlanError(f"device {self.name} has no peak FLOP/s for {dtype}; it has {sorted(self.peak_flops)}")
+        return self.peak_flops[dtype]
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Level:
+    """One level of the interconnect.
+
+    Attributes:
+        name: e.g. ``nvlink``, ``ib``.
+        fanout: how many units of the level below it groups (8 GPUs per node); ``0`` = unbounded
+            (the outermost level).
+        bandwidth: bytes/s per device per direction across this level.
+        latency: seconds per collective step across this level (the alpha of alpha-beta).
+        source: where the numbers come from.
+    """
+
+    name: str
+    fanout: int
+    bandwidth: float
+    latency: float
+    source: str = field(default="", compare=False)
+
+
+@dataclass(frozen=True, slots=True)
+class Axis:
+    """A mesh axis: a prime-sized group of devices on one level of the cluster."""
+
+    name: str
+    size: int
+    level: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Cluster:
+    """A device type, its link hierarchy (innermost first) and how many devices are used."""
+
+    name: str
+    device: Device
+    levels: tuple[Level, ...]
+    n_devices: int
+
+    def __post_init__(self):
+        if not isinstance(self.n_devices, int) or self.n_devices <= 0:
+            raise PlanError(f"cluster {self.name}: the device count must be a positive integer, got {self.n_devices!r}")
+        if not self.levels:
+            raise PlanError(f"cluster {self.name}: needs at least one level")
+        for lvl in self.levels[:-1]:
+            if lvl.fanout <= 0:
+                raise PlanError(f"cluster {self.name}: level {lvl.name} needs a positive fanout (only the outermost "
+                                "level may be unbounded)")
+        self.level_counts  # validates divisibility
+
+    @property
+    def level_counts(self) -> tuple[int, ...]:
+        """Devices used per level, innermost first: 24 on 8-GPU nodes -> (8, 3)."""
+        counts, rest = [], self.n_devices
+        for i, lvl in enumerate(self.levels):
+            last = i == len(self.levels) - 1
+            if last or lvl.fanout == 0:
+                counts.append(rest)
+                rest = 1
+                break
+            if rest <= lvl.fanout:
+                if lvl.fanout % rest:
+                    raise PlanError(f"cluster {self.name}: {rest} devices do not split a {lvl.name} group of "
+                                    f"{lvl.fanout}; use a divisor of {lvl.fanout} or a multiple of it")
+                counts.append(rest)
+                rest = 1
+                break
+            if rest % lvl.fanout:
+                raise PlanError(
+                    f"cluster {self.name}: {self.n_devices} devices is not a whole number of {lvl.name} groups of "
+                    f"{lvl.fanout}; use a multiple of {lvl.fanout} (e.g. {self.n_devices // lvl.fanout * lvl.fanout or lvl.fanout}"
+                    f" or {(self.n_devices // lvl.fanout + 1) * lvl.fanout}) or a custom cluster file")
+            counts.append(lvl.fanout)
+            rest //= lvl.fanout
+        counts += [1] * (len(self.levels) - len(counts))
+        return tuple(counts)
+
+    @property
+    def nodes(self) -> int:
+        counts = self.level_counts
+        n = 1
+        for c in counts[1:]:
+            n *= c
+        return n
+
+    def mesh(self) -> tuple[Axis, ...]:
+        """Prime-sized axes, outermost level first; within a level larger primes first."""
+        axes = []
+        for level in reversed(range(len(self.levels))):
+            for j, p in enumerate(prime_factors(self.level_counts[level])):
+                axes.append(Axis(f"{self.levels[level].name}{j}", p, level))
+        return tuple(axes)
+
+    def with_devices(self, n: int) -> "Cluster":
+        return Cluster(name=self.name, device=self.device, levels=self.levels, n_devices=n)
+
+
+def prime_factors(n: int) -> list[int]:
+    """Prime factors of n, largest first: 24 -> [3, 2, 2, 2]."""
+    out, p = [], 2
+    while p * p <= n:
+        while n % p == 0:
+            out.append(p)
+            n //= p
+        p += 1
+    if n > 1:
+        out.append(n)
+    return sorted(out, reverse=True)
+
+
+GB = 1e9
+TFLOPS = 1e12
+GIB = 2**30
+US = 1e-6
+
+# Link latencies: per collective step, the order of NCCL's own model (src/graph/tuning.cc: a few
+# microseconds of base latency for NVLink rings, more across the network). Not fitted.
+_NVLINK_LAT, _NET_LAT = 3 * US, 8 * US
+
+A100_80G = Device(
+    name="A100-SXM4-80GB", peak_flops={"bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS, "fp32": 19.5 * TFLOPS,
+                                       "tf32": 156 * TFLOPS},
+    hbm_bandwidth=2039 * GB, memory=80 * GIB,
+    source="NVIDIA A100 datasheet (dense BF16/FP16 312 TFLOP/s, HBM2e 2,039 GB/s, 80 GB)")
+H100_SXM = Device(
+    name="H100-SXM5-80GB", peak_flops={"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp8": 1979 * TFLOPS,
+                                       "fp32": 67 * TFLOPS},
+    hbm_bandwidth=3350 * GB, memory=80 * GIB,
+    source="NVIDIA H100 datasheet (dense BF16 989 TFLOP/s, FP8 1,979, HBM3 3.35 TB/s, 80 GB)")
+ASCEND_910B = Device(
+    name="Ascend-910B", peak_flops={"bf16": 313 * TFLOPS, "fp16": 313 * TFLOPS, "fp32": 75 * TFLOPS},
+    hbm_bandwidth=1600 * GB, memory=64 * GIB,
+    source="Huawei Atlas 800T A2 (Ascend 910B) public specs: ~313 TFLOP/s FP16, 64 GB HBM2e at ~1.6 TB/s")
+
+
+def _levels(intra_name, intra_bw, inter_name, inter_bw, intra_src, inter_src):
+    return (Level(name=intra_name, fanout=8, bandwidth=intra_bw, latency=_NVLINK_LAT, source=intra_src),
+            Level(name=inter_name, fanout=0, bandwidth=inter_bw, latency=_NET_LAT, source=inter_src))
+
+
+PRESETS = {
+    "dgx-a100-80g": (A100_80G, _levels(
+        "nvlink", 300 * GB, "ib", 25 * GB,
+        "NVLink 3 through NVSwitch: 600 GB/s bidirectional per GPU = 300 GB/s each way (A100 datasheet)",
+        "8x HDR InfiniBand 200 Gb/s per node, one NIC per GPU = 25 GB/s each way (DGX A100 user guide)")),
+    "dgx-h100": (H100_SXM, _levels(
+        "nvlink", 450 * GB, "ib", 50 * GB,
+        "NVLink 4 through NVSwitch: 900 GB/s bidirectional per GPU = 450 GB/s each way (H100 datasheet)",
+        "8x NDR InfiniBand 400 Gb/s per node, one NIC per GPU = 50 GB/s each way (DGX H100 user guide)")),
+    "ascend-910b": (ASCEND_910B, _levels(
+        "hccs", 50 * GB, "roce", 10 * GB,
+        "HCCS inside an 8-NPU Atlas 800T A2 node, ~50 GB/s per NPU (PARADISE hardware.py A2 preset)",
+        "200 Gb/s RoCE per NPU, ~10 GB/s achievable (PARADISE hardware.py A2 preset)")),
+}
+
+
+def cluster_names() -> list[str]:
+    return sorted(PRESETS)
+
+
+def _from_file(path: Path, n_devices: int) -> Cluster:
+    text = path.read_text()
+    try:
+        if path.suffix in (".yaml", ".yml"):
+            import yaml
+
+            data = yaml.safe_load(text)
+        else:
+            data = json.loads(text)
+    except Exception as exc:  # noqa: BLE001 - any parse error becomes one line
+        raise PlanError(f"cluster file {path}: cannot parse ({str(exc).splitlines()[0]})") from None
+    return cluster_from_dict(data, n_devices, str(path))
+
+
+def _require(data: dict, keys: tuple, where: str) -> None:
+    if not isinstance(data, dict):
+        raise PlanError(f"{where}: expected a mapping")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise PlanError(f"{where}: missing key(s) {', '.join(missing)}")
+    for k in keys:
+        v = data[k]
+        if k != "name" and (not isinstance(v, (int, float, dict)) or (isinstance(v, (int, float)) and v < 0)):
+            raise PlanError(f"{where}: {k} must be a non-negative number, got {v!r}")
+
+
+def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Cluster:
+    """A cluster from a mapping in user units (GB/s, TFLOP/s, GiB, us); rejects unknown keys."""
+    _require(data, ("device", "levels"), where)
+    unknown = set(data) - {"name", "device", "levels"}
+    if unknown:
+        raise PlanError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: name, device, levels")
+    dev = data["device"]
+    _require(dev, ("name", "peak_tflops", "hbm_gbps", "memory_gib"), f"{where}: device")
+    if not isinstance(dev["peak_tflops"], dict) or not dev["peak_tflops"]:
+        raise PlanError(f"{where}: device.peak_tflops must map dtypes to TFLOP/s, e.g. {{bf16: 989}}")
+    device = Device(name=str(dev["name"]), peak_flops={k: float(v) * TFLOPS for k, v in dev["peak_tflops"].items()},
+                    hbm_bandwidth=float(dev["hbm_gbps"]) * GB, memory=float(dev["memory_gib"]) * GIB,
+                    source=f"cluster file {where}")
+    if not isinstance(data["levels"], list) or not data["levels"]:
+        raise PlanError(f"{where}: levels must be a non-empty list, innermost first")
+    levels = []
+    for i, lv in enumerate(data["levels"]):
+        last = i == len(data["levels"]) - 1
+        _require(lv, ("name", "bandwidth_gbps", "latency_us") + (() if last else ("fanout",)), f"{where}: levels[{i}]")
+        levels.append(Level(name=str(lv["name"]), fanout=int(lv.get("fanout", 0)),
+                            bandwidth=float(lv["bandwidth_gbps"]) * GB, latency=float(lv["latency_us"]) * US,
+                            source=f"cluster file {where}"))
+    return Cluster(name=str(data.get("name", where)), device=device, levels=tuple(levels), n_devices=n_devices)
+
+
+def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None) -> Cluster:
+    """A preset name or a YAML/JSON cluster file, sized by ``devices`` or ``nodes``."""
+    if (devices is None) == (nodes is None):
+        raise PlanError("give exactly one of --devices N or --nodes N")
+    if spec in PRESETS:
+        device, levels = PRESETS[spec]
+        name = spec
+    else:
+        path = Path(spec)
+        if not path.exists():
+            raise PlanError(f"unknown cluster {spec!r}: give a preset or a YAML/JSON file." + did_you_mean(spec, PRESETS))
+        proto = _from_file(path, 1)
+        device, levels, name = proto.device, proto.levels, proto.name
+    if nodes is not None:
+        if not isinstance(nodes, int) or nodes <= 0:
+            raise PlanError(f"--nodes must be a positive integer, got {nodes!r}")
+        devices = nodes * (levels[0].fanout or 1)
+    if not isinstance(devices, int) or devices <= 0:
+        raise PlanError(f"--devices must be a positive integer, got {devices!r}")
+    return Cluster(name=name, device=device, levels=levels, n_devices=devices)
