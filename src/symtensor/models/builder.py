@@ -16,8 +16,19 @@ from symtensor.graph import Graph, Op, Tensor
 from symtensor.models.config import ModelConfig, load_model_config
 
 
+# Megatron-LM pads the vocabulary to a multiple of 128 (--make-vocab-size-divisible-by) so that
+# vocab-parallel cuts divide it; GPT-2's 50257 becomes 50304. Every other zoo vocabulary already is.
+VOCAB_PAD = 128
+
+
+def padded_vocab(vocab: int) -> int:
+    return -(-vocab // VOCAB_PAD) * VOCAB_PAD
+
+
 class _Builder:
     def __init__(self, cfg: ModelConfig, micro_batch: int, seq: int, dtype: str):
+        if cfg.vocab >= VOCAB_PAD:
+            cfg = cfg.replace(vocab=padded_vocab(cfg.vocab))
         self.cfg, self.b, self.s, self.dtype = cfg, micro_batch, seq, dtype
         self.g = Graph(name=cfg.name, meta={"config": cfg, "micro_batch": micro_batch, "seq": seq,
                                             "layers": cfg.layers, "dtype": dtype, "inputs": ("ids", "labels")})
@@ -35,13 +46,14 @@ class _Builder:
     def op(self, name, kind, dims, inputs, in_dims, outputs, out_dims, **attrs):
         self.g.add_op(Op(name=f"{self.prefix}.{name}", kind=kind, dims=tuple(dims.items()), inputs=tuple(inputs),
                          outputs=tuple(outputs), in_dims=tuple(in_dims), out_dims=tuple(out_dims), layer=self.layer,
-                         block=f"{self.prefix.split('.', 2)[-1] if self.layer >= 0 else self.prefix}.{name}",
+                         block=name if self.layer >= 0 else f"{self.prefix}.{name}",
                          attrs=tuple(sorted(attrs.items()))))
         return outputs[0]
 
     def linear(self, name, x, x_dims, out_dims, sizes, w_dims, target=None, bias=False, frozen=False):
         """Y = X . W; LoRA adds X . A . B when ``target`` is a LoRA target (W is then frozen)."""
         cfg = self.cfg
+        sizes = {d: sizes[d] for d in dict.fromkeys(x_dims + w_dims + out_dims)}
         lora = cfg.lora_rank > 0 and target in cfg.lora_targets
         trainable = not frozen and not (cfg.lora_rank > 0)
         w = self.param(f"{name}.weight", tuple(sizes[d] for d in w_dims), w_dims, trainable=trainable)
@@ -71,11 +83,11 @@ class _Builder:
         self.op(f"{name}.lora_b", "linear", b_sizes, [xa, b_w], [xa_dims, b_wdims], [xb], [out_dims])
         return self.elementwise(f"{name}.lora_add", "add", [y, xb], out_dims, sizes, out_name=name)
 
-    def elementwise(self, name, fn, inputs, dims, sizes, out_name=None, saves=(), in_dims=None, flops=1):
+    def elementwise(self, name, fn, inputs, dims, sizes, out_name=None, saves=(), in_dims=None, flops=1, **attrs):
         out = self.act(out_name or name, tuple(sizes[d] for d in dims), dims)
         self.op(name, "elementwise", {d: sizes[d] for d in dict.fromkeys(sum(in_dims or [dims] * len(inputs), ()))},
                 inputs, in_dims or [dims] * len(inputs), [out], [dims], fn=fn, saves=saves,
-                flops_per_element=flops)
+                flops_per_element=flops, **attrs)
         return out
 
     def dropout(self, name, x, dims, sizes):
@@ -134,12 +146,14 @@ class _Builder:
             bnst = ("b", "n", "s", "t")
             sc_sizes = {k_: sizes[k_] for k_ in ("b", "n", "s", "t", "d")}
             scores = self.act("scores", (self.b, cfg.heads, self.s, self.s), bnst)
-            self.op("scores", "bmm", sc_sizes, [q, k], [bsnd, ("b", "t", "n", "d")], [scores], [bnst])
+            self.op("scores", "bmm", sc_sizes, [q, k], [bsnd, ("b", "t", "n", "d")], [scores], [bnst], core=True)
             probs = self.act("probs", (self.b, cfg.heads, self.s, self.s), bnst)
-            self.op("softmax", "softmax", {k_: sizes[k_] for k_ in bnst}, [scores], [bnst], [probs], [bnst], axis="t")
-            probs = self.dropout("attn_dropout", probs, bnst, sizes)
+            self.op("softmax", "softmax", {k_: sizes[k_] for k_ in bnst}, [scores], [bnst], [probs], [bnst], axis="t",
+                    core=True)
+            if cfg.dropout:
+                probs = self.elementwise("attn_dropout", "dropout", [probs], bnst, sizes, core=True)
             o = self.act("core", (self.b, self.s, cfg.heads, cfg.head_dim), bsnd)
-            self.op("context", "bmm", sc_sizes, [probs, v], [bnst, ("b", "t", "n", "d")], [o], [bsnd])
+            self.op("context", "bmm", sc_sizes, [probs, v], [bnst, ("b", "t", "n", "d")], [o], [bsnd], core=True)
         y = self.linear("o_proj", o, bsnd, bsh, sizes, ("n", "d", "h"), "o", bias=cfg.bias)
         y = self.dropout("attn_out_dropout", y, bsh, sizes)
         return self.elementwise("attn_residual", "add", [x, y], bsh, sizes)
@@ -163,8 +177,9 @@ class _Builder:
         gates = self.act("gates", (self.b, self.s, cfg.experts), bse, dtype="fp32")
         self.op("topk", "softmax", {k_: sizes[k_] for k_ in bse}, [logits], [bse], [gates], [bse], axis="e")
         xe = self.act("dispatch", (cfg.experts, self.b, sizes["c"], cfg.hidden), ebch)
+        # a cut of the token sequence s carries over to the capacity slots c (no pending sum)
         self.op("dispatch", "moe_dispatch", {k_: sizes[k_] for k_ in ("b", "s", "e", "c", "h")}, [x, gates],
-                [bsh, bse], [xe], [ebch])
+                [bsh, bse], [xe], [ebch], carry=(("s", "c"),))
         esz = {k_: sizes[k_] for k_ in ("e", "b", "c", "h")} | {"f": cfg.moe_ffn}
         gt = self.linear("experts.gate_proj", xe, ebch, ebcf, esz, ("e", "h", "f"), "gate")
         up = self.linear("experts.up_proj", xe, ebch, ebcf, esz, ("e", "h", "f"), "up")
@@ -172,7 +187,7 @@ class _Builder:
         ye = self.linear("experts.down_proj", a, ebcf, ebch, esz, ("e", "f", "h"), "down")
         y = self.act("combine", (self.b, self.s, cfg.hidden), bsh)
         return self.op("combine", "moe_combine", {k_: sizes[k_] for k_ in ("e", "b", "c", "s", "h")}, [ye, gates],
-                       [ebch, bse], [y], [bsh])
+                       [ebch, bse], [y], [bsh], carry=(("c", "s"),))
 
     def layer_block(self, i, x):
         cfg = self.cfg

@@ -1,0 +1,508 @@
+"""Evaluate a plan: step time, its breakdown, communication volume and memory per device.
+
+Objective for one training step (spec section 2.4), with m micro-batches, p pipeline stages and v
+virtual stages per device:
+
+    step = (m + (p-1)/v) * max_stage T_mb + pp_comm + (1 - overlap) * T_grad_sync + T_optimizer
+    T_mb = sum_ops [T_fwd + T_bwd + T_recompute] + sum_edges [T_redis_fwd + T_redis_bwd]
+
+Per-op times are rooflines of the op's local piece; edges pay the collectives that turn the
+producer's layout into the consumer's (and back for gradients); gradient synchronisation runs once
+per step over each parameter's replica group. Memory per device is parameters, gradients and
+optimizer state (sharded by ZeRO), plus the saved activations of the in-flight micro-batches.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from symtensor.cost.collectives import collective_time, level_counts
+from symtensor.cost.efficiency import Efficiency, efficiency_for
+from symtensor.cost.opcost import (Collective, collectives_time, extra_saved_bytes, input_layout,
+                                   intra_collectives, op_time, output_layout, redistribute)
+from symtensor.cost.train import TrainConfig
+from symtensor.errors import PlanError
+from symtensor.graph import Graph, kind_of, op_model_flops, op_saves
+from symtensor.hardware import Cluster
+from symtensor.layout import REPLICATED, OpLayout, check_layout, tensor_layout
+
+GIB = 2**30
+# Usable fraction of device memory: allocator fragmentation, CUDA context and workspaces
+# (the 0.9 of spec open point 9).
+MEMORY_HEADROOM = 0.9
+
+
+def split_mesh(cluster: Cluster, pp: int):
+    """Take the pipeline axes from the outermost levels; return (stage mesh, pipeline axes)."""
+    from symtensor.hardware import prime_factors
+
+    mesh = list(cluster.mesh())
+    need = prime_factors(pp) if pp > 1 else []
+    if cluster.n_devices % pp:
+        raise PlanError(f"pp={pp} does not divide the {cluster.n_devices} devices")
+    taken = []
+    for p in need:
+        idx = next((i for i, a in enumerate(mesh) if a.size == p), None)
+        if idx is None:
+            raise PlanError(f"pp={pp} cannot be laid on the mesh {[a.size for a in cluster.mesh()]}")
+        taken.append(mesh.pop(idx))
+    return tuple(mesh), tuple(taken)
+
+
+@dataclass
+class CostReport:
+    """What one plan costs. Times in seconds, memory in bytes, volumes in bytes per device per step."""
+
+    step_time_s: float
+    breakdown: dict[str, float]
+    memory: dict[str, float]
+    memory_peak: float
+    capacity: float
+    fits: bool
+    model_flops: float
+    tokens: int
+    n_devices: int
+    peak_flops: float
+    comm_bytes: dict[str, float] = field(default_factory=dict)
+    stage_times_s: list[float] = field(default_factory=list)
+
+    @property
+    def tokens_per_s(self) -> float:
+        return self.tokens / self.step_time_s
+
+    @property
+    def model_tflops_per_device(self) -> float:
+        return self.model_flops / self.step_time_s / self.n_devices / 1e12
+
+    @property
+    def mfu(self) -> float:
+        return self.model_flops / self.step_time_s / self.n_devices / self.peak_flops
+
+    def as_dict(self) -> dict:
+        return {
+            "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
+            "model_tflops_per_device": self.model_tflops_per_device, "mfu": self.mfu,
+            "memory_gib_per_device": self.memory_peak / GIB, "capacity_gib": self.capacity / GIB,
+            "fits": self.fits, "breakdown": dict(self.breakdown),
+            "memory_gib": {k: v / GIB for k, v in self.memory.items()},
+            "comm_bytes_per_device": dict(self.comm_bytes),
+        }
+
+
+_CATEGORY_BY_KIND = {"attention": "cp_comm", "moe_dispatch": "ep_comm", "moe_combine": "ep_comm"}
+
+
+class Evaluator:
+    """Costs plans of one graph on one cluster with one pipeline depth; memoises per op and edge.
+
+    Args:
+        graph: the graph of one micro-step.
+        cluster: devices and links.
+        pp: pipeline stages (their axes are taken from the outermost levels).
+        eff: efficiency constants (default: calibrated for the device).
+    """
+
+    def __init__(self, graph: Graph, cluster: Cluster, pp: int = 1, eff: Efficiency | None = None):
+        self.graph, self.cluster, self.pp = graph, cluster, pp
+        self.mesh, self.pp_axes = split_mesh(cluster, pp)
+        self.levels = cluster.levels
+        self.eff = eff or efficiency_for(cluster.device.name)
+        self.producer = graph.producers()
+        self.consumers = graph.consumers()
+        self.tensors = graph.tensors
+        self.dtype = graph.meta.get("dtype", "bf16")
+        self._op_cache: dict = {}
+        self._edge_cache: dict = {}
+        self.requires_grad = self._requires_grad()
+        self.grad_operands = {op.name: self._grad_operands(op) for op in graph.ops}
+        self.model_flops_per_microstep = sum(op_model_flops(op, self.grad_operands[op.name]) for op in graph.ops)
+        self._segment_cache: dict = {}
+        self.segments = self._index_segments()
+
+    # -- graph facts ------------------------------------------------------------------------
+    def _requires_grad(self) -> set[str]:
+        """Tensors whose gradient backward computes: trainable params and what depends on them."""
+        req = {t.name for t in self.tensors.values() if t.param and t.trainable}
+        for op in self.graph.ops:
+            if any(t in req for t in op.inputs):
+                req.update(op.outputs)
+        return req
+
+    def needs_grad(self, tname: str) -> bool:
+        return tname in self.requires_grad
+
+    def _grad_operands(self, op) -> int:
+        """Operands of the contraction whose gradient backward computes (a bias adds no matmul)."""
+        return sum(1 for t in op.inputs[:2] if self.needs_grad(t))
+
+    def _index_segments(self):
+        """(signature id, ops, external inputs) per segment; equal layers share the signature id."""
+        ids: dict = {}
+        out = []
+        for ops in _segments(self.graph):
+            names = {t for op in ops for t in op.outputs}
+            external = tuple(dict.fromkeys(
+                (t, self.producer[t]) for op in ops for t in op.inputs if t in self.producer and t not in names))
+            sig = (tuple(op.signature for op in ops), tuple(self.grad_operands[op.name] for op in ops),
+                   tuple(ops[0].layer - p.layer for _, p in external))
+            out.append((ids.setdefault(sig, len(ids)), ops, external))
+        return out
+
+    # -- memoised pieces ----------------------------------------------------------------------
+    def op_time(self, op, layout: OpLayout):
+        key = (op.signature, self.grad_operands[op.name], layout)
+        hit = self._op_cache.get(key)
+        if hit is None:
+            hit = op_time(op, layout, self.mesh, self.cluster.device, self.eff, self.tensors,
+                          self.grad_operands[op.name], self.dtype)
+            self._op_cache[key] = hit
+        return hit
+
+    def edge(self, src, dst, tname):
+        t = self.tensors[tname]
+        key = (t.shape, t.dtype, src, dst)
+        hit = self._edge_cache.get(key)
+        if hit is None:
+            colls = redistribute(src, dst, t.numel, t.itemsize, self.mesh)
+            hit = (collectives_time(colls, self.mesh, self.levels, self.eff), colls)
+            self._edge_cache[key] = hit
+        return hit
+
+    def coll_time(self, kind, nbytes, axes) -> float:
+        return collective_time(kind, nbytes, level_counts(axes, self.mesh, len(self.levels)), self.levels,
+                               self.eff.link)
+
+    # -- the evaluation -----------------------------------------------------------------------
+    def check(self, layouts: dict[str, OpLayout]) -> None:
+        for op in self.graph.ops:
+            check_layout(op, layouts.get(op.name, REPLICATED), self.mesh)
+
+    def stage_of(self, train: TrainConfig) -> dict[int, int]:
+        layers = self.graph.meta["layers"]
+        counts = train.stage_layers(layers)
+        stage, start = {-1: 0, layers: train.pp - 1}, 0
+        for s, c in enumerate(counts):
+            for layer in range(start, start + c):
+                stage[layer] = s
+            start += c
+        return stage
+
+    def evaluate(self, layouts: dict[str, OpLayout], train: TrainConfig, check: bool = True) -> CostReport:
+        if train.pp != self.pp:
+            raise PlanError(f"evaluator built for pp={self.pp}, configuration has pp={train.pp}")
+        if train.graph_batch != self.graph.meta["micro_batch"]:
+            raise PlanError(f"graph built for {self.graph.meta['micro_batch']} sequences per micro-step, "
+                            f"configuration has {train.graph_batch}")
+        if check:
+            self.check(layouts)
+        return _Accumulator(self, layouts, train).run()
+
+
+class _Segment:
+    """The cost of one segment (a layer, or the ops before or after the layers) on its stage, per
+    micro-batch where it repeats and per step where it does not. Identical layers with identical
+    layouts and inputs have the same segment, so a 126-layer model costs a few segment walks."""
+
+    def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops, cross_stage: frozenset):
+        self.ev, self.layouts, self.train, self.ops = ev, layouts, train, ops
+        self.cross_stage = cross_stage  # input tensors that arrive from another pipeline stage
+        self.compute = self.recompute = self.sync = self.opt_time = 0.0
+        self.comm: dict[str, float] = {}
+        self.bytes: dict[str, float] = {}  # per micro-batch
+        self.step_bytes: dict[str, float] = {}  # per step (gradient synchronisation)
+        self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
+        self.tied: dict[str, "_Segment"] = {}
+        self.saved: dict[str, float] = {}
+        self.layer_input = 0.0
+        self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
+
+    def layout(self, op) -> OpLayout:
+        return self.layouts.get(op.name, REPLICATED)
+
+    def add_comm(self, category, colls, seconds, times=1.0):
+        self.comm[category] = self.comm.get(category, 0.0) + seconds * times
+        for c in colls:
+            self.bytes[c.kind] = self.bytes.get(c.kind, 0.0) + c.nbytes * times
+
+    def run(self) -> "_Segment":
+        recompute = self.train.recompute
+        for op in self.ops:
+            layout = self.layout(op)
+            t = self.ev.op_time(op, layout)
+            self.compute += t.fwd_s + t.bwd_s
+            redo = self.in_layer and (recompute == "full" or (recompute == "selective" and bool(op.attr("core"))))
+            if redo:
+                self.recompute += t.fwd_s
+            self._edges(op, layout, redo)
+            self._saved(op, layout)
+            self._params(op, layout)
+        return self
+
+    def _edges(self, op, layout, redo):
+        ev = self.ev
+        category = _CATEGORY_BY_KIND.get(op.kind, "tp_comm")
+        intra = intra_collectives(op, layout, ev.mesh)
+        if intra:
+            self.add_comm("tp_comm", intra, collectives_time(intra, ev.mesh, ev.levels, ev.eff), 2.0 if redo else 1.0)
+        for slot, tname in enumerate(op.inputs):
+            prod = ev.producer.get(tname)
+            if prod is None or tname in self.cross_stage:
+                continue  # graph inputs; pipeline boundaries are point-to-point, charged per step
+            playout = self.layout(prod)
+            pslot = prod.outputs.index(tname)
+            src = output_layout(prod, playout, pslot, partial=True)
+            dst = input_layout(op, layout, slot)
+            cat = "ep_comm" if prod.kind == "moe_dispatch" else category
+            seconds, colls = ev.edge(src, dst, tname)
+            if colls:
+                self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
+            if ev.needs_grad(tname):
+                gsrc = input_layout(op, layout, slot, grad=True)
+                gdst = output_layout(prod, playout, pslot, partial=False)
+                seconds, colls = ev.edge(gsrc, gdst, tname)
+                if colls:
+                    self.add_comm(cat, colls, seconds)
+
+    def _saved(self, op, layout):
+        ev = self.ev
+        # selective recomputation re-runs the attention core: of its ops' saved tensors only the
+        # region's inputs (Q, K, V) stay, what the core produces itself is recomputed
+        selective = self.train.recompute == "selective" and bool(op.attr("core")) and self.in_layer
+        for slot_name in op_saves(op):
+            io, idx = slot_name[:-1], int(slot_name[-1])
+            tname = op.inputs[idx] if io == "in" else op.outputs[idx]
+            t = ev.tensors[tname]
+            if t.param:
+                continue
+            view = input_layout(op, layout, idx) if io == "in" else output_layout(op, layout, idx, partial=False)
+            nbytes = t.nbytes / view.factor(ev.mesh)
+            prod = ev.producer.get(tname)
+            if selective and (io == "out" or (prod is not None and prod.attr("core"))):
+                continue
+            if prod is not None and io == "in" and tname not in self.cross_stage:
+                pview = output_layout(prod, self.layout(prod), prod.outputs.index(tname), partial=False)
+                pbytes = t.nbytes / pview.factor(ev.mesh)
+                if pbytes < nbytes:
+                    # keep the smaller shard and gather it again in backward (Megatron-SP)
+                    _, colls = ev.edge(pview, view, tname)
+                    gathers = tuple(c for c in colls if c.kind == "all_gather")
+                    self.add_comm("tp_comm", gathers, collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
+                    nbytes = pbytes
+            prev = self.saved.get(tname)
+            if prev is None or nbytes < prev:
+                self.saved[tname] = nbytes
+        extra = 0.0 if selective else extra_saved_bytes(op, layout, ev.mesh)
+        if extra:
+            self.saved[f"{op.name}#extra"] = extra
+        if self.in_layer and op.inputs and not self.layer_input:
+            # the residual stream entering the layer: what full recomputation keeps
+            x = op.inputs[0]
+            prod = ev.producer.get(x)
+            if prod is not None and prod.layer != op.layer:
+                v = output_layout(prod, self.layout(prod), prod.outputs.index(x), partial=False)
+                self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)
+
+    def _params(self, op, layout):
+        ev, train = self.ev, self.train
+        for slot, tname in enumerate(op.inputs):
+            t = ev.tensors[tname]
+            if not t.param:
+                continue
+            target = self
+            if t.tie:
+                if t.tie in self.tied:
+                    continue
+                target = self.tied[t.tie] = _Segment(ev, self.layouts, train, (), frozenset())
+            tl = input_layout(op, layout, slot, grad=True)
+            local = t.numel / tl.factor(ev.mesh)
+            sync_axes = tuple(sorted(tl.partial))
+            used = {a for ax in tl.axes for a in ax} | tl.partial
+            replicas = tuple(sorted(sync_axes + tuple(a for a in range(len(ev.mesh)) if a not in used)))
+            shard = 1
+            for a in replicas:
+                shard *= ev.mesh[a].size
+            z = train.zero
+            st = target.static
+            st["params"] += local * train.param_bytes / (shard if z >= 3 else 1)
+            if not t.trainable:
+                continue
+            st["grads"] += local * train.grad_bytes / (shard if z >= 2 else 1)
+            st["optimizer"] += local * train.optim_bytes / (shard if z >= 1 else 1)
+            moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
+            target.opt_time += moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
+            target._grad_sync(local, sync_axes, replicas)
+
+    def _grad_sync(self, local, sync_axes, replicas):
+        ev, train = self.ev, self.train
+        gbytes = local * train.grad_bytes
+        pbytes = local * train.param_bytes
+        colls = []
+        if train.zero == 0:
+            if sync_axes:
+                colls.append((Collective("all_reduce", gbytes, sync_axes), 1))
+        elif train.zero in (1, 2):
+            if replicas:
+                colls.append((Collective("reduce_scatter", gbytes, replicas), 1))
+                colls.append((Collective("all_gather", pbytes, replicas), 1))
+        elif replicas:
+            m = train.micro_steps
+            colls.append((Collective("all_gather", pbytes, replicas), 2 * m))
+            colls.append((Collective("reduce_scatter", gbytes, replicas), m))
+        for c, times in colls:
+            self.sync += ev.coll_time(c.kind, c.nbytes, c.axes) * times
+            self.step_bytes[c.kind] = self.step_bytes.get(c.kind, 0.0) + c.nbytes * times
+
+
+class _Stage:
+    """Sums of the segments on one pipeline stage."""
+
+    def __init__(self):
+        self.compute = self.recompute = self.sync = self.opt_time = 0.0
+        self.comm: dict[str, float] = {}
+        self.bytes: dict[str, float] = {}
+        self.step_bytes: dict[str, float] = {}
+        self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
+        self.layer_saved: list[float] = []
+        self.layer_inputs = 0.0
+        self.other_saved = 0.0
+        self.ties: set[str] = set()
+
+    def add(self, seg: _Segment, static_only: bool = False):
+        for k, v in seg.static.items():
+            self.static[k] += v
+        self.sync += seg.sync
+        self.opt_time += seg.opt_time
+        _merge(self.step_bytes, seg.step_bytes)
+        for tie, tseg in seg.tied.items():
+            if tie not in self.ties:
+                self.ties.add(tie)
+                self.add(tseg, static_only=True)
+        if static_only:
+            return
+        self.compute += seg.compute
+        self.recompute += seg.recompute
+        _merge(self.comm, seg.comm)
+        _merge(self.bytes, seg.bytes)
+        if seg.in_layer:
+            self.layer_saved.append(sum(seg.saved.values()))
+            self.layer_inputs += seg.layer_input
+        else:
+            self.other_saved += sum(seg.saved.values())
+
+    @property
+    def per_microbatch_s(self) -> float:
+        return self.compute + self.recompute + sum(self.comm.values())
+
+
+def _merge(into: dict, other: dict) -> None:
+    for k, v in other.items():
+        into[k] = into.get(k, 0.0) + v
+
+
+def _segments(graph: Graph) -> list[tuple]:
+    """Contiguous runs of ops with the same layer index."""
+    out, cur, layer = [], [], None
+    for op in graph.ops:
+        if op.layer != layer and cur:
+            out.append(tuple(cur))
+            cur = []
+        layer = op.layer
+        cur.append(op)
+    if cur:
+        out.append(tuple(cur))
+    return out
+
+
+class _Accumulator:
+    """One evaluation: costs each segment (memoised), sums per stage, then the step."""
+
+    def __init__(self, ev: Evaluator, layouts, train: TrainConfig):
+        self.ev, self.layouts, self.train = ev, layouts, train
+        self.stage = ev.stage_of(train)
+        self.stages = [_Stage() for _ in range(train.pp)]
+
+    def layout(self, op) -> OpLayout:
+        return self.layouts.get(op.name, REPLICATED)
+
+    def run(self) -> CostReport:
+        ev, train = self.ev, self.train
+        tkey = (train.recompute, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
+        for sig_id, ops, external in ev.segments:
+            s = self.stage[ops[0].layer]
+            cross = frozenset(t for t, prod in external if self.stage[prod.layer] != s)
+            ext = tuple(self.layout(prod) for _, prod in external)
+            key = (sig_id, tuple(self.layout(op) for op in ops), ext, bool(cross), tkey)
+            seg = ev._segment_cache.get(key)
+            if seg is None:
+                seg = _Segment(ev, self.layouts, train, ops, cross).run()
+                ev._segment_cache[key] = seg
+            self.stages[s].add(seg)
+        return self._finish()
+
+    def _finish(self) -> CostReport:
+        ev, train = self.ev, self.train
+        pp, m, v = train.pp, train.micro_steps, train.vpp
+        per_mb = [st.per_microbatch_s for st in self.stages]
+        crit = max(range(pp), key=lambda s: per_mb[s])
+        cs = self.stages[crit]
+        t_mb = per_mb[crit]
+        bubble = (pp - 1) / v * t_mb
+        p2p = p2p_bytes = 0.0
+        if pp > 1:
+            p2p_bytes = self._boundary_bytes()
+            lvl = ev.levels[max(a.level for a in ev.pp_axes)]
+            p2p = 2 * m * (lvl.latency + p2p_bytes / (lvl.bandwidth * ev.eff.link))
+        dp_exposed = (1 - ev.eff.dp_overlap) * max(st.sync for st in self.stages)
+        breakdown = {"compute": m * cs.compute, "recompute": m * cs.recompute}
+        for cat in ("tp_comm", "cp_comm", "ep_comm"):
+            breakdown[cat] = m * cs.comm.get(cat, 0.0)
+        breakdown.update(dp_comm=dp_exposed, pp_comm=p2p, pp_bubble=bubble,
+                         optimizer=max(st.opt_time for st in self.stages))
+        step = sum(breakdown.values())
+        memory, peak = self._memory()
+        comm_bytes = {k: val * m for k, val in cs.bytes.items()}
+        _merge(comm_bytes, cs.step_bytes)
+        if pp > 1:
+            comm_bytes["send_recv"] = 2 * m * p2p_bytes
+        model_flops = ev.model_flops_per_microstep * m
+        cap = ev.cluster.device.memory
+        return CostReport(
+            step_time_s=step, breakdown=breakdown, memory=memory, memory_peak=peak, capacity=cap,
+            fits=peak <= cap * MEMORY_HEADROOM, model_flops=model_flops,
+            tokens=train.global_batch * ev.graph.meta["seq"], n_devices=ev.cluster.n_devices,
+            peak_flops=ev.cluster.device.flops(ev.dtype), comm_bytes=comm_bytes, stage_times_s=per_mb)
+
+    def _boundary_bytes(self) -> float:
+        """Bytes of the activation crossing a stage boundary, at its layout (per micro-batch)."""
+        ev = self.ev
+        for _, ops, external in ev.segments:
+            for tname, prod in external:
+                if self.stage[prod.layer] != self.stage[ops[0].layer]:
+                    view = output_layout(prod, self.layout(prod), prod.outputs.index(tname), partial=False)
+                    return ev.tensors[tname].nbytes / view.factor(ev.mesh)
+        return 0.0
+
+    def _inflight(self, s) -> float:
+        """Micro-batches whose activations a stage holds at once under 1F1B (interleaved: more)."""
+        pp, m, v = self.train.pp, self.train.micro_steps, self.train.vpp
+        if v > 1 and s == 0:
+            return min(m, pp) * (1 + (pp - 1) / (pp * v))
+        return min(m, pp - s)
+
+    def _memory(self):
+        """Per-stage memory; returns the breakdown of the most loaded stage and its peak."""
+        best, peak = None, -1.0
+        for s, st in enumerate(self.stages):
+            if self.train.recompute == "full":
+                layers_act = st.layer_inputs
+                transient = max(st.layer_saved, default=0.0)
+            else:
+                layers_act, transient = sum(st.layer_saved), 0.0
+            inflight = self._inflight(s)
+            mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
+                   "activations": (layers_act + st.other_saved) * inflight, "activations_layers": layers_act * inflight,
+                   "recompute_transient": transient}
+            total = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations"] + transient
+            if total > peak:
+                best, peak = mem, total
+        return best, peak

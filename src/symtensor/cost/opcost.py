@@ -1,0 +1,144 @@
+"""Per-operator and per-edge costs: compute roofline, redistribution collectives, saved bytes.
+
+Everything here is a pure function of shapes, layouts, the mesh and a few constants; results are
+memoised by the evaluator on (op signature, layout), so identical layers cost one evaluation.
+
+Legend: ``mesh`` is a tuple of Axis; ``levels`` the cluster levels (innermost first); ``eff``
+an :class:`~symtensor.cost.efficiency.Efficiency`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from symtensor.cost.collectives import collective_time, level_counts
+from symtensor.graph import DTYPE_BYTES, kind_of
+from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
+
+
+@dataclass(frozen=True, slots=True)
+class OpTime:
+    """Seconds of one op on one device for one micro-batch."""
+
+    fwd_s: float
+    bwd_s: float
+    fwd_flops: float  # local executed forward FLOPs
+
+
+def local_sizes(op, layout: OpLayout, mesh) -> dict[str, float]:
+    full = linked_layout(op, layout)
+    return {d: size / cut_factor(full, d, mesh) for d, size in op.dims}
+
+
+def _tensor_local_bytes(dims, sizes, dtype):
+    n = DTYPE_BYTES[dtype]
+    for d in dims:
+        n *= sizes[d]
+    return n
+
+
+def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int, dtype="bf16") -> OpTime:
+    """Roofline time of the op's local piece, forward and backward."""
+    kind = kind_of(op.kind)
+    sizes = local_sizes(op, layout, mesh)
+    attrs = dict(op.attrs)
+    flops = kind.fwd_flops(sizes, attrs)
+    nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
+                 for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
+    peak = device.flops(dtype)
+    frac = {"linear": eff.gemm, "bmm": eff.bmm, "attention": eff.attention}.get(op.kind, eff.gemm)
+    hbm = device.hbm_bandwidth * eff.hbm
+    if kind.memory_bound:
+        fwd = nbytes / hbm
+        bwd = kind.bwd_fixed * 2 * nbytes / hbm if kind.bwd_fixed else 0.0
+        return OpTime(fwd, bwd, flops)
+    bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
+    fwd = max(flops / (peak * frac), nbytes / hbm)
+    bwd = max(bwd_flops / (peak * frac), 2 * nbytes / hbm) if bwd_flops else 0.0
+    return OpTime(fwd, bwd, flops)
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    kind: str
+    nbytes: float  # the message size as defined in collectives.py (the runtime counts the same)
+    axes: tuple[int, ...]
+
+
+def redistribute(src: TensorLayout, dst: TensorLayout, numel: int, itemsize: int, mesh) -> tuple[Collective, ...]:
+    """Collectives that turn a tensor placed as ``src`` into ``dst`` (spec section 2.6).
+
+    Per mesh axis: partial in ``src`` and cutting ``dst`` -> reduce-scatter; partial and unused by
+    ``dst`` -> all-reduce; the same tensor axis cut in both -> nothing; a different tensor axis ->
+    all-to-all; cut in ``src`` only -> all-gather; cut in ``dst`` only -> a local slice (free).
+    """
+    src_axis_of = {a: i for i, ax in enumerate(src.axes) for a in ax}
+    dst_axis_of = {a: i for i, ax in enumerate(dst.axes) for a in ax}
+    rs, ar, a2a, ag = [], [], [], []
+    for a in src.partial:
+        (rs if a in dst_axis_of else ar).append(a)
+    for a, i in src_axis_of.items():
+        j = dst_axis_of.get(a)
+        if j is None:
+            ag.append(a)
+        elif j != i:
+            a2a.append(a)
+    if not (rs or ar or a2a or ag):
+        return ()
+    cur = numel * itemsize / src.factor(mesh)
+    out = []
+    if rs:
+        out.append(Collective("reduce_scatter", cur, tuple(sorted(rs))))
+        cur /= _group(rs, mesh)
+    if ar:
+        out.append(Collective("all_reduce", cur, tuple(sorted(ar))))
+    if a2a:
+        out.append(Collective("all_to_all", cur, tuple(sorted(a2a))))
+    if ag:
+        cur *= _group(ag, mesh)
+        out.append(Collective("all_gather", cur, tuple(sorted(ag))))
+    return tuple(out)
+
+
+def _group(axes, mesh) -> int:
+    g = 1
+    for a in axes:
+        g *= mesh[a].size
+    return g
+
+
+def collectives_time(colls, mesh, levels, eff) -> float:
+    return sum(collective_time(c.kind, c.nbytes, level_counts(c.axes, mesh, len(levels)), levels, eff.link)
+               for c in colls)
+
+
+def input_layout(op, layout: OpLayout, slot: int, grad: bool = False) -> TensorLayout:
+    """How the op sees its input ``slot``; with ``grad`` the gradient it produces (partial axes)."""
+    full = linked_layout(op, layout)
+    return tensor_layout(full, op.in_dims[slot], op.dims, partial_for_missing=grad)
+
+
+def output_layout(op, layout: OpLayout, slot: int = 0, partial: bool = True) -> TensorLayout:
+    full = linked_layout(op, layout)
+    return tensor_layout(full, op.out_dims[slot], op.dims, partial_for_missing=partial)
+
+
+def extra_saved_bytes(op, layout: OpLayout, mesh) -> float:
+    kind = kind_of(op.kind)
+    if kind.extra_saved_bytes is None:
+        return 0.0
+    return kind.extra_saved_bytes(local_sizes(op, layout, mesh), dict(op.attrs))
+
+
+def intra_collectives(op, layout: OpLayout, mesh) -> tuple[Collective, ...]:
+    """Collectives inside one op (forward). Vocab-parallel cross-entropy all-reduces three fp32
+    statistics per token (max logit, sum of exponentials, target logit; Megatron's
+    ``_VocabParallelCrossEntropy``) instead of gathering the logits."""
+    if op.kind != "cross_entropy":
+        return ()
+    axes = layout.axes_of("v")
+    if not axes:
+        return ()
+    sizes = local_sizes(op, layout, mesh)
+    stat = 4 * sizes["b"] * sizes["s"]
+    return tuple(Collective("all_reduce", stat, tuple(sorted(axes))) for _ in range(3))

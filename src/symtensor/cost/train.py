@@ -1,0 +1,79 @@
+"""The training configuration the cost model needs besides the graph, the cluster and the layouts."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+
+from symtensor.errors import PlanError
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class TrainConfig:
+    """One training step.
+
+    Attributes:
+        global_batch: sequences per optimizer step.
+        micro_steps: micro-batches per step (gradient accumulation / pipeline micro-batches); the
+            graph is built for ``global_batch / micro_steps`` sequences, which the plan's batch
+            cuts spread over the devices.
+        pp: pipeline stages; ``vpp``: virtual stages (interleaved 1F1B chunks) per device.
+        layer_split: layers per pipeline stage (uneven splits allowed); default: as even as possible.
+        recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
+        zero: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded over replicas.
+        param_bytes / grad_bytes / optim_bytes: per parameter; Megatron keeps bf16 weights, fp32
+            main gradients and fp32 master weights + Adam m and v (2 + 4 + 12 = 18 bytes,
+            Korthikanti et al. 2022); the ZeRO paper counts fp16 gradients (2 + 2 + 12).
+    """
+
+    global_batch: int
+    micro_steps: int = 1
+    pp: int = 1
+    vpp: int = 1
+    layer_split: tuple[int, ...] | None = None
+    recompute: str = "none"
+    zero: int = 0
+    param_bytes: int = 2
+    grad_bytes: int = 4
+    optim_bytes: int = 12
+
+    def __post_init__(self):
+        for key in ("global_batch", "micro_steps", "pp", "vpp"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or v <= 0:
+                raise PlanError(f"{key} must be a positive integer, got {v!r}")
+        if self.global_batch % self.micro_steps:
+            raise PlanError(f"global batch {self.global_batch} is not divisible into {self.micro_steps} micro-batches")
+        if self.recompute not in RECOMPUTE:
+            raise PlanError(f"recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        if self.zero not in (0, 1, 2, 3):
+            raise PlanError(f"zero={self.zero!r}; use 0, 1, 2 or 3")
+        if self.vpp > 1 and self.pp == 1:
+            raise PlanError("virtual pipeline stages (vpp > 1) need pp > 1")
+
+    @property
+    def graph_batch(self) -> int:
+        """Sequences in the graph of one micro-step (all devices together)."""
+        return self.global_batch // self.micro_steps
+
+    def replace(self, **kw) -> "TrainConfig":
+        return replace(self, **kw)
+
+    def stage_layers(self, layers: int) -> tuple[int, ...]:
+        """Layers per pipeline stage."""
+        if self.layer_split is not None:
+            if len(self.layer_split) != self.pp or sum(self.layer_split) != layers or min(self.layer_split) < 1:
+                raise PlanError(f"layer split {self.layer_split} must give {self.pp} stages summing to {layers} layers")
+            return tuple(self.layer_split)
+        if self.pp > layers:
+            raise PlanError(f"pp={self.pp} exceeds the {layers} layers; use pp <= {layers}")
+        if layers % (self.pp * self.vpp) and self.vpp > 1:
+            raise PlanError(f"{layers} layers do not split into pp*vpp = {self.pp * self.vpp} equal chunks")
+        base, extra = divmod(layers, self.pp)
+        # the extra layers go to the middle stages: the first holds the embedding, the last the head
+        order = sorted(range(self.pp), key=lambda i: (i in (0, self.pp - 1), i))
+        counts = [base] * self.pp
+        for i in order[:extra]:
+            counts[i] += 1
+        return tuple(counts)

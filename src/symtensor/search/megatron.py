@@ -1,0 +1,175 @@
+"""Megatron-LM configurations as layouts: (tp, pp, dp, cp, ep, sp, zero, recompute, micro batch, vpp).
+
+A Megatron configuration is one point of SymTensor's space: every op gets the cuts Megatron's
+modules apply. Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp with
+ep carved from its innermost part; pp slowest), which puts tensor parallelism inside a node.
+
+    op family                         cut by tp axes                   by dp / cp axes
+    q/k/v, gate/up (column parallel)  output features (n, g, f)        b / s
+    o_proj, down (row parallel)       reduction (n, f): partial out    b / s
+    attention core                    heads n (kv heads g follow)      b / s (query only)
+    norms, residual, dropout          s if sequence parallel           b / s
+    embedding, LM head, loss          vocabulary v                     b / s
+    MoE experts                       f (expert TP = TP)               e by ep, b by the rest of dp
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+from symtensor.cost import Evaluator, TrainConfig
+from symtensor.errors import PlanError
+from symtensor.graph import Graph
+from symtensor.hardware import Cluster
+from symtensor.layout import OpLayout
+from symtensor.models import ModelConfig, build_graph
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ParallelConfig:
+    """A Megatron-style configuration (the ``config`` block of every JSON output)."""
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    sp: bool = False
+    zero: int = 0
+    recompute: str = "none"
+    micro_batch: int = 1
+    global_batch: int = 1
+    seq: int = 2048
+    vpp: int = 1
+
+    def as_dict(self) -> dict:
+        return asdict(self)
+
+    @property
+    def devices(self) -> int:
+        return self.tp * self.pp * self.dp * self.cp
+
+    def micro_steps(self) -> int:
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    def validate(self, cfg: ModelConfig, n_devices: int) -> None:
+        """Refuse an impossible configuration with one line naming the rule and the fix."""
+        for key in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "seq", "vpp"):
+            v = getattr(self, key)
+            if not isinstance(v, int) or v <= 0:
+                raise PlanError(f"{key} must be a positive integer, got {v!r}")
+        if self.devices != n_devices:
+            raise PlanError(f"tp*pp*dp*cp = {self.tp}*{self.pp}*{self.dp}*{self.cp} = {self.devices} but the "
+                            f"cluster has {n_devices} devices; make the product equal the device count")
+        if cfg.heads % self.tp or cfg.kv_heads % self.tp:
+            raise PlanError(f"tp={self.tp} must divide heads={cfg.heads} and kv_heads={cfg.kv_heads}; "
+                            "choose a tp that divides both")
+        if cfg.ffn % self.tp or cfg.moe_ffn % self.tp:
+            raise PlanError(f"tp={self.tp} must divide the MLP width {cfg.ffn}")
+        if self.global_batch % (self.micro_batch * self.dp):
+            raise PlanError(f"global batch {self.global_batch} is not divisible by micro_batch*dp = "
+                            f"{self.micro_batch}*{self.dp}; change --global-batch or --micro-batch")
+        seq_cut = self.cp * (self.tp if self.sp else 1)
+        if self.seq % seq_cut:
+            raise PlanError(f"seq={self.seq} is not divisible by cp*tp(sp) = {seq_cut}")
+        if self.ep > 1 and (not cfg.is_moe or cfg.experts % self.ep):
+            raise PlanError(f"ep={self.ep} must divide the number of experts ({cfg.experts})")
+        if self.dp % self.ep:
+            raise PlanError(f"ep={self.ep} must divide dp={self.dp} (expert parallelism is carved from data parallelism)")
+        if self.pp > cfg.layers:
+            raise PlanError(f"pp={self.pp} exceeds the {cfg.layers} layers")
+        if self.vpp > 1 and cfg.layers % (self.pp * self.vpp):
+            raise PlanError(f"{cfg.layers} layers do not split into pp*vpp = {self.pp * self.vpp} chunks")
+        if self.tp == 1 and self.sp:
+            raise PlanError("sequence parallelism (--sp) needs tp > 1")
+
+    def train_config(self) -> TrainConfig:
+        return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps(), pp=self.pp,
+                           vpp=self.vpp, recompute=self.recompute, zero=self.zero)
+
+
+def _take(mesh, free: list[int], degree: int, what: str) -> tuple[int, ...]:
+    """Take axes (innermost first) from ``free`` whose sizes multiply to ``degree``."""
+    taken, rest = [], degree
+    for a in sorted(free, reverse=True):
+        if rest > 1 and rest % mesh[a].size == 0:
+            taken.append(a)
+            rest //= mesh[a].size
+    if rest != 1:
+        raise PlanError(f"{what}={degree} cannot be laid on the mesh axes {[mesh[a].size for a in free]}")
+    for a in taken:
+        free.remove(a)
+    return tuple(sorted(taken))
+
+
+def assign_axes(mesh, pc: ParallelConfig) -> dict[str, tuple[int, ...]]:
+    free = list(range(len(mesh)))
+    tp = _take(mesh, free, pc.tp, "tp")
+    cp = _take(mesh, free, pc.cp, "cp")
+    dp = _take(mesh, free, pc.dp, "dp")
+    ep = _take(mesh, list(dp), pc.ep, "ep")
+    return {"tp": tp, "cp": cp, "dp": dp, "ep": ep, "edp": tuple(a for a in dp if a not in ep)}
+
+
+_COLUMN = {"q_proj": "n", "k_proj": "g", "v_proj": "g", "gate_proj": "f", "up_proj": "f", "router": None}
+_ROW = {"o_proj": ("n", "d"), "down_proj": ("f",)}
+
+
+def _tp_dim(op) -> str | None:
+    """The dim Megatron's tensor parallelism cuts in this op, or None (replicated / sequence)."""
+    block = op.block.split(".")
+    leaf = block[-1]
+    base = block[-2] if leaf in ("lora_a", "lora_b", "lora_add") else leaf
+    sizes = op.dim_sizes
+    if op.kind == "attention" or op.kind in ("bmm", "softmax") or leaf == "attn_dropout":
+        return "n"
+    if op.kind in ("embedding", "cross_entropy") and "v" in sizes:
+        return "v"
+    if leaf == "lm_head":
+        return "v"
+    if base in _COLUMN:
+        col = _COLUMN[base]
+        if col is None or leaf == "lora_a":
+            return None
+        return col if col in sizes else None
+    if base in _ROW:
+        if leaf == "lora_b":
+            return None
+        return "n" if base == "o_proj" else "f"
+    if "f" in sizes and op.kind == "elementwise":
+        return "f"
+    return None
+
+
+def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig) -> dict[str, OpLayout]:
+    """Per-op layouts of a Megatron configuration on the stage mesh."""
+    ax = assign_axes(mesh, pc)
+    layouts = {}
+    for op in graph.ops:
+        sizes = op.dim_sizes
+        cuts: dict[str, tuple[int, ...]] = {}
+        expert = "e" in sizes and op.kind in ("linear", "elementwise") and "h" in sizes | {"h": 0} and op.kind != "softmax"
+        expert = expert and any(len(d) and d[0] == "e" for d in op.in_dims)
+        if "b" in sizes:
+            cuts["b"] = ax["edp"] if expert else ax["dp"]
+        if expert:
+            cuts["e"] = ax["ep"]
+        seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
+        if seq_dim in sizes and ax["cp"]:
+            cuts[seq_dim] = ax["cp"]
+        tdim = _tp_dim(op)
+        if ax["tp"] and tdim and tdim in sizes:
+            cuts[tdim] = ax["tp"]
+        elif ax["tp"] and pc.sp and "s" in sizes and op.kind in ("norm", "elementwise") and not expert:
+            cuts["s"] = cuts.get("s", ()) + ax["tp"]
+        layouts[op.name] = OpLayout.of(cuts)
+    return layouts
+
+
+def evaluate_megatron(cfg: ModelConfig, cluster: Cluster, pc: ParallelConfig, graph: Graph | None = None):
+    """Cost a Megatron configuration with the SymTensor model; returns (report, layouts, evaluator)."""
+    pc.validate(cfg, cluster.n_devices)
+    graph = graph or build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq)
+    ev = Evaluator(graph, cluster, pp=pc.pp)
+    layouts = megatron_layouts(graph, ev.mesh, pc)
+    return ev.evaluate(layouts, pc.train_config()), layouts, ev
