@@ -365,6 +365,7 @@ class _Stage:
         self.layer_saved: list[float] = []
         self.layer_inputs = 0.0
         self.other_saved = 0.0
+        self.layer_state = 0.0  # params + grads + optimizer of the transformer layers only
         self.ties: set[str] = set()
 
     def add(self, seg: _Segment, static_only: bool = False):
@@ -384,6 +385,7 @@ class _Stage:
         _merge(self.comm, seg.comm)
         _merge(self.bytes, seg.bytes)
         if seg.in_layer:
+            self.layer_state += sum(seg.static.values())
             self.layer_saved.append(sum(seg.saved.values()))
             self.layer_inputs += seg.layer_input
         else:
@@ -427,6 +429,7 @@ class _Accumulator:
     def run(self) -> CostReport:
         ev, train = self.ev, self.train
         tkey = (train.recompute, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
+        # (dp_overlap and the schedule only enter the step, not the segments)
         for sig_id, ops, external in ev.segments:
             s = self.stage[ops[0].layer]
             cross = frozenset(t for t, prod in external if self.stage[prod.layer] != s)
@@ -446,13 +449,14 @@ class _Accumulator:
         crit = max(range(pp), key=lambda s: per_mb[s])
         cs = self.stages[crit]
         t_mb = per_mb[crit]
-        bubble = (pp - 1) / v * t_mb
+        # the fill and drain of 1F1B pass through every stage once: the bubble costs the mean stage
+        bubble = (pp - 1) / v * sum(per_mb) / pp
         p2p = p2p_bytes = 0.0
         if pp > 1:
-            p2p_bytes = self._boundary_bytes()
-            lvl = ev.levels[max(a.level for a in ev.pp_axes)]
-            p2p = 2 * m * (lvl.latency + p2p_bytes / (lvl.bandwidth * ev.eff.link))
-        dp_exposed = (1 - ev.eff.dp_overlap) * max(st.sync for st in self.stages)
+            p2p, p2p_bytes = self._p2p()
+            p2p *= 2 * m  # activations forward and their gradients backward, every micro-batch
+        overlap = ev.eff.dp_overlap if train.dp_overlap is None else train.dp_overlap
+        dp_exposed = (1 - overlap) * max(st.sync for st in self.stages)
         breakdown = {"compute": m * cs.compute, "recompute": m * cs.recompute}
         for cat in ("tp_comm", "cp_comm", "ep_comm"):
             breakdown[cat] = m * cs.comm.get(cat, 0.0)
@@ -472,15 +476,31 @@ class _Accumulator:
             tokens=train.global_batch * ev.graph.meta["seq"], n_devices=ev.cluster.n_devices,
             peak_flops=ev.cluster.device.flops(ev.dtype), comm_bytes=comm_bytes, stage_times_s=per_mb)
 
-    def _boundary_bytes(self) -> float:
-        """Bytes of the activation crossing a stage boundary, at its layout (per micro-batch)."""
+    def _p2p(self) -> tuple[float, float]:
+        """Seconds and bytes of one stage-boundary transfer (per micro-batch, one direction).
+
+        Megatron's scatter-gather optimisation: the devices holding identical copies of the
+        boundary activation each send a distinct slice across the pipeline link, and the receivers
+        all-gather the slices over their replica axes.
+        """
         ev = self.ev
         for _, ops, external in ev.segments:
             for tname, prod in external:
-                if self.stage[prod.layer] != self.stage[ops[0].layer]:
-                    view = output_layout(prod, self.layout(prod), prod.outputs.index(tname), partial=False)
-                    return ev.tensors[tname].nbytes / view.factor(ev.mesh)
-        return 0.0
+                if self.stage[prod.layer] == self.stage[ops[0].layer]:
+                    continue
+                view = output_layout(prod, self.layout(prod), prod.outputs.index(tname), partial=False)
+                local = ev.tensors[tname].nbytes / view.factor(ev.mesh)
+                used = {a for ax in view.axes for a in ax}
+                replicas = tuple(a for a in range(len(ev.mesh)) if a not in used)
+                r = 1
+                for a in replicas:
+                    r *= ev.mesh[a].size
+                lvl = ev.levels[max(a.level for a in ev.pp_axes)]
+                seconds = lvl.latency + local / r / (lvl.bandwidth * ev.eff.link)
+                if replicas:
+                    seconds += ev.coll_time("all_gather", local, replicas)
+                return seconds, local / r
+        return 0.0, 0.0
 
     def _inflight(self, s) -> float:
         """Micro-batches whose activations a stage holds at once under 1F1B (interleaved: more)."""
@@ -501,8 +521,9 @@ class _Accumulator:
             inflight = self._inflight(s)
             mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
                    "activations": (layers_act + st.other_saved) * inflight, "activations_layers": layers_act * inflight,
-                   "recompute_transient": transient}
+                   "recompute_transient": transient, "layer_state": st.layer_state}
             total = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations"] + transient
+            mem["total"] = total
             if total > peak:
                 best, peak = mem, total
         return best, peak

@@ -25,6 +25,8 @@ class TrainConfig:
         param_bytes / grad_bytes / optim_bytes: per parameter; Megatron keeps bf16 weights, fp32
             main gradients and fp32 master weights + Adam m and v (2 + 4 + 12 = 18 bytes,
             Korthikanti et al. 2022); the ZeRO paper counts fp16 gradients (2 + 2 + 12).
+        dp_overlap: fraction of gradient synchronisation hidden behind backward; ``None`` takes
+            the efficiency default (Megatron-LM with --overlap-grad-reduce); 0 for Megatron-LM 2022.
     """
 
     global_batch: int
@@ -37,6 +39,7 @@ class TrainConfig:
     param_bytes: int = 2
     grad_bytes: int = 4
     optim_bytes: int = 12
+    dp_overlap: float | None = None
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
