@@ -22,9 +22,9 @@ from symtensor.cost.opcost import (Collective, collectives_time, extra_saved_byt
                                    intra_collectives, op_time, output_layout, redistribute)
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
-from symtensor.graph import Graph, kind_of, op_model_flops, op_saves
+from symtensor.graph import Graph, grad_operands, model_flops, op_saves, requires_grad
 from symtensor.hardware import Cluster
-from symtensor.layout import REPLICATED, OpLayout, check_layout, tensor_layout
+from symtensor.layout import REPLICATED, OpLayout, check_layout
 
 GIB = 2**30
 # Usable fraction of device memory: allocator fragmentation, CUDA context and workspaces
@@ -113,27 +113,15 @@ class Evaluator:
         self.dtype = graph.meta.get("dtype", "bf16")
         self._op_cache: dict = {}
         self._edge_cache: dict = {}
-        self.requires_grad = self._requires_grad()
-        self.grad_operands = {op.name: self._grad_operands(op) for op in graph.ops}
-        self.model_flops_per_microstep = sum(op_model_flops(op, self.grad_operands[op.name]) for op in graph.ops)
+        self.requires_grad = requires_grad(graph)
+        self.grad_operands = grad_operands(graph, self.requires_grad)
+        self.model_flops_per_microstep = model_flops(graph)
         self._segment_cache: dict = {}
         self.segments = self._index_segments()
 
     # -- graph facts ------------------------------------------------------------------------
-    def _requires_grad(self) -> set[str]:
-        """Tensors whose gradient backward computes: trainable params and what depends on them."""
-        req = {t.name for t in self.tensors.values() if t.param and t.trainable}
-        for op in self.graph.ops:
-            if any(t in req for t in op.inputs):
-                req.update(op.outputs)
-        return req
-
     def needs_grad(self, tname: str) -> bool:
         return tname in self.requires_grad
-
-    def _grad_operands(self, op) -> int:
-        """Operands of the contraction whose gradient backward computes (a bias adds no matmul)."""
-        return sum(1 for t in op.inputs[:2] if self.needs_grad(t))
 
     def _index_segments(self):
         """(signature id, ops, external inputs) per segment; equal layers share the signature id."""
@@ -448,7 +436,6 @@ class _Accumulator:
         per_mb = [st.per_microbatch_s for st in self.stages]
         crit = max(range(pp), key=lambda s: per_mb[s])
         cs = self.stages[crit]
-        t_mb = per_mb[crit]
         # the fill and drain of 1F1B pass through every stage once: the bubble costs the mean stage
         bubble = (pp - 1) / v * sum(per_mb) / pp
         p2p = p2p_bytes = 0.0

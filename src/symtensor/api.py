@@ -1,0 +1,99 @@
+"""The library's entry points: what each command computes, as plain values (no printing).
+
+    >>> from symtensor.api import graph_summary
+    >>> graph_summary("tiny-llama", micro_batch=1, seq=16)["layers"]
+    2
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from symtensor.cost import GIB
+from symtensor.errors import PlanError
+from symtensor.graph import model_flops
+from symtensor.hardware import load_cluster
+from symtensor.models import build_graph, load_model_config, params_active
+from symtensor.search.megatron import ParallelConfig, evaluate_megatron
+
+TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
+
+
+def default_seq(cfg) -> int:
+    return min(cfg.max_context, 8192)
+
+
+def default_global_batch(seq: int) -> int:
+    return max(1, TOKENS_PER_STEP // seq)
+
+
+def graph_summary(model, micro_batch: int = 1, seq: int | None = None, global_batch: int | None = None,
+                  overrides=None) -> dict:
+    """Parameter counts, operators, FLOPs and activation sizes of a model's training graph."""
+    cfg = load_model_config(model, overrides)
+    seq = seq or default_seq(cfg)
+    global_batch = global_batch or micro_batch
+    if global_batch % micro_batch:
+        raise PlanError(f"global batch {global_batch} is not a multiple of the micro batch {micro_batch}")
+    g = build_graph(cfg, micro_batch=micro_batch, seq=seq)
+    flops_mb = model_flops(g)
+    steps = global_batch // micro_batch
+    act = sum(g.tensors[t].nbytes for op in g.ops for t in op.outputs)
+    per_layer = sum(g.tensors[t].nbytes for op in g.layer_ops(0) for t in op.outputs) if cfg.layers else 0
+    return {
+        "model": cfg.name, "params_total": g.params_total(), "params_active": params_active(cfg, g),
+        "layers": cfg.layers, "hidden": cfg.hidden, "heads": cfg.heads, "kv_heads": cfg.kv_heads,
+        "ffn": cfg.ffn, "vocab": cfg.vocab, "experts": cfg.experts, "top_k": cfg.top_k,
+        "ops": len(g.ops), "ops_by_kind": dict(Counter(op.kind for op in g.ops)),
+        "tensors": len(g.tensors), "seq": seq, "micro_batch": micro_batch, "global_batch": global_batch,
+        "flops_per_step": flops_mb * steps, "flops_per_token": flops_mb / (micro_batch * seq),
+        "activation_bytes_per_microbatch": act, "activation_bytes_per_layer": per_layer,
+        "source": cfg.source,
+    }
+
+
+def _best_micro_batch(cfg, cluster, pc: ParallelConfig) -> ParallelConfig:
+    """``--micro-batch auto``: the fastest micro batch that fits (the fastest overall if none fits)."""
+    per_replica = pc.global_batch // pc.dp
+    best = None
+    for mb in [d for d in range(1, min(per_replica, 64) + 1) if per_replica % d == 0]:
+        trial = ParallelConfig(**{**pc.as_dict(), "micro_batch": mb})
+        try:
+            rep = evaluate_megatron(cfg, cluster, trial)[0]
+        except PlanError:
+            continue
+        key = (not rep.fits, rep.step_time_s)
+        if best is None or key < best[0]:
+            best = (key, trial)
+    if best is None:
+        raise PlanError("no micro batch size is valid for this configuration")
+    return best[1]
+
+
+def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
+             cp=1, ep=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
+             vpp=1, overrides=None) -> dict:
+    """Cost a Megatron-style configuration; the JSON of ``symtensor evaluate``."""
+    cfg = load_model_config(model, overrides)
+    cl = load_cluster(cluster, devices=devices, nodes=nodes)
+    seq = seq or default_seq(cfg)
+    if dp is None:
+        if cl.n_devices % (tp * pp * cp):
+            raise PlanError(f"tp*pp*cp = {tp * pp * cp} does not divide the {cl.n_devices} devices")
+        dp = cl.n_devices // (tp * pp * cp)
+    global_batch = global_batch or default_global_batch(seq)
+    sp = tp > 1 if sp is None else sp
+    pc = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp, zero=zero, recompute=recompute,
+                        micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
+                        seq=seq, vpp=vpp)
+    pc.validate(cfg, cl.n_devices)
+    if micro_batch == "auto":
+        pc = _best_micro_batch(cfg, cl, pc)
+    report = evaluate_megatron(cfg, cl, pc)[0]
+    out = report.as_dict()
+    out.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, config=pc.as_dict())
+    return out
+
+
+def memory_gib(report) -> float:
+    return report.memory_peak / GIB

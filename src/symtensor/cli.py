@@ -1,0 +1,140 @@
+"""The command line: a thin layer over ``symtensor.api``.
+
+    symtensor models | clusters
+    symtensor graph MODEL [--json]
+    symtensor evaluate MODEL --cluster C (--nodes N | --devices N) --tp T --pp P ... [--json]
+    symtensor plan MODEL --cluster C (--nodes N | --devices N) [--json] [--out plan.json]
+    symtensor calibrate [--fit] [--json]
+
+Every user error prints one line (``error: ...``) and exits with status 2; ``--debug`` shows the
+traceback instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+
+from symtensor.errors import PlanError
+
+DEFAULT_MODEL, DEFAULT_CLUSTER, DEFAULT_DEVICES = "llama3-8b", "dgx-h100", 64
+
+
+def _model_args(p: argparse.ArgumentParser, model_required=True) -> None:
+    if model_required:
+        p.add_argument("model", help="a preset (symtensor models) or a Hugging Face config.json")
+    else:
+        p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"default {DEFAULT_MODEL}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model field")
+    p.add_argument("--seq", type=int, help="tokens per sequence (default: the model's context, at most 8192)")
+    p.add_argument("--global-batch", type=int, help="sequences per step (default: about 4M tokens)")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def _cluster_args(p: argparse.ArgumentParser, required=True) -> None:
+    p.add_argument("--cluster", default=None if required else DEFAULT_CLUSTER, required=required,
+                   help="preset (symtensor clusters) or a YAML/JSON cluster file")
+    g = p.add_mutually_exclusive_group(required=required)
+    g.add_argument("--nodes", type=int)
+    g.add_argument("--devices", type=int)
+
+
+def _micro(value: str):
+    if value == "auto":
+        return value
+    try:
+        return int(value)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--micro-batch must be an integer or auto, got {value!r}") from None
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="symtensor", description="Symbolic and adaptive tensor partitioning planner")
+    ap.add_argument("--debug", action="store_true", help="show tracebacks")
+    sub = ap.add_subparsers(dest="command", required=True)
+    sub.add_parser("models", help="list the model zoo").add_argument("--json", action="store_true")
+    sub.add_parser("clusters", help="list the cluster presets").add_argument("--json", action="store_true")
+    p = sub.add_parser("graph", help="parameters, operators, FLOPs and activations of a model")
+    _model_args(p)
+    p.add_argument("--micro-batch", type=int, default=1)
+    p = sub.add_parser("evaluate", help="cost a Megatron-style configuration")
+    _model_args(p)
+    _cluster_args(p)
+    for name in ("tp", "pp", "cp", "ep", "vpp"):
+        p.add_argument(f"--{name}", type=int, default=1)
+    p.add_argument("--dp", type=int, help="default: devices / (tp*pp*cp)")
+    p.add_argument("--sp", dest="sp", action="store_true", default=None, help="sequence parallel (default with tp>1)")
+    p.add_argument("--no-sp", dest="sp", action="store_false")
+    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    p.add_argument("--micro-batch", type=_micro, default="auto")
+    p = sub.add_parser("plan", help="search the best plan (default: LLaMA-3-8B on 64 H100)")
+    _model_args(p, model_required=False)
+    _cluster_args(p, required=False)
+    p.add_argument("--micro-batch", type=_micro, default="auto")
+    p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
+    p.add_argument("--no-baselines", action="store_true", help="skip the baseline searches")
+    p.add_argument("--out", help="write the plan file (read by export, run, explain)")
+    p = sub.add_parser("calibrate", help="predicted vs published measurements (calibration.csv)")
+    p.add_argument("--fit", action="store_true", help="refit the efficiency constants first")
+    p.add_argument("--json", action="store_true")
+    return ap
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return _dispatch(args)
+    except PlanError as exc:
+        if args.debug:
+            raise
+        print(f"error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _dispatch(args) -> int:
+    from symtensor import report
+
+    if args.command == "models":
+        from symtensor.models import PRESETS
+
+        return report.models(PRESETS, args.json)
+    if args.command == "clusters":
+        from symtensor.hardware import PRESETS
+
+        return report.clusters(PRESETS, args.json)
+    if args.command == "calibrate":
+        from symtensor import calibration
+
+        eff = calibration.fit() if args.fit else calibration.CALIBRATED
+        results = calibration.predict(eff=eff)
+        code = report.calibration(results, calibration.summary(results), eff, args.json)
+        return code if all(r.within for r in results) else 1
+    from symtensor import api
+
+    if args.command == "graph":
+        out = api.graph_summary(args.model, micro_batch=args.micro_batch, seq=args.seq,
+                                global_batch=args.global_batch, overrides=args.set)
+        return report.graph(out, args.json)
+    if args.command == "evaluate":
+        out = api.evaluate(args.model, args.cluster, devices=args.devices, nodes=args.nodes, tp=args.tp, pp=args.pp,
+                           dp=args.dp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero, recompute=args.recompute,
+                           micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
+                           overrides=args.set)
+        return report.evaluation(out, args.json)
+    if args.command == "plan":
+        devices = args.devices if args.devices or args.nodes else DEFAULT_DEVICES
+        out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
+                       global_batch=args.global_batch, seq=args.seq, space=args.space,
+                       baselines=not args.no_baselines, overrides=args.set, out=args.out)
+        return report.plan(out, args.json)
+    raise AssertionError(args.command)
+
+
+def dump_json(obj) -> None:
+    print(json.dumps(obj, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

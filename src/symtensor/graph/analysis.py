@@ -1,0 +1,29 @@
+"""Facts derived from a graph alone: which tensors get gradients, FLOPs in the MFU convention."""
+
+from __future__ import annotations
+
+from symtensor.graph.ir import Graph
+from symtensor.graph.kinds import op_model_flops
+
+
+def requires_grad(graph: Graph) -> set[str]:
+    """Tensors whose gradient backward computes: trainable parameters and what depends on them."""
+    req = {t.name for t in graph.tensors.values() if t.param and t.trainable}
+    for op in graph.ops:
+        if any(t in req for t in op.inputs):
+            req.update(op.outputs)
+    return req
+
+
+def grad_operands(graph: Graph, req: set[str] | None = None) -> dict[str, int]:
+    """Per op, the operands of its contraction (the first two inputs; a bias adds no matmul) whose
+    gradient backward computes."""
+    req = requires_grad(graph) if req is None else req
+    return {op.name: sum(1 for t in op.inputs[:2] if t in req) for op in graph.ops}
+
+
+def model_flops(graph: Graph) -> float:
+    """Forward + backward FLOPs of one micro-step in the PaLM/Korthikanti MFU convention
+    (no recomputation, attention counted in full): 6 N tokens + attention terms."""
+    ops = grad_operands(graph)
+    return sum(op_model_flops(op, ops[op.name]) for op in graph.ops)

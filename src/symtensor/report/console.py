@@ -1,0 +1,142 @@
+"""Console output: rich tables for each command, or one JSON object with ``--json``."""
+
+from __future__ import annotations
+
+import json
+
+from rich.console import Console
+from rich.table import Table
+
+GIB = 2**30
+
+
+def _console() -> Console:
+    return Console(width=120, highlight=False)
+
+
+def _json(obj) -> int:
+    print(json.dumps(obj, indent=2, default=str))
+    return 0
+
+
+def _si(x: float, unit: str = "") -> str:
+    for factor, prefix in ((1e18, "E"), (1e15, "P"), (1e12, "T"), (1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= factor:
+            return f"{x / factor:.2f} {prefix}{unit}"
+    return f"{x:.3g} {unit}".strip()
+
+
+def models(presets: dict, as_json: bool) -> int:
+    rows = []
+    for name, c in presets.items():
+        rows.append({"name": name, "layers": c.layers, "hidden": c.hidden, "heads": c.heads, "kv_heads": c.kv_heads,
+                     "ffn": c.ffn, "vocab": c.vocab, "experts": c.experts, "top_k": c.top_k, "source": c.source})
+    if as_json:
+        return _json(rows)
+    t = Table(title="Model zoo (symtensor graph NAME for counts)")
+    for col in ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts", "top_k"):
+        t.add_column(col, justify="left" if col == "name" else "right")
+    for r in rows:
+        t.add_row(*(str(r[c]) for c in ("name", "layers", "hidden", "heads", "kv_heads", "ffn", "vocab", "experts",
+                                        "top_k")))
+    _console().print(t)
+    return 0
+
+
+def clusters(presets: dict, as_json: bool) -> int:
+    rows = []
+    for name, (dev, levels) in presets.items():
+        rows.append({"name": name, "device": dev.name, "peak_bf16_tflops": dev.peak_flops.get("bf16", 0) / 1e12,
+                     "hbm_gbps": dev.hbm_bandwidth / 1e9, "memory_gib": dev.memory / GIB,
+                     "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth_gbps": lv.bandwidth / 1e9,
+                                 "latency_us": lv.latency * 1e6, "source": lv.source} for lv in levels],
+                     "source": dev.source})
+    if as_json:
+        return _json(rows)
+    t = Table(title="Cluster presets (bandwidth per device, each way)")
+    for col in ("name", "device", "bf16 TFLOP/s", "HBM GB/s", "memory GiB", "levels"):
+        t.add_column(col)
+    for r in rows:
+        lv = ", ".join(f"{x['name']} x{x['fanout'] or 'N'} {x['bandwidth_gbps']:.0f} GB/s {x['latency_us']:.0f} us"
+                       for x in r["levels"])
+        t.add_row(r["name"], r["device"], f"{r['peak_bf16_tflops']:.0f}", f"{r['hbm_gbps']:.0f}",
+                  f"{r['memory_gib']:.0f}", lv)
+    _console().print(t)
+    return 0
+
+
+def graph(out: dict, as_json: bool) -> int:
+    if as_json:
+        return _json(out)
+    t = Table(title=f"{out['model']}: training graph (micro batch {out['micro_batch']}, seq {out['seq']})",
+              show_header=False)
+    t.add_column("what")
+    t.add_column("value", justify="right")
+    t.add_row("parameters (total)", f"{out['params_total'] / 1e9:.3f} B")
+    t.add_row("parameters (active per token)", f"{out['params_active'] / 1e9:.3f} B")
+    t.add_row("layers", str(out["layers"]))
+    t.add_row("operators", f"{out['ops']} (" + ", ".join(f"{k} {v}" for k, v in out["ops_by_kind"].items()) + ")")
+    t.add_row("FLOPs per step (fwd+bwd)", _si(out["flops_per_step"], "FLOP"))
+    t.add_row("FLOPs per token", _si(out["flops_per_token"], "FLOP"))
+    t.add_row("activations per micro-batch", f"{out['activation_bytes_per_microbatch'] / GIB:.2f} GiB")
+    t.add_row("activations per layer", f"{out['activation_bytes_per_layer'] / GIB:.3f} GiB")
+    _console().print(t)
+    return 0
+
+
+def _breakdown_table(title: str, breakdown: dict, total: float) -> Table:
+    t = Table(title=title)
+    t.add_column("component")
+    t.add_column("seconds", justify="right")
+    t.add_column("share", justify="right")
+    for k, v in breakdown.items():
+        if v > 0:
+            t.add_row(k, f"{v:.4f}", f"{100 * v / total:.1f}%")
+    return t
+
+
+def evaluation(out: dict, as_json: bool) -> int:
+    if as_json:
+        return _json(out)
+    c = _console()
+    cfg = out["config"]
+    c.print(f"[bold]{out['model']}[/] on {out['devices']} x {out['cluster']}: "
+            + " ".join(f"{k}={v}" for k, v in cfg.items()))
+    c.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
+            f"{out['model_tflops_per_device']:.1f} TFLOP/s/device   MFU {100 * out['mfu']:.1f}%")
+    fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
+    c.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: {fits}")
+    c.print(_breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
+    return 0
+
+
+def calibration(results, summary: dict, eff, as_json: bool) -> int:
+    rows = [{"source": r.row.source, "model": r.row.model, "metric": r.row.metric, "tp": r.row.fields["tp"],
+             "pp": r.row.fields["pp"], "dp": r.row.fields["dp"], "sp": r.row.fields["sp"],
+             "recompute": r.row.fields["recompute"], "measured": r.row.measured, "predicted": r.predicted,
+             "error": r.error, "within_tolerance": r.within} for r in results]
+    if as_json:
+        return _json({"rows": rows, "summary": summary, "efficiency": {
+            k: getattr(eff, k) for k in ("gemm", "bmm", "attention", "hbm", "link", "dp_overlap")}})
+    t = Table(title="Calibration: predicted vs published (shared/data/calibration.csv)")
+    for col in ("model", "metric", "t/p/d", "sp", "recompute", "measured", "predicted", "error"):
+        t.add_column(col, justify="right" if col in ("measured", "predicted", "error") else "left")
+    for r in rows:
+        err = f"{100 * r['error']:+.1f}%" if abs(r["error"]) < 1 and "%" not in r["metric"] else f"{r['error']:+.2f}"
+        style = "" if r["within_tolerance"] else "red"
+        t.add_row(r["model"], r["metric"][:44], f"{r['tp']}/{r['pp']}/{r['dp']}", r["sp"], r["recompute"][:9],
+                  f"{r['measured']:.3f}", f"{r['predicted']:.3f}", err, style=style)
+    c = _console()
+    c.print(t)
+    for k, v in summary.items():
+        c.print(f"{k}: mean |error| {v['mean']:.4g}, max {v['max']:.4g} (tolerance {v['tolerance']}, n={v['n']})")
+    return 0
+
+
+def plan(out: dict, as_json: bool) -> int:
+    if as_json:
+        return _json(out)
+    from symtensor.report.plan_view import print_plan
+
+    print_plan(_console(), out)
+    return 0
