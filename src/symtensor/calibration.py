@@ -106,7 +106,7 @@ class _Cache:
         key = (cfg, pc.tp, pc.pp, pc.dp, pc.micro_batch, pc.seq)
         if key not in self.evs:
             cluster = load_cluster(gpu, devices=pc.devices)
-            graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype="fp16")
+            graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype="fp16", skeleton=True)
             self.evs[key] = Evaluator(graph, cluster, pp=pc.pp, eff=self.eff)
         ev = self.evs[key]
         layouts = megatron_layouts(ev.graph, ev.mesh, pc)

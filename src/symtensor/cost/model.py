@@ -117,6 +117,7 @@ class Evaluator:
         self.grad_operands = grad_operands(graph, self.requires_grad)
         self.model_flops_per_microstep = model_flops(graph)
         self._segment_cache: dict = {}
+        self._param_cache: dict = {}
         self.segments = self._index_segments()
 
     # -- graph facts ------------------------------------------------------------------------
@@ -124,16 +125,23 @@ class Evaluator:
         return tname in self.requires_grad
 
     def _index_segments(self):
-        """(signature id, ops, external inputs) per segment; equal layers share the signature id."""
+        """(signature id, ops, external inputs, layer) per real layer (skeleton runs expanded);
+        equal layers share the signature id."""
         ids: dict = {}
         out = []
+        repeat = self.graph.meta.get("repeat", {})
         for ops in _segments(self.graph):
             names = {t for op in ops for t in op.outputs}
             external = tuple(dict.fromkeys(
                 (t, self.producer[t]) for op in ops for t in op.inputs if t in self.producer and t not in names))
             sig = (tuple(op.signature for op in ops), tuple(self.grad_operands[op.name] for op in ops),
                    tuple(ops[0].layer - p.layer for _, p in external))
-            out.append((ids.setdefault(sig, len(ids)), ops, external))
+            sig_id = ids.setdefault(sig, len(ids))
+            first = ops[0].layer
+            for k in range(repeat.get(first, 1)):
+                # a repeated skeleton layer's input comes from its own previous copy
+                ext = external if k == 0 else tuple((t, _same_block(ops, p)) for t, p in external)
+                out.append((sig_id, ops, ext, first + k, k > 0))
         return out
 
     # -- memoised pieces ----------------------------------------------------------------------
@@ -154,6 +162,14 @@ class Evaluator:
             colls = redistribute(src, dst, t.numel, t.itemsize, self.mesh)
             hit = (collectives_time(colls, self.mesh, self.levels, self.eff), colls)
             self._edge_cache[key] = hit
+        return hit
+
+    def param_cost(self, t, tl, train: TrainConfig) -> "ParamCost":
+        key = (t.shape, t.trainable, tl, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes,
+               train.optim_bytes)
+        hit = self._param_cache.get(key)
+        if hit is None:
+            hit = self._param_cache[key] = param_cost(self, t, tl, train)
         return hit
 
     def coll_time(self, kind, nbytes, axes) -> float:
@@ -191,8 +207,9 @@ class _Segment:
     micro-batch where it repeats and per step where it does not. Identical layers with identical
     layouts and inputs have the same segment, so a 126-layer model costs a few segment walks."""
 
-    def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops, cross_stage: frozenset):
+    def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops, cross_stage: frozenset, external=()):
         self.ev, self.layouts, self.train, self.ops = ev, layouts, train, ops
+        self.ext_producer = dict(external)
         self.cross_stage = cross_stage  # input tensors that arrive from another pipeline stage
         self.compute = self.recompute = self.sync = self.opt_time = 0.0
         self.comm: dict[str, float] = {}
@@ -206,6 +223,9 @@ class _Segment:
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
+
+    def producer(self, tname):
+        return self.ext_producer.get(tname) or self.ev.producer.get(tname)
 
     def add_comm(self, category, colls, seconds, times=1.0):
         self.comm[category] = self.comm.get(category, 0.0) + seconds * times
@@ -233,11 +253,11 @@ class _Segment:
         if intra:
             self.add_comm("tp_comm", intra, collectives_time(intra, ev.mesh, ev.levels, ev.eff), 2.0 if redo else 1.0)
         for slot, tname in enumerate(op.inputs):
-            prod = ev.producer.get(tname)
+            prod = self.producer(tname)
             if prod is None or tname in self.cross_stage:
                 continue  # graph inputs; pipeline boundaries are point-to-point, charged per step
             playout = self.layout(prod)
-            pslot = prod.outputs.index(tname)
+            pslot = _out_slot(prod, tname)
             src = output_layout(prod, playout, pslot, partial=True)
             dst = input_layout(op, layout, slot)
             cat = "ep_comm" if prod.kind == "moe_dispatch" else category
@@ -264,11 +284,11 @@ class _Segment:
                 continue
             view = input_layout(op, layout, idx) if io == "in" else output_layout(op, layout, idx, partial=False)
             nbytes = t.nbytes / view.factor(ev.mesh)
-            prod = ev.producer.get(tname)
+            prod = self.producer(tname)
             if selective and (io == "out" or (prod is not None and prod.attr("core"))):
                 continue
             if prod is not None and io == "in" and tname not in self.cross_stage:
-                pview = output_layout(prod, self.layout(prod), prod.outputs.index(tname), partial=False)
+                pview = output_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
                 pbytes = t.nbytes / pview.factor(ev.mesh)
                 if pbytes < nbytes:
                     # keep the smaller shard and gather it again in backward (Megatron-SP)
@@ -285,9 +305,9 @@ class _Segment:
         if self.in_layer and op.inputs and not self.layer_input:
             # the residual stream entering the layer: what full recomputation keeps
             x = op.inputs[0]
-            prod = ev.producer.get(x)
+            prod = self.producer(x)
             if prod is not None and prod.layer != op.layer:
-                v = output_layout(prod, self.layout(prod), prod.outputs.index(x), partial=False)
+                v = output_layout(prod, self.layout(prod), _out_slot(prod, x), partial=False)
                 self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)
 
     def _params(self, op, layout):
@@ -301,44 +321,65 @@ class _Segment:
                 if t.tie in self.tied:
                     continue
                 target = self.tied[t.tie] = _Segment(ev, self.layouts, train, (), frozenset())
-            tl = input_layout(op, layout, slot, grad=True)
-            local = t.numel / tl.factor(ev.mesh)
-            sync_axes = tuple(sorted(tl.partial))
-            used = {a for ax in tl.axes for a in ax} | tl.partial
-            replicas = tuple(sorted(sync_axes + tuple(a for a in range(len(ev.mesh)) if a not in used)))
-            shard = 1
-            for a in replicas:
-                shard *= ev.mesh[a].size
-            z = train.zero
+            pc = ev.param_cost(t, input_layout(op, layout, slot, grad=True), train)
             st = target.static
-            st["params"] += local * train.param_bytes / (shard if z >= 3 else 1)
-            if not t.trainable:
-                continue
-            st["grads"] += local * train.grad_bytes / (shard if z >= 2 else 1)
-            st["optimizer"] += local * train.optim_bytes / (shard if z >= 1 else 1)
-            moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
-            target.opt_time += moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
-            target._grad_sync(local, sync_axes, replicas)
+            st["params"] += pc.params
+            st["grads"] += pc.grads
+            st["optimizer"] += pc.optimizer
+            target.opt_time += pc.opt_time
+            target.sync += pc.sync_s
+            _merge(target.step_bytes, dict(pc.step_bytes))
 
-    def _grad_sync(self, local, sync_axes, replicas):
-        ev, train = self.ev, self.train
-        gbytes = local * train.grad_bytes
-        pbytes = local * train.param_bytes
-        colls = []
-        if train.zero == 0:
-            if sync_axes:
-                colls.append((Collective("all_reduce", gbytes, sync_axes), 1))
-        elif train.zero in (1, 2):
-            if replicas:
-                colls.append((Collective("reduce_scatter", gbytes, replicas), 1))
-                colls.append((Collective("all_gather", pbytes, replicas), 1))
-        elif replicas:
-            m = train.micro_steps
-            colls.append((Collective("all_gather", pbytes, replicas), 2 * m))
-            colls.append((Collective("reduce_scatter", gbytes, replicas), m))
-        for c, times in colls:
-            self.sync += ev.coll_time(c.kind, c.nbytes, c.axes) * times
-            self.step_bytes[c.kind] = self.step_bytes.get(c.kind, 0.0) + c.nbytes * times
+
+@dataclass(frozen=True, slots=True)
+class ParamCost:
+    """One parameter on one device: resident bytes, optimizer-step seconds, gradient
+    synchronisation seconds per step and its collectives' bytes per kind."""
+
+    params: float
+    grads: float
+    optimizer: float
+    opt_time: float
+    sync_s: float
+    step_bytes: tuple
+
+
+def param_cost(ev: "Evaluator", t, tl, train: TrainConfig) -> ParamCost:
+    """Memory and per-step time of parameter ``t`` placed as ``tl`` (its gradient's partial axes
+    are the replicas that synchronise it; ZeRO shards over every replica axis)."""
+    local = t.numel / tl.factor(ev.mesh)
+    sync_axes = tuple(sorted(tl.partial))
+    used = {a for ax in tl.axes for a in ax} | tl.partial
+    replicas = tuple(sorted(sync_axes + tuple(a for a in range(len(ev.mesh)) if a not in used)))
+    shard = 1
+    for a in replicas:
+        shard *= ev.mesh[a].size
+    z = train.zero
+    params = local * train.param_bytes / (shard if z >= 3 else 1)
+    if not t.trainable:
+        return ParamCost(params, 0.0, 0.0, 0.0, 0.0, ())
+    grads = local * train.grad_bytes / (shard if z >= 2 else 1)
+    optimizer = local * train.optim_bytes / (shard if z >= 1 else 1)
+    moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
+    opt_time = moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
+    gbytes, pbytes = local * train.grad_bytes, local * train.param_bytes
+    colls = []
+    if z == 0:
+        if sync_axes:
+            colls.append((Collective("all_reduce", gbytes, sync_axes), 1))
+    elif z in (1, 2):
+        if replicas:
+            colls += [(Collective("reduce_scatter", gbytes, replicas), 1),
+                      (Collective("all_gather", pbytes, replicas), 1)]
+    elif replicas:
+        m = train.micro_steps  # ZeRO-3 gathers weights for every forward and backward
+        colls += [(Collective("all_gather", pbytes, replicas), 2 * m),
+                  (Collective("reduce_scatter", gbytes, replicas), m)]
+    sync, step_bytes = 0.0, {}
+    for c, times in colls:
+        sync += ev.coll_time(c.kind, c.nbytes, c.axes) * times
+        step_bytes[c.kind] = step_bytes.get(c.kind, 0.0) + c.nbytes * times
+    return ParamCost(params, grads, optimizer, opt_time, sync, tuple(step_bytes.items()))
 
 
 class _Stage:
@@ -384,6 +425,16 @@ class _Stage:
         return self.compute + self.recompute + sum(self.comm.values())
 
 
+def _out_slot(prod, tname) -> int:
+    """The output slot of ``prod`` that holds ``tname`` (slot 0 for a stand-in producer)."""
+    return prod.outputs.index(tname) if tname in prod.outputs else 0
+
+
+def _same_block(ops, producer):
+    """In a repeated skeleton layer, the op of the layer itself that plays ``producer``'s role."""
+    return next((op for op in ops if op.block == producer.block), producer)
+
+
 def _merge(into: dict, other: dict) -> None:
     for k, v in other.items():
         into[k] = into.get(k, 0.0) + v
@@ -418,14 +469,16 @@ class _Accumulator:
         ev, train = self.ev, self.train
         tkey = (train.recompute, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
         # (dp_overlap and the schedule only enter the step, not the segments)
-        for sig_id, ops, external in ev.segments:
-            s = self.stage[ops[0].layer]
-            cross = frozenset(t for t, prod in external if self.stage[prod.layer] != s)
+        for sig_id, ops, external, layer, repeated in ev.segments:
+            s = self.stage[layer]
+            # the producer of a repeated layer's input is the layer just before it
+            cross = frozenset(t for t, prod in external
+                              if self.stage[layer - 1 if repeated else prod.layer] != s)
             ext = tuple(self.layout(prod) for _, prod in external)
             key = (sig_id, tuple(self.layout(op) for op in ops), ext, bool(cross), tkey)
             seg = ev._segment_cache.get(key)
             if seg is None:
-                seg = _Segment(ev, self.layouts, train, ops, cross).run()
+                seg = _Segment(ev, self.layouts, train, ops, cross, external).run()
                 ev._segment_cache[key] = seg
             self.stages[s].add(seg)
         return self._finish()
@@ -471,11 +524,11 @@ class _Accumulator:
         all-gather the slices over their replica axes.
         """
         ev = self.ev
-        for _, ops, external in ev.segments:
+        for _, ops, external, layer, repeated in ev.segments:
             for tname, prod in external:
-                if self.stage[prod.layer] == self.stage[ops[0].layer]:
+                if self.stage[layer - 1 if repeated else prod.layer] == self.stage[layer]:
                     continue
-                view = output_layout(prod, self.layout(prod), prod.outputs.index(tname), partial=False)
+                view = output_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
                 local = ev.tensors[tname].nbytes / view.factor(ev.mesh)
                 used = {a for ax in view.axes for a in ax}
                 replicas = tuple(a for a in range(len(ev.mesh)) if a not in used)

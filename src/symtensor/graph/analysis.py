@@ -26,4 +26,9 @@ def model_flops(graph: Graph) -> float:
     """Forward + backward FLOPs of one micro-step in the PaLM/Korthikanti MFU convention
     (no recomputation, attention counted in full): 6 N tokens + attention terms."""
     ops = grad_operands(graph)
-    return sum(op_model_flops(op, ops[op.name]) for op in graph.ops)
+    return sum(op_model_flops(op, ops[op.name]) * layer_repeat(graph, op.layer) for op in graph.ops)
+
+
+def layer_repeat(graph: Graph, layer: int) -> int:
+    """How many real layers the ops of ``layer`` stand for (1 except in skeleton graphs)."""
+    return graph.meta.get("repeat", {}).get(layer, 1)

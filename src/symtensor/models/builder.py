@@ -216,8 +216,23 @@ class _Builder:
                 [("b", "s", "v"), ("b", "s")], [loss], [("b", "s")])
 
 
+def layer_runs(cfg: ModelConfig) -> list[tuple[int, int]]:
+    """(first layer, run length) of each run of identical layers; the first and the last layer are
+    runs of their own (they meet the embedding and the LM head), dense and MoE layers differ."""
+    def kind(i):
+        return (i == 0, i == cfg.layers - 1, cfg.is_moe and i >= cfg.dense_layers)
+
+    runs: list[tuple[int, int]] = []
+    for i in range(cfg.layers):
+        if runs and kind(i) == kind(runs[-1][0]):
+            runs[-1] = (runs[-1][0], runs[-1][1] + 1)
+        else:
+            runs.append((i, 1))
+    return runs
+
+
 def build_graph(cfg: ModelConfig, micro_batch: int = 1, seq: int | None = None, dtype: str = "bf16",
-                validate: bool = True) -> Graph:
+                validate: bool = True, skeleton: bool = False) -> Graph:
     """The forward graph of one micro-batch; backward and optimizer are implied.
 
     Args:
@@ -225,6 +240,9 @@ def build_graph(cfg: ModelConfig, micro_batch: int = 1, seq: int | None = None, 
         micro_batch: sequences per micro-batch.
         seq: tokens per sequence (default: the model's ``max_context`` capped at 4096).
         dtype: activation and parameter dtype.
+        skeleton: build one layer per run of identical layers (``layer_runs``) and record the run
+            lengths in ``meta["repeat"]``; the cost model expands them, so a 126-layer model costs
+            like 3 layers. The full graph (the default) has every layer's operators.
 
     Example:
         >>> from symtensor.models import PRESETS
@@ -238,9 +256,11 @@ def build_graph(cfg: ModelConfig, micro_batch: int = 1, seq: int | None = None, 
             raise PlanError(f"{key} must be a positive integer, got {value!r}")
     builder = _Builder(cfg, micro_batch, seq, dtype)
     x = builder.embedding()
-    for i in range(cfg.layers):
-        x = builder.layer_block(i, x)
+    runs = layer_runs(cfg) if skeleton else [(i, 1) for i in range(cfg.layers)]
+    for first, _ in runs:
+        x = builder.layer_block(first, x)
     builder.head(x)
+    builder.g.meta["repeat"] = {first: n for first, n in runs}
     return builder.g.validate() if validate else builder.g
 
 

@@ -169,7 +169,7 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig) -> dict[str, OpLayo
 def evaluate_megatron(cfg: ModelConfig, cluster: Cluster, pc: ParallelConfig, graph: Graph | None = None):
     """Cost a Megatron configuration with the SymTensor model; returns (report, layouts, evaluator)."""
     pc.validate(cfg, cluster.n_devices)
-    graph = graph or build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq)
+    graph = graph or build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, skeleton=True)
     ev = Evaluator(graph, cluster, pp=pc.pp)
     layouts = megatron_layouts(graph, ev.mesh, pc)
     return ev.evaluate(layouts, pc.train_config()), layouts, ev
