@@ -118,6 +118,7 @@ class Evaluator:
         self.model_flops_per_microstep = model_flops(graph)
         self._segment_cache: dict = {}
         self._param_cache: dict = {}
+        self._tl_cache: dict = {}
         self.segments = self._index_segments()
 
     # -- graph facts ------------------------------------------------------------------------
@@ -162,6 +163,21 @@ class Evaluator:
             colls = redistribute(src, dst, t.numel, t.itemsize, self.mesh)
             hit = (collectives_time(colls, self.mesh, self.levels, self.eff), colls)
             self._edge_cache[key] = hit
+        return hit
+
+    def in_layout(self, op, layout: OpLayout, slot: int, grad: bool = False):
+        """Memoised ``input_layout`` (ops live as long as the evaluator's graph)."""
+        key = (id(op), layout, slot, grad)
+        hit = self._tl_cache.get(key)
+        if hit is None:
+            hit = self._tl_cache[key] = input_layout(op, layout, slot, grad=grad)
+        return hit
+
+    def out_layout(self, op, layout: OpLayout, slot: int = 0, partial: bool = True):
+        key = (id(op), layout, slot, "out", partial)
+        hit = self._tl_cache.get(key)
+        if hit is None:
+            hit = self._tl_cache[key] = output_layout(op, layout, slot, partial=partial)
         return hit
 
     def param_cost(self, t, tl, train: TrainConfig) -> "ParamCost":
@@ -258,15 +274,15 @@ class _Segment:
                 continue  # graph inputs; pipeline boundaries are point-to-point, charged per step
             playout = self.layout(prod)
             pslot = _out_slot(prod, tname)
-            src = output_layout(prod, playout, pslot, partial=True)
-            dst = input_layout(op, layout, slot)
+            src = ev.out_layout(prod, playout, pslot, partial=True)
+            dst = ev.in_layout(op, layout, slot)
             cat = "ep_comm" if prod.kind == "moe_dispatch" else category
             seconds, colls = ev.edge(src, dst, tname)
             if colls:
                 self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
             if ev.needs_grad(tname):
-                gsrc = input_layout(op, layout, slot, grad=True)
-                gdst = output_layout(prod, playout, pslot, partial=False)
+                gsrc = ev.in_layout(op, layout, slot, grad=True)
+                gdst = ev.out_layout(prod, playout, pslot, partial=False)
                 seconds, colls = ev.edge(gsrc, gdst, tname)
                 if colls:
                     self.add_comm(cat, colls, seconds)
@@ -282,13 +298,13 @@ class _Segment:
             t = ev.tensors[tname]
             if t.param:
                 continue
-            view = input_layout(op, layout, idx) if io == "in" else output_layout(op, layout, idx, partial=False)
+            view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
             nbytes = t.nbytes / view.factor(ev.mesh)
             prod = self.producer(tname)
             if selective and (io == "out" or (prod is not None and prod.attr("core"))):
                 continue
             if prod is not None and io == "in" and tname not in self.cross_stage:
-                pview = output_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
+                pview = ev.out_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
                 pbytes = t.nbytes / pview.factor(ev.mesh)
                 if pbytes < nbytes:
                     # keep the smaller shard and gather it again in backward (Megatron-SP)
@@ -307,7 +323,7 @@ class _Segment:
             x = op.inputs[0]
             prod = self.producer(x)
             if prod is not None and prod.layer != op.layer:
-                v = output_layout(prod, self.layout(prod), _out_slot(prod, x), partial=False)
+                v = ev.out_layout(prod, self.layout(prod), _out_slot(prod, x), partial=False)
                 self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)
 
     def _params(self, op, layout):
@@ -321,7 +337,7 @@ class _Segment:
                 if t.tie in self.tied:
                     continue
                 target = self.tied[t.tie] = _Segment(ev, self.layouts, train, (), frozenset())
-            pc = ev.param_cost(t, input_layout(op, layout, slot, grad=True), train)
+            pc = ev.param_cost(t, ev.in_layout(op, layout, slot, grad=True), train)
             st = target.static
             st["params"] += pc.params
             st["grads"] += pc.grads
@@ -368,8 +384,9 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig) -> ParamCost:
         if sync_axes:
             colls.append((Collective("all_reduce", gbytes, sync_axes), 1))
     elif z in (1, 2):
+        # ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every micro-batch
         if replicas:
-            colls += [(Collective("reduce_scatter", gbytes, replicas), 1),
+            colls += [(Collective("reduce_scatter", gbytes, replicas), 1 if z == 1 else train.micro_steps),
                       (Collective("all_gather", pbytes, replicas), 1)]
     elif replicas:
         m = train.micro_steps  # ZeRO-3 gathers weights for every forward and backward
@@ -528,7 +545,7 @@ class _Accumulator:
             for tname, prod in external:
                 if self.stage[layer - 1 if repeated else prod.layer] == self.stage[layer]:
                     continue
-                view = output_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
+                view = ev.out_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
                 local = ev.tensors[tname].nbytes / view.factor(ev.mesh)
                 used = {a for ax in view.axes for a in ax}
                 replicas = tuple(a for a in range(len(ev.mesh)) if a not in used)

@@ -1,0 +1,154 @@
+"""Baselines through the same cost model: the Megatron-LM recipe, the Megatron grid best, FSDP.
+
+- ``megatron_recipe``: NVIDIA's sizing rules. Dense: tensor parallelism inside a node, growing
+  with the model (1 below 3B parameters, 2 up to 13B, 4 up to 30B, 8 above); pipeline
+  parallelism only when the model does not fit otherwise (the smallest pp that fits, across
+  nodes); data parallelism for the rest; sequence parallelism with tensor parallelism; the
+  distributed optimizer (ZeRO-1); selective recomputation, full recomputation if that does not
+  fit. MoE: tensor parallelism by the active size, expert parallelism by the expert count
+  (ep = min(experts, dp)).
+- ``megatron_grid``: every valid (tp, pp, dp, cp, ep, micro batch, recompute, vpp) with
+  sequence parallelism whenever tp > 1 and the distributed optimizer. Dominated points are
+  pruned without evaluation, which cannot change the best: sp=False (same communication time
+  in this model, more memory and norm compute), zero=0 (same time as ZeRO-1, more memory),
+  and recomputation once a cheaper recomputation of the same point fits.
+- ``fsdp``: pure data parallelism with ZeRO-3 (PyTorch FSDP), the best micro batch and recompute.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from symtensor.cost import CostReport, Evaluator
+from symtensor.errors import PlanError
+from symtensor.hardware import Cluster
+from symtensor.models import ModelConfig, build_graph
+from symtensor.search.megatron import ParallelConfig, megatron_layouts
+
+MICRO_BATCHES = (1, 2, 4, 8)
+
+
+@dataclass
+class Candidate:
+    """A costed configuration."""
+
+    config: ParallelConfig
+    report: CostReport
+    layouts: dict
+
+    @property
+    def key(self):
+        """Sort key: plans that fit first, then the fastest."""
+        return (not self.report.fits, self.report.step_time_s if self.report.fits else self.report.memory_peak)
+
+
+class EvaluatorPool:
+    """Evaluators (skeleton graph + cluster + pp) shared by all configurations of one search."""
+
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int):
+        self.cfg, self.cluster, self.seq = cfg, cluster, seq
+        self._evs: dict = {}
+
+    def get(self, graph_batch: int, pp: int) -> Evaluator:
+        key = (graph_batch, pp)
+        if key not in self._evs:
+            graph = build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True)
+            self._evs[key] = Evaluator(graph, self.cluster, pp=pp)
+        return self._evs[key]
+
+    def evaluate(self, pc: ParallelConfig) -> Candidate:
+        pc.validate(self.cfg, self.cluster.n_devices)
+        ev = self.get(pc.micro_batch * pc.dp, pc.pp)
+        layouts = megatron_layouts(ev.graph, ev.mesh, pc)
+        return Candidate(pc, ev.evaluate(layouts, pc.train_config(), check=False), layouts)
+
+
+def _divisors(n: int) -> list[int]:
+    return [d for d in range(1, n + 1) if n % d == 0]
+
+
+def _try(pool: EvaluatorPool, **kw) -> Candidate | None:
+    try:
+        return pool.evaluate(ParallelConfig(**kw))
+    except PlanError:
+        return None
+
+
+def _best_over_recompute(pool: EvaluatorPool, base: dict) -> Candidate | None:
+    """The cheapest recomputation that fits; if none fits, the least memory."""
+    best = None
+    for rc in ("none", "selective", "full"):
+        cand = _try(pool, **base, recompute=rc)
+        if cand is None:
+            continue
+        if cand.report.fits:
+            return cand if best is None or not best.report.fits or cand.key < best.key else best
+        if best is None or cand.report.memory_peak < best.report.memory_peak:
+            best = cand
+    return best
+
+
+def megatron_grid(pool: EvaluatorPool, global_batch: int) -> tuple[Candidate | None, int]:
+    """The best Megatron configuration; returns it and how many points were costed."""
+    cfg, n, seq = pool.cfg, pool.cluster.n_devices, pool.seq
+    node = pool.cluster.levels[0].fanout or n
+    best, count = None, 0
+    for tp in [t for t in _divisors(min(node, n)) if not (cfg.heads % t or cfg.kv_heads % t or cfg.ffn % t)]:
+        for pp in [p for p in _divisors(n // tp) if p <= cfg.layers and cfg.layers % p == 0]:
+            for cp in [c for c in _divisors(n // (tp * pp)) if seq % (c * tp) == 0 and c <= 32]:
+                dp = n // (tp * pp * cp)
+                eps = [e for e in _divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
+                for ep in eps:
+                    for mb in [m for m in MICRO_BATCHES if global_batch % (m * dp) == 0]:
+                        vpps = [1] + [v for v in (2, 3, 4) if pp > 1 and cfg.layers % (pp * v) == 0]
+                        for vpp in vpps:
+                            base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0,
+                                        micro_batch=mb, global_batch=global_batch, seq=seq, vpp=vpp)
+                            cand = _best_over_recompute(pool, base)
+                            count += 1
+                            if cand is not None and (best is None or cand.key < best.key):
+                                best = cand
+    return best, count
+
+
+def _recipe_tp(cfg: ModelConfig, active_params: float, node: int) -> int:
+    tp = 1 if active_params < 3e9 else 2 if active_params < 13.5e9 else 4 if active_params < 30e9 else 8
+    tp = min(tp, node)
+    while tp > 1 and (cfg.heads % tp or cfg.kv_heads % tp or cfg.ffn % tp):
+        tp //= 2
+    return tp
+
+
+def megatron_recipe(pool: EvaluatorPool, global_batch: int, active_params: float) -> Candidate | None:
+    """NVIDIA's published sizing rules (see the module docstring)."""
+    cfg, n, seq = pool.cfg, pool.cluster.n_devices, pool.seq
+    node = pool.cluster.levels[0].fanout or n
+    tp = _recipe_tp(cfg, active_params, min(node, n))
+    fallback = None
+    for pp in [p for p in _divisors(n // tp) if p <= cfg.layers and cfg.layers % p == 0]:
+        dp = n // (tp * pp)
+        ep = max((e for e in _divisors(dp) if cfg.experts % e == 0), default=1) if cfg.is_moe else 1
+        mb = 1
+        if global_batch % dp:
+            continue
+        for rc in ("selective", "full"):
+            cand = _try(pool, tp=tp, pp=pp, dp=dp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0, recompute=rc,
+                        micro_batch=mb, global_batch=global_batch, seq=seq)
+            if cand is None:
+                continue
+            if cand.report.fits:
+                return cand
+            if fallback is None or cand.report.memory_peak < fallback.report.memory_peak:
+                fallback = cand
+    return fallback
+
+
+def fsdp(pool: EvaluatorPool, global_batch: int) -> Candidate | None:
+    """Pure data parallelism with ZeRO-3 (FSDP)."""
+    n, seq = pool.cluster.n_devices, pool.seq
+    best = None
+    for mb in [m for m in MICRO_BATCHES if global_batch % (m * n) == 0]:
+        cand = _best_over_recompute(pool, dict(dp=n, zero=3, micro_batch=mb, global_batch=global_batch, seq=seq))
+        if cand is not None and (best is None or cand.key < best.key):
+            best = cand
+    return best

@@ -1,0 +1,212 @@
+"""The outer search: pipeline depth, micro-batches, recomputation, ZeRO stage and the memory weight
+around the recursive partitioner.
+
+    1. partition the whole mesh (pp = 1) at a nominal number of micro-batches, lambda = 0;
+    2. pipeline depths p > 1 reuse it by rolling back the cuts of the outermost axes that become
+       pipeline stages (MindSpore SAPP's pipeline rollback, spec 3.3-7), then re-partition the
+       stage mesh if that is better;
+    3. every (p, micro-batches, virtual stages, recomputation, ZeRO) variant of those layouts is
+       costed with the full model; the fastest that fits wins;
+    4. if nothing fits, the memory weight lambda grows (seconds per byte) and the partition is
+       redone, until a plan fits or the least-memory plan is reported with the reason.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from symtensor.cost import CostReport, Evaluator, TrainConfig
+from symtensor.cost.model import split_mesh
+from symtensor.errors import PlanError
+from symtensor.hardware import Cluster
+from symtensor.layout import OpLayout, check_layout
+from symtensor.models import ModelConfig, build_graph
+from symtensor.search.partition import Problem, partition
+
+RECOMPUTE = ("none", "selective", "full")
+
+
+@dataclass
+class Plan:
+    """A searched plan: layouts of the skeleton graph's ops on the stage mesh, and its outer choices."""
+
+    cfg: ModelConfig
+    cluster: Cluster
+    train: TrainConfig
+    seq: int
+    layouts: dict[str, OpLayout]
+    report: CostReport
+    evaluator: Evaluator
+    search_time_s: float = 0.0
+    evaluations: int = 0
+    partitions: int = 0
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def graph(self):
+        return self.evaluator.graph
+
+    @property
+    def mesh(self):
+        return self.evaluator.mesh
+
+
+class _Search:
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch=None,
+                 order: str = "topological"):
+        self.cfg, self.cluster, self.global_batch, self.seq = cfg, cluster, global_batch, seq
+        self.micro_batch, self.order = micro_batch, order
+        self.evs: dict = {}
+        self.best: Plan | None = None
+        self.least_memory: Plan | None = None
+        self.evaluations = self.partitions = 0
+
+    def evaluator(self, graph_batch: int, pp: int) -> Evaluator:
+        key = (graph_batch, pp)
+        if key not in self.evs:
+            graph = build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True)
+            self.evs[key] = Evaluator(graph, self.cluster, pp=pp)
+        return self.evs[key]
+
+    def pipeline_depths(self) -> list[int]:
+        n, layers = self.cluster.n_devices, self.cfg.layers
+        return [p for p in range(1, min(n, layers) + 1) if n % p == 0]
+
+    def micro_steps(self, pp: int) -> list[int]:
+        """Micro-batches per step: at least pp (to fill the pipeline), dividing the global batch."""
+        gb = self.global_batch
+        out = [m for m in range(pp, gb + 1) if gb % m == 0]
+        if self.micro_batch is not None:
+            out = [m for m in out if (gb // m) % self.micro_batch == 0]
+        return out
+
+    def partition(self, pp: int, m: int, lam: float, recompute: str = "none", zero: int = 1) -> dict:
+        ev = self.evaluator(self.global_batch // m, pp)
+        train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, recompute=recompute, zero=zero)
+        self.partitions += 1
+        return partition(Problem(ev, train, lam), order=self.order)
+
+    def consider_batches(self, layouts: dict, pp: int) -> None:
+        """Micro-batches for these layouts: every cut of the batch must divide the micro-step batch.
+        Without pipelining, the fewest micro-batches that fit (large micro-batches amortise
+        latencies); with it, the most (the bubble shrinks as (p-1)/m)."""
+        bcut = max((_factor(lay, "b", self.cluster.mesh()) for lay in layouts.values()), default=1)
+        ms = [m for m in self.micro_steps(pp) if (self.global_batch // m) % bcut == 0]
+        if pp > 1:
+            for m in ms[::-1][:2]:
+                self.consider(layouts, pp, m)
+            return
+        for m in ms[:8]:
+            self.consider(layouts, pp, m)
+
+    def consider(self, layouts: dict, pp: int, m: int) -> bool:
+        """Cost the recomputation / ZeRO / virtual-stage variants of ``layouts`` at (pp, m);
+        True when one fits."""
+        ev = self.evaluator(self.global_batch // m, pp)
+        try:
+            for op in ev.graph.ops:
+                check_layout(op, layouts.get(op.name, OpLayout()), ev.mesh)
+        except PlanError:
+            return False  # a cut no longer divides at this micro-batch size
+        vpps = [v for v in (2, 3, 4) if pp > 1 and self.cfg.layers % (pp * v) == 0]
+        # cheapest first: recomputation and deeper ZeRO stages only cost time, so the first variant
+        # that fits is the fastest of its row (ZeRO-1 has ZeRO-0's time and less memory)
+        for rc in RECOMPUTE:
+            for zero in (1, 2, 3):
+                plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
+                if plan.report.fits:
+                    for vpp in vpps:
+                        self._cost(ev, layouts, pp, m, vpp, rc, zero)
+                    return True
+        return False
+
+    def _cost(self, ev, layouts, pp, m, vpp, rc, zero) -> Plan:
+        train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero)
+        rep = ev.evaluate(layouts, train, check=False)
+        self.evaluations += 1
+        plan = Plan(self.cfg, self.cluster, train, self.seq, layouts, rep, ev)
+        if rep.fits:
+            if self.best is None or rep.step_time_s < self.best.report.step_time_s:
+                self.best = plan
+        elif self.least_memory is None or rep.memory_peak < self.least_memory.report.memory_peak:
+            self.least_memory = plan
+        return plan
+
+
+def _factor(layout: OpLayout, dim: str, mesh) -> int:
+    f = 1
+    for a in layout.axes_of(dim):
+        f *= mesh[a].size if a < len(mesh) else 1
+    return f
+
+
+def rollback(layouts: dict[str, OpLayout], k: int) -> dict[str, OpLayout]:
+    """Drop the cuts on the first ``k`` mesh axes (they become pipeline stages) and re-index."""
+    out = {}
+    for name, lay in layouts.items():
+        out[name] = OpLayout.of({d: tuple(a - k for a in ax if a >= k) for d, ax in lay.cuts})
+    return out
+
+
+def _rollback_axes(cluster: Cluster, pp: int) -> int | None:
+    """How many outermost axes form the pipeline when they multiply to pp exactly, else None."""
+    mesh, prod = cluster.mesh(), 1
+    for i, ax in enumerate(mesh):
+        if prod == pp:
+            return i
+        prod *= ax.size
+    return len(mesh) if prod == pp else None
+
+
+def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
+           order: str = "topological") -> Plan:
+    """The SymTensor plan: the fastest predicted step that fits in memory."""
+    t0 = time.perf_counter()
+    s = _Search(cfg, cluster, global_batch, seq, micro_batch, order)
+    n = cluster.n_devices
+    steps1 = s.micro_steps(1)
+    if not steps1:
+        raise PlanError(f"global batch {global_batch} has no micro-batch split compatible with --micro-batch "
+                        f"{micro_batch}")
+    # nominal micro-batches: one sequence per device per micro-step when the batch allows it
+    m0 = max([m for m in steps1 if global_batch // m >= n] or [steps1[0]])
+    lam, attempt = 0.0, 0
+    while attempt < 6:
+        base = s.partition(1, m0, lam)
+        for pp in s.pipeline_depths():
+            k = _rollback_axes(cluster, pp)
+            if k is None or lam > 0 and pp > 1:
+                try:
+                    split_mesh(cluster, pp)
+                except PlanError:
+                    continue
+                m = s.micro_steps(pp)
+                if not m:
+                    continue
+                layouts = s.partition(pp, m[min(len(m) - 1, len(m) // 2)], lam)
+            else:
+                layouts = rollback(base, k)
+            s.consider_batches(layouts, pp)
+            if s.best is not None and pp > 1 and s.best.train.pp < pp // 2:
+                break  # deeper pipelines stopped helping
+        attempt += 1
+        # memory pressure (nothing fits, or only with recomputation or ZeRO-3): weigh memory in
+        # the partition, in seconds per byte, more each round
+        pressed = s.best is None or s.best.train.recompute != "none" or s.best.train.zero == 3
+        if not pressed or attempt >= (6 if s.best is None else 3):
+            break
+        ref = (s.best or s.least_memory).report
+        lam = (ref.step_time_s / ref.capacity) * (4.0 ** attempt)
+    plan = s.best or s.least_memory
+    if plan is None:
+        raise PlanError(f"no valid plan for {cfg.name} on {n} devices; check the batch and the device count")
+    plan.search_time_s = time.perf_counter() - t0
+    plan.evaluations, plan.partitions = s.evaluations, s.partitions
+    if s.best is None:
+        rep = plan.report
+        plan.notes.append(
+            f"nothing fits: the least memory any plan reached is {rep.memory_peak / 2**30:.1f} GiB per device "
+            f"against {0.9 * rep.capacity / 2**30:.1f} GiB usable; use more devices, a smaller micro-batch or "
+            "sequence, or a device with more memory")
+    return plan
