@@ -178,7 +178,7 @@ def summary(results: list[Result]) -> dict:
 
 # physical upper bounds of the fitted fractions: no kernel reaches its datasheet peak; ~90% of HBM
 # bandwidth is the best STREAM-like kernels reach; NCCL bus bandwidth stays below the link rate
-UPPER = {"gemm": 0.95, "bmm": 0.95, "hbm": 0.9, "link": 0.9}
+UPPER = {"gemm": 0.95, "bmm": 0.95, "hbm": 0.9, "link": 0.9, "link_gather": 0.9}
 
 
 def fit(rows: list[Row] | None = None, start: Efficiency = CALIBRATED, rounds: int = 3) -> Efficiency:
@@ -187,10 +187,10 @@ def fit(rows: list[Row] | None = None, start: Efficiency = CALIBRATED, rounds: i
     best = start
     best_score = max(r.score for r in predict(rows, best))
     for _ in range(rounds):
-        for name in ("gemm", "bmm", "hbm", "link"):
-            value = getattr(best, name)
-            for factor in (0.8, 0.9, 0.95, 0.98, 1.02, 1.05, 1.1, 1.25):
-                trial = best.replace(**{name: min(UPPER[name], value * factor)})
+        for name in ("gemm", "bmm", "hbm", "link", "link_gather", "gemm_knee"):
+            value = getattr(best, name) or 1e9
+            for factor in (0.5, 0.8, 0.9, 0.95, 0.98, 1.02, 1.05, 1.1, 1.25, 2.0):
+                trial = best.replace(**{name: min(UPPER.get(name, 1e15), value * factor)})
                 score = max(r.score for r in predict(rows, trial))
                 if score < best_score:
                     best, best_score = trial, score

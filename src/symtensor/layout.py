@@ -13,7 +13,7 @@ cannot reach the cost model.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from symtensor.errors import PlanError
 from symtensor.graph import Op, op_no_cut
@@ -24,6 +24,13 @@ class OpLayout:
     """``cuts``: ((dim, (axis index, ...)), ...) sorted by dim; hashable, so costs can be memoised."""
 
     cuts: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    _hash: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash(self.cuts))
+
+    def __hash__(self):  # memo keys hash layouts constantly: compute it once
+        return self._hash
 
     @staticmethod
     def of(mapping: dict[str, tuple[int, ...] | list[int]]) -> "OpLayout":
@@ -80,6 +87,13 @@ class TensorLayout:
 
     axes: tuple[tuple[int, ...], ...]
     partial: frozenset = frozenset()
+    _hash: int = field(default=0, compare=False, repr=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "_hash", hash((self.axes, self.partial)))
+
+    def __hash__(self):
+        return self._hash
 
     def factor(self, mesh) -> int:
         f = 1
@@ -89,13 +103,26 @@ class TensorLayout:
         return f
 
 
+_TL_CACHE: dict = {}
+
+
 def tensor_layout(layout: OpLayout, tensor_dims: tuple[str, ...], op_dims: tuple[tuple[str, int], ...],
                   partial_for_missing: bool) -> TensorLayout:
     """Placement of a tensor whose axes run over ``tensor_dims`` of an op with ``layout``.
 
     With ``partial_for_missing`` the axes cutting op dims that the tensor lacks become partial
-    (an output of a reduction, or the gradient of an input).
+    (an output of a reduction, or the gradient of an input). Memoised: a pure function of values.
     """
+    key = (layout, tensor_dims, partial_for_missing)
+    hit = _TL_CACHE.get(key)
+    if hit is None:
+        if len(_TL_CACHE) > 200_000:
+            _TL_CACHE.clear()
+        hit = _TL_CACHE[key] = _tensor_layout(layout, tensor_dims, partial_for_missing)
+    return hit
+
+
+def _tensor_layout(layout: OpLayout, tensor_dims, partial_for_missing: bool) -> TensorLayout:
     axes = tuple(layout.axes_of(d) for d in tensor_dims)
     partial = frozenset()
     if partial_for_missing:

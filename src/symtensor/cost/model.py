@@ -190,7 +190,7 @@ class Evaluator:
 
     def coll_time(self, kind, nbytes, axes) -> float:
         return collective_time(kind, nbytes, level_counts(axes, self.mesh, len(self.levels)), self.levels,
-                               self.eff.link)
+                               self.eff.link_for(kind))
 
     # -- the evaluation -----------------------------------------------------------------------
     def check(self, layouts: dict[str, OpLayout]) -> None:
@@ -226,6 +226,7 @@ class _Segment:
     def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops, cross_stage: frozenset, external=()):
         self.ev, self.layouts, self.train, self.ops = ev, layouts, train, ops
         self.ext_producer = dict(external)
+        self.charged: set = set()  # (tensor, layout) redistributions already paid
         self.cross_stage = cross_stage  # input tensors that arrive from another pipeline stage
         self.compute = self.recompute = self.sync = self.opt_time = 0.0
         self.comm: dict[str, float] = {}
@@ -277,11 +278,18 @@ class _Segment:
             src = ev.out_layout(prod, playout, pslot, partial=True)
             dst = ev.in_layout(op, layout, slot)
             cat = "ep_comm" if prod.kind == "moe_dispatch" else category
-            seconds, colls = ev.edge(src, dst, tname)
-            if colls:
-                self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
+            # consumers that need the same layout share one collective (Q, K and V projections
+            # read one gathered input; their partial input gradients add up before one reduction)
+            if (tname, dst) not in self.charged:
+                self.charged.add((tname, dst))
+                seconds, colls = ev.edge(src, dst, tname)
+                if colls:
+                    self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
             if ev.needs_grad(tname):
                 gsrc = ev.in_layout(op, layout, slot, grad=True)
+                if (tname, gsrc, "grad") in self.charged:
+                    continue
+                self.charged.add((tname, gsrc, "grad"))
                 gdst = ev.out_layout(prod, playout, pslot, partial=False)
                 seconds, colls = ev.edge(gsrc, gdst, tname)
                 if colls:
@@ -306,11 +314,13 @@ class _Segment:
             if prod is not None and io == "in" and tname not in self.cross_stage:
                 pview = ev.out_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
                 pbytes = t.nbytes / pview.factor(ev.mesh)
-                if pbytes < nbytes:
+                if pbytes < nbytes and (tname, view, "saved") not in self.charged:
                     # keep the smaller shard and gather it again in backward (Megatron-SP)
+                    self.charged.add((tname, view, "saved"))
                     _, colls = ev.edge(pview, view, tname)
                     gathers = tuple(c for c in colls if c.kind == "all_gather")
                     self.add_comm("tp_comm", gathers, collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
+                if pbytes < nbytes:
                     nbytes = pbytes
             prev = self.saved.get(tname)
             if prev is None or nbytes < prev:
@@ -553,7 +563,7 @@ class _Accumulator:
                 for a in replicas:
                     r *= ev.mesh[a].size
                 lvl = ev.levels[max(a.level for a in ev.pp_axes)]
-                seconds = lvl.latency + local / r / (lvl.bandwidth * ev.eff.link)
+                seconds = lvl.latency + local / r / (lvl.bandwidth * ev.eff.link_gather)
                 if replicas:
                     seconds += ev.coll_time("all_gather", local, replicas)
                 return seconds, local / r

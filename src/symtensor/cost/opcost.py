@@ -53,8 +53,11 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
         bwd = kind.bwd_fixed * 2 * nbytes / hbm if kind.bwd_fixed else 0.0
         return OpTime(fwd, bwd, flops)
     bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
-    fwd = max(flops / (peak * frac), nbytes / hbm)
-    bwd = max(bwd_flops / (peak * frac), 2 * nbytes / hbm) if bwd_flops else 0.0
+    # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
+    knee = eff.gemm_knee
+    fwd = max((flops + knee) / (peak * frac), nbytes / hbm)
+    bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / (peak * frac), 2 * nbytes / hbm) \
+        if bwd_flops else 0.0
     return OpTime(fwd, bwd, flops)
 
 
@@ -108,8 +111,8 @@ def _group(axes, mesh) -> int:
 
 
 def collectives_time(colls, mesh, levels, eff) -> float:
-    return sum(collective_time(c.kind, c.nbytes, level_counts(c.axes, mesh, len(levels)), levels, eff.link)
-               for c in colls)
+    return sum(collective_time(c.kind, c.nbytes, level_counts(c.axes, mesh, len(levels)), levels,
+                               eff.link_for(c.kind)) for c in colls)
 
 
 def input_layout(op, layout: OpLayout, slot: int, grad: bool = False) -> TensorLayout:

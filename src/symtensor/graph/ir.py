@@ -97,10 +97,17 @@ class Op:
     layer: int = -1
     block: str = ""
     attrs: tuple[tuple[str, object], ...] = ()
+    _sizes: dict = field(default=None, compare=False, repr=False)
+    _attrs: dict = field(default=None, compare=False, repr=False)
+
+    def __post_init__(self):
+        # derived lookups, built once: the cost model asks for them millions of times
+        object.__setattr__(self, "_sizes", dict(self.dims))
+        object.__setattr__(self, "_attrs", dict(self.attrs))
 
     @property
     def dim_sizes(self) -> dict[str, int]:
-        return dict(self.dims)
+        return self._sizes
 
     @property
     def reduced_dims(self) -> tuple[str, ...]:
@@ -108,10 +115,7 @@ class Op:
         return tuple(d for d, _ in self.dims if d not in produced)
 
     def attr(self, key: str, default=None):
-        for k, v in self.attrs:
-            if k == key:
-                return v
-        return default
+        return self._attrs.get(key, default)
 
     @property
     def signature(self) -> tuple:

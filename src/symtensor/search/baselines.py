@@ -7,11 +7,12 @@
   distributed optimizer (ZeRO-1); selective recomputation, full recomputation if that does not
   fit. MoE: tensor parallelism by the active size, expert parallelism by the expert count
   (ep = min(experts, dp)).
-- ``megatron_grid``: every valid (tp, pp, dp, cp, ep, micro batch, recompute, vpp) with
-  sequence parallelism whenever tp > 1 and the distributed optimizer. Dominated points are
-  pruned without evaluation, which cannot change the best: sp=False (same communication time
-  in this model, more memory and norm compute), zero=0 (same time as ZeRO-1, more memory),
-  and recomputation once a cheaper recomputation of the same point fits.
+- ``megatron_grid``: every valid (tp, pp, dp, cp, ep, micro batch, recompute, vpp), pipeline
+  depths that do not divide the layers included (uneven stages), with sequence parallelism
+  whenever tp > 1 and the distributed optimizer. Dominated choices are not enumerated, which
+  cannot change the best: sp=False (same communication time in this model, more memory and norm
+  compute) and zero=0 (ZeRO-1's time, more memory); points whose time bound is no better than the
+  best plan found are skipped (exact branch and bound).
 - ``fsdp``: pure data parallelism with ZeRO-3 (PyTorch FSDP), the best micro batch and recompute.
 """
 
@@ -88,26 +89,50 @@ def _best_over_recompute(pool: EvaluatorPool, base: dict) -> Candidate | None:
     return best
 
 
-def megatron_grid(pool: EvaluatorPool, global_batch: int) -> tuple[Candidate | None, int]:
-    """The best Megatron configuration; returns it and how many points were costed."""
-    cfg, n, seq = pool.cfg, pool.cluster.n_devices, pool.seq
-    node = pool.cluster.levels[0].fanout or n
-    best, count = None, 0
+def grid_points(cfg: ModelConfig, n: int, node: int, global_batch: int, seq: int):
+    """Every (tp, pp, cp, dp, ep, micro batch) point of the Megatron space on n devices."""
     for tp in [t for t in _divisors(min(node, n)) if not (cfg.heads % t or cfg.kv_heads % t or cfg.ffn % t)]:
-        for pp in [p for p in _divisors(n // tp) if p <= cfg.layers and cfg.layers % p == 0]:
+        for pp in [p for p in _divisors(n // tp) if p <= cfg.layers]:
             for cp in [c for c in _divisors(n // (tp * pp)) if seq % (c * tp) == 0 and c <= 32]:
                 dp = n // (tp * pp * cp)
                 eps = [e for e in _divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
                 for ep in eps:
                     for mb in [m for m in MICRO_BATCHES if global_batch % (m * dp) == 0]:
-                        vpps = [1] + [v for v in (2, 3, 4) if pp > 1 and cfg.layers % (pp * v) == 0]
-                        for vpp in vpps:
-                            base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0,
-                                        micro_batch=mb, global_batch=global_batch, seq=seq, vpp=vpp)
-                            cand = _best_over_recompute(pool, base)
-                            count += 1
-                            if cand is not None and (best is None or cand.key < best.key):
-                                best = cand
+                        yield dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0,
+                                   micro_batch=mb, global_batch=global_batch, seq=seq)
+
+
+def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None
+                  ) -> tuple[Candidate | None, int]:
+    """The best Megatron configuration, exhaustively with exact branch and bound; returns it and how
+    many configurations were costed.
+
+    Per point, recomputation only adds time and virtual stages only remove bubble, so
+    (recompute none, most virtual stages) bounds the point's time from below: a point whose bound
+    is no faster than the best plan that fits is skipped without losing the optimum.
+    """
+    cfg, n, seq = pool.cfg, pool.cluster.n_devices, pool.seq
+    node = pool.cluster.levels[0].fanout or n
+    best, count = None, 0
+    for base in grid_points(cfg, n, node, global_batch, seq):
+        if micro_batch is not None and base["micro_batch"] != micro_batch:
+            continue
+        pp = base["pp"]
+        vpps = [1] + [v for v in (2, 3, 4) if pp > 1 and cfg.layers % (pp * v) == 0]
+        if pp > 1 and cfg.layers % pp:
+            vpps = [1]
+        bound = _try(pool, **base, recompute="none", vpp=vpps[-1])
+        count += 1
+        if bound is None:
+            continue
+        if best is not None and best.report.fits and bound.report.step_time_s >= best.report.step_time_s:
+            continue
+        for rc in ("none", "selective", "full"):
+            for vpp in reversed(vpps):
+                cand = bound if (rc, vpp) == ("none", vpps[-1]) else _try(pool, **base, recompute=rc, vpp=vpp)
+                count += cand is not bound
+                if cand is not None and (best is None or cand.key < best.key):
+                    best = cand
     return best, count
 
 

@@ -81,20 +81,27 @@ class Problem:
 
     def _edges(self) -> list[Edge]:
         """Producer -> consumer edges; an input of a repeated skeleton layer also comes, for all but
-        its first copy, from the same block of the layer itself."""
+        its first copy, from the same block of the layer itself. Sibling consumers (same kind,
+        same dims, like the Q, K and V projections) share one redistribution when they agree,
+        so each carries its share of it."""
         ev, out = self.ev, []
+        siblings: dict = {}
+        for v in self.ops:
+            for slot, t in enumerate(v.inputs):
+                key = (t, v.kind, v.in_dims[slot])
+                siblings[key] = siblings.get(key, 0) + 1
         for v in self.ops:
             for slot, t in enumerate(v.inputs):
                 u = ev.producer.get(t)
                 if u is None:
                     continue
-                w = self.weight[v.name]
+                w = self.weight[v.name] / siblings[(t, v.kind, v.in_dims[slot])]
                 if u.layer != v.layer and 0 <= v.layer < self.layers:
                     r = layer_repeat(ev.graph, v.layer)
-                    w = self.weight[v.name] / r
                     twin = next((op for op in ev.graph.layer_ops(v.layer) if op.block == u.block), None)
                     if twin is not None and r > 1:
-                        out.append(Edge(twin, 0, v, slot, t, self.weight[v.name] * (r - 1) / r))
+                        out.append(Edge(twin, 0, v, slot, t, w * (r - 1) / r))
+                    w = w / r
                 out.append(Edge(u, _out_slot(u, t), v, slot, t, w))
         return out
 
@@ -201,11 +208,23 @@ def candidates(op, layout: OpLayout, axis: int, mesh):
         yield layout.with_cut(d, axis)
 
 
-def partition(problem: Problem, order: str = "weight", refine: bool = True) -> dict[str, OpLayout]:
-    """The double recursion; returns a layout per op of the (skeleton) graph."""
+def partition(problem: Problem, order: str = "topological", refine: bool = True,
+              templates: bool = True, levels: str = "outer") -> dict[str, OpLayout]:
+    """The double recursion; returns a layout per op of the (skeleton) graph.
+
+    Args:
+        order: op order inside a level: ``topological``, ``weight`` (descending cost, the patent's)
+            or ``reverse`` (MindSpore's default).
+        refine: revisit every op once a level is complete.
+        templates: also consider one parallelism for the whole level (data, tensor, context,
+            expert) and keep whatever is cheapest.
+        levels: ``outer`` decides the slowest axes first (D-Rec); ``inner`` the fastest first,
+            which lets memory pressure put tensor parallelism on the fast links.
+    """
     ev = problem.ev
     layouts = {op.name: REPLICATED for op in problem.ops}
-    for axis in range(len(ev.mesh)):
+    axes = range(len(ev.mesh)) if levels == "outer" else reversed(range(len(ev.mesh)))
+    for axis in axes:
         if order == "weight":
             seq = sorted(problem.ops, key=lambda op: (-problem.op_cost(op, layouts[op.name]), problem.index[op.name]))
         elif order == "topological":
@@ -220,7 +239,47 @@ def partition(problem: Problem, order: str = "weight", refine: bool = True) -> d
         if refine:
             for op in seq:
                 layouts[op.name] = _best(problem, op, before[op.name], axis, layouts, None)
+        if templates:
+            # coordinated moves the op-by-op greedy cannot find: one parallelism for the whole level
+            options = [layouts] + [_template(problem, before, axis, kind) for kind in TEMPLATES]
+            layouts = min(options, key=problem.total)
     return layouts
+
+
+# Level templates: the dim each op cuts when a whole level takes one parallelism (None: no cut).
+TEMPLATES = ("data", "tensor", "context", "expert")
+
+
+def _template_dim(op, kind: str) -> str | None:
+    from symtensor.search.megatron import _tp_dim
+
+    sizes = op.dim_sizes
+    expert = op.kind in ("linear", "elementwise") and any(d and d[0] == "e" for d in op.in_dims)
+    if kind == "data":
+        return "b" if "b" in sizes else None
+    if kind == "context":
+        if op.kind == "moe_combine" or expert:
+            return "c"
+        return "s" if "s" in sizes else None
+    if kind == "expert":
+        return "e" if expert else ("b" if "b" in sizes else None)
+    tdim = _tp_dim(op)  # Megatron's tensor (+ sequence) parallel cut
+    if tdim and tdim in sizes:
+        return tdim
+    if op.kind in ("norm", "elementwise") and "s" in sizes and not expert:
+        return "s"
+    return None
+
+
+def _template(problem: Problem, before: dict, axis: int, kind: str) -> dict:
+    out = {}
+    mesh = problem.ev.mesh
+    for op in problem.ops:
+        base = before[op.name]
+        d = _template_dim(op, kind)
+        cand = base.with_cut(d, axis) if d else base
+        out[op.name] = cand if d and legal(op, cand, mesh) else base
+    return out
 
 
 def _best(problem: Problem, op, base: OpLayout, axis: int, layouts, decided) -> OpLayout:
@@ -236,3 +295,69 @@ def _best(problem: Problem, op, base: OpLayout, axis: int, layouts, decided) -> 
         if best_cost is None or cost < best_cost - 1e-15:
             best, best_cost = cand, cost
     return best
+
+
+def legal(op, layout: OpLayout, mesh) -> bool:
+    """Whether every cut divides its dim, no forbidden dim is cut and a matmul does not cut both
+    its weight's reduction and output dims (the rules ``candidates`` builds in)."""
+    full = linked_layout(op, layout)
+    forbidden = op_no_cut(op)
+    seen = set()
+    for d, axes in layout.cuts:
+        if d in forbidden or seen & set(axes):
+            return False
+        seen.update(axes)
+    sizes = op.dim_sizes
+    for d, _ in full.cuts:
+        if sizes[d] % cut_factor(full, d, mesh):
+            return False
+    reduce_dims, out_dims = _matmul_roles(op)
+    cut = {d for d, _ in layout.cuts}
+    return not (cut & reduce_dims and cut & out_dims)
+
+
+def _moves(op, layout: OpLayout, mesh):
+    """Layouts one axis away: an axis moved to another dim, dropped, or a free axis added."""
+    dims = [d for d, _ in op.dims if d not in dict(op.attr("linked", ()) + op.attr("carry", ())).values()]
+    current = layout.as_dict()
+    for a in range(len(mesh)):
+        here = next((d for d, ax in current.items() if a in ax), None)
+        base = layout.without_axes({a}) if here else layout
+        if here:
+            yield base
+        for d in dims:
+            if d != here:
+                cand = base.with_cut(d, a)
+                if legal(op, cand, mesh):
+                    yield cand
+
+
+def refine(problem: Problem, layouts: dict[str, OpLayout], sweeps: int = 2) -> dict[str, OpLayout]:
+    """Local search on the decomposed objective: each op in turn takes the best layout one axis away
+    from its own, given all its neighbours; stops when a sweep changes nothing."""
+    layouts = dict(layouts)
+    mesh = problem.ev.mesh
+    for _ in range(sweeps):
+        changed = False
+        for op in problem.ops:
+            links = problem.links[op.name]
+
+            def local(cand):
+                cost = problem.op_cost(op, cand)
+                for e, other, is_src in links:
+                    cost += (problem.edge_cost(e, cand, layouts[other]) if is_src
+                             else problem.edge_cost(e, layouts[other], cand))
+                return cost
+
+            cur = layouts[op.name]
+            best, best_cost = cur, local(cur)
+            for cand in _moves(op, cur, mesh):
+                c = local(cand)
+                if c < best_cost * (1 - 1e-9):
+                    best, best_cost = cand, c
+            if best is not cur:
+                layouts[op.name] = best
+                changed = True
+        if not changed:
+            break
+    return layouts

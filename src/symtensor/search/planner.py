@@ -1,6 +1,8 @@
 """The outer search: pipeline depth, micro-batches, recomputation, ZeRO stage and the memory weight
 around the recursive partitioner.
 
+    0. the best Megatron-expressible configuration (exact branch and bound over the grid) is the
+       first candidate: SymTensor's space contains Megatron's, so the search never loses to it;
     1. partition the whole mesh (pp = 1) at a nominal number of micro-batches, lambda = 0;
     2. pipeline depths p > 1 reuse it by rolling back the cuts of the outermost axes that become
        pipeline stages (MindSpore SAPP's pipeline rollback, spec 3.3-7), then re-partition the
@@ -8,7 +10,9 @@ around the recursive partitioner.
     3. every (p, micro-batches, virtual stages, recomputation, ZeRO) variant of those layouts is
        costed with the full model; the fastest that fits wins;
     4. if nothing fits, the memory weight lambda grows (seconds per byte) and the partition is
-       redone, until a plan fits or the least-memory plan is reported with the reason.
+       redone, until a plan fits or the least-memory plan is reported with the reason;
+    5. the best plan is refined op by op (``partition.refine``): each op may move one mesh axis to
+       another dim given all its neighbours, which is where per-op heterogeneous plans come from.
 """
 
 from __future__ import annotations
@@ -17,12 +21,12 @@ import time
 from dataclasses import dataclass, field
 
 from symtensor.cost import CostReport, Evaluator, TrainConfig
-from symtensor.cost.model import split_mesh
 from symtensor.errors import PlanError
 from symtensor.hardware import Cluster
 from symtensor.layout import OpLayout, check_layout
-from symtensor.models import ModelConfig, build_graph
-from symtensor.search.partition import Problem, partition
+from symtensor.models import ModelConfig
+from symtensor.search.baselines import EvaluatorPool, megatron_grid
+from symtensor.search.partition import Problem, partition, refine
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -53,21 +57,15 @@ class Plan:
 
 
 class _Search:
-    def __init__(self, cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch=None,
-                 order: str = "topological"):
-        self.cfg, self.cluster, self.global_batch, self.seq = cfg, cluster, global_batch, seq
-        self.micro_batch, self.order = micro_batch, order
-        self.evs: dict = {}
+    def __init__(self, pool: EvaluatorPool, global_batch: int, micro_batch=None, order: str = "topological"):
+        self.pool, self.cfg, self.cluster, self.seq = pool, pool.cfg, pool.cluster, pool.seq
+        self.global_batch, self.micro_batch, self.order = global_batch, micro_batch, order
         self.best: Plan | None = None
         self.least_memory: Plan | None = None
         self.evaluations = self.partitions = 0
 
     def evaluator(self, graph_batch: int, pp: int) -> Evaluator:
-        key = (graph_batch, pp)
-        if key not in self.evs:
-            graph = build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True)
-            self.evs[key] = Evaluator(graph, self.cluster, pp=pp)
-        return self.evs[key]
+        return self.pool.get(graph_batch, pp)
 
     def pipeline_depths(self) -> list[int]:
         n, layers = self.cluster.n_devices, self.cfg.layers
@@ -123,9 +121,13 @@ class _Search:
 
     def _cost(self, ev, layouts, pp, m, vpp, rc, zero) -> Plan:
         train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero)
-        rep = ev.evaluate(layouts, train, check=False)
+        return self.offer(Plan(self.cfg, self.cluster, train, self.seq, layouts,
+                               ev.evaluate(layouts, train, check=False), ev))
+
+    def offer(self, plan: Plan) -> Plan:
+        """Keep ``plan`` if it is the fastest that fits (or, while nothing fits, the smallest)."""
         self.evaluations += 1
-        plan = Plan(self.cfg, self.cluster, train, self.seq, layouts, rep, ev)
+        rep = plan.report
         if rep.fits:
             if self.best is None or rep.step_time_s < self.best.report.step_time_s:
                 self.best = plan
@@ -159,16 +161,80 @@ def _rollback_axes(cluster: Cluster, pp: int) -> int | None:
     return len(mesh) if prod == pp else None
 
 
+SMALL_GRID = 64  # grids with at most this many points are seeded exhaustively
+
+
 def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
-           order: str = "topological") -> Plan:
-    """The SymTensor plan: the fastest predicted step that fits in memory."""
+           order: str = "topological", space: str = "symtensor") -> Plan:
+    """The SymTensor plan: the fastest predicted step that fits in memory.
+
+    Args:
+        space: ``symtensor`` (per-op layouts) or ``megatron`` (Megatron-expressible plans only,
+            exhaustively with branch and bound).
+    """
     t0 = time.perf_counter()
-    s = _Search(cfg, cluster, global_batch, seq, micro_batch, order)
-    n = cluster.n_devices
+    pool = EvaluatorPool(cfg, cluster, seq)
+    s = _Search(pool, global_batch, micro_batch, order)
+    if space == "megatron":
+        seed, points = megatron_grid(pool, global_batch, micro_batch)
+        s.evaluations += points
+        if seed is not None:
+            s.offer(_plan_of(s, seed))
+        return _finish(s, t0)
+    for seed in structured_seeds(pool, global_batch, micro_batch):
+        s.offer(_plan_of(s, seed))
+    _partitions(s)
+    for plan in {id(p): p for p in (s.best, s.least_memory) if p is not None}.values():
+        _refine(s, plan)
+    return _finish(s, t0)
+
+
+def _plan_of(s: "_Search", cand) -> Plan:
+    pc = cand.config
+    return Plan(s.cfg, s.cluster, pc.train_config(), s.seq, cand.layouts, cand.report,
+                s.pool.get(pc.micro_batch * pc.dp, pc.pp))
+
+
+def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | None):
+    """Megatron-expressible starting points: the whole grid on small clusters; elsewhere, per
+    tensor-parallel degree inside a node, the shallowest pipeline that fits."""
+    from symtensor.search.baselines import _divisors, _try, grid_points
+
+    cfg, n = pool.cfg, pool.cluster.n_devices
+    node = pool.cluster.levels[0].fanout or n
+    points = list(grid_points(cfg, n, node, global_batch, pool.seq))
+    if len(points) <= SMALL_GRID:
+        best, _ = megatron_grid(pool, global_batch, micro_batch)
+        if best is not None:
+            yield best
+        return
+    for tp in sorted({p["tp"] for p in points}):
+        for pp in [p for p in _divisors(n // tp) if p <= cfg.layers]:
+            dp = n // (tp * pp)
+            mb = micro_batch or 1
+            if global_batch % (mb * dp):
+                continue
+            ep = max((e for e in _divisors(dp) if cfg.experts % e == 0), default=1) if cfg.is_moe else 1
+            vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
+            found = None
+            for rc in RECOMPUTE:
+                cand = _try(pool, tp=tp, pp=pp, dp=dp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0, recompute=rc,
+                            micro_batch=mb, global_batch=global_batch, seq=pool.seq, vpp=vpp)
+                if cand is not None and cand.report.fits:
+                    found = cand
+                    break
+            if found is not None:
+                yield found
+                break
+
+
+def _partitions(s: "_Search") -> None:
+    """Steps 1-4 of the module docstring."""
+    cluster, global_batch, n = s.cluster, s.global_batch, s.cluster.n_devices
     steps1 = s.micro_steps(1)
     if not steps1:
         raise PlanError(f"global batch {global_batch} has no micro-batch split compatible with --micro-batch "
-                        f"{micro_batch}")
+                        f"{s.micro_batch}")
     # nominal micro-batches: one sequence per device per micro-step when the batch allows it
     m0 = max([m for m in steps1 if global_batch // m >= n] or [steps1[0]])
     lam, attempt = 0.0, 0
@@ -176,18 +242,9 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         base = s.partition(1, m0, lam)
         for pp in s.pipeline_depths():
             k = _rollback_axes(cluster, pp)
-            if k is None or lam > 0 and pp > 1:
-                try:
-                    split_mesh(cluster, pp)
-                except PlanError:
-                    continue
-                m = s.micro_steps(pp)
-                if not m:
-                    continue
-                layouts = s.partition(pp, m[min(len(m) - 1, len(m) // 2)], lam)
-            else:
-                layouts = rollback(base, k)
-            s.consider_batches(layouts, pp)
+            if k is None:
+                continue
+            s.consider_batches(rollback(base, k), pp)
             if s.best is not None and pp > 1 and s.best.train.pp < pp // 2:
                 break  # deeper pipelines stopped helping
         attempt += 1
@@ -198,7 +255,22 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
             break
         ref = (s.best or s.least_memory).report
         lam = (ref.step_time_s / ref.capacity) * (4.0 ** attempt)
+
+
+def _refine(s: "_Search", plan: Plan) -> None:
+    """Per-op local search around ``plan``, without and with a memory weight; kept when the full
+    model says it is faster and fits."""
+    rep = plan.report
+    for lam in (0.0, rep.step_time_s / rep.capacity):
+        layouts = refine(Problem(plan.evaluator, plan.train, lam), plan.layouts)
+        if layouts != plan.layouts:
+            s.offer(Plan(s.cfg, s.cluster, plan.train, s.seq, layouts,
+                         plan.evaluator.evaluate(layouts, plan.train, check=False), plan.evaluator))
+
+
+def _finish(s: "_Search", t0: float) -> Plan:
     plan = s.best or s.least_memory
+    cfg, n = s.cfg, s.cluster.n_devices
     if plan is None:
         raise PlanError(f"no valid plan for {cfg.name} on {n} devices; check the batch and the device count")
     plan.search_time_s = time.perf_counter() - t0
