@@ -95,5 +95,64 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     return out
 
 
+def _baseline_entry(step_time, fits, config, report, ref) -> dict:
+    out = {"step_time_s": step_time, "fits": fits, "config": config,
+           "mfu": report.mfu, "memory_gib_per_device": report.memory_peak / GIB}
+    out["speedup_of_plan"] = step_time / ref if fits else None
+    return out
+
+
+def baselines(cfg, cluster, global_batch: int, seq: int, plan_step: float) -> dict:
+    """Megatron recipe, Megatron grid best, FSDP and D-Rec through the same cost model."""
+    from symtensor.plan import config_summary
+    from symtensor.search.baselines import EvaluatorPool, fsdp, megatron_grid, megatron_recipe
+    from symtensor.search.planner import drec_plan
+
+    pool = EvaluatorPool(cfg, cluster, seq)
+    active = params_active(cfg, build_graph(cfg, micro_batch=1, seq=min(seq, 128)))
+    out = {}
+    for key, cand in (("megatron_recipe", megatron_recipe(pool, global_batch, active)),
+                      ("megatron_grid_best", megatron_grid(pool, global_batch)[0]),
+                      ("fsdp", fsdp(pool, global_batch))):
+        if cand is None:
+            out[key] = {"step_time_s": None, "fits": False, "config": None, "note": "no valid configuration"}
+            continue
+        out[key] = _baseline_entry(cand.report.step_time_s, cand.report.fits, cand.config.as_dict(),
+                                   cand.report, plan_step)
+    d = drec_plan(cfg, cluster, global_batch, seq)
+    out["drec"] = _baseline_entry(d.report.step_time_s, d.report.fits, config_summary(d), d.report, plan_step)
+    return out
+
+
+def plan(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
+         global_batch=None, seq=None, space: str = "symtensor", baselines_too: bool = True, overrides=None,
+         out: str | None = None) -> dict:
+    """Search the best plan; the JSON of ``symtensor plan``."""
+    from symtensor.plan import config_summary, layer_types, save_plan
+    from symtensor.plan.summary import axis_names
+    from symtensor.search.planner import search
+
+    cfg = load_model_config(model, overrides)
+    cl = load_cluster(cluster, devices=devices, nodes=nodes)
+    seq = seq or default_seq(cfg)
+    global_batch = global_batch or default_global_batch(seq)
+    mb = None if micro_batch in (None, "auto") else int(micro_batch)
+    p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space)
+    result = p.report.as_dict()
+    result.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, space=space,
+                  search_time_s=p.search_time_s, evaluations=p.evaluations, partitions=p.partitions,
+                  config=config_summary(p), notes=p.notes,
+                  mesh=[{"name": a.name, "size": a.size, "level": cl.levels[a.level].name} for a in p.mesh],
+                  pipeline_axes=[a.name for a in p.evaluator.pp_axes],
+                  layouts={name: axis_names(lay, p.mesh) for name, lay in p.layouts.items()},
+                  layer_types=layer_types(p))
+    if baselines_too:
+        result["baselines"] = baselines(cfg, cl, global_batch, seq, p.report.step_time_s)
+    if out:
+        save_plan(p, out)
+        result["plan_file"] = out
+    return result
+
+
 def memory_gib(report) -> float:
     return report.memory_peak / GIB

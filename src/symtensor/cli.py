@@ -127,7 +127,7 @@ def _dispatch(args) -> int:
         devices = args.devices if args.devices or args.nodes else DEFAULT_DEVICES
         out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                        global_batch=args.global_batch, seq=args.seq, space=args.space,
-                       baselines=not args.no_baselines, overrides=args.set, out=args.out)
+                       baselines_too=not args.no_baselines, overrides=args.set, out=args.out)
         return report.plan(out, args.json)
     raise AssertionError(args.command)
 

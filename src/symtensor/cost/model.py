@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
 from symtensor.cost.opcost import (Collective, collectives_time, extra_saved_bytes, input_layout,
-                                   intra_collectives, op_time, output_layout, redistribute)
+                                   intra_collectives, op_time, output_layout, param_layout, redistribute)
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, grad_operands, model_flops, op_saves, requires_grad
@@ -173,6 +173,13 @@ class Evaluator:
             hit = self._tl_cache[key] = input_layout(op, layout, slot, grad=grad)
         return hit
 
+    def param_layout(self, op, layout: OpLayout, slot: int):
+        key = (id(op), layout, slot, "param")
+        hit = self._tl_cache.get(key)
+        if hit is None:
+            hit = self._tl_cache[key] = param_layout(op, layout, slot)
+        return hit
+
     def out_layout(self, op, layout: OpLayout, slot: int = 0, partial: bool = True):
         key = (id(op), layout, slot, "out", partial)
         hit = self._tl_cache.get(key)
@@ -319,7 +326,8 @@ class _Segment:
                     self.charged.add((tname, view, "saved"))
                     _, colls = ev.edge(pview, view, tname)
                     gathers = tuple(c for c in colls if c.kind == "all_gather")
-                    self.add_comm("tp_comm", gathers, collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
+                    self.add_comm(_CATEGORY_BY_KIND.get(op.kind, "tp_comm"), gathers,
+                                  collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
                 if pbytes < nbytes:
                     nbytes = pbytes
             prev = self.saved.get(tname)
@@ -347,7 +355,7 @@ class _Segment:
                 if t.tie in self.tied:
                     continue
                 target = self.tied[t.tie] = _Segment(ev, self.layouts, train, (), frozenset())
-            pc = ev.param_cost(t, ev.in_layout(op, layout, slot, grad=True), train)
+            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train)
             st = target.static
             st["params"] += pc.params
             st["grads"] += pc.grads

@@ -121,6 +121,19 @@ def input_layout(op, layout: OpLayout, slot: int, grad: bool = False) -> TensorL
     return tensor_layout(full, op.in_dims[slot], op.dims, partial_for_missing=grad)
 
 
+def param_layout(op, layout: OpLayout, slot: int) -> TensorLayout:
+    """Placement of parameter ``slot`` and of its gradient: partial over the axes that cut output
+    dims the parameter lacks (the batch and sequence a weight gradient sums over). A row-parallel
+    bias, added after the reduction, is not partial over the reduction's axes."""
+    full = linked_layout(op, layout)
+    pdims = op.in_dims[slot]
+    axes = tuple(full.axes_of(d) for d in pdims)
+    placed = {a for ax in axes for a in ax}
+    out_dims = {d for dims in op.out_dims for d in dims}
+    partial = frozenset(a for d, ax in full.cuts if d in out_dims and d not in pdims for a in ax if a not in placed)
+    return TensorLayout(axes, partial)
+
+
 def output_layout(op, layout: OpLayout, slot: int = 0, partial: bool = True) -> TensorLayout:
     full = linked_layout(op, layout)
     return tensor_layout(full, op.out_dims[slot], op.dims, partial_for_missing=partial)

@@ -214,40 +214,59 @@ def _from_file(path: Path, n_devices: int) -> Cluster:
     return cluster_from_dict(data, n_devices, str(path))
 
 
-def _require(data: dict, keys: tuple, where: str) -> None:
+def _mapping(data, where: str, required: tuple, optional: tuple = ()) -> dict:
+    """Check a mapping strictly: every required key present, no unknown key."""
     if not isinstance(data, dict):
         raise PlanError(f"{where}: expected a mapping")
-    missing = [k for k in keys if k not in data]
+    missing = [k for k in required if k not in data]
     if missing:
         raise PlanError(f"{where}: missing key(s) {', '.join(missing)}")
-    for k in keys:
-        v = data[k]
-        if k != "name" and (not isinstance(v, (int, float, dict)) or (isinstance(v, (int, float)) and v < 0)):
-            raise PlanError(f"{where}: {k} must be a non-negative number, got {v!r}")
+    unknown = set(data) - set(required) - set(optional)
+    if unknown:
+        raise PlanError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {', '.join(required + optional)}")
+    return data
+
+
+def _number(data: dict, key: str, where: str, positive: bool = True) -> float:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
+        rule = "a positive number" if positive else "a non-negative number"
+        raise PlanError(f"{where}: {key} must be {rule}, got {value!r}")
+    return float(value)
 
 
 def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Cluster:
-    """A cluster from a mapping in user units (GB/s, TFLOP/s, GiB, us); rejects unknown keys."""
-    _require(data, ("device", "levels"), where)
-    unknown = set(data) - {"name", "device", "levels"}
-    if unknown:
-        raise PlanError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: name, device, levels")
-    dev = data["device"]
-    _require(dev, ("name", "peak_tflops", "hbm_gbps", "memory_gib"), f"{where}: device")
-    if not isinstance(dev["peak_tflops"], dict) or not dev["peak_tflops"]:
+    """A cluster from a mapping in user units (GB/s, TFLOP/s, GiB, us); rejects unknown keys.
+
+    Example (YAML):
+        name: my-h100
+        device: {name: H100, peak_tflops: {bf16: 989}, hbm_gbps: 3350, memory_gib: 80}
+        levels:                       # innermost first; the last level has no fanout
+          - {name: nvlink, fanout: 8, bandwidth_gbps: 450, latency_us: 3}
+          - {name: ib, bandwidth_gbps: 50, latency_us: 8}
+    """
+    _mapping(data, where, ("device", "levels"), ("name",))
+    dev = _mapping(data["device"], f"{where}: device", ("name", "peak_tflops", "hbm_gbps", "memory_gib"))
+    peaks = dev["peak_tflops"]
+    if not isinstance(peaks, dict) or not peaks:
         raise PlanError(f"{where}: device.peak_tflops must map dtypes to TFLOP/s, e.g. {{bf16: 989}}")
-    device = Device(name=str(dev["name"]), peak_flops={k: float(v) * TFLOPS for k, v in dev["peak_tflops"].items()},
-                    hbm_bandwidth=float(dev["hbm_gbps"]) * GB, memory=float(dev["memory_gib"]) * GIB,
-                    source=f"cluster file {where}")
+    flops = {k: _number(peaks, k, f"{where}: device.peak_tflops") * TFLOPS for k in peaks}
+    device = Device(name=str(dev["name"]), peak_flops=flops,
+                    hbm_bandwidth=_number(dev, "hbm_gbps", f"{where}: device") * GB,
+                    memory=_number(dev, "memory_gib", f"{where}: device") * GIB, source=f"cluster file {where}")
     if not isinstance(data["levels"], list) or not data["levels"]:
         raise PlanError(f"{where}: levels must be a non-empty list, innermost first")
     levels = []
     for i, lv in enumerate(data["levels"]):
         last = i == len(data["levels"]) - 1
-        _require(lv, ("name", "bandwidth_gbps", "latency_us") + (() if last else ("fanout",)), f"{where}: levels[{i}]")
-        levels.append(Level(name=str(lv["name"]), fanout=int(lv.get("fanout", 0)),
-                            bandwidth=float(lv["bandwidth_gbps"]) * GB, latency=float(lv["latency_us"]) * US,
-                            source=f"cluster file {where}"))
+        here = f"{where}: levels[{i}]"
+        _mapping(lv, here, ("name", "bandwidth_gbps", "latency_us") + (() if last else ("fanout",)),
+                 ("fanout",) if last else ())
+        fanout = lv.get("fanout", 0)
+        if not isinstance(fanout, int) or isinstance(fanout, bool) or fanout < 0 or (not last and fanout == 0):
+            raise PlanError(f"{here}: fanout must be a positive integer, got {fanout!r}")
+        levels.append(Level(name=str(lv["name"]), fanout=fanout, bandwidth=_number(lv, "bandwidth_gbps", here) * GB,
+                            latency=_number(lv, "latency_us", here, positive=False) * US, source=f"cluster file {where}"))
     return Cluster(name=str(data.get("name", where)), device=device, levels=tuple(levels), n_devices=n_devices)
 
 

@@ -39,7 +39,9 @@ class _Builder:
         return self.g.add_tensor(Tensor(name=f"{self.prefix}.{name}", shape=shape, labels=labels,
                                         dtype=dtype or self.dtype)).name
 
-    def param(self, name, shape, labels, trainable=True, tie=None):
+    def param(self, name, shape, labels, tie=None, adapter=False):
+        """A weight; under LoRA only the adapters train, every base weight is frozen."""
+        trainable = adapter or self.cfg.lora_rank == 0
         return self.g.add_tensor(Tensor(name=f"{self.prefix}.{name}", shape=shape, labels=labels, dtype=self.dtype,
                                         param=True, trainable=trainable, tie=tie)).name
 
@@ -50,35 +52,35 @@ class _Builder:
                          attrs=tuple(sorted(attrs.items()))))
         return outputs[0]
 
-    def linear(self, name, x, x_dims, out_dims, sizes, w_dims, target=None, bias=False, frozen=False):
-        """Y = X . W; LoRA adds X . A . B when ``target`` is a LoRA target (W is then frozen)."""
+    def linear(self, name, x, x_dims, out_dims, sizes, w_dims, target=None, bias=False):
+        """Y = X . W; LoRA adds (X . A) . B when ``target`` is a LoRA target (W is then frozen)."""
         cfg = self.cfg
         sizes = {d: sizes[d] for d in dict.fromkeys(x_dims + w_dims + out_dims)}
         lora = cfg.lora_rank > 0 and target in cfg.lora_targets
-        trainable = not frozen and not (cfg.lora_rank > 0)
-        w = self.param(f"{name}.weight", tuple(sizes[d] for d in w_dims), w_dims, trainable=trainable)
+        w = self.param(f"{name}.weight", tuple(sizes[d] for d in w_dims), w_dims)
         inputs, in_dims = [x, w], [x_dims, w_dims]
         if bias:
             bdims = tuple(d for d in out_dims if d in w_dims)
-            inputs.append(self.param(f"{name}.bias", tuple(sizes[d] for d in bdims), bdims, trainable=trainable))
+            inputs.append(self.param(f"{name}.bias", tuple(sizes[d] for d in bdims), bdims))
             in_dims.append(bdims)
         shape = tuple(sizes[d] for d in out_dims)
-        y = self.act(f"{name}.out" if lora else name, shape, out_dims)
+        y = self.act(f"{name}.base" if lora else name, shape, out_dims)
         # a frozen weight's backward needs no saved input (no dW), only dX
-        self.op(name, "linear", sizes, inputs, in_dims, [y], [out_dims], **({} if trainable else {"saves": ()}))
+        frozen = cfg.lora_rank > 0
+        self.op(name, "linear", sizes, inputs, in_dims, [y], [out_dims], **({"saves": ()} if frozen else {}))
         if not lora:
             return y
         r = cfg.lora_rank
-        in_dim = next(d for d in w_dims if d in x_dims)
+        red = tuple(d for d in w_dims if d in x_dims)  # contracted dims (two for o_proj: n, d)
+        keep = tuple(d for d in x_dims if d not in red)
+        xa_dims = keep + ("r",)
         a_sizes = {d: sizes[d] for d in x_dims} | {"r": r}
-        a_w = self.param(f"{name}.lora_a", (sizes[in_dim], r), (in_dim, "r"))
-        xa = self.act(f"{name}.lora_a", tuple(a_sizes[d] for d in x_dims if d != in_dim) + (r,),
-                      tuple(d for d in x_dims if d != in_dim) + ("r",))
-        xa_dims = tuple(d for d in x_dims if d != in_dim) + ("r",)
-        self.op(f"{name}.lora_a", "linear", a_sizes, [x, a_w], [x_dims, (in_dim, "r")], [xa], [xa_dims])
+        a_w = self.param(f"{name}.lora_a.weight", tuple(sizes[d] for d in red) + (r,), red + ("r",), adapter=True)
+        xa = self.act(f"{name}.lora_a", tuple(a_sizes[d] for d in xa_dims), xa_dims)
+        self.op(f"{name}.lora_a", "linear", a_sizes, [x, a_w], [x_dims, red + ("r",)], [xa], [xa_dims])
+        b_wdims = ("r",) + tuple(d for d in w_dims if d not in red)
         b_sizes = {d: sizes[d] for d in out_dims} | {"r": r}
-        b_wdims = ("r",) + tuple(d for d in w_dims if d != in_dim)
-        b_w = self.param(f"{name}.lora_b", tuple(b_sizes[d] for d in b_wdims), b_wdims)
+        b_w = self.param(f"{name}.lora_b.weight", tuple(b_sizes[d] for d in b_wdims), b_wdims, adapter=True)
         xb = self.act(f"{name}.lora_b", shape, out_dims)
         self.op(f"{name}.lora_b", "linear", b_sizes, [xa, b_w], [xa_dims, b_wdims], [xb], [out_dims])
         return self.elementwise(f"{name}.lora_add", "add", [y, xb], out_dims, sizes, out_name=name)
@@ -118,12 +120,13 @@ class _Builder:
             if s > cfg.max_context:
                 raise PlanError(f"model {cfg.name}: seq={s} exceeds its {cfg.max_context} learned positions; "
                                 f"use --seq <= {cfg.max_context} or --set max_context={s}")
+            # positions are looked up per sequence (b, s): the table's gradient then sums over the
+            # batch like any weight's, synchronised once per step
             pos = self.param("pos.weight", (cfg.max_context, cfg.hidden), ("p", "h"))
-            pe = self.act("pos", (s, cfg.hidden), ("s", "h"))
-            self.op("pos", "embedding", {"s": s, "p": cfg.max_context, "h": cfg.hidden}, [pos], [("p", "h")],
-                    [pe], [("s", "h")], saves=())
-            x = self.elementwise("add_pos", "add", [x, pe], ("b", "s", "h"), sizes,
-                                 in_dims=[("b", "s", "h"), ("s", "h")])
+            pe = self.act("pos", (b, s, cfg.hidden), ("b", "s", "h"))
+            self.op("pos", "embedding", {"b": b, "s": s, "p": cfg.max_context, "h": cfg.hidden}, [pos],
+                    [("p", "h")], [pe], [("b", "s", "h")], saves=())
+            x = self.elementwise("add_pos", "add", [x, pe], ("b", "s", "h"), sizes)
         return self.dropout("dropout", x, ("b", "s", "h"), sizes)
 
     def attention(self, x, sizes):
@@ -173,7 +176,7 @@ class _Builder:
     def moe_mlp(self, x, sizes):
         cfg = self.cfg
         bsh, bse, ebch, ebcf = ("b", "s", "h"), ("b", "s", "e"), ("e", "b", "c", "h"), ("e", "b", "c", "f")
-        logits = self.linear("router", x, bsh, bse, sizes, ("h", "e"), frozen=False)
+        logits = self.linear("router", x, bsh, bse, sizes, ("h", "e"))
         gates = self.act("gates", (self.b, self.s, cfg.experts), bse, dtype="fp32")
         self.op("topk", "softmax", {k_: sizes[k_] for k_ in bse}, [logits], [bse], [gates], [bse], axis="e")
         xe = self.act("dispatch", (cfg.experts, self.b, sizes["c"], cfg.hidden), ebch)

@@ -137,7 +137,9 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
     _gpt("gpt3-125m", 12, 768, 12),
     _gpt("gpt3-350m", 24, 1024, 16),
     _gpt("gpt3-760m", 24, 1536, 16),
-    _gpt("gpt3-1.3b", 24, 2048, 24, head_dim=128, ffn=8192),
+    # the GPT-3 paper's table lists 24 heads of 128 on a 2048 model, which does not add up;
+    # implementations (Megatron-LM, GPT-Neo) use 16 heads of 128, which gives the 1.3B parameters
+    _gpt("gpt3-1.3b", 24, 2048, 16, ffn=8192),
     _gpt("gpt3-2.7b", 32, 2560, 32),
     _gpt("gpt3-6.7b", 32, 4096, 32),
     _gpt("gpt3-13b", 40, 5140, 40, head_dim=128, ffn=20560),
@@ -206,6 +208,12 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, str] | list[str] | No
             pairs[k.strip()] = v.strip()
         overrides = pairs
     changes = {k: _coerce(cfg, k, str(v)) for k, v in overrides.items()}
+    # fields derived from others follow them unless they were set apart from their default
+    derived = {"kv_heads": cfg.kv_heads == cfg.heads, "head_dim": cfg.head_dim * cfg.heads == cfg.hidden,
+               "moe_ffn": cfg.moe_ffn == cfg.ffn}
+    for key, follows in derived.items():
+        if follows and key not in changes:
+            changes[key] = 0  # recomputed in __post_init__
     return cfg.replace(**changes)
 
 

@@ -135,7 +135,7 @@ class Problem:
         for slot, tname in enumerate(op.inputs):
             tensor = ev.tensors[tname]
             if tensor.param:
-                pc = ev.param_cost(tensor, ev.in_layout(op, layout, slot, grad=True), train)
+                pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train)
                 per_step += self.exposed * pc.sync_s + pc.opt_time
                 static += pc.params + pc.grads + pc.optimizer
         saved = 0.0

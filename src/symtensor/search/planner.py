@@ -181,8 +181,14 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         if seed is not None:
             s.offer(_plan_of(s, seed))
         return _finish(s, t0)
-    for seed in structured_seeds(pool, global_batch, micro_batch):
+    seeds = list(structured_seeds(pool, global_batch, micro_batch))
+    for seed in seeds:
         s.offer(_plan_of(s, seed))
+    fitting = [c for c in seeds if c.report.fits]
+    if fitting:
+        start = min(fitting, key=lambda c: c.report.step_time_s)
+        for cand in grid_descent(pool, start, micro_batch):
+            s.offer(_plan_of(s, cand))
     _partitions(s)
     for plan in {id(p): p for p in (s.best, s.least_memory) if p is not None}.values():
         _refine(s, plan)
@@ -209,6 +215,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
             yield best
         return
     for tp in sorted({p["tp"] for p in points}):
+        last = None
         for pp in [p for p in _divisors(n // tp) if p <= cfg.layers]:
             dp = n // (tp * pp)
             mb = micro_batch or 1
@@ -225,7 +232,55 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                     break
             if found is not None:
                 yield found
-                break
+                if last is not None and found.report.step_time_s >= last:
+                    break  # deeper pipelines stopped helping this tensor-parallel degree
+                last = found.report.step_time_s
+
+
+def _fastest_fitting(pool: EvaluatorPool, base: dict):
+    from symtensor.search.baselines import _try
+
+    for rc in RECOMPUTE:
+        cand = _try(pool, **base, recompute=rc)
+        if cand is not None and cand.report.fits:
+            return cand
+    return None
+
+
+def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps: int = 12):
+    """Hill-climb the Megatron grid from ``start``: move one of tp, pp, cp, ep, micro batch or
+    virtual stages by a factor of two while the step gets faster; yields each improvement."""
+    cfg, n = pool.cfg, pool.cluster.n_devices
+    cur = start
+    for _ in range(max_steps):
+        pc = cur.config.as_dict()
+        pc.pop("recompute")
+        best = None
+        for key in ("tp", "pp", "cp", "ep", "micro_batch", "vpp"):
+            if key == "micro_batch" and micro_batch is not None:
+                continue
+            for f in (2, 0.5):
+                trial = dict(pc)
+                trial[key] = int(pc[key] * f) if pc[key] * f >= 1 else 0
+                if not trial[key] or (key == "vpp" and trial["pp"] == 1 and trial[key] > 1):
+                    continue
+                if key == "pp" and trial["vpp"] > 1 and cfg.layers % (trial["pp"] * trial["vpp"]):
+                    trial["vpp"] = 1
+                rest = trial["tp"] * trial["pp"] * trial["cp"]
+                if n % rest:
+                    continue
+                trial["dp"] = n // rest
+                trial["sp"] = trial["tp"] > 1
+                trial["zero"] = 1 if trial["dp"] > 1 else 0
+                if trial["dp"] % trial["ep"]:
+                    continue
+                cand = _fastest_fitting(pool, trial)
+                if cand is not None and (best is None or cand.report.step_time_s < best.report.step_time_s):
+                    best = cand
+        if best is None or best.report.step_time_s >= cur.report.step_time_s:
+            return
+        cur = best
+        yield cur
 
 
 def _partitions(s: "_Search") -> None:
@@ -282,3 +337,22 @@ def _finish(s: "_Search", t0: float) -> Plan:
             f"against {0.9 * rep.capacity / 2**30:.1f} GiB usable; use more devices, a smaller micro-batch or "
             "sequence, or a device with more memory")
     return plan
+
+
+def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int) -> Plan:
+    """The D-Rec baseline: D-Rec's layouts (unitless costs, same recursion), pipeline depths by
+    rollback, micro-batches / recomputation / ZeRO costed by the full model."""
+    from symtensor.search.drec import drec_layouts
+
+    t0 = time.perf_counter()
+    pool = EvaluatorPool(cfg, cluster, seq)
+    s = _Search(pool, global_batch)
+    steps1 = s.micro_steps(1)
+    m0 = max([m for m in steps1 if global_batch // m >= cluster.n_devices] or [steps1[0]])
+    ev = pool.get(global_batch // m0, 1)
+    base = drec_layouts(ev, TrainConfig(global_batch=global_batch, micro_steps=m0))
+    for pp in s.pipeline_depths():
+        k = _rollback_axes(cluster, pp)
+        if k is not None:
+            s.consider_batches(rollback(base, k), pp)
+    return _finish(s, t0)

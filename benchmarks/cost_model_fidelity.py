@@ -1,0 +1,142 @@
+"""Cost-model fidelity and evaluation speed, written as files.
+
+    python benchmarks/cost_model_fidelity.py
+
+Writes, under benchmarks/results/:
+    cost_model_fidelity.csv   every calibration row (data/calibration.csv): source, model, metric, config,
+                              measured, predicted, error (relative for relative metrics, points otherwise)
+    cost_model_fidelity.md    the same as a table, then the mean and max |error| per metric against its
+                              tolerance (symtensor.calibration.TOLERANCE)
+    evaluate_speed.md         seconds to cost one full LLaMA-3.1-405B Megatron configuration
+                              (tp 8, pp 16, dp 128, sequence parallel, on 16,384 H100s; seq 8192,
+                              global batch 2048, micro batch 1): median of 20 runs after one warm-up
+
+Exits 1 when a calibration row is outside its tolerance (calibration is a command, STYLE habit 19).
+"""
+
+from __future__ import annotations
+
+import csv
+import platform
+import statistics
+import sys
+import time
+from pathlib import Path
+
+from symtensor import api, calibration
+from symtensor.hardware import load_cluster
+from symtensor.models import load_model_config
+from symtensor.search.megatron import ParallelConfig, evaluate_megatron
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FIELDS = ("source", "model", "metric", "config", "measured", "predicted", "error")
+RUNS = 20
+
+# the speed case: LLaMA-3.1-405B pretraining layout (Llama 3 paper, arXiv:2407.21783, Table 4)
+SPEED_MODEL, SPEED_CLUSTER, SPEED_DEVICES = "llama3-405b", "dgx-h100", 16384
+SPEED_CONFIG = ParallelConfig(tp=8, pp=16, dp=128, sp=True, micro_batch=1, global_batch=2048, seq=8192)
+
+
+def _config(fields: dict) -> str:
+    """The parallel configuration of a calibration row, in Megatron terms."""
+    keys = ("gpus", "tp", "pp", "dp", "sp", "recompute", "micro_batch", "global_batch", "seq")
+    return " ".join(f"{k}={fields[k]}" for k in keys if fields.get(k))
+
+
+def fidelity_rows(results) -> list[dict]:
+    return [{"source": r.row.source, "model": r.row.model, "metric": r.row.metric, "config": _config(r.row.fields),
+             "measured": r.row.measured, "predicted": r.predicted, "error": r.error} for r in results]
+
+
+def write_csv(rows: list[dict], path: Path) -> None:
+    with path.open("w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=FIELDS)
+        writer.writeheader()
+        for row in rows:
+            writer.writerow({**row, "predicted": f"{row['predicted']:.6g}", "error": f"{row['error']:.6g}"})
+
+
+def _error_text(metric_key: str, error: float) -> str:
+    mode, _ = calibration.TOLERANCE[metric_key]
+    return f"{100 * error:+.2f}%" if mode == "rel" else f"{error:+.2f} pt"
+
+
+def write_markdown(results, path: Path) -> None:
+    lines = ["# Cost-model fidelity", "",
+             "Predicted vs published, every row of `data/calibration.csv`; written by",
+             "`python benchmarks/cost_model_fidelity.py`. Errors are relative for times and memory, in points",
+             "for MFU and for activation memory as a % of the baseline.", "",
+             "| model | metric | config | measured | predicted | error | within |",
+             "|---|---|---|---:|---:|---:|:---:|"]
+    for r in results:
+        lines.append(f"| {r.row.model} | {r.row.metric} | {_config(r.row.fields)} | {r.row.measured:.4g} | "
+                     f"{r.predicted:.4g} | {_error_text(r.metric_key, r.error)} | {'yes' if r.within else '**no**'} |")
+    lines += ["", "## Error per metric", "", "| metric | rows | mean abs error | max abs error | tolerance |",
+              "|---|---:|---:|---:|---:|"]
+    for key, s in calibration.summary(results).items():
+        mode, tol = calibration.TOLERANCE[key]
+        fmt = (lambda v: f"{100 * v:.2f}%") if mode == "rel" else (lambda v: f"{v:.2f} pt")
+        lines.append(f"| {key} | {s['n']} | {fmt(s['mean'])} | {fmt(s['max'])} | {fmt(tol)} |")
+    outside = sum(not r.within for r in results)
+    lines += ["", f"{len(results) - outside} of {len(results)} rows within tolerance."]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def time_evaluation() -> dict:
+    """Median seconds of one full evaluation (graph build, layouts, cost), and of the library entry point."""
+    cfg = load_model_config(SPEED_MODEL)
+    cluster = load_cluster(SPEED_CLUSTER, devices=SPEED_DEVICES)
+    pc = SPEED_CONFIG
+    api_args = {"devices": SPEED_DEVICES, "tp": pc.tp, "pp": pc.pp, "dp": pc.dp, "sp": pc.sp,
+                "micro_batch": pc.micro_batch, "global_batch": pc.global_batch, "seq": pc.seq}
+
+    def median_seconds(fn) -> float:
+        fn()  # warm-up: imports, first-touch allocations
+        times = []
+        for _ in range(RUNS):
+            start = time.perf_counter()
+            fn()
+            times.append(time.perf_counter() - start)
+        return statistics.median(times)
+
+    report = evaluate_megatron(cfg, cluster, pc)[0]
+    return {"evaluate_megatron_s": median_seconds(lambda: evaluate_megatron(cfg, cluster, pc)),
+            "api_evaluate_s": median_seconds(lambda: api.evaluate(SPEED_MODEL, SPEED_CLUSTER, **api_args)),
+            "step_time_s": report.step_time_s, "mfu": report.mfu, "memory_gib": report.memory_peak / 2**30,
+            "fits": report.fits}
+
+
+def write_speed(speed: dict, path: Path) -> None:
+    pc = SPEED_CONFIG
+    config = (f"tp={pc.tp} pp={pc.pp} dp={pc.dp} sp={pc.sp} seq={pc.seq} global batch={pc.global_batch} "
+              f"micro batch={pc.micro_batch}")
+    verdict = (f"The configuration costs {speed['step_time_s']:.3f} s per step, MFU {100 * speed['mfu']:.1f}%, "
+               f"{speed['memory_gib']:.1f} GiB per device (fits: {speed['fits']}).")
+    lines = ["# Evaluation speed", "",
+             f"One full evaluation of {SPEED_MODEL} on {SPEED_DEVICES:,} x {SPEED_CLUSTER}: {config}.",
+             f"Median of {RUNS} runs after one warm-up (`time.perf_counter`), one process.", "",
+             "| entry point | median seconds |", "|---|---:|",
+             f"| `evaluate_megatron(...)`: skeleton graph, layouts, cost | {speed['evaluate_megatron_s']:.4f} |",
+             f"| `api.evaluate(...)`: also loads model and cluster, builds the JSON | {speed['api_evaluate_s']:.4f} |",
+             "", verdict, "",
+             f"Machine: {platform.machine()}, Python {platform.python_version()}, {platform.platform()}."]
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    results = calibration.predict()
+    write_csv(fidelity_rows(results), RESULTS / "cost_model_fidelity.csv")
+    write_markdown(results, RESULTS / "cost_model_fidelity.md")
+    speed = time_evaluation()
+    write_speed(speed, RESULTS / "evaluate_speed.md")
+    outside = [r for r in results if not r.within]
+    for key, s in calibration.summary(results).items():
+        print(f"{key}: mean |error| {s['mean']:.4g}, max {s['max']:.4g} (tolerance {s['tolerance']}, n={s['n']})")
+    print(f"evaluate_megatron {SPEED_MODEL} on {SPEED_DEVICES} devices: median {speed['evaluate_megatron_s']:.4f} s")
+    print(f"{len(results) - len(outside)} of {len(results)} calibration rows within tolerance; wrote {RESULTS}")
+    return 1 if outside else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

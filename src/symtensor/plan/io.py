@@ -1,0 +1,112 @@
+"""Plan files: a plan is data (JSON) that export, run, explain and compare read back.
+
+    {"format": "symtensor-plan/1", "model": {...ModelConfig fields...},
+     "cluster": {"name", "devices", "device": {...}, "levels": [...]},
+     "train": {...TrainConfig fields...}, "seq": S,
+     "mesh": [{"name", "size", "level"}, ...],            # the stage mesh, outermost first
+     "layouts": {op name: {dim: [axis name, ...]}},       # ops of the skeleton graph
+     "config": {...}, "predicted": {...}}
+
+Loading checks every key and re-costs the plan, so a file edited by hand is validated like a
+searched one.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from symtensor.cost import Evaluator, TrainConfig
+from symtensor.errors import PlanError
+from symtensor.hardware import Cluster, Device, Level
+from symtensor.layout import OpLayout, check_layout
+from symtensor.models import ModelConfig, build_graph
+from symtensor.plan.summary import axis_names, config_summary
+
+FORMAT = "symtensor-plan/1"
+KEYS = {"format", "model", "cluster", "train", "seq", "mesh", "layouts", "config", "predicted"}
+
+
+def plan_to_dict(plan) -> dict:
+    cl = plan.cluster
+    return {
+        "format": FORMAT,
+        "model": {f.name: getattr(plan.cfg, f.name) for f in dataclasses.fields(ModelConfig)},
+        "cluster": {"name": cl.name, "devices": cl.n_devices,
+                    "device": {"name": cl.device.name, "peak_flops": cl.device.peak_flops,
+                               "hbm_bandwidth": cl.device.hbm_bandwidth, "memory": cl.device.memory},
+                    "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth,
+                                "latency": lv.latency} for lv in cl.levels]},
+        "train": {f.name: getattr(plan.train, f.name) for f in dataclasses.fields(TrainConfig)},
+        "seq": plan.seq,
+        "mesh": [{"name": a.name, "size": a.size, "level": a.level} for a in plan.mesh],
+        "layouts": {name: axis_names(lay, plan.mesh) for name, lay in plan.layouts.items()},
+        "config": config_summary(plan),
+        "predicted": plan.report.as_dict(),
+    }
+
+
+def save_plan(plan, path: str | Path) -> None:
+    Path(path).write_text(json.dumps(plan_to_dict(plan), indent=1, default=list))
+
+
+def _need(data: dict, keys, where: str) -> None:
+    if not isinstance(data, dict):
+        raise PlanError(f"plan file: {where} must be an object")
+    missing = [k for k in keys if k not in data]
+    if missing:
+        raise PlanError(f"plan file: {where} lacks {', '.join(missing)}")
+
+
+def load_plan(path: str | Path):
+    """Read and validate a plan file; returns a ``search.planner.Plan`` re-costed by the model."""
+    from symtensor.search.planner import Plan
+
+    p = Path(path)
+    if not p.exists():
+        raise PlanError(f"plan file {p} does not exist; write one with symtensor plan ... --out {p}")
+    try:
+        data = json.loads(p.read_text())
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"plan file {p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    _need(data, KEYS - {"config", "predicted"}, "the top level")
+    unknown = set(data) - KEYS
+    if unknown:
+        raise PlanError(f"plan file {p}: unknown key(s) {sorted(unknown)}")
+    if data["format"] != FORMAT:
+        raise PlanError(f"plan file {p}: format {data['format']!r}, expected {FORMAT!r}")
+    model = dict(data["model"])
+    model["lora_targets"] = tuple(model.get("lora_targets", ()))
+    cfg = ModelConfig(**model)
+    c = data["cluster"]
+    _need(c, ("name", "devices", "device", "levels"), "cluster")
+    dev = Device(name=c["device"]["name"], peak_flops=dict(c["device"]["peak_flops"]),
+                 hbm_bandwidth=float(c["device"]["hbm_bandwidth"]), memory=float(c["device"]["memory"]))
+    levels = tuple(Level(name=lv["name"], fanout=int(lv["fanout"]), bandwidth=float(lv["bandwidth"]),
+                         latency=float(lv["latency"])) for lv in c["levels"])
+    cluster = Cluster(name=c["name"], device=dev, levels=levels, n_devices=int(c["devices"]))
+    tr = dict(data["train"])
+    if tr.get("layer_split") is not None:
+        tr["layer_split"] = tuple(tr["layer_split"])
+    train = TrainConfig(**tr)
+    graph = build_graph(cfg, micro_batch=train.graph_batch, seq=int(data["seq"]), skeleton=True)
+    ev = Evaluator(graph, cluster, pp=train.pp)
+    names = {a.name: i for i, a in enumerate(ev.mesh)}
+    mesh_names = [m["name"] for m in data["mesh"]]
+    if mesh_names != list(names):
+        raise PlanError(f"plan file {p}: mesh {mesh_names} does not match the cluster's stage mesh {list(names)} "
+                        f"for {cluster.n_devices} devices and pp={train.pp}")
+    ops = {op.name: op for op in graph.ops}
+    layouts = {}
+    for name, cuts in data["layouts"].items():
+        if name not in ops:
+            raise PlanError(f"plan file {p}: op {name!r} is not in the graph of {cfg.name}")
+        try:
+            lay = OpLayout.of({d: tuple(names[a] for a in axes) for d, axes in cuts.items()})
+        except KeyError as exc:
+            raise PlanError(f"plan file {p}: op {name}: unknown mesh axis {exc.args[0]!r}") from None
+        check_layout(ops[name], lay, ev.mesh)
+        layouts[name] = lay
+    report = ev.evaluate(layouts, train)
+    return Plan(cfg, cluster, train, int(data["seq"]), layouts, report, ev)

@@ -1,0 +1,76 @@
+"""Describe a plan in the words users know: effective DP/TP/SP/CP/EP/PP degrees per layer type.
+
+A SymTensor plan cuts iteration dims per op; Megatron's vocabulary is derived from those cuts:
+
+    dp  the batch dim b (on expert GEMMs: b together with e, EP being carved from DP)
+    cp  the query sequence s of attention        sp  sequence cuts of norms beyond cp
+    tp  model dims: heads n, kv heads g, head dim d, hidden h, MLP f, vocabulary v
+    ep  the expert dim e                          pp  pipeline stages (an outer choice)
+"""
+
+from __future__ import annotations
+
+MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
+
+
+def axis_names(layout, mesh) -> dict[str, list[str]]:
+    return {d: [mesh[a].name for a in axes] for d, axes in layout.cuts}
+
+
+def _factor(layout, dims, mesh) -> int:
+    f = 1
+    for d, axes in layout.cuts:
+        if d in dims:
+            for a in axes:
+                f *= mesh[a].size
+    return f
+
+
+def degrees(op, layout, mesh) -> dict[str, int]:
+    """Effective parallel degrees of one op."""
+    return {"dp": _factor(layout, ("b",), mesh), "cp": _factor(layout, ("s", "c"), mesh),
+            "tp": _factor(layout, MODEL_DIMS, mesh), "ep": _factor(layout, ("e",), mesh)}
+
+
+def layer_types(plan) -> list[dict]:
+    """One row per distinct op position (block) and layer run, with its cuts and degrees."""
+    g, mesh = plan.graph, plan.mesh
+    repeat = g.meta.get("repeat", {})
+    rows = []
+    for op in g.ops:
+        lay = plan.layouts.get(op.name)
+        if lay is None:
+            continue
+        first = op.layer
+        rows.append({"op": op.name, "block": op.block, "kind": op.kind,
+                     "layers": _layer_span(first, repeat.get(first, 1), g.meta["layers"]),
+                     "cuts": axis_names(lay, mesh), **degrees(op, lay, mesh)})
+    return rows
+
+
+def _layer_span(first: int, count: int, layers: int) -> str:
+    if first < 0:
+        return "embedding"
+    if first >= layers:
+        return "head"
+    return f"{first}" if count == 1 else f"{first}-{first + count - 1}"
+
+
+def config_summary(plan) -> dict:
+    """The Megatron-style ``config`` block: degrees of the heaviest op family (attention core and
+    MLP), plus the plan's outer choices; ``heterogeneous`` when ops disagree."""
+    g, mesh, train = plan.graph, plan.mesh, plan.train
+    ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
+    core = next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
+    deg = degrees(core, plan.layouts.get(core.name), mesh)
+    experts = [op for op in ops if op.kind == "linear" and op.in_dims[0][:1] == ("e",)]
+    ep = degrees(experts[0], plan.layouts[experts[0].name], mesh)["ep"] if experts else 1
+    norms = [op for op in ops if op.kind == "norm"]
+    sp = any(_factor(plan.layouts[op.name], ("s",), mesh) > deg["cp"] for op in norms)
+    signatures = {tuple(sorted(degrees(op, plan.layouts[op.name], mesh).items()))
+                  for op in ops if op.kind in ("linear", "attention")}
+    return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": ep, "sp": sp,
+            "zero": train.zero, "recompute": train.recompute,
+            "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
+            "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
+            "micro_steps": train.micro_steps, "heterogeneous": len(signatures) > 1}

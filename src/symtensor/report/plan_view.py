@@ -1,0 +1,75 @@
+"""Console view of a plan: summary, per-layer-type cuts, memory, breakdown, baselines."""
+
+from __future__ import annotations
+
+from rich.table import Table
+
+from symtensor.report.console import _breakdown_table
+
+
+def _cuts(c: dict) -> str:
+    return " ".join(f"{d}:{'x'.join(axes)}" for d, axes in sorted(c.items())) or "replicated"
+
+
+def _spans(spans: list[str]) -> str:
+    """'0', '1-30', '31' -> '0-31' when they are contiguous layer ranges."""
+    nums = []
+    for sp in spans:
+        if not sp[0].isdigit():
+            return ", ".join(spans)
+        lo, _, hi = sp.partition("-")
+        nums.append((int(lo), int(hi or lo)))
+    nums.sort()
+    if all(b[0] == a[1] + 1 for a, b in zip(nums, nums[1:])):
+        lo, hi = nums[0][0], nums[-1][1]
+        return f"{lo}" if lo == hi else f"{lo}-{hi}"
+    return ", ".join(spans)
+
+
+def print_plan(console, out: dict) -> None:
+    cfg = out["config"]
+    mesh = " x ".join(f"{a['name']}:{a['size']}" for a in out["mesh"])
+    console.print(f"[bold]{out['model']}[/] on {out['devices']} x {out['cluster']} (mesh {mesh}"
+                  f"{', pipeline over ' + ', '.join(out['pipeline_axes']) if out['pipeline_axes'] else ''})")
+    console.print(f"plan: tp={cfg['tp']} pp={cfg['pp']} dp={cfg['dp']} cp={cfg['cp']} ep={cfg['ep']} "
+                  f"sp={cfg['sp']} zero={cfg['zero']} recompute={cfg['recompute']} micro_batch={cfg['micro_batch']} "
+                  f"micro_steps={cfg['micro_steps']} vpp={cfg['vpp']}"
+                  + ("  [yellow](heterogeneous: ops differ)[/]" if cfg["heterogeneous"] else ""))
+    console.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
+                  f"MFU {100 * out['mfu']:.1f}%   found in {out['search_time_s'] * 1000:.0f} ms")
+    fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
+    console.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: "
+                  f"{fits} (" + ", ".join(f"{k} {v:.1f}" for k, v in out["memory_gib"].items()
+                                          if v and k in ("params", "grads", "optimizer", "activations")) + " GiB)")
+    for note in out["notes"]:
+        console.print(f"[red]{note}[/]")
+    t = Table(title="layouts per layer type (dim: mesh axes)")
+    for col in ("layers", "op", "kind", "cuts", "dp", "tp", "cp", "ep"):
+        t.add_column(col)
+    groups: dict = {}  # the same op with the same cuts in several layer runs is one row
+    for row in out["layer_types"]:
+        key = (row["block"], row["kind"], _cuts(row["cuts"]))
+        groups.setdefault(key, (row, []))[1].append(row["layers"])
+    for (block, kind, cuts), (row, spans) in groups.items():
+        t.add_row(_spans(spans), block, kind, cuts, str(row["dp"]), str(row["tp"]), str(row["cp"]), str(row["ep"]))
+    console.print(t)
+    console.print(_breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
+    if "baselines" in out:
+        b = Table(title="baselines (same cost model)")
+        for col in ("baseline", "step s", "MFU", "memory GiB", "fits", "SymTensor speedup", "config"):
+            b.add_column(col)
+        b.add_row("symtensor", f"{out['step_time_s']:.3f}", f"{100 * out['mfu']:.1f}%",
+                  f"{out['memory_gib_per_device']:.1f}", str(out["fits"]), "1.00x", "")
+        for name, v in out["baselines"].items():
+            if v["step_time_s"] is None:
+                b.add_row(name, "-", "-", "-", "False", "-", v.get("note", ""))
+                continue
+            c = v["config"]
+            desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "recompute", "zero", "micro_batch")
+                            if k in c)
+            speed = f"{v['speedup_of_plan']:.2f}x" if v["speedup_of_plan"] else "-"
+            b.add_row(name, f"{v['step_time_s']:.3f}", f"{100 * v['mfu']:.1f}%", f"{v['memory_gib_per_device']:.1f}",
+                      str(v["fits"]), speed, desc)
+        console.print(b)
+    if out.get("plan_file"):
+        console.print(f"plan written to {out['plan_file']}")

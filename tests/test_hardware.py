@@ -1,0 +1,227 @@
+"""Clusters: presets, level counts and mesh axes, device counts refused, YAML/JSON cluster files.
+
+Units inside are SI (bytes, bytes/s, seconds, FLOP/s); cluster files use GB/s, TFLOP/s, GiB and us.
+A mesh factors the devices into prime-sized axes, outermost (slowest) level first.
+"""
+
+import json
+
+import pytest
+
+from symtensor.errors import PlanError
+from symtensor.hardware import PRESETS, Cluster, cluster_from_dict, cluster_names, load_cluster, prime_factors
+
+GIB = 2**30
+
+# -- presets ---------------------------------------------------------------------------------------
+
+# name -> (device memory GiB, dense bf16 TFLOP/s, HBM GB/s, intra-node GB/s each way, inter-node GB/s)
+DATASHEET = {
+    "dgx-a100-80g": (80, 312, 2039, 300, 25),
+    "dgx-h100": (80, 989, 3350, 450, 50),
+    "ascend-910b": (64, 313, 1600, 50, 10),
+}
+
+
+def test_preset_names():
+    assert cluster_names() == sorted(DATASHEET)
+
+
+@pytest.mark.parametrize("name", sorted(DATASHEET))
+def test_preset_constants(name):
+    mem, tflops, hbm, intra, inter = DATASHEET[name]
+    c = load_cluster(name, nodes=2)
+    assert c.n_devices == 16 and c.nodes == 2 and c.level_counts == (8, 2)
+    assert c.device.memory == mem * GIB
+    assert c.device.flops("bf16") == pytest.approx(tflops * 1e12)
+    assert c.device.hbm_bandwidth == pytest.approx(hbm * 1e9)
+    assert [lv.fanout for lv in c.levels] == [8, 0]
+    assert [lv.bandwidth for lv in c.levels] == pytest.approx([intra * 1e9, inter * 1e9])
+    assert all(0 < lv.latency < 1e-4 for lv in c.levels)  # microseconds, in seconds
+    assert c.levels[0].latency < c.levels[1].latency
+
+
+@pytest.mark.parametrize("name", sorted(PRESETS))
+def test_every_preset_constant_has_a_source(name):
+    device, levels = PRESETS[name]
+    assert device.source.strip()
+    assert all(lv.source.strip() for lv in levels)
+
+
+def test_missing_dtype_names_the_available_ones():
+    with pytest.raises(PlanError, match=r"no peak FLOP/s for fp8; it has \['bf16', 'fp16', 'fp32', 'tf32'\]"):
+        load_cluster("dgx-a100-80g", devices=8).device.flops("fp8")
+
+
+# -- level counts and mesh axes ----------------------------------------------------------------------
+
+@pytest.mark.parametrize("devices, counts, axes", [
+    (8, (8, 1), ["nvlink0:2", "nvlink1:2", "nvlink2:2"]),
+    (24, (8, 3), ["ib0:3", "nvlink0:2", "nvlink1:2", "nvlink2:2"]),
+    (96, (8, 12), ["ib0:3", "ib1:2", "ib2:2", "nvlink0:2", "nvlink1:2", "nvlink2:2"]),
+    (1536, (8, 192), ["ib0:3"] + [f"ib{j}:2" for j in range(1, 7)] + ["nvlink0:2", "nvlink1:2", "nvlink2:2"]),
+    (2520, (8, 315), ["ib0:7", "ib1:5", "ib2:3", "ib3:3", "nvlink0:2", "nvlink1:2", "nvlink2:2"]),
+    (4, (4, 1), ["nvlink0:2", "nvlink1:2"]),  # part of one node
+])
+def test_dgx_h100_mesh(devices, counts, axes):
+    c = load_cluster("dgx-h100", devices=devices)
+    assert c.level_counts == counts
+    assert c.nodes == counts[1]
+    mesh = c.mesh()
+    assert [f"{a.name}:{a.size}" for a in mesh] == axes
+    assert [a.level for a in mesh] == sorted((a.level for a in mesh), reverse=True)  # outermost first
+    total = 1
+    for a in mesh:
+        total *= a.size
+    assert total == devices
+
+
+def test_nodes_and_devices_agree():
+    assert load_cluster("dgx-h100", nodes=3) == load_cluster("dgx-h100", devices=24)
+    assert load_cluster("dgx-h100", devices=1).mesh() == ()
+
+
+def test_prime_factors():
+    assert prime_factors(24) == [3, 2, 2, 2]
+    assert prime_factors(2520) == [7, 5, 3, 3, 2, 2, 2]
+    assert prime_factors(97) == [97]
+    assert prime_factors(1) == []
+
+
+@pytest.mark.parametrize("devices, match", [
+    (12, (r"12 devices is not a whole number of nvlink groups of 8; use a multiple of 8 \(e\.g\. 8 or 16\)"
+          r".*custom cluster file")),
+    (20, r"use a multiple of 8 \(e\.g\. 16 or 24\)"),
+    (3, r"3 devices do not split a nvlink group of 8; use a divisor of 8 or a multiple of it"),
+    (0, r"--devices must be a positive integer, got 0"),
+])
+def test_bad_device_counts(devices, match):
+    with pytest.raises(PlanError, match=match):
+        load_cluster("dgx-h100", devices=devices)
+
+
+def test_bad_cluster_requests():
+    with pytest.raises(PlanError, match=r"give exactly one of --devices N or --nodes N"):
+        load_cluster("dgx-h100")
+    with pytest.raises(PlanError, match=r"give exactly one of --devices N or --nodes N"):
+        load_cluster("dgx-h100", devices=8, nodes=1)
+    with pytest.raises(PlanError, match=r"--nodes must be a positive integer, got -1"):
+        load_cluster("dgx-h100", nodes=-1)
+    with pytest.raises(PlanError, match=r"unknown cluster 'dgx-h200'.*Did you mean dgx-h100"):
+        load_cluster("dgx-h200", devices=8)
+    with pytest.raises(PlanError, match=r"needs at least one level"):
+        Cluster(name="x", device=PRESETS["dgx-h100"][0], levels=(), n_devices=8)
+
+
+# -- cluster files --------------------------------------------------------------------------------------
+
+MINI = {"name": "mini", "device": {"name": "X1", "peak_tflops": {"bf16": 100, "fp32": 25}, "hbm_gbps": 1000,
+                                   "memory_gib": 16},
+        "levels": [{"name": "fast", "fanout": 4, "bandwidth_gbps": 100, "latency_us": 2},
+                   {"name": "slow", "bandwidth_gbps": 12.5, "latency_us": 5}]}
+MINI_YAML = """\
+name: mini
+device:
+  name: X1
+  peak_tflops: {bf16: 100, fp32: 25}   # TFLOP/s
+  hbm_gbps: 1000                        # GB/s
+  memory_gib: 16
+levels:                                 # innermost first
+  - {name: fast, fanout: 4, bandwidth_gbps: 100, latency_us: 2}
+  - {name: slow, bandwidth_gbps: 12.5, latency_us: 5}
+"""
+
+FILE_BUG = ("cluster_from_dict refuses every cluster file: its first _require(data, ('device', 'levels')) "
+            "checks that 'levels' is a non-negative number or a mapping, so the required list of levels "
+            "fails with 'levels must be a non-negative number'")
+
+
+def _check_mini(c):
+    assert c.name == "mini" and c.n_devices == 16 and c.level_counts == (4, 4)
+    assert c.device.peak_flops == {"bf16": 100e12, "fp32": 25e12}  # TFLOP/s -> FLOP/s
+    assert c.device.hbm_bandwidth == 1000e9                          # GB/s -> bytes/s
+    assert c.device.memory == 16 * GIB                               # GiB -> bytes
+    assert [lv.bandwidth for lv in c.levels] == [100e9, 12.5e9]      # GB/s -> bytes/s
+    assert c.levels[0].latency == pytest.approx(2e-6)                # us -> s
+    assert c.levels[1].latency == pytest.approx(5e-6)
+    assert [lv.fanout for lv in c.levels] == [4, 0]                  # the outermost level is unbounded
+    assert all(lv.source for lv in c.levels) and c.device.source
+    assert [f"{a.name}:{a.size}" for a in c.mesh()] == ["slow0:2", "slow1:2", "fast0:2", "fast1:2"]
+
+
+def test_json_cluster_file(tmp_path):
+    path = tmp_path / "mini.json"
+    path.write_text(json.dumps(MINI))
+    _check_mini(load_cluster(str(path), devices=16))
+
+
+def test_yaml_cluster_file(tmp_path):
+    path = tmp_path / "mini.yaml"
+    path.write_text(MINI_YAML)
+    _check_mini(load_cluster(str(path), nodes=4))
+
+
+def test_cluster_from_dict():
+    _check_mini(cluster_from_dict(MINI, 16))
+
+
+def _mini(**changes) -> dict:
+    """A copy of MINI with ``changes`` applied: 'device.memory_gib': ..., 'levels.0.fanout': ..., or
+    a value of None to delete the key."""
+    data = json.loads(json.dumps(MINI))
+    for path, value in changes.items():
+        *parents, leaf = path.split(".")
+        node = data
+        for p in parents:
+            node = node[int(p)] if p.isdigit() else node[p]
+        if value is None:
+            del node[leaf]
+        else:
+            node[leaf] = value
+    return data
+
+
+@pytest.mark.parametrize("data, match", [
+    (_mini(device=None), r"missing key\(s\) device"),
+    (_mini(levels=None), r"missing key\(s\) levels"),
+    (_mini(levels={}), r"levels must be a non-empty list"),
+], ids=["missing-device", "missing-levels", "levels-not-a-list"])
+def test_cluster_file_refused(data, match):
+    with pytest.raises(PlanError, match=match):
+        cluster_from_dict(data, 16)
+
+
+@pytest.mark.parametrize("data, match", [
+    (_mini(extra=1), r"unknown key\(s\) \['extra'\]; allowed: device, levels, name"),
+    (_mini(levels=[]), r"levels must be a non-empty list"),
+    (_mini(**{"device.hbm_gbps": None}), r"device: missing key\(s\) hbm_gbps"),
+    (_mini(**{"levels.0.latency_us": None}), r"levels\[0\]: missing key\(s\) latency_us"),
+    (_mini(**{"levels.0.fanout": None}), r"levels\[0\]: missing key\(s\) fanout"),
+    (_mini(**{"levels.0.bandwidth_gbps": "100"}), r"levels\[0\]: bandwidth_gbps must be a positive number"),
+    (_mini(**{"device.peak_tflops": 100}), r"peak_tflops must map dtypes to TFLOP/s"),
+], ids=["unknown-top-level-key", "empty-levels", "missing-device-key", "missing-level-key", "missing-inner-fanout",
+        "string-bandwidth", "scalar-peak"])
+def test_cluster_file_refused_with_the_right_message(data, match):
+    with pytest.raises(PlanError, match=match):
+        cluster_from_dict(data, 16)
+
+
+@pytest.mark.parametrize("data, match", [
+    (_mini(**{"device.memory_gb": 16}), r"unknown key.*memory_gb"),
+    (_mini(**{"levels.1.latency_ms": 1}), r"unknown key.*latency_ms"),
+    (_mini(**{"levels.0.bandwidth_gbps": 0}), r"bandwidth_gbps must be a positive number"),
+], ids=["unknown-device-key", "unknown-level-key", "zero-bandwidth"])
+def test_cluster_file_read_strictly(data, match):
+    with pytest.raises(PlanError, match=match):
+        cluster_from_dict(data, 16)
+
+
+def test_unparseable_cluster_file(tmp_path):
+    path = tmp_path / "bad.yaml"
+    path.write_text("levels: [unclosed\n")
+    with pytest.raises(PlanError, match=r"cluster file .*bad\.yaml: cannot parse"):
+        load_cluster(str(path), devices=8)
+    path = tmp_path / "bad.json"
+    path.write_text("{")
+    with pytest.raises(PlanError, match=r"cannot parse"):
+        load_cluster(str(path), devices=8)
