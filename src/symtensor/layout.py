@@ -34,7 +34,9 @@ class OpLayout:
 
     @staticmethod
     def of(mapping: dict[str, tuple[int, ...] | list[int]]) -> "OpLayout":
-        return OpLayout(tuple(sorted((d, tuple(a)) for d, a in mapping.items() if a)))
+        """Canonical: dims sorted, each dim's axes sorted (the cost of a cut depends on the set of
+        axes it spans, not their order)."""
+        return OpLayout(tuple(sorted((d, tuple(sorted(a))) for d, a in mapping.items() if a)))
 
     def as_dict(self) -> dict[str, tuple[int, ...]]:
         return dict(self.cuts)

@@ -361,3 +361,61 @@ def refine(problem: Problem, layouts: dict[str, OpLayout], sweeps: int = 2) -> d
         if not changed:
             break
     return layouts
+
+
+def _blocks(problem: Problem) -> list[list]:
+    """Ops grouped into blocks: embedding, each layer's attention (up to its first residual add)
+    and MLP, the head."""
+    groups: dict = {}
+    seen_residual: dict = {}
+    for op in problem.ops:
+        part = seen_residual.get(op.layer, 0)
+        groups.setdefault((op.layer, part), []).append(op)
+        if op.kind == "elementwise" and op.attr("fn") == "add" and op.block.endswith("residual"):
+            seen_residual[op.layer] = part + 1
+    return list(groups.values())
+
+
+def refine_blocks(problem: Problem, layouts: dict[str, OpLayout], rounds: int = 3) -> dict[str, OpLayout]:
+    """Coordinated local search: a whole block (attention, MLP, embedding or head) moves one mesh
+    axis to one parallelism at once (the level templates), kept when the objective falls. Escapes
+    the local optima of single-op moves, where a cut only pays once its neighbours follow."""
+    layouts = dict(layouts)
+    mesh = problem.ev.mesh
+    blocks = _blocks(problem)
+
+    def local(ops, lay):
+        cost = sum(problem.op_cost(op, lay[op.name]) for op in ops)
+        seen = set()
+        for op in ops:
+            for e, other, is_src in problem.links[op.name]:
+                if id(e) in seen:
+                    continue
+                seen.add(id(e))
+                cost += problem.edge_cost(e, lay[e.src.name], lay[e.dst.name])
+        return cost
+
+    for _ in range(rounds):
+        improved = False
+        for ops in blocks:
+            for axis in range(len(mesh)):
+                current = local(ops, layouts)
+                for kind in TEMPLATES + ("none",):
+                    trial = dict(layouts)
+                    for op in ops:
+                        base = layouts[op.name].without_axes({axis})
+                        d = None if kind == "none" else _template_dim(op, kind)
+                        cand = base.with_cut(d, axis) if d else base
+                        trial[op.name] = cand if d and legal(op, cand, mesh) else base
+                    cost = local(ops, trial)
+                    if cost < current * (1 - 1e-9):
+                        layouts, current, improved = trial, cost, True
+        if not improved:
+            break
+    return layouts
+
+
+def solve(problem: Problem, order: str = "topological") -> dict[str, OpLayout]:
+    """The SymTensor per-op solver: the recursive partition, then op moves, block moves, op moves."""
+    layouts = refine(problem, partition(problem, order=order))
+    return refine(problem, refine_blocks(problem, layouts))

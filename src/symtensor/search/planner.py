@@ -26,7 +26,7 @@ from symtensor.hardware import Cluster
 from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig
 from symtensor.search.baselines import EvaluatorPool, megatron_grid
-from symtensor.search.partition import Problem, partition, refine
+from symtensor.search.partition import Problem, refine, refine_blocks, solve
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -83,7 +83,7 @@ class _Search:
         ev = self.evaluator(self.global_batch // m, pp)
         train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, recompute=recompute, zero=zero)
         self.partitions += 1
-        return partition(Problem(ev, train, lam), order=self.order)
+        return solve(Problem(ev, train, lam), order=self.order)
 
     def consider_batches(self, layouts: dict, pp: int) -> None:
         """Micro-batches for these layouts: every cut of the batch must divide the micro-step batch.
@@ -317,7 +317,8 @@ def _refine(s: "_Search", plan: Plan) -> None:
     model says it is faster and fits."""
     rep = plan.report
     for lam in (0.0, rep.step_time_s / rep.capacity):
-        layouts = refine(Problem(plan.evaluator, plan.train, lam), plan.layouts)
+        problem = Problem(plan.evaluator, plan.train, lam)
+        layouts = refine(problem, refine_blocks(problem, plan.layouts))
         if layouts != plan.layouts:
             s.offer(Plan(s.cfg, s.cluster, plan.train, s.seq, layouts,
                          plan.evaluator.evaluate(layouts, plan.train, check=False), plan.evaluator))
