@@ -66,6 +66,7 @@ class Problem:
         self._op_cache: dict = {}
         self._edge_cache: dict = {}
         self._cand_cache: dict = {}
+        self._legal_cache: dict = {}
         # per op: (edge, the other op's name, whether this op is the producer)
         self.links = {op.name: [(e, (e.dst if e.src is op else e.src).name, e.src is op) for e in self.nbrs[op.name]]
                       for op in self.ops}
@@ -74,6 +75,9 @@ class Problem:
         self.op_class = {op.name: classes.setdefault(
             (op.signature, ev.grad_operands[op.name], self.weight[op.name], self.redo(op)), len(classes))
             for op in self.ops}
+        self._shared = ev.__dict__.setdefault("_search_edges", {}) if hasattr(ev, "__dict__") else {}
+        self._edge_shared_key = {id(e): (id(e.src), e.src_slot, id(e.dst), e.dst_slot, e.weight, train.micro_steps,
+                                         self.redo(e.dst), type(self).__name__) for e in self.edges}
         eclasses: dict = {}
         self.edge_class = {id(e): eclasses.setdefault(
             (self.op_class[e.src.name], e.src_slot, self.op_class[e.dst.name], e.dst_slot, e.weight), len(eclasses))
@@ -104,6 +108,13 @@ class Problem:
                     w = w / r
                 out.append(Edge(u, _out_slot(u, t), v, slot, t, w))
         return out
+
+    def legal(self, op, layout: OpLayout) -> bool:
+        key = (self.op_class[op.name], layout)
+        hit = self._legal_cache.get(key)
+        if hit is None:
+            hit = self._legal_cache[key] = legal(op, layout, self.ev.mesh)
+        return hit
 
     def candidates(self, op, layout: OpLayout, axis: int) -> list[OpLayout]:
         key = (self.op_class[op.name], layout, axis)
@@ -155,7 +166,12 @@ class Problem:
         key = (self.edge_class[id(e)], lu, lv)
         hit = self._edge_cache.get(key)
         if hit is None:
-            hit = self._edge_cache[key] = self._edge_cost(e, lu, lv)
+            # edges do not depend on the memory weight: share them across problems of one evaluator
+            shared = (self._edge_shared_key[id(e)], lu, lv)
+            hit = self._shared.get(shared)
+            if hit is None:
+                hit = self._shared[shared] = self._edge_cost(e, lu, lv)
+            self._edge_cache[key] = hit
         return hit
 
     def _edge_cost(self, e: Edge, lu: OpLayout, lv: OpLayout) -> float:
@@ -316,7 +332,7 @@ def legal(op, layout: OpLayout, mesh) -> bool:
     return not (cut & reduce_dims and cut & out_dims)
 
 
-def _moves(op, layout: OpLayout, mesh):
+def _moves(op, layout: OpLayout, mesh, is_legal):
     """Layouts one axis away: an axis moved to another dim, dropped, or a free axis added."""
     dims = [d for d, _ in op.dims if d not in dict(op.attr("linked", ()) + op.attr("carry", ())).values()]
     current = layout.as_dict()
@@ -328,7 +344,7 @@ def _moves(op, layout: OpLayout, mesh):
         for d in dims:
             if d != here:
                 cand = base.with_cut(d, a)
-                if legal(op, cand, mesh):
+                if is_legal(op, cand):
                     yield cand
 
 
@@ -351,7 +367,7 @@ def refine(problem: Problem, layouts: dict[str, OpLayout], sweeps: int = 2) -> d
 
             cur = layouts[op.name]
             best, best_cost = cur, local(cur)
-            for cand in _moves(op, cur, mesh):
+            for cand in _moves(op, cur, mesh, problem.legal):
                 c = local(cand)
                 if c < best_cost * (1 - 1e-9):
                     best, best_cost = cand, c

@@ -161,7 +161,8 @@ def _rollback_axes(cluster: Cluster, pp: int) -> int | None:
     return len(mesh) if prod == pp else None
 
 
-SMALL_GRID = 64  # grids with at most this many points are seeded exhaustively
+SMALL_GRID = 64  # grids with at most this many points are seeded exhaustively,
+SMALL_CLUSTER = 16  # and so are clusters of at most this many devices
 
 
 def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
@@ -209,7 +210,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
     cfg, n = pool.cfg, pool.cluster.n_devices
     node = pool.cluster.levels[0].fanout or n
     points = list(grid_points(cfg, n, node, global_batch, pool.seq))
-    if len(points) <= SMALL_GRID:
+    if len(points) <= SMALL_GRID or n <= SMALL_CLUSTER:
         best, _ = megatron_grid(pool, global_batch, micro_batch)
         if best is not None:
             yield best

@@ -1,0 +1,116 @@
+"""Plan quality over the zoo: SymTensor vs the Megatron recipe, the Megatron grid best, FSDP, D-Rec.
+
+    python benchmarks/plan_quality.py [--quick]   # writes benchmarks/results/plan_quality.{csv,md}
+
+Every plan is costed by the same model; a speedup is the baseline's step time over SymTensor's
+(a baseline that does not fit has no speedup). ``--quick`` skips the largest clusters, whose
+exhaustive Megatron grid takes minutes.
+"""
+
+from __future__ import annotations
+
+import csv
+import sys
+import time
+from pathlib import Path
+
+from symtensor.hardware import load_cluster
+from symtensor.models import build_graph, load_model_config, params_active
+from symtensor.search.baselines import EvaluatorPool, fsdp, megatron_grid, megatron_recipe
+from symtensor.search.planner import drec_plan, search
+
+OUT = Path(__file__).parent / "results"
+
+# (label, model, overrides, cluster, devices, global batch, seq)
+SCENARIOS = [
+    ("small cluster", "llama2-7b", {}, "dgx-a100-80g", 8, 256, 4096),
+    ("dense 7B", "llama2-7b", {}, "dgx-h100", 64, 1024, 4096),
+    ("dense 13B", "llama2-13b", {}, "dgx-h100", 64, 1024, 4096),
+    ("dense 70B", "llama2-70b", {}, "dgx-h100", 64, 1024, 4096),
+    ("GQA 8B", "llama3-8b", {}, "dgx-h100", 64, 512, 8192),
+    ("long context 32K", "llama3-8b", {}, "dgx-h100", 64, 128, 32768),
+    ("long context 128K", "llama3-8b", {}, "dgx-h100", 64, 32, 131072),
+    ("LoRA 70B", "llama2-70b", {"lora_rank": 16}, "dgx-a100-80g", 16, 128, 4096),
+    ("LoRA 8B", "llama3-8b", {"lora_rank": 16}, "dgx-a100-80g", 8, 128, 8192),
+    ("non-power-of-two 24", "llama3-70b", {}, "dgx-h100", 24, 384, 8192),
+    ("non-power-of-two 96", "llama2-13b", {}, "dgx-a100-80g", 96, 1536, 4096),
+    ("Qwen2 72B", "qwen2-72b", {}, "dgx-h100", 256, 1024, 4096),
+    ("MoE 8x7B", "mixtral-8x7b", {}, "dgx-h100", 64, 1024, 4096),
+    ("MoE 8x22B", "mixtral-8x22b", {}, "dgx-h100", 1024, 2048, 4096),
+    ("405B", "llama3-405b", {}, "dgx-h100", 16384, 2048, 8192),
+]
+LARGE = 1024
+
+
+def run(label, name, overrides, cluster, devices, gb, seq):
+    cfg = load_model_config(name).replace(**overrides)
+    cl = load_cluster(cluster, devices=devices)
+    t = time.process_time()
+    plan = search(cfg, cl, gb, seq)
+    search_cpu = time.process_time() - t
+    pool = EvaluatorPool(cfg, cl, seq)
+    active = params_active(cfg, build_graph(cfg, micro_batch=1, seq=128))
+    base = {"megatron_recipe": megatron_recipe(pool, gb, active), "megatron_grid_best": megatron_grid(pool, gb)[0],
+            "fsdp": fsdp(pool, gb)}
+    drec = drec_plan(cfg, cl, gb, seq)
+    row = {"scenario": label, "model": cfg.name + (" (LoRA)" if cfg.lora_rank else ""), "cluster": cluster,
+           "devices": devices, "seq": seq, "global_batch": gb, "search_cpu_s": round(search_cpu, 3),
+           "symtensor_step_s": plan.report.step_time_s, "symtensor_mfu": plan.report.mfu,
+           "symtensor_fits": plan.report.fits, "symtensor_config": _cfg(plan)}
+    for key, cand in base.items():
+        ok = cand is not None and cand.report.fits
+        row[f"{key}_step_s"] = cand.report.step_time_s if ok else None
+        row[f"speedup_vs_{key}"] = cand.report.step_time_s / plan.report.step_time_s if ok else None
+        row[f"{key}_config"] = _pc(cand.config) if cand is not None else ""
+    row["drec_step_s"] = drec.report.step_time_s if drec.report.fits else None
+    row["speedup_vs_drec"] = drec.report.step_time_s / plan.report.step_time_s if drec.report.fits else None
+    return row
+
+
+def _pc(pc) -> str:
+    return f"tp{pc.tp} pp{pc.pp} dp{pc.dp} cp{pc.cp} ep{pc.ep} mb{pc.micro_batch} {pc.recompute} vpp{pc.vpp}"
+
+
+def _cfg(plan) -> str:
+    from symtensor.plan import config_summary
+
+    c = config_summary(plan)
+    het = " heterogeneous" if c["heterogeneous"] else ""
+    return (f"tp{c['tp']} pp{c['pp']} dp{c['dp']} cp{c['cp']} ep{c['ep']} mb{c['micro_batch']} {c['recompute']} "
+            f"zero{c['zero']} vpp{c['vpp']}{het}")
+
+
+def _x(v) -> str:
+    return "-" if v is None else f"{v:.2f}x"
+
+
+def main(argv) -> int:
+    quick = "--quick" in argv
+    OUT.mkdir(exist_ok=True)
+    rows = []
+    for sc in SCENARIOS:
+        if quick and sc[4] > LARGE:
+            continue
+        print("...", sc[0], flush=True)
+        rows.append(run(*sc))
+    with open(OUT / "plan_quality.csv", "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(rows[0]))
+        w.writeheader()
+        w.writerows(rows)
+    lines = ["# Plan quality (same cost model for every plan)", "",
+             "| scenario | model | devices | seq | SymTensor step s | MFU | vs recipe | vs grid best | vs FSDP | "
+             "vs D-Rec | SymTensor plan | grid best | search CPU s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for r in rows:
+        lines.append(f"| {r['scenario']} | {r['model']} | {r['devices']} | {r['seq']} | {r['symtensor_step_s']:.3f} | "
+                     f"{100 * r['symtensor_mfu']:.1f}% | {_x(r['speedup_vs_megatron_recipe'])} | "
+                     f"{_x(r['speedup_vs_megatron_grid_best'])} | {_x(r['speedup_vs_fsdp'])} | "
+                     f"{_x(r['speedup_vs_drec'])} | {r['symtensor_config']} | {r['megatron_grid_best_config']} | "
+                     f"{r['search_cpu_s']} |")
+    (OUT / "plan_quality.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
