@@ -1,0 +1,179 @@
+"""The torchrun entry point: train K steps of a parallel layout and record what happened.
+
+Launch (``symtensor.runtime.launch.run_spec`` does this for you)::
+
+    OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 4 -m symtensor.runtime.worker \\
+        --spec spec.json --model tiny-llama --steps 2 --optimizer sgd --out result.json
+
+and the single-process reference of the same run, without torchrun::
+
+    python -m symtensor.runtime.worker --reference --spec spec.json --model tiny-llama --steps 2 --out ref.json
+
+Every rank builds the same weights from ``--seed``, applies the spec, and trains on one fixed
+synthetic global batch, cut over the data-parallel ranks. Rank 0 writes ``--out`` (JSON: losses,
+collective bytes per step and rank, parameter checksums) and the gathered final parameters next to
+it (``.pt``). ``train_reference`` is the single-process run the parallel one must reproduce.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from symtensor.errors import PlanError
+from symtensor.models import load_model_config
+from symtensor.runtime.spec import OPTIMIZERS, RunSpec, check_fits
+from symtensor.runtime.torch_models import build_torch_model, loss_fn
+
+SGD_LR, ADAMW_LR = 0.5, 0.01
+
+
+def make_optimizer(params, name: str) -> torch.optim.Optimizer:
+    """Plain SGD (lr 0.5) or AdamW (lr 0.01, weight decay 0.1); no clipping, so no collectives."""
+    if name == "sgd":
+        return torch.optim.SGD(params, lr=SGD_LR)
+    if name == "adamw":
+        return torch.optim.AdamW(params, lr=ADAMW_LR, weight_decay=0.1)
+    raise PlanError(f"unknown optimizer {name!r}; use one of {', '.join(OPTIMIZERS)}")
+
+
+def synthetic_batch(cfg, spec: RunSpec, seed: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The global batch: token ids [global_batch, seq] and next-token labels, from ``seed``."""
+    gen = torch.Generator().manual_seed(seed + 1)
+    tokens = torch.randint(0, cfg.vocab, (spec.global_batch, spec.seq + 1), generator=gen)
+    return tokens[:, :-1].contiguous(), tokens[:, 1:].contiguous()
+
+
+def batch_index(spec: RunSpec, coords: dict[str, int]) -> int:
+    """This rank's slice of the batch: its coordinates on the batch axes, row-major in mesh order."""
+    index = 0
+    for axis in spec.batch_axes:
+        index = index * spec.axis_size_of(axis) + coords[axis]
+    return index
+
+
+def local_slice(x: torch.Tensor, spec: RunSpec, coords: dict[str, int]) -> torch.Tensor:
+    per = spec.global_batch // spec.batch_cut
+    start = batch_index(spec, coords) * per
+    return x[start:start + per]
+
+
+def _mean_loss(loss: torch.Tensor | None) -> float:
+    """The global mean loss from the ranks that own one (each the mean of an equal-sized slice)."""
+    pair = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    if loss is not None:
+        pair += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
+    dist.all_reduce(pair)
+    return (pair[0] / pair[1]).item()
+
+
+def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0) -> dict | None:
+    """Train ``steps`` steps of ``spec`` on this torchrun rank; the result on rank 0, else None.
+
+    Args:
+        cfg: the model config.
+        spec: the layout; its mesh product must be the world size.
+        steps: optimizer steps.
+        optimizer: ``sgd`` or ``adamw``.
+        seed: weight and data seed.
+    """
+    from symtensor.runtime.apply import axis_of_group, build_mesh, parallelize
+    from symtensor.runtime.commcount import CommCounter
+
+    check_fits(spec, cfg, dist.get_world_size())
+    mesh = build_mesh(spec)
+    coords = {axis: mesh.get_local_rank(axis) for axis, _ in spec.mesh}
+    ids, labels = (local_slice(t, spec, coords) for t in synthetic_batch(cfg, spec, seed))
+    run = parallelize(build_torch_model(cfg, seed), spec, mesh, cfg, local_batch=ids.shape[0])
+    opt = make_optimizer(run.model.parameters(), optimizer)
+    groups = axis_of_group(mesh, spec)
+    losses, comm = [], []
+    for _ in range(steps):
+        with CommCounter(groups) as counter:  # one training step: forward, backward, optimizer
+            loss = run.forward_backward(ids, labels)
+            run.sync_gradients()
+            opt.step()
+            opt.zero_grad()
+        losses.append(_mean_loss(loss))
+        comm.append(counter.summary())
+    state = run.full_state()
+    all_comm = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object(comm, all_comm, dst=0)
+    if dist.get_rank() != 0:
+        return None
+    return {"model": cfg.name, "spec": spec.to_dict(), "steps": steps, "optimizer": optimizer, "seed": seed,
+            "world_size": dist.get_world_size(), "losses": losses,
+            # comm[step][rank] = {"bytes": {kind: n}, "calls": {...}, "bytes_by_axis": {...}}
+            "comm": [[all_comm[r][s] for r in range(len(all_comm))] for s in range(steps)],
+            "checksums": checksums(state), "state": state}
+
+
+def train_reference(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0) -> dict:
+    """The same training in one process without any parallelism: the ground truth.
+
+    Args:
+        cfg: the model config.
+        spec: the layout; only ``global_batch`` and ``seq`` are used.
+        steps: optimizer steps.
+        optimizer: ``sgd`` or ``adamw``.
+        seed: weight and data seed.
+    """
+    model = build_torch_model(cfg, seed)
+    ids, labels = synthetic_batch(cfg, spec, seed)
+    opt = make_optimizer(model.parameters(), optimizer)
+    losses = []
+    for _ in range(steps):
+        loss = loss_fn(model(ids), labels)
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    state = {k: v.detach().clone() for k, v in model.named_parameters()}
+    return {"losses": losses, "state": state, "checksums": checksums(state)}
+
+
+def checksums(state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
+    """Per parameter: [sum, sum of absolute values], in float64."""
+    return {k: [v.double().sum().item(), v.double().abs().sum().item()] for k, v in sorted(state.items())}
+
+
+def _write(result: dict, out: Path) -> None:
+    state_path = out.with_suffix(".pt")
+    torch.save(result.pop("state"), state_path)
+    result["state_file"] = str(state_path)
+    out.write_text(json.dumps(result, indent=1))
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--spec", required=True, help="RunSpec JSON file")
+    parser.add_argument("--model", required=True, help="model preset or config.json")
+    parser.add_argument("--steps", type=int, default=2)
+    parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", required=True, help="result JSON (rank 0 writes it)")
+    parser.add_argument("--reference", action="store_true",
+                        help="run train_reference in this one process instead (no torchrun)")
+    args = parser.parse_args(argv)
+    cfg = load_model_config(args.model)
+    spec = RunSpec.from_dict(json.loads(Path(args.spec).read_text()))
+    if args.reference:
+        result = train_reference(cfg, spec, args.steps, args.optimizer, args.seed)
+        _write(result | {"model": cfg.name, "spec": spec.to_dict(), "steps": args.steps}, Path(args.out))
+        return
+    dist.init_process_group("gloo")
+    try:
+        result = train_parallel(cfg, spec, args.steps, args.optimizer, args.seed)
+        if result is not None:
+            _write(result, Path(args.out))
+        dist.barrier()  # tear the groups down together, after rank 0 has written
+    finally:
+        dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,130 @@
+"""RunSpec: checked when built, strict JSON, refused against the model or world size before launch.
+
+None of these tests needs torch: the spec is pure data, and ``run_spec`` refuses a bad spec before
+it imports torch or starts a process.
+"""
+
+import subprocess
+import sys
+
+import pytest
+
+from symtensor.errors import PlanError
+from symtensor.models import load_model_config
+from symtensor.runtime import launch
+from symtensor.runtime.spec import ATTN_TP, MLP_TP, VOCAB_TP, RunSpec, check_fits
+
+LLAMA = load_model_config("tiny-llama")      # heads 4, kv_heads 2, ffn 128, vocab 256, layers 2
+MIXTRAL = load_model_config("tiny-mixtral")  # the same with experts 4, top_k 2
+
+
+def megatron(**kw) -> RunSpec:
+    return RunSpec(**({"mesh": {"dp": 2, "tp": 2}, "tp_axis": "tp", "dp_axes": ("dp",),
+                       "styles": ATTN_TP | MLP_TP} | kw))
+
+
+def test_json_round_trip_and_hash():
+    spec = megatron(layer_styles={1: {k: "replicate" for k in MLP_TP}}, sequence_parallel=False)
+    again = RunSpec.from_dict(spec.to_dict())
+    assert again == spec and hash(again) == hash(spec)
+    assert spec.style(0, "mlp.up_proj") == "colwise" and spec.style(1, "mlp.up_proj") == "replicate"
+    assert spec.style(None, "embed") == "replicate"
+
+
+def test_style_order_does_not_matter():
+    assert megatron(styles=MLP_TP | ATTN_TP) == megatron(styles=ATTN_TP | MLP_TP)
+
+
+def test_bare_string_is_one_axis():
+    assert megatron(dp_axes="dp") == megatron(dp_axes=("dp",))
+
+
+def test_import_without_torch():
+    """spec.py and the runtime package must import where torch is absent (the planner's CLI)."""
+    code = ("import sys; import symtensor.runtime, symtensor.runtime.spec; "
+            "assert 'torch' not in sys.modules, 'torch imported'")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.parametrize("mutate, message", [
+    (lambda d: d | {"colour": 1}, r"unknown key\(s\) \['colour'\]"),
+    (lambda d: {k: v for k, v in d.items() if k != "seq"}, r"missing key\(s\) \['seq'\]"),
+    (lambda d: d | {"layer_styles": {"first": {}}}, r"layer index like '0'"),
+])
+def test_from_dict_is_strict(mutate, message):
+    with pytest.raises(PlanError, match=message):
+        RunSpec.from_dict(mutate(megatron().to_dict()))
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"styles": {"attn.qproj": "colwise"}}, r"unknown module key 'attn.qproj'.*Did you mean attn.q_proj"),
+    ({"styles": {"attn.o_proj": "colwise"}}, r"attn.o_proj='colwise' is not allowed; use one of replicate, rowwise"),
+    ({"styles": {"mlp.experts": "colwise"}}, r"experts are cut by ep_axis"),
+    ({"styles": {"attn.q_proj": "colwise"}}, r"attention block mixes replicated and tensor-parallel"),
+    ({"layer_styles": {0: {"embed": "rowwise"}}}, r"unknown module key 'embed'"),
+    ({"tp_axis": "model"}, r"axis 'model' is not in the mesh"),
+    ({"dp_axes": ("tp",)}, r"axis 'tp' has several roles"),
+    ({"dp_axes": ()}, r"axis 'dp' \(size 2\) has no role"),
+    ({"ep_axis": "tp"}, r"ep_axis='tp' must be one of dp_axes"),
+    ({"sequence_parallel": True, "styles": ATTN_TP}, r"sequence_parallel needs every attention and MLP block"),
+    ({"microbatches": 2}, r"microbatches=2 needs pp_axis"),
+    ({"global_batch": 3}, r"global_batch=3 must be a multiple of the batch cut 2"),
+    ({"sequence_parallel": True, "seq": 15}, r"seq=15 must be a multiple of the tp size 2"),
+    ({"mesh": {"dp": 2, "tp": 0}}, r"axis 'tp' size must be a positive integer"),
+    ({"global_batch": 0}, r"global_batch must be a positive integer, got 0"),
+])
+def test_refused_when_built(kw, message):
+    with pytest.raises(PlanError, match=message):
+        megatron(**kw)
+
+
+def test_style_without_tp_axis():
+    with pytest.raises(PlanError, match="needs tp_axis"):
+        RunSpec(mesh={"dp": 2}, dp_axes=("dp",), styles=VOCAB_TP)
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"microbatches": 1}, r"microbatches=1 must be >= the 2 pipeline stages"),
+    ({"pp_schedule": "zb"}, r"pp_schedule='zb'; use one of 1f1b, gpipe"),
+    ({"mesh": {"pp": 2, "tp": 2}, "tp_axis": "tp"}, r"pipeline parallel combines only with dp_axes"),
+])
+def test_pipeline_refusals(kw, message):
+    with pytest.raises(PlanError, match=message):
+        RunSpec(**({"mesh": {"pp": 2}, "pp_axis": "pp", "microbatches": 2} | kw))
+
+
+@pytest.mark.parametrize("spec, cfg, world, message", [
+    (megatron(), LLAMA, 2, r"has 4 devices but the run has world size 2"),
+    (RunSpec(mesh={"tp": 3}, tp_axis="tp", styles=ATTN_TP, global_batch=3), LLAMA, 3,
+     r"heads=4 is not divisible by the tp size 3"),
+    (RunSpec(mesh={"tp": 4}, tp_axis="tp", styles=ATTN_TP), LLAMA, 4, r"kv_heads=2 is not divisible by the tp size 4"),
+    (RunSpec(mesh={"tp": 3}, tp_axis="tp", styles=MLP_TP, global_batch=3), LLAMA, 3,
+     r"ffn=128 is not divisible by the tp size 3"),
+    (RunSpec(mesh={"dp": 3}, dp_axes=("dp",), ep_axis="dp", global_batch=3), MIXTRAL, 3,
+     r"experts=4 is not divisible by the ep size 3"),
+    (RunSpec(mesh={"dp": 2}, dp_axes=("dp",), ep_axis="dp"), LLAMA, 2, r"has no experts"),
+    (megatron(styles=ATTN_TP | MLP_TP), MIXTRAL, 4, r"layer 0 of tiny-mixtral is a mixture of experts"),
+    (megatron(layer_styles={5: ATTN_TP}), LLAMA, 4, r"layer 5 does not exist; model tiny-llama has layers 0..1"),
+    (RunSpec(mesh={"pp": 3}, pp_axis="pp", microbatches=3, global_batch=3), LLAMA, 3,
+     r"layers=2 is not divisible by the pp size 3"),
+])
+def test_check_fits(spec, cfg, world, message):
+    with pytest.raises(PlanError, match=message):
+        check_fits(spec, cfg, world)
+
+
+def test_run_spec_refuses_before_launching(monkeypatch):
+    """A spec that does not match the process count or the model never starts torchrun."""
+    def no_launch(*args, **kwargs):
+        raise AssertionError("torchrun was started for a refused spec")
+
+    monkeypatch.setattr(launch.subprocess, "run", no_launch)
+    with pytest.raises(PlanError, match=r"has 4 devices but the run has world size 2; make the product"):
+        launch.run_spec("tiny-llama", megatron(), nproc=2)
+    with pytest.raises(PlanError, match=r"kv_heads=2 is not divisible by the tp size 4"):
+        launch.run_spec("tiny-llama", RunSpec(mesh={"tp": 4}, tp_axis="tp", styles=ATTN_TP).to_dict(), nproc=4)
+    with pytest.raises(PlanError, match=r"experts=4 is not divisible by the ep size 3"):
+        launch.run_spec("tiny-mixtral", RunSpec(mesh={"dp": 3}, dp_axes=("dp",), ep_axis="dp", global_batch=3),
+                        nproc=3)
+    with pytest.raises(PlanError, match=r"optimizer 'lbfgs'"):
+        launch.run_spec("tiny-llama", megatron(), optimizer="lbfgs", nproc=4)
