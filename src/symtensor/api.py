@@ -156,3 +156,107 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
 
 def memory_gib(report) -> float:
     return report.memory_peak / GIB
+
+
+def explain(plan_file: str, op: str | None = None, formulas: bool = False) -> dict:
+    """Why a plan: per layer type and mesh axis, the candidates, their cost terms and the winner;
+    the JSON of ``symtensor explain`` (see ``symtensor.analysis.explain``)."""
+    from symtensor.analysis.explain import explain_plan
+    from symtensor.plan import load_plan
+
+    return explain_plan(load_plan(plan_file), op=op, formulas=formulas)
+
+
+def compare(a: str, b: str) -> dict:
+    """Two plans (files, or a file and a baseline name): where they differ and what it costs; the
+    JSON of ``symtensor compare`` (see ``symtensor.analysis.compare``)."""
+    from symtensor.analysis.compare import compare_specs
+
+    return compare_specs(a, b)
+
+
+def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=None, micro_batch="auto",
+          space: str = "symtensor", overrides=None, on_point=None) -> dict:
+    """Plans across a range of one of ``seq``, ``devices``, ``nodes`` or ``global_batch`` (each an int, a
+    list, or a range string ``A..B``, ``A..B:F``, ``A,B,C``); the JSON of ``symtensor sweep``.
+    Without ``global_batch`` every point keeps about 4M tokens per step."""
+    from symtensor.analysis.sweep import parse_range, run_sweep
+
+    cfg = load_model_config(model, overrides)
+    given = {"seq": parse_range(seq, "--seq"), "devices": parse_range(devices, "--devices"),
+             "nodes": parse_range(nodes, "--nodes"), "global_batch": parse_range(global_batch, "--global-batch")}
+    ranged = [k for k, v in given.items() if v and len(v) > 1]
+    if len(ranged) > 1:
+        raise PlanError(f"sweep one parameter at a time: {' and '.join('--' + k.replace('_', '-') for k in ranged)} "
+                        "are both ranges")
+    if not ranged:
+        raise PlanError("nothing to sweep: give one range, e.g. --seq 2048..131072, --devices 8..512 or "
+                        "--global-batch 64..1024")
+    if not (given["devices"] or given["nodes"]):
+        raise PlanError("give the devices: --devices N (or a range) or --nodes N")
+    param = ranged[0]
+    grid = []
+    for v in given[param]:
+        point = {k: (v if k == param else (vals[0] if vals else None)) for k, vals in given.items()}
+        s = point["seq"] or default_seq(cfg)
+        grid.append({"value": v, "devices": point["devices"], "nodes": point["nodes"], "seq": s,
+                     "global_batch": point["global_batch"] or default_global_batch(s)})
+    mb = None if micro_batch in (None, "auto") else int(micro_batch)
+    return run_sweep(cfg, cluster, param, grid, micro_batch=mb, space=space, on_point=on_point)
+
+
+SWEEP_PARAMS = ("seq", "devices", "nodes", "global_batch")
+
+
+def report(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
+           global_batch=None, seq=None, space: str = "symtensor", overrides=None, html: str = "report.html",
+           sweep_spec: str | None = None, on_point=None) -> dict:
+    """Search a plan and write one self-contained HTML page: the plan's tables, its step time and
+    memory against the baselines, the per-layer layout map, why each cut won, and a sweep.
+
+    Args:
+        sweep_spec: ``PARAM=RANGE`` (``seq=2048..32768``, ``devices=8..64``), ``none``, or None for
+            the sequence from half to twice the plan's.
+    """
+    import tempfile
+
+    from symtensor.analysis.compare import baseline_plans
+    from symtensor.analysis.explain import explain_plan
+    from symtensor.plan import config_summary, load_plan
+    from symtensor.report.html import write
+
+    cfg = load_model_config(model, overrides)
+    cl = load_cluster(cluster, devices=devices, nodes=nodes)
+    seq = seq or default_seq(cfg)
+    fixed_batch = global_batch
+    global_batch = global_batch or default_global_batch(seq)
+    with tempfile.TemporaryDirectory() as tmp:
+        result = plan(model, cluster, devices=devices, nodes=nodes, micro_batch=micro_batch, global_batch=global_batch,
+                      seq=seq, space=space, baselines_too=False, overrides=overrides, out=f"{tmp}/plan.json")
+        searched = load_plan(f"{tmp}/plan.json")
+    result.pop("plan_file", None)
+    result["baselines"] = {}
+    for name, b in baseline_plans(cfg, cl, global_batch, seq).items():
+        if b is None:
+            result["baselines"][name] = {"step_time_s": None, "fits": False, "config": None,
+                                         "note": "no valid configuration"}
+            continue
+        entry = _baseline_entry(b.report.step_time_s, b.report.fits, config_summary(b), b.report,
+                                result["step_time_s"])
+        entry.update(breakdown=dict(b.report.breakdown), memory_gib={k: v / GIB for k, v in b.report.memory.items()})
+        result["baselines"][name] = entry
+    spec = f"seq={max(1, seq // 2)}..{seq * 2}" if sweep_spec is None else sweep_spec
+    swept = None
+    if spec != "none":
+        param, _, rng = spec.partition("=")
+        if param not in SWEEP_PARAMS or not rng:
+            raise PlanError(f"--sweep {spec}: expected PARAM=RANGE with PARAM one of {', '.join(SWEEP_PARAMS)} "
+                            "(e.g. seq=2048..32768), or none")
+        where = {"devices": None if param == "nodes" else cl.n_devices, "nodes": None, "seq": seq,
+                 "global_batch": fixed_batch}
+        where[param] = rng
+        swept = sweep(model, cluster, micro_batch=micro_batch, space=space, overrides=overrides, on_point=on_point,
+                      **where)
+    data = {"plan": result, "layers": cfg.layers, "explain": explain_plan(searched), "sweep": swept}
+    path = write(html, data)
+    return {"html": str(path), **data}

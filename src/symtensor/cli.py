@@ -5,6 +5,10 @@
     symtensor evaluate MODEL --cluster C (--nodes N | --devices N) --tp T --pp P ... [--json]
     symtensor plan MODEL --cluster C (--nodes N | --devices N) [--json] [--out plan.json]
     symtensor calibrate [--fit] [--json]
+    symtensor explain PLAN [--op NAME] [--candidates] [--formula] [--json]
+    symtensor compare A B [--json]              # plan files, or a plan file and a baseline name
+    symtensor sweep MODEL --cluster C --devices N --seq 2048..131072 [--json]
+    symtensor report MODEL --cluster C --devices N [--sweep seq=A..B] --html out.html
 
 Every user error prints one line (``error: ...``) and exits with status 2; ``--debug`` shows the
 traceback instead.
@@ -76,6 +80,44 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline searches")
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
+    p = sub.add_parser("explain", help="why a plan: per layer type and mesh axis, the candidates and their costs")
+    p.add_argument("plan", help="a plan file (symtensor plan ... --out plan.json)")
+    p.add_argument("--op", help="an op (layers.1.q_proj) or op position (q_proj): every candidate's terms")
+    p.add_argument("--candidates", action="store_true", help="every candidate's terms for every layer type")
+    p.add_argument("--formula", action="store_true", help="the symbolic formulas of the chosen layouts' terms")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = sub.add_parser("compare", help="two plans, or a plan and a baseline: differences and what they cost")
+    for side in ("a", "b"):
+        p.add_argument(side, help="a plan file, or a baseline: megatron_recipe, megatron_grid_best, fsdp, drec")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+    p = sub.add_parser("sweep", help="plans across a range of seq, devices or global batch; breakpoints explained")
+    p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"default {DEFAULT_MODEL}")
+    p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model field")
+    p.add_argument("--cluster", default=DEFAULT_CLUSTER, help="preset (symtensor clusters) or a cluster file")
+    for flag in ("--seq", "--devices", "--nodes", "--global-batch"):
+        p.add_argument(flag, help="N, or a range: A..B (doubling), A..B:F (times F), A,B,C")
+    p.add_argument("--micro-batch", type=_micro, default="auto")
+    p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
+    p.add_argument("--json", action="store_true", help="print one JSON object (points, breakpoints)")
+    p = sub.add_parser("report", help="one self-contained HTML page with the plan's plots and tables")
+    _model_args(p, model_required=False)
+    _cluster_args(p, required=False)
+    p.add_argument("--micro-batch", type=_micro, default="auto")
+    p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
+    p.add_argument("--html", default="report.html", help="the page to write (default report.html)")
+    p.add_argument("--sweep", help="PARAM=RANGE for the sweep curves (default seq from half to twice the plan's); "
+                                   "none to skip")
+    p = sub.add_parser("run", help="run a plan under torchrun (gloo on CPU): numerics and bytes vs the model")
+    p.add_argument("model", help="a small model preset (tiny-llama, tiny-mixtral) or config.json")
+    p.add_argument("--devices", type=int, required=True, help="processes")
+    p.add_argument("--plan", help="a plan file (symtensor plan --out); default: the fastest runnable configuration")
+    p.add_argument("--steps", type=int, default=2)
+    p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
+    p.add_argument("--tp", type=int, help="tensor-parallel degree (default: what the model predicts fastest)")
+    p.add_argument("--zero", type=int, default=0, choices=(0, 3), help="0: all-reduce, 3: FSDP")
+    p.add_argument("--global-batch", type=int, default=8)
+    p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("calibrate", help="predicted vs published measurements (calibration.csv)")
     p.add_argument("--fit", action="store_true", help="refit the efficiency constants first")
     p.add_argument("--json", action="store_true")
@@ -129,7 +171,38 @@ def _dispatch(args) -> int:
                        global_batch=args.global_batch, seq=args.seq, space=args.space,
                        baselines_too=not args.no_baselines, overrides=args.set, out=args.out)
         return report.plan(out, args.json)
+    if args.command in ("explain", "compare", "sweep", "report"):
+        return _dispatch_analysis(args)
+    if args.command == "run":
+        from symtensor.runtime.verify import run
+
+        out = run(args.model, args.devices, steps=args.steps, optimizer=args.optimizer, global_batch=args.global_batch,
+                  seq=args.seq, tp=args.tp, zero=args.zero, plan_file=args.plan)
+        report.run(out, args.json)
+        return 0 if out["numerics_ok"] and out["bytes_ok"] else 1
     raise AssertionError(args.command)
+
+
+def _dispatch_analysis(args) -> int:
+    from symtensor import api
+    from symtensor.report import console
+
+    if args.command == "explain":
+        out = api.explain(args.plan, op=args.op, formulas=args.formula)
+        return console.explain(out, args.json, full=args.candidates or args.op is not None)
+    if args.command == "compare":
+        return console.compare(api.compare(args.a, args.b), args.json)
+    devices = args.devices if args.devices or args.nodes else DEFAULT_DEVICES
+    with console.sweep_progress(sys.stderr.isatty()) as on_point:
+        if args.command == "sweep":
+            out = api.sweep(args.model, args.cluster, devices=devices, nodes=args.nodes, seq=args.seq,
+                            global_batch=args.global_batch, micro_batch=args.micro_batch, space=args.space,
+                            overrides=args.set, on_point=on_point)
+            return console.sweep(out, args.json)
+        out = api.report(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
+                         global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,
+                         html=args.html, sweep_spec=args.sweep, on_point=on_point)
+    return console.html_report(out, args.json)
 
 
 def dump_json(obj) -> None:

@@ -1,5 +1,5 @@
 """Reports: console tables (and, later, the HTML report)."""
 
-from symtensor.report.console import calibration, clusters, evaluation, graph, models, plan
+from symtensor.report.console import calibration, clusters, evaluation, graph, models, plan, run
 
-__all__ = ["calibration", "clusters", "evaluation", "graph", "models", "plan"]
+__all__ = ["calibration", "clusters", "evaluation", "graph", "models", "plan", "run"]

@@ -140,3 +140,91 @@ def plan(out: dict, as_json: bool) -> int:
 
     print_plan(_console(), out)
     return 0
+
+
+def explain(out: dict, as_json: bool, full: bool = False) -> int:
+    """``symtensor explain``: per layer type the terms and the winning cut per mesh axis; ``full``
+    lists every candidate (with the formulas when ``out`` has them)."""
+    if as_json:
+        return _json(out)
+    from symtensor.report.analysis_view import print_explain
+
+    print_explain(_console(), out, full)
+    return 0
+
+
+def compare(out: dict, as_json: bool) -> int:
+    if as_json:
+        return _json(out)
+    from symtensor.report.analysis_view import print_compare
+
+    print_compare(_console(), out)
+    return 0
+
+
+def sweep(out: dict, as_json: bool) -> int:
+    if as_json:
+        return _json(out)
+    from symtensor.report.analysis_view import print_sweep
+
+    print_sweep(_console(), out)
+    return 0
+
+
+def html_report(out: dict, as_json: bool) -> int:
+    if as_json:
+        return _json(out)
+    c = _console()
+    p = out["plan"]
+    c.print(f"[bold]{p['model']}[/] on {p['devices']} x {p['cluster']}: step {p['step_time_s']:.3f} s, "
+            f"MFU {100 * p['mfu']:.1f}%, {p['memory_gib_per_device']:.1f} GiB per device")
+    if out.get("sweep"):
+        c.print(f"sweep over {out['sweep']['param']}: {len(out['sweep']['points'])} points, "
+                f"{len(out['sweep']['breakpoints'])} breakpoints")
+    c.print(f"report written to {out['html']}")
+    return 0
+
+
+def sweep_progress(enabled: bool):
+    """A context manager yielding ``on_point(index, total, point)`` that drives a progress bar on
+    stderr (None when ``enabled`` is false, e.g. stderr is not a terminal)."""
+    from contextlib import contextmanager
+
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    @contextmanager
+    def bar():
+        if not enabled:
+            yield None
+            return
+        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+            task = progress.add_task("searching plans", total=None)
+
+            def on_point(i, n, point):
+                done = point.get("layout") or "no plan"
+                progress.update(task, total=n, completed=i, description=f"{point['value']}: {done}")
+
+            yield on_point
+
+    return bar()
+
+
+def run(out: dict, as_json: bool) -> int:
+    if as_json:
+        return _json(out)
+    c = _console()
+    cfg = out["config"]
+    c.print(f"[bold]{out['model']}[/] on {out['devices']} processes (gloo): "
+            + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "ep", "sp", "zero")))
+    ok = "[green]match[/]" if out["numerics_ok"] else "[red]differ[/]"
+    c.print(f"losses {['%.6f' % x for x in out['losses']]} vs one process {['%.6f' % x for x in out['reference_losses']]}"
+            f": {ok} (max |loss diff| {out['loss_max_abs_diff']:.2e}, max |param diff| {out['param_max_abs_diff']:.2e})")
+    t = Table(title="bytes per device per step: cost model vs measured (TorchDispatchMode)")
+    for col in ("collective", "predicted", "measured", ""):
+        t.add_column(col, justify="right" if col in ("predicted", "measured") else "left")
+    for r in out["bytes"]:
+        t.add_row(r["kind"], f"{r['predicted_bytes']:,.0f}", f"{r['measured_bytes']:,.0f}",
+                  "ok" if r["ok"] else "[red]MISMATCH[/]")
+    c.print(t)
+    return 0

@@ -191,8 +191,8 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         for cand in grid_descent(pool, start, micro_batch):
             s.offer(_plan_of(s, cand))
     _partitions(s)
-    for plan in {id(p): p for p in (s.best, s.least_memory) if p is not None}.values():
-        _refine(s, plan)
+    if s.best is not None or s.least_memory is not None:
+        _refine(s, s.best or s.least_memory)
     return _finish(s, t0)
 
 

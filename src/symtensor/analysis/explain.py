@@ -1,0 +1,183 @@
+"""Why this plan: per layer type and mesh axis, the candidates, their cost terms and the winner.
+
+The recursion decides one mesh axis at a time, outermost (slowest links) first: at axis k every op
+keeps the cuts it chose on the outer axes and adds the cut of one legal dim by axis k, or none
+(``search.partition.candidates``). ``explain_plan`` replays that decision for the finished plan:
+
+    for each layer type (one op position of the layer, per run of layers with the same cuts)
+      for each mesh axis k, outermost first
+        state:       the op holds the plan's cuts on axes < k; its neighbours hold the plan's
+                     cuts on axes <= k (what the recursion sees when it decides axis k)
+        candidates:  no cut, or one more cut of each legal dim by axis k
+        terms:       compute, communication (inside the op, gradient sync), redistribution with
+                     the neighbours, memory (analysis/terms.py), seconds per step
+        winner:      the plan's choice; the cheapest in time is marked too, and when they differ
+                     the verdict says what the plan's choice buys (memory) or that a coordinated
+                     move (a whole-level template, a Megatron seed, the final refinement) chose it
+
+Times are seconds per training step summed over the layers the op stands for; bytes are per
+device. With ``formulas`` the final layout's terms are also given as sympy expressions.
+"""
+
+from __future__ import annotations
+
+from symtensor.analysis.formula import collective_formula, compute_formula, memory_formula
+from symtensor.analysis.terms import TIME_TERMS, OpTerms, op_terms, problem_of
+from symtensor.errors import PlanError, did_you_mean
+from symtensor.layout import REPLICATED, OpLayout
+from symtensor.plan.summary import axis_names, config_summary, degrees, layer_types
+
+# What cutting each dim means, in the words of the parallelisms (graph/ir.py legend).
+MEANING = {"b": "data", "s": "sequence/context", "t": "key sequence", "c": "context (expert slots)",
+           "e": "expert", "n": "tensor (heads)", "g": "tensor (kv heads)", "d": "tensor (head dim)",
+           "h": "tensor (hidden)", "f": "tensor (MLP)", "v": "tensor (vocabulary)", "r": "tensor (LoRA rank)"}
+TERM_WORDS = {"compute_s": "compute", "intra_s": "in-op communication", "grad_sync_s": "gradient sync",
+              "optimizer_s": "optimizer", "redistribution_s": "redistribution"}
+
+
+def meaning(dim: str | None) -> str:
+    return "replicate (no cut)" if dim is None else f"{dim}: {MEANING.get(dim, 'dim ' + dim)}"
+
+
+def dim_on_axis(layout: OpLayout, axis: int) -> str | None:
+    """The dim that ``axis`` cuts in ``layout``, or None."""
+    return next((d for d, axes in layout.cuts if axis in axes), None)
+
+
+def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
+    """Explain every layer type of ``plan`` (a ``search.planner.Plan``), or the ops named ``op``.
+
+    Args:
+        plan: a searched or loaded plan (``plan.io.load_plan``).
+        op: an op name (``layers.1.q_proj``) or a block name (``q_proj``); None for all.
+        formulas: add the sympy formulas of the final layout's terms.
+
+    Example:
+        >>> from symtensor.plan import load_plan                     # doctest: +SKIP
+        >>> explain_plan(load_plan("plan.json"), op="q_proj")["layer_types"][0]["levels"][0]["chosen"]  # doctest: +SKIP
+        'b'
+    """
+    problem = problem_of(plan)
+    groups = _groups(plan, problem)
+    if op is not None:
+        groups = _select(groups, op, plan)
+    return {
+        "model": plan.cfg.name, "cluster": plan.cluster.name, "devices": plan.cluster.n_devices,
+        "config": config_summary(plan), "step_time_s": plan.report.step_time_s,
+        "mesh": [{"name": a.name, "size": a.size, "level": plan.cluster.levels[a.level].name} for a in plan.mesh],
+        "units": "seconds per training step over the layers an op stands for; bytes per device",
+        "layer_types": [explain_op(problem, plan, rep, ops, spans, formulas) for rep, ops, spans in groups],
+    }
+
+
+def _groups(plan, problem) -> list[tuple]:
+    """(representative op, op names, layer spans) per (block, kind, cuts): the plan table's rows."""
+    ops = {o.name: o for o in plan.graph.ops}
+    groups: dict = {}
+    for row in layer_types(plan):
+        key = (row["block"], row["kind"], tuple(sorted((d, tuple(a)) for d, a in row["cuts"].items())))
+        groups.setdefault(key, []).append(row)
+    out = []
+    for rows in groups.values():
+        rep = max((ops[r["op"]] for r in rows), key=lambda o: problem.weight[o.name])
+        out.append((rep, [r["op"] for r in rows], [r["layers"] for r in rows]))
+    return out
+
+
+def _select(groups: list[tuple], name: str, plan) -> list[tuple]:
+    by_name = {o.name: o for o in plan.graph.ops}
+    for _, ops, spans in groups:
+        if name in ops:
+            return [(by_name[name], [name], [spans[ops.index(name)]])]
+    chosen = [g for g in groups if g[0].block == name]
+    if not chosen:
+        blocks = sorted({g[0].block for g in groups})
+        raise PlanError(f"no op or block {name!r} in the plan of {plan.cfg.name}." + did_you_mean(name, blocks))
+    return chosen
+
+
+def explain_op(problem, plan, op, ops=None, spans=None, formulas: bool = False) -> dict:
+    """One layer type: the final layout's terms and, per mesh axis, the candidates and the winner."""
+    mesh = plan.mesh
+    final = plan.layouts.get(op.name, REPLICATED)
+    terms = op_terms(problem, op, final, plan.layouts)
+    out = {"op": op.name, "block": op.block, "kind": op.kind, "layers": spans or [], "ops": ops or [op.name],
+           "cuts": axis_names(final, mesh), **degrees(op, final, mesh), "terms": terms.as_dict(),
+           "transfers": _transfers(terms, mesh),
+           "levels": [_level(problem, plan, op, final, k) for k in range(len(mesh))]}
+    if formulas:
+        out["formulas"] = op_formulas(problem.ev, op, final, terms)
+    return out
+
+
+def _level(problem, plan, op, final: OpLayout, k: int) -> dict:
+    mesh, n = plan.mesh, len(plan.mesh)
+    base = final.without_axes(set(range(k, n)))
+    later = set(range(k + 1, n))
+    nbrs = {other: plan.layouts.get(other, REPLICATED).without_axes(later) for _, other, _ in problem.links[op.name]}
+    chosen = dim_on_axis(final, k)
+    rows, seen = [], set()
+    for cand in problem.candidates(op, base, k):
+        dim = dim_on_axis(cand, k)
+        seen.add(dim)
+        rows.append((dim, cand, op_terms(problem, op, cand, nbrs), False))
+    if chosen not in seen:  # a move the candidate rules do not generate (refinement, seeds)
+        cand = base.with_cut(chosen, k)
+        rows.append((chosen, cand, op_terms(problem, op, cand, nbrs), True))
+    cheapest = min(rows, key=lambda r: r[2].time_s)[0]
+    pick = next(r for r in rows if r[0] == chosen)
+    others = [r for r in rows if r[0] != chosen]
+    runner = min(others, key=lambda r: r[2].time_s) if others else None
+    axis = mesh[k]
+    return {
+        "axis": axis.name, "size": axis.size, "level": plan.cluster.levels[axis.level].name,
+        "before": axis_names(base, mesh), "chosen": chosen, "cheapest": cheapest,
+        "runner_up": runner[0] if runner else None,
+        "candidates": [{"cut": dim, "meaning": meaning(dim), "layout": axis_names(cand, mesh), **t.as_dict(),
+                        "chosen": dim == chosen, "cheapest": dim == cheapest, "outside_candidates": extra}
+                       for dim, cand, t, extra in rows],
+        "verdict": verdict(chosen, pick[2], cheapest, next(r[2] for r in rows if r[0] == cheapest), runner),
+    }
+
+
+def largest_term(a: OpTerms, b: OpTerms) -> tuple[str, float]:
+    """The time term that differs most from ``a`` to ``b`` (name, b - a seconds)."""
+    key = max(TIME_TERMS, key=lambda k: abs(getattr(b, k) - getattr(a, k)))
+    return TERM_WORDS[key], getattr(b, key) - getattr(a, key)
+
+
+def verdict(chosen, chosen_terms: OpTerms, cheapest, cheapest_terms: OpTerms, runner) -> str:
+    """One sentence: why the plan's cut on this axis wins (or what it buys if it is not the cheapest)."""
+    if runner is None:
+        return f"{meaning(chosen)}: the only legal choice"
+    if chosen == cheapest:
+        dim, _, t, _ = runner
+        word, delta = largest_term(chosen_terms, t)
+        return (f"{meaning(chosen)}: cheapest; next best {meaning(dim)} costs {t.time_s - chosen_terms.time_s:+.4g} s "
+                f"({word} {delta:+.4g} s)")
+    extra = chosen_terms.time_s - cheapest_terms.time_s
+    saved = cheapest_terms.memory_bytes - chosen_terms.memory_bytes
+    if saved > 0:
+        return (f"{meaning(chosen)}: {extra:+.4g} s against {meaning(cheapest)}, but saves {saved / 2**30:.2f} GiB "
+                "per device (memory pressure)")
+    return (f"{meaning(chosen)}: {extra:+.4g} s against {meaning(cheapest)} for this op alone; a coordinated move "
+            "(whole-level template, Megatron seed or final refinement) chose it for the plan as a whole")
+
+
+def _transfers(terms: OpTerms, mesh) -> list[dict]:
+    return [{"kind": t.kind, "bytes": t.nbytes, "calls_per_step": t.calls, "axes": [mesh[a].name for a in t.axes],
+             "why": t.why} for t in terms.transfers]
+
+
+def op_formulas(ev, op, layout: OpLayout, terms: OpTerms) -> dict:
+    """Sympy formulas of the op's compute, saved activations and each distinct collective it pays."""
+    colls, seen = [], set()
+    for t in terms.transfers:
+        key = (t.kind, t.nbytes, t.axes)
+        if key in seen or not t.axes:
+            continue
+        seen.add(key)
+        colls.append({"why": t.why, "axes": [ev.mesh[a].name for a in t.axes],
+                      **collective_formula(ev, t.kind, t.nbytes, t.axes)})
+    return {"compute": compute_formula(ev, op, layout), "memory": memory_formula(ev, op, layout),
+            "collectives": colls}

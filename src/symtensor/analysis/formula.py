@@ -1,0 +1,138 @@
+"""The cost terms as formulas: sympy expressions of dim sizes, cut factors and hardware constants.
+
+The cost model's formulas are plain arithmetic (graph/kinds.py, cost/collectives.py), so calling
+them with sympy symbols instead of numbers returns the expression the model evaluates. Symbols:
+
+    b s t h n g d f v e c r   the op's dim sizes (graph/ir.py legend)
+    p_<dim>                   how many ways the layout cuts that dim (a product of mesh axes)
+    P                         peak FLOP/s of the device for the dtype
+    eta_<kind>                achievable fraction of P for the op kind (calibrated)
+    K                         the GEMM knee in FLOPs: a kernel of F FLOPs runs at eta * F / (F + K)
+    H, eta_hbm                HBM bytes/s and its achievable fraction
+    m                         a collective's message bytes (collectives.py conventions)
+    alpha_<level>, B_<level>  latency (s) and bandwidth (bytes/s per device) of a link level
+    eta_link                  achievable fraction of link bandwidth for the collective kind
+
+Each formula comes with its value with the plan's numbers substituted, which equals what the cost
+model computes (tests hold them together).
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import sympy as sp
+
+from symtensor.cost.collectives import collective_time, level_counts
+from symtensor.graph import DTYPE_BYTES, kind_of
+from symtensor.layout import OpLayout, cut_factor, linked_layout
+
+_EFF_FIELD = {"linear": "gemm", "bmm": "bmm", "attention": "attention"}
+
+
+def _sym(name: str) -> sp.Symbol:
+    return sp.Symbol(name, positive=True)
+
+
+def _value(expr, values: dict) -> float:
+    return float(sp.sympify(expr).xreplace({_sym(k): sp.Float(v) for k, v in values.items()}))
+
+
+class _Roofline:
+    """max(flops time, bytes time) kept as its two branches: sympy's Max over symbols that are
+    merely positive spends seconds trying to order them."""
+
+    def __init__(self, *branches):
+        self.branches = branches
+
+    def text(self) -> str:
+        parts = [str(b) for b in self.branches]
+        return parts[0] if len(parts) == 1 else f"Max({', '.join(parts)})"
+
+    def value(self, values: dict) -> float:
+        return max(_value(b, values) for b in self.branches)
+
+
+def _local_sizes(op, layout: OpLayout, mesh, values: dict) -> dict:
+    """Symbolic local dim sizes, d / p_d for cut dims; fills ``values`` with the numbers."""
+    full = linked_layout(op, layout)
+    sizes = {}
+    for d, n in op.dims:
+        values[d] = n
+        f = cut_factor(full, d, mesh)
+        if f > 1:
+            values[f"p_{d}"] = f
+            sizes[d] = _sym(d) / _sym(f"p_{d}")
+        else:
+            sizes[d] = _sym(d)
+    return sizes
+
+
+def compute_formula(ev, op, layout: OpLayout) -> dict:
+    """Forward FLOPs and forward / backward seconds of the op's local piece (opcost.op_time's roofline)."""
+    kind = kind_of(op.kind)
+    values: dict = {}
+    sizes = _local_sizes(op, layout, ev.mesh, values)
+    flops = kind.fwd_flops(sizes, dict(op.attrs))
+    nbytes = 0
+    for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims):
+        term = DTYPE_BYTES[ev.tensors[t].dtype]
+        for d in dims:
+            term = term * sizes[d]
+        nbytes = nbytes + term
+    eta = f"eta_{_EFF_FIELD.get(op.kind, 'gemm')}"
+    values.update(P=ev.cluster.device.flops(ev.dtype), H=ev.cluster.device.hbm_bandwidth, eta_hbm=ev.eff.hbm,
+                  K=ev.eff.gemm_knee, **{eta: getattr(ev.eff, _EFF_FIELD.get(op.kind, "gemm"))})
+    hbm_time = nbytes / (_sym("H") * _sym("eta_hbm"))
+    if kind.memory_bound:
+        fwd = _Roofline(hbm_time)
+        bwd = _Roofline(kind.bwd_fixed * 2 * hbm_time if kind.bwd_fixed else sp.Integer(0))
+        bwd_flops = sp.Integer(0)
+    else:
+        ratio = sp.nsimplify(kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * ev.grad_operands[op.name])
+        bwd_flops = flops * ratio
+        peak = _sym("P") * _sym(eta)
+        fwd = _Roofline((flops + _sym("K")) / peak, hbm_time)
+        bwd = _Roofline((bwd_flops + _sym("K") * ratio) / peak, 2 * hbm_time) if ratio else _Roofline(sp.Integer(0))
+    return {"fwd_flops": str(flops), "bwd_flops": str(bwd_flops), "bytes": str(nbytes),
+            "fwd_time_s": fwd.text(), "bwd_time_s": bwd.text(),
+            "value_fwd_s": fwd.value(values), "value_bwd_s": bwd.value(values),
+            "value_fwd_flops": _value(flops, values), "symbols": values}
+
+
+def collective_formula(ev, kind: str, nbytes: float, axes) -> dict:
+    """Seconds of one collective of ``nbytes`` over the group spanning mesh ``axes`` (collective_time)."""
+    counts = level_counts(axes, ev.mesh, len(ev.levels))
+    levels = [SimpleNamespace(latency=_sym(f"alpha_{lv.name}"), bandwidth=_sym(f"B_{lv.name}")) for lv in ev.levels]
+    # sympy integers keep (p-1)/p exact in the printed formula
+    expr = collective_time(kind, _sym("m"), [sp.Integer(c) for c in counts], levels, _sym("eta_link"))
+    values = {"m": nbytes, "eta_link": ev.eff.link_for(kind)}
+    for lv, c in zip(ev.levels, counts):
+        if c > 1:
+            values.update({f"alpha_{lv.name}": lv.latency, f"B_{lv.name}": lv.bandwidth})
+    group = {lv.name: c for lv, c in zip(ev.levels, counts) if c > 1}
+    return {"kind": kind, "group": group, "formula": str(expr), "value_s": _value(expr, values),
+            "symbols": values}
+
+
+def memory_formula(ev, op, layout: OpLayout) -> dict:
+    """Bytes of the op's saved activations per micro-batch on one device (before recomputation)."""
+    from symtensor.graph import op_saves
+
+    values: dict = {}
+    sizes = _local_sizes(op, layout, ev.mesh, values)
+    expr = sp.Integer(0)
+    for slot_name in op_saves(op):
+        io, idx = slot_name[:-1], int(slot_name[-1])
+        tname = op.inputs[idx] if io == "in" else op.outputs[idx]
+        if ev.tensors[tname].param:
+            continue
+        dims = op.in_dims[idx] if io == "in" else op.out_dims[idx]
+        term = sp.Integer(DTYPE_BYTES[ev.tensors[tname].dtype])
+        for d in dims:
+            term = term * sizes[d]
+        expr = expr + term
+    kind = kind_of(op.kind)
+    if kind.extra_saved_bytes is not None:
+        expr = expr + kind.extra_saved_bytes(sizes, dict(op.attrs))
+    return {"saved_bytes": str(expr), "value_bytes": _value(expr, values), "symbols": values}

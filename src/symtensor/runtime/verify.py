@@ -1,0 +1,145 @@
+"""``symtensor run``: plan (or load a plan), execute it under torchrun, check numerics and bytes.
+
+The runtime executes the plans its RunSpec can express: Megatron-style tensor parallelism (column
+then row per block, vocabulary-parallel embedding, sequence parallelism), data parallelism by
+gradient all-reduce, FSDP (ZeRO-3), expert parallelism and pipelines of data-parallel stages. A
+plan is mapped to a RunSpec (``plan_to_spec``); a plan that needs anything else is refused with the
+reason before any process starts. The same configuration is costed by the model with the
+runtime's precision (fp32 weights, activations and gradients) and its per-kind bytes per device
+and step are compared with what the run issued.
+
+No torch import at module level: ``symtensor.runtime.launch`` imports it when a run starts.
+"""
+
+from __future__ import annotations
+
+from symtensor.cost import Evaluator
+from symtensor.errors import PlanError
+from symtensor.hardware import load_cluster
+from symtensor.models import build_graph, load_model_config
+from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
+from symtensor.search.megatron import ParallelConfig, megatron_layouts
+
+KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+TOLERANCE = 0.01
+
+
+def plan_to_spec(pc: ParallelConfig, experts: bool) -> RunSpec:
+    """The RunSpec of a Megatron-style configuration; refuses what the runtime cannot run."""
+    if pc.cp > 1:
+        raise PlanError("the runtime has no context parallelism yet; plan with cp=1")
+    if pc.recompute != "none":
+        raise PlanError("the runtime does not recompute activations; plan with recompute=none")
+    if pc.zero in (1, 2):
+        raise PlanError(f"the runtime runs ZeRO-0 (all-reduce) or ZeRO-3 (FSDP), not ZeRO-{pc.zero}")
+    mesh, dp_axes, fsdp_axes = {}, (), ()
+    if pc.pp > 1:
+        mesh["pp"] = pc.pp
+    if pc.dp > 1:
+        mesh["dp"] = pc.dp
+        dp_axes, fsdp_axes = ((), ("dp",)) if pc.zero == 3 else (("dp",), ())
+    if pc.tp > 1:
+        mesh["tp"] = pc.tp
+    if not mesh:
+        mesh["dp"] = 1
+        dp_axes = ("dp",)
+    if pc.ep > 1 and pc.ep != pc.dp:
+        raise PlanError(f"the runtime cuts experts over the whole data-parallel axis: needs ep = dp, got ep={pc.ep}, "
+                        f"dp={pc.dp}")
+    styles = {}
+    if pc.tp > 1:
+        styles = dict(ATTN_TP) | ({} if experts else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
+    return RunSpec(mesh=mesh, tp_axis="tp" if pc.tp > 1 else None, styles=styles, sequence_parallel=pc.sp,
+                   dp_axes=dp_axes, fsdp_axes=fsdp_axes, ep_axis="dp" if pc.ep > 1 else None,
+                   pp_axis="pp" if pc.pp > 1 else None, microbatches=pc.micro_steps() if pc.pp > 1 else 1,
+                   global_batch=pc.global_batch, seq=pc.seq)
+
+
+def predicted_bytes(cfg, pc: ParallelConfig, devices: int) -> dict:
+    """Bytes per collective kind per device per step the model predicts, at fp32."""
+    cluster = load_cluster("dgx-h100", devices=devices)
+    graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype="fp32", skeleton=True)
+    ev = Evaluator(graph, cluster, pp=pc.pp)
+    train = pc.train_config().replace(param_bytes=4, grad_bytes=4)
+    rep = ev.evaluate(megatron_layouts(graph, ev.mesh, pc), train)
+    return {k: rep.comm_bytes.get(k, 0.0) for k in KINDS}
+
+
+def measured_bytes(result: dict) -> dict:
+    """The last step's bytes per kind on the busiest rank (send and receive counted as send_recv)."""
+    last = result["comm_bytes"][-1]
+    per_rank = []
+    for rank in last:
+        kinds = {k: 0.0 for k in KINDS}
+        for kind, nbytes in rank.items():
+            key = "send_recv" if kind in ("send", "recv") else kind
+            if key in kinds:
+                kinds[key] += nbytes
+        per_rank.append(kinds)
+    return max(per_rank, key=lambda k: sum(k.values()))
+
+
+def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global_batch: int = 8, seq: int = 16,
+        tp: int | None = None, zero: int = 0, ep: int | None = None, plan_file: str | None = None) -> dict:
+    """Run a plan file's configuration, or the fastest runnable one (or the given tp); compare."""
+    from symtensor.runtime.launch import run_spec
+
+    cfg = load_model_config(model)
+    pc = _from_plan(plan_file, cfg, devices) if plan_file else _choose(cfg, devices, global_batch, seq, tp, zero, ep)
+    spec = plan_to_spec(pc, cfg.is_moe)
+    result = run_spec(model, spec, steps=steps, optimizer=optimizer, nproc=devices)
+    predicted, measured = predicted_bytes(cfg, pc, devices), measured_bytes(result)
+    rows = []
+    for kind in KINDS:
+        p, m = predicted[kind], measured[kind]
+        ok = abs(p - m) <= TOLERANCE * max(p, m) + 1e-9
+        rows.append({"kind": kind, "predicted_bytes": p, "measured_bytes": m, "ok": ok})
+    numerics_ok = result["loss_max_abs_diff"] <= (1e-5 if optimizer == "sgd" else 1e-4)
+    return {"model": cfg.name, "devices": devices, "config": pc.as_dict(), "spec": spec.to_dict(),
+            "losses": result["losses"], "reference_losses": result["reference_losses"],
+            "loss_max_abs_diff": result["loss_max_abs_diff"], "param_max_abs_diff": result["param_max_abs_diff"],
+            "numerics_ok": numerics_ok, "bytes": rows, "bytes_ok": all(r["ok"] for r in rows),
+            "wall_s": result["wall_s"]}
+
+
+def _from_plan(path: str, cfg, devices: int) -> ParallelConfig:
+    """The Megatron-style configuration of a plan file; refused when the runtime cannot run it."""
+    from symtensor.plan import config_summary, load_plan
+
+    plan = load_plan(path)
+    if plan.cfg.name != cfg.name:
+        raise PlanError(f"plan {path} is for model {plan.cfg.name}, not {cfg.name}")
+    if plan.cluster.n_devices != devices:
+        raise PlanError(f"plan {path} is for {plan.cluster.n_devices} devices, not --devices {devices}")
+    c = config_summary(plan)
+    if c["heterogeneous"]:
+        raise PlanError(f"plan {path} gives different ops different cuts; the runtime runs Megatron-style plans "
+                        "(plan with --space megatron)")
+    return ParallelConfig(tp=c["tp"], pp=c["pp"], dp=c["dp"], cp=c["cp"], ep=c["ep"], sp=c["sp"], zero=c["zero"],
+                          recompute=c["recompute"], micro_batch=c["micro_batch"], global_batch=c["global_batch"],
+                          seq=c["seq"], vpp=c["vpp"])
+
+
+def _choose(cfg, devices, global_batch, seq, tp, zero, ep) -> ParallelConfig:
+    """The runnable configuration the model predicts fastest (or the one asked for)."""
+    from symtensor.search.megatron import evaluate_megatron
+
+    cluster = load_cluster("dgx-h100", devices=devices)
+    best = None
+    tps = [tp] if tp else [t for t in (1, 2, 4, 8) if devices % t == 0 and cfg.heads % t == 0
+                          and cfg.kv_heads % t == 0]
+    for t in tps:
+        dp = devices // t
+        eps = [ep] if ep else ([dp, 1] if cfg.is_moe else [1])
+        for e in eps:
+            try:
+                pc = ParallelConfig(tp=t, dp=dp, ep=e, sp=t > 1 and not cfg.is_moe, zero=zero if dp > 1 else 0,
+                                    micro_batch=global_batch // dp, global_batch=global_batch, seq=seq)
+                rep = evaluate_megatron(cfg, cluster, pc)[0]
+            except PlanError:
+                continue
+            if best is None or rep.step_time_s < best[0]:
+                best = (rep.step_time_s, pc)
+    if best is None:
+        raise PlanError(f"no runnable configuration of {cfg.name} on {devices} devices")
+    return best[1]
