@@ -205,7 +205,7 @@ def _plan_of(s: "_Search", cand) -> Plan:
 def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | None):
     """Megatron-expressible starting points: the whole grid on small clusters; elsewhere, per
     tensor-parallel degree inside a node, the shallowest pipeline that fits."""
-    from symtensor.search.baselines import _divisors, _try, grid_points
+    from symtensor.search.baselines import _divisors, grid_points
 
     cfg, n = pool.cfg, pool.cluster.n_devices
     node = pool.cluster.levels[0].fanout or n
@@ -216,25 +216,26 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
             yield best
         return
     for tp in sorted({p["tp"] for p in points}):
-        last = None
-        for pp in [p for p in _divisors(n // tp) if p <= cfg.layers]:
-            dp = n // (tp * pp)
-            mb = micro_batch or 1
-            if global_batch % (mb * dp):
-                continue
-            ep = max((e for e in _divisors(dp) if cfg.experts % e == 0), default=1) if cfg.is_moe else 1
-            vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
-            found = None
-            for rc in RECOMPUTE:
-                cand = _try(pool, tp=tp, pp=pp, dp=dp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0, recompute=rc,
-                            micro_batch=mb, global_batch=global_batch, seq=pool.seq, vpp=vpp)
-                if cand is not None and cand.report.fits:
-                    found = cand
-                    break
-            if found is not None:
+        for cp in sorted({p["cp"] for p in points if p["tp"] == tp and p["cp"] <= 8}):
+            last = None
+            for pp in [p for p in _divisors(n // (tp * cp)) if p <= cfg.layers]:
+                dp = n // (tp * cp * pp)
+                mb = micro_batch or 1
+                if global_batch % (mb * dp):
+                    continue
+                eps = [e for e in _divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
+                vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
+                options = [_fastest_fitting(pool, dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1,
+                                                       zero=1 if dp > 1 else 0, micro_batch=mb,
+                                                       global_batch=global_batch, seq=pool.seq, vpp=vpp))
+                           for ep in eps]
+                options = [o for o in options if o is not None]
+                if not options:
+                    continue
+                found = min(options, key=lambda o: o.report.step_time_s)
                 yield found
                 if last is not None and found.report.step_time_s >= last:
-                    break  # deeper pipelines stopped helping this tensor-parallel degree
+                    break  # deeper pipelines stopped helping this (tp, cp)
                 last = found.report.step_time_s
 
 
