@@ -21,7 +21,7 @@ from symtensor.models import PRESETS, ModelConfig, build_graph, load_model_confi
 from symtensor.plan import load_plan, save_plan
 from symtensor.search.baselines import EvaluatorPool, megatron_grid
 from symtensor.search.exact import exact_layouts
-from symtensor.search.partition import Problem, partition, solve
+from symtensor.search.partition import Problem, solve
 from symtensor.search.planner import drec_plan, search
 
 # (model, changes, devices, seq, global batch, micro-steps, memory weight in steps per capacity)

@@ -107,6 +107,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--html", default="report.html", help="the page to write (default report.html)")
     p.add_argument("--sweep", help="PARAM=RANGE for the sweep curves (default seq from half to twice the plan's); "
                                    "none to skip")
+    p = sub.add_parser("export", help="a plan file as Megatron-LM arguments, a torchtitan config or a DTensor plan")
+    p.add_argument("plan", help="a plan file (symtensor plan --out)")
+    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "dtensor"))
     p = sub.add_parser("run", help="run a plan under torchrun (gloo on CPU): numerics and bytes vs the model")
     p.add_argument("model", help="a small model preset (tiny-llama, tiny-mixtral) or config.json")
     p.add_argument("--devices", type=int, required=True, help="processes")
@@ -173,6 +176,13 @@ def _dispatch(args) -> int:
         return report.plan(out, args.json)
     if args.command in ("explain", "compare", "sweep", "report"):
         return _dispatch_analysis(args)
+    if args.command == "export":
+        from symtensor.export import export
+        from symtensor.plan import load_plan
+
+        out = export(load_plan(args.plan), args.to)
+        print(" \\\n  ".join(out) if args.to == "megatron" else json.dumps(out, indent=2))
+        return 0
     if args.command == "run":
         from symtensor.runtime.verify import run
 
