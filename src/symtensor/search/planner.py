@@ -95,7 +95,11 @@ class _Search:
             for m in ms[::-1][:2]:
                 self.consider(layouts, pp, m)
             return
-        for m in ms[:8]:
+        # the fewest micro-batches first (large micro-batches amortise latencies), but only down to
+        # a quarter of one sequence per device, and always the most micro-batches (least memory)
+        nominal = max(1, self.global_batch // self.cluster.n_devices)
+        picks = [m for m in ms if self.global_batch // m <= 4 * nominal * self.cluster.n_devices][:5]
+        for m in dict.fromkeys(picks + ms[-1:]):
             self.consider(layouts, pp, m)
 
     def consider(self, layouts: dict, pp: int, m: int) -> bool:
@@ -216,7 +220,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
             yield best
         return
     for tp in sorted({p["tp"] for p in points}):
-        for cp in sorted({p["cp"] for p in points if p["tp"] == tp and p["cp"] <= 8}):
+        for cp in sorted({p["cp"] for p in points if p["tp"] == tp}):
             last = None
             for pp in [p for p in _divisors(n // (tp * cp)) if p <= cfg.layers]:
                 dp = n // (tp * cp * pp)
@@ -306,9 +310,9 @@ def _partitions(s: "_Search") -> None:
                 break  # deeper pipelines stopped helping
         attempt += 1
         # memory pressure (nothing fits, or only with recomputation or ZeRO-3): weigh memory in
-        # the partition, in seconds per byte, more each round
+        # the partition, in seconds per byte, more each round; one round when something fits
         pressed = s.best is None or s.best.train.recompute != "none" or s.best.train.zero == 3
-        if not pressed or attempt >= (6 if s.best is None else 3):
+        if not pressed or attempt >= (6 if s.best is None else 2):
             break
         ref = (s.best or s.least_memory).report
         lam = (ref.step_time_s / ref.capacity) * (4.0 ** attempt)
