@@ -321,14 +321,15 @@ class _Segment:
             if prod is not None and io == "in" and tname not in self.cross_stage:
                 pview = ev.out_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
                 pbytes = t.nbytes / pview.factor(ev.mesh)
-                if pbytes < nbytes and (tname, view, "saved") not in self.charged:
+                regather = self.train.framework == "megatron"
+                if regather and pbytes < nbytes and (tname, view, "saved") not in self.charged:
                     # keep the smaller shard and gather it again in backward (Megatron-SP)
                     self.charged.add((tname, view, "saved"))
                     _, colls = ev.edge(pview, view, tname)
                     gathers = tuple(c for c in colls if c.kind == "all_gather")
                     self.add_comm(_CATEGORY_BY_KIND.get(op.kind, "tp_comm"), gathers,
                                   collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
-                if pbytes < nbytes:
+                if regather and pbytes < nbytes:
                     nbytes = pbytes
             prev = self.saved.get(tname)
             if prev is None or nbytes < prev:
@@ -502,7 +503,8 @@ class _Accumulator:
 
     def run(self) -> CostReport:
         ev, train = self.ev, self.train
-        tkey = (train.recompute, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
+        tkey = (train.recompute, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
+                train.framework)
         # (dp_overlap and the schedule only enter the step, not the segments)
         for sig_id, ops, external, layer, repeated in ev.segments:
             s = self.stage[layer]

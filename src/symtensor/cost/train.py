@@ -27,6 +27,9 @@ class TrainConfig:
             Korthikanti et al. 2022); the ZeRO paper counts fp16 gradients (2 + 2 + 12).
         dp_overlap: fraction of gradient synchronisation hidden behind backward; ``None`` takes
             the efficiency default (Megatron-LM with --overlap-grad-reduce); 0 for Megatron-LM 2022.
+        framework: ``megatron`` keeps the sequence-parallel shard of an all-gathered input for
+            backward and gathers it again there (less memory, one more all-gather); ``torch``
+            (DTensor) keeps the gathered input.
     """
 
     global_batch: int
@@ -40,6 +43,7 @@ class TrainConfig:
     grad_bytes: int = 4
     optim_bytes: int = 12
     dp_overlap: float | None = None
+    framework: str = "megatron"
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -52,6 +56,8 @@ class TrainConfig:
             raise PlanError(f"recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         if self.zero not in (0, 1, 2, 3):
             raise PlanError(f"zero={self.zero!r}; use 0, 1, 2 or 3")
+        if self.framework not in ("megatron", "torch"):
+            raise PlanError(f"framework={self.framework!r}; use megatron or torch")
         if self.vpp > 1 and self.pp == 1:
             raise PlanError("virtual pipeline stages (vpp > 1) need pp > 1")
 

@@ -60,8 +60,13 @@ def predicted_bytes(cfg, pc: ParallelConfig, devices: int) -> dict:
     cluster = load_cluster("dgx-h100", devices=devices)
     graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype="fp32", skeleton=True)
     ev = Evaluator(graph, cluster, pp=pc.pp)
-    train = pc.train_config().replace(param_bytes=4, grad_bytes=4)
-    rep = ev.evaluate(megatron_layouts(graph, ev.mesh, pc), train)
+    train = pc.train_config().replace(param_bytes=4, grad_bytes=4, framework="torch")
+    layouts = megatron_layouts(graph, ev.mesh, pc)
+    # the runtime gathers the logits for the loss instead of a vocabulary-parallel cross-entropy
+    for op in graph.ops:
+        if op.kind == "cross_entropy":
+            layouts[op.name] = layouts[op.name].without_axes(set(layouts[op.name].axes_of("v")))
+    rep = ev.evaluate(layouts, train)
     return {k: rep.comm_bytes.get(k, 0.0) for k in KINDS}
 
 
