@@ -18,7 +18,8 @@ pytestmark = pytest.mark.dist
     ["tiny-llama", "--devices", "4"],
     ["tiny-mixtral", "--devices", "4"],
     ["tiny-llama", "--devices", "2", "--zero", "3", "--optimizer", "adamw"],
-], ids=["llama-4", "mixtral-4", "llama-fsdp-2"])
+    ["tiny-llama", "--devices", "2", "--tp", "2"],
+], ids=["llama-4", "mixtral-4", "llama-fsdp-2", "llama-tp-sp-2"])
 def test_run_matches_one_process_and_predicted_bytes(args, capsys):
     code = main(["run", *args, "--steps", "2", "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -337,6 +337,11 @@ def _finish(s: "_Search", t0: float) -> Plan:
         raise PlanError(f"no valid plan for {cfg.name} on {n} devices; check the batch and the device count")
     plan.search_time_s = time.perf_counter() - t0
     plan.evaluations, plan.partitions = s.evaluations, s.partitions
+    idle = _idle_axes(plan)
+    if idle:
+        plan.notes.append(
+            f"mesh axes {', '.join(a.name for a in idle)} (x{_size(idle)}) cut no matmul: those devices repeat "
+            f"work; a global batch or sequence divisible by {_size(idle)} more would let the plan use them")
     if s.best is None:
         rep = plan.report
         plan.notes.append(
@@ -344,6 +349,22 @@ def _finish(s: "_Search", t0: float) -> Plan:
             f"against {0.9 * rep.capacity / 2**30:.1f} GiB usable; use more devices, a smaller micro-batch or "
             "sequence, or a device with more memory")
     return plan
+
+
+def _idle_axes(plan: Plan) -> list:
+    """Stage-mesh axes that no linear or attention op cuts (replicated compute)."""
+    used = set()
+    for op in plan.graph.ops:
+        if op.kind in ("linear", "attention", "bmm"):
+            used |= plan.layouts[op.name].used_axes()
+    return [a for i, a in enumerate(plan.mesh) if i not in used]
+
+
+def _size(axes) -> int:
+    n = 1
+    for a in axes:
+        n *= a.size
+    return n
 
 
 def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int) -> Plan:
