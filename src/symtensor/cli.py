@@ -170,9 +170,10 @@ def _dispatch(args) -> int:
         return report.evaluation(out, args.json)
     if args.command == "plan":
         devices = args.devices if args.devices or args.nodes else DEFAULT_DEVICES
-        out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
-                       global_batch=args.global_batch, seq=args.seq, space=args.space,
-                       baselines_too=not args.no_baselines, overrides=args.set, out=args.out)
+        with _busy("searching the plan and the baselines"):
+            out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
+                           global_batch=args.global_batch, seq=args.seq, space=args.space,
+                           baselines_too=not args.no_baselines, overrides=args.set, out=args.out)
         return report.plan(out, args.json)
     if args.command in ("explain", "compare", "sweep", "report"):
         return _dispatch_analysis(args)
@@ -213,6 +214,17 @@ def _dispatch_analysis(args) -> int:
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,
                          html=args.html, sweep_spec=args.sweep, on_point=on_point)
     return console.html_report(out, args.json)
+
+
+def _busy(what: str):
+    """A spinner on stderr while a search runs (only on a terminal)."""
+    import contextlib
+
+    if not sys.stderr.isatty():
+        return contextlib.nullcontext()
+    from rich.console import Console
+
+    return Console(stderr=True).status(what)
 
 
 def dump_json(obj) -> None:
