@@ -53,7 +53,7 @@ class Efficiency:
 
 # [Fitted] gemm, bmm, hbm, link, link_gather, gemm_knee: by ``symtensor calibrate --fit`` on
 # calibration.csv (Korthikanti et al. 2022, DGX A100: 8 iteration times and 6 MFU values).
-# Worst residual: 4.3% in time, 1.7 MFU points (``symtensor calibrate``). A knee of 1e10 FLOPs is
+# Worst residual: 4.1% in time, 1.7 MFU points (``symtensor calibrate``). A knee of 1e10 FLOPs is
 # ~40 us of a kernel at A100 speed: launch and wave-quantisation loss. attention = gemm is an
 # assumption (the calibration set has no fused-attention run); dp_overlap = 0.9 is the default of
 # the authors' PARADISE estimator (spec 2.4), for frameworks that overlap gradient reduction.
