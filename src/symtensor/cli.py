@@ -118,6 +118,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
     p.add_argument("--tp", type=int, help="tensor-parallel degree (default: what the model predicts fastest)")
     p.add_argument("--zero", type=int, default=0, choices=(0, 3), help="0: all-reduce, 3: FSDP")
+    p.add_argument("--ep", type=int, help="expert-parallel degree (MoE; the runtime needs ep = dp)")
+    p.add_argument("--pp", type=int, default=1, help="pipeline stages (the runtime pipelines data-parallel stages)")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--json", action="store_true")
@@ -188,7 +190,7 @@ def _dispatch(args) -> int:
         from symtensor.runtime.verify import run
 
         out = run(args.model, args.devices, steps=args.steps, optimizer=args.optimizer, global_batch=args.global_batch,
-                  seq=args.seq, tp=args.tp, zero=args.zero, plan_file=args.plan)
+                  seq=args.seq, tp=args.tp, zero=args.zero, ep=args.ep, pp=args.pp, plan_file=args.plan)
         report.run(out, args.json)
         return 0 if out["numerics_ok"] and out["bytes_ok"] else 1
     raise AssertionError(args.command)

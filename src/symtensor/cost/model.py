@@ -187,12 +187,12 @@ class Evaluator:
             hit = self._tl_cache[key] = output_layout(op, layout, slot, partial=partial)
         return hit
 
-    def param_cost(self, t, tl, train: TrainConfig) -> "ParamCost":
+    def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None) -> "ParamCost":
         key = (t.shape, t.trainable, tl, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes,
-               train.optim_bytes)
+               train.optim_bytes, data_axes)
         hit = self._param_cache.get(key)
         if hit is None:
-            hit = self._param_cache[key] = param_cost(self, t, tl, train)
+            hit = self._param_cache[key] = param_cost(self, t, tl, train, data_axes)
         return hit
 
     def coll_time(self, kind, nbytes, axes) -> float:
@@ -356,7 +356,7 @@ class _Segment:
                 if t.tie in self.tied:
                     continue
                 target = self.tied[t.tie] = _Segment(ev, self.layouts, train, (), frozenset())
-            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train)
+            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
             st = target.static
             st["params"] += pc.params
             st["grads"] += pc.grads
@@ -379,13 +379,21 @@ class ParamCost:
     step_bytes: tuple
 
 
-def param_cost(ev: "Evaluator", t, tl, train: TrainConfig) -> ParamCost:
-    """Memory and per-step time of parameter ``t`` placed as ``tl`` (its gradient's partial axes
-    are the replicas that synchronise it; ZeRO shards over every replica axis)."""
+def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
+    """Memory and per-step time of parameter ``t`` placed as ``tl``.
+
+    Its gradient is partial over ``tl.partial``. The axes among them that cut the batch
+    (``data_axes``) form the data-parallel group: all-reduce, or ZeRO's reduce-scatter and
+    all-gather, which also shard the state over it. Other partial axes (a norm weight under
+    sequence parallelism is partial over the tensor-parallel axes) are all-reduced on their own,
+    as Megatron-LM and DTensor both do. ``data_axes`` None: every partial axis is data-parallel.
+    """
     local = t.numel / tl.factor(ev.mesh)
     sync_axes = tuple(sorted(tl.partial))
-    used = {a for ax in tl.axes for a in ax} | tl.partial
-    replicas = tuple(sorted(sync_axes + tuple(a for a in range(len(ev.mesh)) if a not in used)))
+    data = set(sync_axes) if data_axes is None else set(sync_axes) & set(data_axes)
+    other = tuple(a for a in sync_axes if a not in data)
+    replicas = tuple(sorted(data))
+    sync_axes = replicas
     shard = 1
     for a in replicas:
         shard *= ev.mesh[a].size
@@ -398,7 +406,7 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig) -> ParamCost:
     moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
     opt_time = moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
     gbytes, pbytes = local * train.grad_bytes, local * train.param_bytes
-    colls = []
+    colls = [(Collective("all_reduce", gbytes, other), 1)] if other else []
     if z == 0:
         if sync_axes:
             colls.append((Collective("all_reduce", gbytes, sync_axes), 1))

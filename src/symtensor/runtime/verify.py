@@ -58,6 +58,9 @@ def plan_to_spec(pc: ParallelConfig, experts: bool) -> RunSpec:
 def predicted_bytes(cfg, pc: ParallelConfig, devices: int) -> dict:
     """Bytes per collective kind per device per step the model predicts, at fp32."""
     cluster = load_cluster("dgx-h100", devices=devices)
+    if cfg.is_moe:
+        # the runtime gives every expert room for all tokens (no dropping): capacity c = s
+        cfg = cfg.replace(capacity_factor=cfg.experts / cfg.top_k)
     graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype="fp32", skeleton=True)
     ev = Evaluator(graph, cluster, pp=pc.pp)
     train = pc.train_config().replace(param_bytes=4, grad_bytes=4, framework="torch")
@@ -85,12 +88,13 @@ def measured_bytes(result: dict) -> dict:
 
 
 def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global_batch: int = 8, seq: int = 16,
-        tp: int | None = None, zero: int = 0, ep: int | None = None, plan_file: str | None = None) -> dict:
+        tp: int | None = None, zero: int = 0, ep: int | None = None, pp: int = 1, plan_file: str | None = None) -> dict:
     """Run a plan file's configuration, or the fastest runnable one (or the given tp); compare."""
     from symtensor.runtime.launch import run_spec
 
     cfg = load_model_config(model)
-    pc = _from_plan(plan_file, cfg, devices) if plan_file else _choose(cfg, devices, global_batch, seq, tp, zero, ep)
+    pc = (_from_plan(plan_file, cfg, devices) if plan_file
+          else _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp))
     spec = plan_to_spec(pc, cfg.is_moe)
     result = run_spec(model, spec, steps=steps, optimizer=optimizer, nproc=devices)
     predicted, measured = predicted_bytes(cfg, pc, devices), measured_bytes(result)
@@ -125,21 +129,25 @@ def _from_plan(path: str, cfg, devices: int) -> ParallelConfig:
                           seq=c["seq"], vpp=c["vpp"])
 
 
-def _choose(cfg, devices, global_batch, seq, tp, zero, ep) -> ParallelConfig:
+def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConfig:
     """The runnable configuration the model predicts fastest (or the one asked for)."""
     from symtensor.search.megatron import evaluate_megatron
 
     cluster = load_cluster("dgx-h100", devices=devices)
     best = None
-    tps = [tp] if tp else [t for t in (1, 2, 4, 8) if devices % t == 0 and cfg.heads % t == 0
+    if devices % pp:
+        raise PlanError(f"pp={pp} does not divide {devices} devices")
+    tps = [tp] if tp else [t for t in (1, 2, 4, 8) if (devices // pp) % t == 0 and cfg.heads % t == 0
                           and cfg.kv_heads % t == 0]
     for t in tps:
-        dp = devices // t
+        dp = devices // (t * pp)
         eps = [ep] if ep else ([dp, 1] if cfg.is_moe else [1])
         for e in eps:
             try:
-                pc = ParallelConfig(tp=t, dp=dp, ep=e, sp=t > 1 and not cfg.is_moe, zero=zero if dp > 1 else 0,
-                                    micro_batch=global_batch // dp, global_batch=global_batch, seq=seq)
+                # a pipeline needs micro-batches: one sequence each; otherwise one micro-batch per step
+                mb = 1 if pp > 1 else global_batch // dp
+                pc = ParallelConfig(tp=t, pp=pp, dp=dp, ep=e, sp=t > 1 and not cfg.is_moe,
+                                    zero=zero if dp > 1 else 0, micro_batch=mb, global_batch=global_batch, seq=seq)
                 rep = evaluate_megatron(cfg, cluster, pc)[0]
             except PlanError:
                 continue

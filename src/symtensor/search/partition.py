@@ -146,7 +146,7 @@ class Problem:
         for slot, tname in enumerate(op.inputs):
             tensor = ev.tensors[tname]
             if tensor.param:
-                pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train)
+                pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
                 per_step += self.exposed * pc.sync_s + pc.opt_time
                 static += pc.params + pc.grads + pc.optimizer
         saved = 0.0
