@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
-from symtensor.graph import op_saves
+from symtensor.cost.opcost import collectives_time, intra_collectives
 from symtensor.layout import REPLICATED, OpLayout
 
 TIME_TERMS = ("compute_s", "intra_s", "grad_sync_s", "optimizer_s", "redistribution_s")
@@ -105,7 +104,7 @@ def op_terms(problem, op, layout: OpLayout, neighbours: dict[str, OpLayout]) -> 
         tensor = ev.tensors[tname]
         if not tensor.param:
             continue
-        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train)
+        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
         sync += w * problem.exposed * pc.sync_s
         opt += w * pc.opt_time
         static += pc.params + pc.grads + pc.optimizer
@@ -122,12 +121,9 @@ def op_terms(problem, op, layout: OpLayout, neighbours: dict[str, OpLayout]) -> 
 
 
 def sync_group(ev, tl, zero: int) -> tuple[int, ...]:
-    """Mesh axes of a parameter's gradient synchronisation (cost.model.param_cost's rule): its
-    partial axes without ZeRO, every replica axis with it."""
-    if zero == 0:
-        return tuple(sorted(tl.partial))
-    used = {a for ax in tl.axes for a in ax}
-    return tuple(a for a in range(len(ev.mesh)) if a not in used or a in tl.partial)
+    """Mesh axes of a parameter's gradient synchronisation (cost.model.param_cost's rule): the
+    axes its gradient is partial over (ZeRO shards over the data-parallel ones among them)."""
+    return tuple(sorted(tl.partial))
 
 
 def edge_terms(problem, e, lu: OpLayout, lv: OpLayout, other: str) -> tuple[float, list[Transfer]]:
@@ -153,16 +149,5 @@ def edge_terms(problem, e, lu: OpLayout, lv: OpLayout, other: str) -> tuple[floa
 
 def saved_bytes(problem, op, layout: OpLayout) -> float:
     """Activation bytes one micro-batch of this op keeps for backward on one device (the search's
-    estimate: recomputed ops keep nothing)."""
-    ev, train = problem.ev, problem.train
-    if problem.redo(op) and (train.recompute == "full" or op.attr("core")):
-        return 0.0
-    saved = 0.0
-    for slot_name in op_saves(op):
-        io, idx = slot_name[:-1], int(slot_name[-1])
-        tname = op.inputs[idx] if io == "in" else op.outputs[idx]
-        if ev.tensors[tname].param:
-            continue
-        view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
-        saved += ev.tensors[tname].nbytes / view.factor(ev.mesh)
-    return saved + extra_saved_bytes(op, layout, ev.mesh)
+    estimate, ``Problem.saved_bytes``)."""
+    return problem.saved_bytes(op, layout)

@@ -149,18 +149,25 @@ class Problem:
                 pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
                 per_step += self.exposed * pc.sync_s + pc.opt_time
                 static += pc.params + pc.grads + pc.optimizer
-        saved = 0.0
-        if self.lam and not (redo and (train.recompute == "full" or op.attr("core"))):
-            for slot_name in op_saves(op):
-                io, idx = slot_name[:-1], int(slot_name[-1])
-                tname = op.inputs[idx] if io == "in" else op.outputs[idx]
-                if ev.tensors[tname].param:
-                    continue
-                view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
-                saved += ev.tensors[tname].nbytes / view.factor(ev.mesh)
-            saved += extra_saved_bytes(op, layout, ev.mesh)
+        saved = self.saved_bytes(op, layout) if self.lam else 0.0
         w = self.weight[op.name]
         return w * (m * per_mb + per_step + self.lam * (static + self.inflight * saved))
+
+    def saved_bytes(self, op, layout: OpLayout) -> float:
+        """Activation bytes one micro-batch of this op keeps for backward on one device (the search's
+        estimate: recomputed ops keep nothing; tensors saved by several ops count for each)."""
+        ev, train = self.ev, self.train
+        if self.redo(op) and (train.recompute == "full" or op.attr("core")):
+            return 0.0
+        saved = 0.0
+        for slot_name in op_saves(op):
+            io, idx = slot_name[:-1], int(slot_name[-1])
+            tname = op.inputs[idx] if io == "in" else op.outputs[idx]
+            if ev.tensors[tname].param:
+                continue
+            view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
+            saved += ev.tensors[tname].nbytes / view.factor(ev.mesh)
+        return saved + extra_saved_bytes(op, layout, ev.mesh)
 
     def edge_cost(self, e: Edge, lu: OpLayout, lv: OpLayout) -> float:
         key = (self.edge_class[id(e)], lu, lv)
