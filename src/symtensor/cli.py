@@ -171,7 +171,7 @@ def _dispatch(args) -> int:
                            overrides=args.set)
         return report.evaluation(out, args.json)
     if args.command == "plan":
-        devices = args.devices if args.devices or args.nodes else DEFAULT_DEVICES
+        devices = DEFAULT_DEVICES if args.devices is None and args.nodes is None else args.devices
         with _busy("searching the plan and the baselines"):
             out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                            global_batch=args.global_batch, seq=args.seq, space=args.space,
@@ -205,7 +205,7 @@ def _dispatch_analysis(args) -> int:
         return console.explain(out, args.json, full=args.candidates or args.op is not None)
     if args.command == "compare":
         return console.compare(api.compare(args.a, args.b), args.json)
-    devices = args.devices if args.devices or args.nodes else DEFAULT_DEVICES
+    devices = DEFAULT_DEVICES if args.devices is None and args.nodes is None else args.devices
     with console.sweep_progress(sys.stderr.isatty()) as on_point:
         if args.command == "sweep":
             out = api.sweep(args.model, args.cluster, devices=devices, nodes=args.nodes, seq=args.seq,

@@ -15,12 +15,21 @@ from __future__ import annotations
 
 from symtensor.cost import Evaluator
 from symtensor.errors import PlanError
-from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config
 from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
 from symtensor.search.megatron import ParallelConfig, megatron_layouts
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+
+
+def local_cluster(devices: int):
+    """The processes of one machine as a one-level cluster; its speeds only rank configurations
+    (bytes do not depend on them). CPU-class numbers, not a measured machine."""
+    from symtensor.hardware import cluster_from_dict
+
+    return cluster_from_dict({"name": "local-gloo", "device": {"name": "cpu-process", "peak_tflops": {"bf16": 1,
+                              "fp32": 1}, "hbm_gbps": 50, "memory_gib": 64},
+                              "levels": [{"name": "loopback", "bandwidth_gbps": 5, "latency_us": 20}]}, devices)
 TOLERANCE = 0.01
 
 
@@ -57,7 +66,7 @@ def plan_to_spec(pc: ParallelConfig, experts: bool) -> RunSpec:
 
 def predicted_bytes(cfg, pc: ParallelConfig, devices: int) -> dict:
     """Bytes per collective kind per device per step the model predicts, at fp32."""
-    cluster = load_cluster("dgx-h100", devices=devices)
+    cluster = local_cluster(devices)
     if cfg.is_moe:
         # the runtime gives every expert room for all tokens (no dropping): capacity c = s
         cfg = cfg.replace(capacity_factor=cfg.experts / cfg.top_k)
@@ -133,7 +142,7 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
     """The runnable configuration the model predicts fastest (or the one asked for)."""
     from symtensor.search.megatron import evaluate_megatron
 
-    cluster = load_cluster("dgx-h100", devices=devices)
+    cluster = local_cluster(devices)
     best = None
     if devices % pp:
         raise PlanError(f"pp={pp} does not divide {devices} devices")
@@ -154,5 +163,7 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
             if best is None or rep.step_time_s < best[0]:
                 best = (rep.step_time_s, pc)
     if best is None:
-        raise PlanError(f"no runnable configuration of {cfg.name} on {devices} devices")
+        raise PlanError(f"no runnable configuration of {cfg.name} on {devices} processes with global batch "
+                        f"{global_batch}: the batch must split over the data-parallel ranks; try --global-batch "
+                        f"{devices * max(1, global_batch // devices)}")
     return best[1]
