@@ -124,10 +124,22 @@ def baselines(cfg, cluster, global_batch: int, seq: int, plan_step: float) -> di
     return out
 
 
+def captured_graphs(model, seq: int, overrides=None):
+    """A graph factory over micro-step batch sizes from one torch.export capture of the Hugging Face
+    model (built from its config on fake tensors; needs the torch extra)."""
+    from symtensor.frontends import capture_hf
+    from symtensor.graph import rescale_dim
+
+    cfg = load_model_config(model, overrides)
+    base = capture_hf(cfg, micro_batch=1, seq=seq)
+    return lambda batch: rescale_dim(base, "b", batch)
+
+
 def plan(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
          global_batch=None, seq=None, space: str = "symtensor", baselines_too: bool = True, overrides=None,
-         out: str | None = None) -> dict:
-    """Search the best plan; the JSON of ``symtensor plan``."""
+         out: str | None = None, capture: bool = False) -> dict:
+    """Search the best plan; the JSON of ``symtensor plan``. With ``capture`` the graph is the
+    model's own PyTorch forward, captured by torch.export, instead of the builders'."""
     from symtensor.plan import config_summary, layer_types, save_plan
     from symtensor.plan.summary import axis_names
     from symtensor.search.planner import search
@@ -137,9 +149,10 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
     seq = seq or default_seq(cfg)
     global_batch = global_batch or default_global_batch(seq)
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space)
+    factory = captured_graphs(model, seq, overrides) if capture else None
+    p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory)
     result = p.report.as_dict()
-    result.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, space=space,
+    result.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, space=space, captured=capture,
                   search_time_s=p.search_time_s, evaluations=p.evaluations, partitions=p.partitions,
                   config=config_summary(p), notes=p.notes,
                   mesh=[{"name": a.name, "size": a.size, "level": cl.levels[a.level].name} for a in p.mesh],

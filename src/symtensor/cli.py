@@ -80,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline searches")
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
+    p.add_argument("--capture", action="store_true",
+                   help="plan the model's own PyTorch forward (Hugging Face, captured with torch.export on fake "
+                        "tensors) instead of the built-in graph")
     p = sub.add_parser("explain", help="why a plan: per layer type and mesh axis, the candidates and their costs")
     p.add_argument("plan", help="a plan file (symtensor plan ... --out plan.json)")
     p.add_argument("--op", help="an op (layers.1.q_proj) or op position (q_proj): every candidate's terms")
@@ -175,7 +178,8 @@ def _dispatch(args) -> int:
         with _busy("searching the plan and the baselines"):
             out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                            global_batch=args.global_batch, seq=args.seq, space=args.space,
-                           baselines_too=not args.no_baselines, overrides=args.set, out=args.out)
+                           baselines_too=not args.no_baselines, overrides=args.set, out=args.out,
+                           capture=args.capture)
         return report.plan(out, args.json)
     if args.command in ("explain", "compare", "sweep", "report"):
         return _dispatch_analysis(args)

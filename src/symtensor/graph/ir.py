@@ -216,3 +216,28 @@ class Graph:
                 defined.add(tname)
         return self
 
+
+
+def rescale_dim(graph: Graph, dim: str, size: int) -> Graph:
+    """The same graph with iteration dim ``dim`` resized (every op that has it, every tensor axis
+    that runs over it): a graph captured for one micro-batch serves every micro-batch size."""
+    axis_dim: dict[str, list] = {}
+    for op in graph.ops:
+        for tname, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims):
+            axis_dim.setdefault(tname, [None] * len(dims))
+            for i, d in enumerate(dims):
+                if d == dim:
+                    axis_dim[tname][i] = d
+    out = Graph(name=graph.name, meta=dict(graph.meta))
+    for t in graph.tensors.values():
+        marks = axis_dim.get(t.name)
+        shape = tuple(size if marks and marks[i] == dim else n for i, n in enumerate(t.shape))
+        out.add_tensor(Tensor(name=t.name, shape=shape, labels=t.labels, dtype=t.dtype, param=t.param,
+                              trainable=t.trainable, tie=t.tie))
+    for op in graph.ops:
+        dims = tuple((d, size if d == dim else n) for d, n in op.dims)
+        out.add_op(Op(name=op.name, kind=op.kind, dims=dims, inputs=op.inputs, outputs=op.outputs,
+                      in_dims=op.in_dims, out_dims=op.out_dims, layer=op.layer, block=op.block, attrs=op.attrs))
+    if dim == "b":
+        out.meta["micro_batch"] = size
+    return out.validate()

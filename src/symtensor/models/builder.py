@@ -138,6 +138,10 @@ class _Builder:
         k = self.linear("k_proj", xn, bsh, ("b", "s", "g", "d"), sizes, ("h", "g", "d"), "k", bias=qkv_bias)
         v = self.linear("v_proj", xn, bsh, ("b", "s", "g", "d"), sizes, ("h", "g", "d"), "v", bias=qkv_bias)
         bsnd = ("b", "s", "n", "d")
+        if not cfg.learned_pos:
+            # rotary position embedding on Q and K (memory-bound elementwise; backward needs no input)
+            q = self.elementwise("q_rope", "rope", [q], bsnd, sizes, flops=6)
+            k = self.elementwise("k_rope", "rope", [k], ("b", "s", "g", "d"), sizes, flops=6)
         if cfg.attention == "flash":
             o = self.act("core", (self.b, self.s, cfg.heads, cfg.head_dim), bsnd)
             self.op("core", "attention", {k_: sizes[k_] for k_ in ("b", "s", "t", "n", "g", "d")}, [q, k, v],

@@ -46,14 +46,18 @@ class Candidate:
 class EvaluatorPool:
     """Evaluators (skeleton graph + cluster + pp) shared by all configurations of one search."""
 
-    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int):
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None):
+        """``graph_factory(graph_batch)`` supplies the graphs (a captured model); default: the
+        builders' skeleton graphs of ``cfg``."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
+        self.graph_factory = graph_factory
         self._evs: dict = {}
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         key = (graph_batch, pp)
         if key not in self._evs:
-            graph = build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True)
+            graph = (self.graph_factory(graph_batch) if self.graph_factory is not None
+                     else build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True))
             self._evs[key] = Evaluator(graph, self.cluster, pp=pp)
         return self._evs[key]
 

@@ -136,8 +136,11 @@ def _tp_dim(op) -> str | None:
         if leaf == "lora_b":
             return None
         return "n" if base == "o_proj" else "f"
-    if "f" in sizes and op.kind == "elementwise":
-        return "f"
+    if op.kind == "elementwise":
+        # activations follow their neighbours' cut: the MLP width, or heads (rotary embeddings)
+        for d in ("f", "n", "g"):
+            if d in sizes:
+                return d
     return None
 
 

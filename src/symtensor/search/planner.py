@@ -170,15 +170,16 @@ SMALL_CLUSTER = 16  # and so are clusters of at most this many devices
 
 
 def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
-           order: str = "topological", space: str = "symtensor") -> Plan:
+           order: str = "topological", space: str = "symtensor", graph_factory=None) -> Plan:
     """The SymTensor plan: the fastest predicted step that fits in memory.
 
     Args:
         space: ``symtensor`` (per-op layouts) or ``megatron`` (Megatron-expressible plans only,
             exhaustively with branch and bound).
+        graph_factory: graphs per micro-step batch for a captured model (``frontends``).
     """
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq)
+    pool = EvaluatorPool(cfg, cluster, seq, graph_factory)
     s = _Search(pool, global_batch, micro_batch, order)
     if space == "megatron":
         seed, points = megatron_grid(pool, global_batch, micro_batch)
