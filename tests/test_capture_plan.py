@@ -44,3 +44,17 @@ def test_captured_model_plans_like_the_zoo(model, devices, global_batch, seq):
     zc, cc = _cuts(zoo), _cuts(captured)  # the skeleton's first layer against the captured layer 0
     for key in [k for k in zc if k[0] == "0"]:
         assert cc.get(key) == zc[key], key
+
+
+def test_plan_an_unmodified_torch_model(capsys):
+    """``symtensor plan --torch package.module:factory``: a Hugging Face module built by the user."""
+    import json
+
+    from symtensor.cli import main
+
+    code = main(["plan", "--torch", "fixtures.hf_factory:tiny_llama", "--devices", "8", "--global-batch", "16",
+                 "--no-baselines", "--json"])
+    out = json.loads(capsys.readouterr().out)
+    assert code == 0 and out["captured"] and out["fits"]
+    assert out["config"]["seq"] == 32 and out["config"]["global_batch"] == 16
+    assert any(row["kind"] == "attention" for row in out["layer_types"])

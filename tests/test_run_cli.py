@@ -22,8 +22,10 @@ pytestmark = pytest.mark.dist
     ["tiny-llama", "--devices", "4", "--tp", "2", "--zero", "3"],
     ["tiny-mixtral", "--devices", "4", "--ep", "4"],
     ["tiny-llama", "--devices", "4", "--pp", "2"],
+    ["tiny-llama", "--devices", "2", "--pp", "2"],
+    ["tiny-llama", "--devices", "4", "--tp", "2", "--attention-only-tp"],
 ], ids=["llama-4", "mixtral-4", "llama-fsdp-2", "llama-tp-sp-2", "llama-fsdp-x-tp-4", "mixtral-ep-4",
-        "llama-pp2-x-dp2-4"])
+        "llama-pp2-x-dp2-4", "llama-pp2-2", "llama-heterogeneous-4"])
 def test_run_matches_one_process_and_predicted_bytes(args, capsys):
     code = main(["run", *args, "--steps", "2", "--json"])
     out = json.loads(capsys.readouterr().out)

@@ -135,24 +135,48 @@ def captured_graphs(model, seq: int, overrides=None):
     return lambda batch: rescale_dim(base, "b", batch)
 
 
+def torch_model(spec: str):
+    """``package.module:factory`` returning (a Hugging Face style nn.Module, example inputs): its
+    ModelConfig (from ``module.config``), sequence length and a graph factory over batch sizes."""
+    from symtensor.frontends import capture_hf
+    from symtensor.frontends.hf import _call_factory
+    from symtensor.graph import rescale_dim
+    from symtensor.models import from_hf_dict
+
+    module, _ = _call_factory(spec)
+    config = getattr(module, "config", None)
+    if config is None or not hasattr(config, "to_dict"):
+        raise PlanError(f"{spec}: --torch plans modules with a Hugging Face config (module.config); for any other "
+                        "nn.Module use symtensor.frontends.capture_module and the library's search")
+    cfg = from_hf_dict(config.to_dict(), name=type(module).__name__, path=spec)
+    base = capture_hf(spec)
+    if "b" not in {d for op in base.ops for d, _ in op.dims}:
+        raise PlanError(f"{spec}: the captured graph has no batch dim (token ids [b, s] as first input)")
+    return cfg, base.meta["seq"], lambda batch: rescale_dim(base, "b", batch)
+
+
 def plan(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
          global_batch=None, seq=None, space: str = "symtensor", baselines_too: bool = True, overrides=None,
-         out: str | None = None, capture: bool = False) -> dict:
+         out: str | None = None, capture: bool = False, torch: str | None = None) -> dict:
     """Search the best plan; the JSON of ``symtensor plan``. With ``capture`` the graph is the
     model's own PyTorch forward, captured by torch.export, instead of the builders'."""
     from symtensor.plan import config_summary, layer_types, save_plan
     from symtensor.plan.summary import axis_names
     from symtensor.search.planner import search
 
-    cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
-    seq = seq or default_seq(cfg)
+    if torch:
+        cfg, seq, factory = torch_model(torch)
+    else:
+        cfg = load_model_config(model, overrides)
+        seq = seq or default_seq(cfg)
+        factory = captured_graphs(model, seq, overrides) if capture else None
     global_batch = global_batch or default_global_batch(seq)
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    factory = captured_graphs(model, seq, overrides) if capture else None
     p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory)
     result = p.report.as_dict()
-    result.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, space=space, captured=capture,
+    result.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, space=space,
+                  captured=bool(capture or torch),
                   search_time_s=p.search_time_s, evaluations=p.evaluations, partitions=p.partitions,
                   config=config_summary(p), notes=p.notes,
                   mesh=[{"name": a.name, "size": a.size, "level": cl.levels[a.level].name} for a in p.mesh],

@@ -83,6 +83,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--capture", action="store_true",
                    help="plan the model's own PyTorch forward (Hugging Face, captured with torch.export on fake "
                         "tensors) instead of the built-in graph")
+    p.add_argument("--torch", metavar="MODULE:FACTORY",
+                   help="plan an unmodified PyTorch model: FACTORY() returns (a Hugging Face style module, example "
+                        "inputs); it is captured with torch.export on fake tensors")
     p = sub.add_parser("explain", help="why a plan: per layer type and mesh axis, the candidates and their costs")
     p.add_argument("plan", help="a plan file (symtensor plan ... --out plan.json)")
     p.add_argument("--op", help="an op (layers.1.q_proj) or op position (q_proj): every candidate's terms")
@@ -123,6 +126,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", type=int, default=0, choices=(0, 3), help="0: all-reduce, 3: FSDP")
     p.add_argument("--ep", type=int, help="expert-parallel degree (MoE; the runtime needs ep = dp)")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (the runtime pipelines data-parallel stages)")
+    p.add_argument("--attention-only-tp", action="store_true",
+                   help="a heterogeneous plan: attention tensor-parallel, every other op data-parallel")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=16)
     p.add_argument("--json", action="store_true")
@@ -179,7 +184,7 @@ def _dispatch(args) -> int:
             out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                            global_batch=args.global_batch, seq=args.seq, space=args.space,
                            baselines_too=not args.no_baselines, overrides=args.set, out=args.out,
-                           capture=args.capture)
+                           capture=args.capture, torch=args.torch)
         return report.plan(out, args.json)
     if args.command in ("explain", "compare", "sweep", "report"):
         return _dispatch_analysis(args)
@@ -194,7 +199,8 @@ def _dispatch(args) -> int:
         from symtensor.runtime.verify import run
 
         out = run(args.model, args.devices, steps=args.steps, optimizer=args.optimizer, global_batch=args.global_batch,
-                  seq=args.seq, tp=args.tp, zero=args.zero, ep=args.ep, pp=args.pp, plan_file=args.plan)
+                  seq=args.seq, tp=args.tp, zero=args.zero, ep=args.ep, pp=args.pp, plan_file=args.plan,
+                  attention_only=args.attention_only_tp)
         report.run(out, args.json)
         return 0 if out["numerics_ok"] and out["bytes_ok"] else 1
     raise AssertionError(args.command)

@@ -17,7 +17,7 @@ from symtensor.cost import Evaluator
 from symtensor.errors import PlanError
 from symtensor.models import build_graph, load_model_config
 from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
-from symtensor.search.megatron import ParallelConfig, megatron_layouts
+from symtensor.search.megatron import ParallelConfig, assign_axes, megatron_layouts
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -33,7 +33,11 @@ def local_cluster(devices: int):
 TOLERANCE = 0.01
 
 
-def plan_to_spec(pc: ParallelConfig, experts: bool) -> RunSpec:
+ATTENTION_BLOCKS = ("q_proj", "k_proj", "v_proj", "q_rope", "k_rope", "core", "scores", "softmax", "context",
+                    "o_proj")
+
+
+def plan_to_spec(pc: ParallelConfig, experts: bool, attention_only: bool = False) -> RunSpec:
     """The RunSpec of a Megatron-style configuration; refuses what the runtime cannot run."""
     if pc.cp > 1:
         raise PlanError("the runtime has no context parallelism yet; plan with cp=1")
@@ -56,7 +60,9 @@ def plan_to_spec(pc: ParallelConfig, experts: bool) -> RunSpec:
         raise PlanError(f"the runtime cuts experts over the whole data-parallel axis: needs ep = dp, got ep={pc.ep}, "
                         f"dp={pc.dp}")
     styles = {}
-    if pc.tp > 1:
+    if pc.tp > 1 and attention_only:  # a heterogeneous plan: attention TP, the rest data parallel
+        styles = dict(ATTN_TP)
+    elif pc.tp > 1:
         styles = dict(ATTN_TP) | ({} if experts else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
     return RunSpec(mesh=mesh, tp_axis="tp" if pc.tp > 1 else None, styles=styles, sequence_parallel=pc.sp,
                    dp_axes=dp_axes, fsdp_axes=fsdp_axes, ep_axis="dp" if pc.ep > 1 else None,
@@ -64,7 +70,7 @@ def plan_to_spec(pc: ParallelConfig, experts: bool) -> RunSpec:
                    global_batch=pc.global_batch, seq=pc.seq)
 
 
-def predicted_bytes(cfg, pc: ParallelConfig, devices: int) -> dict:
+def predicted_bytes(cfg, pc: ParallelConfig, devices: int, attention_only: bool = False) -> dict:
     """Bytes per collective kind per device per step the model predicts, at fp32."""
     cluster = local_cluster(devices)
     if cfg.is_moe:
@@ -78,6 +84,11 @@ def predicted_bytes(cfg, pc: ParallelConfig, devices: int) -> dict:
     for op in graph.ops:
         if op.kind == "cross_entropy":
             layouts[op.name] = layouts[op.name].without_axes(set(layouts[op.name].axes_of("v")))
+    if attention_only:  # every op outside attention repeats over the tensor-parallel axes
+        tp_axes = set(assign_axes(ev.mesh, pc)["tp"])
+        for op in graph.ops:
+            if op.block.split(".")[0] not in ATTENTION_BLOCKS:
+                layouts[op.name] = layouts[op.name].without_axes(tp_axes)
     rep = ev.evaluate(layouts, train)
     return {k: rep.comm_bytes.get(k, 0.0) for k in KINDS}
 
@@ -97,16 +108,21 @@ def measured_bytes(result: dict) -> dict:
 
 
 def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global_batch: int = 8, seq: int = 16,
-        tp: int | None = None, zero: int = 0, ep: int | None = None, pp: int = 1, plan_file: str | None = None) -> dict:
+        tp: int | None = None, zero: int = 0, ep: int | None = None, pp: int = 1, plan_file: str | None = None,
+        attention_only: bool = False) -> dict:
     """Run a plan file's configuration, or the fastest runnable one (or the given tp); compare."""
     from symtensor.runtime.launch import run_spec
 
     cfg = load_model_config(model)
     pc = (_from_plan(plan_file, cfg, devices) if plan_file
           else _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp))
-    spec = plan_to_spec(pc, cfg.is_moe)
+    if attention_only:
+        if pc.tp == 1:
+            raise PlanError("--attention-only-tp needs --tp > 1")
+        pc = ParallelConfig(**{**pc.as_dict(), "sp": False})
+    spec = plan_to_spec(pc, cfg.is_moe, attention_only)
     result = run_spec(model, spec, steps=steps, optimizer=optimizer, nproc=devices)
-    predicted, measured = predicted_bytes(cfg, pc, devices), measured_bytes(result)
+    predicted, measured = predicted_bytes(cfg, pc, devices, attention_only), measured_bytes(result)
     rows = []
     for kind in KINDS:
         p, m = predicted[kind], measured[kind]
