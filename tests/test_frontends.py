@@ -7,7 +7,6 @@ The dim-table tests at the top need no torch.
 
 import subprocess
 import sys
-import time
 import warnings
 
 import pytest
@@ -231,12 +230,9 @@ def test_llama2_7b_on_fake_tensors():
 
     cfg = transformers.LlamaConfig(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
                                    intermediate_size=11008, vocab_size=32000, max_position_embeddings=4096)
-    start = time.perf_counter()
-    g = capture_hf(cfg, micro_batch=1, seq=4096)
-    elapsed = time.perf_counter() - start
+    g = capture_hf(cfg, micro_batch=1, seq=4096)  # its time: benchmarks/capture_speed.py
     assert g.params_total() == pytest.approx(6.74e9, rel=0.01)
     assert len(kinds(g, "attention")) == 32 and len(kinds(g, "linear")) == 32 * 7 + 1
-    assert elapsed < 90, f"capture took {elapsed:.1f} s"
 
 
 class _Contractions(torch.nn.Module):
