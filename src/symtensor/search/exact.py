@@ -22,7 +22,7 @@ from symtensor.errors import PlanError
 from symtensor.layout import OpLayout
 from symtensor.search.partition import Problem, legal
 
-MAX_PAIRS = 400_000  # refuse problems too large for an oracle
+MAX_PAIRS = 1_000_000  # refuse problems too large for an oracle (the LP stays a few seconds)
 
 
 def all_layouts(op, mesh) -> list[OpLayout]:
