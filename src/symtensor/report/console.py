@@ -133,42 +133,34 @@ def calibration(results, summary: dict, eff, as_json: bool) -> int:
     return 0
 
 
-def plan(out: dict, as_json: bool) -> int:
+def _show(out: dict, as_json: bool, view: str, *args) -> int:
+    """One JSON object, or the named printer of ``plan_view`` / ``analysis_view`` (imported late:
+    they are only needed for their command)."""
     if as_json:
         return _json(out)
-    from symtensor.report.plan_view import print_plan
+    from symtensor.report import analysis_view, plan_view
 
-    print_plan(_console(), out)
+    printer = getattr(plan_view, view, None) or getattr(analysis_view, view)
+    printer(_console(), out, *args)
     return 0
+
+
+def plan(out: dict, as_json: bool) -> int:
+    return _show(out, as_json, "print_plan")
 
 
 def explain(out: dict, as_json: bool, full: bool = False) -> int:
     """``symtensor explain``: per layer type the terms and the winning cut per mesh axis; ``full``
     lists every candidate (with the formulas when ``out`` has them)."""
-    if as_json:
-        return _json(out)
-    from symtensor.report.analysis_view import print_explain
-
-    print_explain(_console(), out, full)
-    return 0
+    return _show(out, as_json, "print_explain", full)
 
 
 def compare(out: dict, as_json: bool) -> int:
-    if as_json:
-        return _json(out)
-    from symtensor.report.analysis_view import print_compare
-
-    print_compare(_console(), out)
-    return 0
+    return _show(out, as_json, "print_compare")
 
 
 def sweep(out: dict, as_json: bool) -> int:
-    if as_json:
-        return _json(out)
-    from symtensor.report.analysis_view import print_sweep
-
-    print_sweep(_console(), out)
-    return 0
+    return _show(out, as_json, "print_sweep")
 
 
 def html_report(out: dict, as_json: bool) -> int:
