@@ -44,6 +44,12 @@ def _cluster_args(p: argparse.ArgumentParser, required=True) -> None:
     g.add_argument("--devices", type=int)
 
 
+def _search_args(p: argparse.ArgumentParser) -> None:
+    """The options of a plan search, shared by plan, sweep and report."""
+    p.add_argument("--micro-batch", type=_micro, default="auto")
+    p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
+
+
 def _micro(value: str):
     if value == "auto":
         return value
@@ -76,8 +82,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("plan", help="search the best plan (default: LLaMA-3-8B on 64 H100)")
     _model_args(p, model_required=False)
     _cluster_args(p, required=False)
-    p.add_argument("--micro-batch", type=_micro, default="auto")
-    p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
+    _search_args(p)
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline searches")
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
     p.add_argument("--capture", action="store_true",
@@ -102,14 +107,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--cluster", default=DEFAULT_CLUSTER, help="preset (symtensor clusters) or a cluster file")
     for flag in ("--seq", "--devices", "--nodes", "--global-batch"):
         p.add_argument(flag, help="N, or a range: A..B (doubling), A..B:F (times F), A,B,C")
-    p.add_argument("--micro-batch", type=_micro, default="auto")
-    p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
+    _search_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (points, breakpoints)")
     p = sub.add_parser("report", help="one self-contained HTML page with the plan's plots and tables")
     _model_args(p, model_required=False)
     _cluster_args(p, required=False)
-    p.add_argument("--micro-batch", type=_micro, default="auto")
-    p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
+    _search_args(p)
     p.add_argument("--html", default="report.html", help="the page to write (default report.html)")
     p.add_argument("--sweep", help="PARAM=RANGE for the sweep curves (default seq from half to twice the plan's); "
                                    "none to skip")

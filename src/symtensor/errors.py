@@ -18,3 +18,17 @@ def did_you_mean(name: str, valid) -> str:
     close = difflib.get_close_matches(name, valid, n=3, cutoff=0.5)
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return f"{hint} Valid: {', '.join(valid)}."
+
+
+def read_json(path, what: str, missing_hint: str = ""):
+    """The JSON in ``path``; a missing file or invalid JSON is a PlanError naming ``what``."""
+    import json
+    from pathlib import Path
+
+    path = Path(path)
+    if not path.exists():
+        raise PlanError(f"{what} {path} does not exist{missing_hint}")
+    try:
+        return json.loads(path.read_text())
+    except json.JSONDecodeError as exc:
+        raise PlanError(f"{what} {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None

@@ -7,11 +7,10 @@ Hugging Face config.json files and the model papers); each preset repeats its so
 from __future__ import annotations
 
 import dataclasses
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from symtensor.errors import PlanError, did_you_mean
+from symtensor.errors import PlanError, did_you_mean, read_json
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -262,12 +261,7 @@ def load_model_config(spec: str | Path, overrides=None) -> ModelConfig:
         return apply_overrides(PRESETS[key], overrides)
     path = Path(key)
     if path.suffix == ".json" or path.exists():
-        if not path.exists():
-            raise PlanError(f"model config file {path} does not exist")
-        try:
-            data = json.loads(path.read_text())
-        except json.JSONDecodeError as exc:
-            raise PlanError(f"{path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        data = read_json(path, "model config file")
         return apply_overrides(from_hf_dict(data, name=path.stem if path.stem != "config" else path.parent.name,
                                             path=str(path)), overrides)
     raise PlanError(f"unknown model {key!r}: give a preset name or a config.json path." + did_you_mean(key, PRESETS))

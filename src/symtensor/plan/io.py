@@ -18,7 +18,7 @@ import json
 from pathlib import Path
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.errors import PlanError
+from symtensor.errors import PlanError, read_json
 from symtensor.hardware import Cluster, Device, Level
 from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig, build_graph
@@ -64,12 +64,7 @@ def load_plan(path: str | Path):
     from symtensor.search.planner import Plan
 
     p = Path(path)
-    if not p.exists():
-        raise PlanError(f"plan file {p} does not exist; write one with symtensor plan ... --out {p}")
-    try:
-        data = json.loads(p.read_text())
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"plan file {p}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    data = read_json(p, "plan file", f"; write one with symtensor plan ... --out {p}")
     _need(data, KEYS - {"config", "predicted"}, "the top level")
     unknown = set(data) - KEYS
     if unknown:
