@@ -117,6 +117,7 @@ class Evaluator:
         self.grad_operands = grad_operands(graph, self.requires_grad)
         self.model_flops_per_microstep = model_flops(graph)
         self._segment_cache: dict = {}
+        self._params_cache: dict = {}
         self._param_cache: dict = {}
         self._tl_cache: dict = {}
         self.segments = self._index_segments()
@@ -139,10 +140,10 @@ class Evaluator:
                    tuple(ops[0].layer - p.layer for _, p in external))
             sig_id = ids.setdefault(sig, len(ids))
             first = ops[0].layer
+            # a repeated skeleton layer's input comes from its own previous copy
+            again = tuple((t, _same_block(ops, p)) for t, p in external)
             for k in range(repeat.get(first, 1)):
-                # a repeated skeleton layer's input comes from its own previous copy
-                ext = external if k == 0 else tuple((t, _same_block(ops, p)) for t, p in external)
-                out.append((sig_id, ops, ext, first + k, k > 0))
+                out.append((sig_id, ops, external if k == 0 else again, first + k, k > 0))
         return out
 
     # -- memoised pieces ----------------------------------------------------------------------
@@ -235,12 +236,9 @@ class _Segment:
         self.ext_producer = dict(external)
         self.charged: set = set()  # (tensor, layout) redistributions already paid
         self.cross_stage = cross_stage  # input tensors that arrive from another pipeline stage
-        self.compute = self.recompute = self.sync = self.opt_time = 0.0
+        self.compute = self.recompute = 0.0
         self.comm: dict[str, float] = {}
         self.bytes: dict[str, float] = {}  # per micro-batch
-        self.step_bytes: dict[str, float] = {}  # per step (gradient synchronisation)
-        self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
-        self.tied: dict[str, "_Segment"] = {}
         self.saved: dict[str, float] = {}
         self.layer_input = 0.0
         self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
@@ -267,7 +265,7 @@ class _Segment:
                 self.recompute += t.fwd_s
             self._edges(op, layout, redo)
             self._saved(op, layout)
-            self._params(op, layout)
+        self.saved_total = sum(self.saved.values())
         return self
 
     def _edges(self, op, layout, redo):
@@ -345,8 +343,22 @@ class _Segment:
                 v = ev.out_layout(prod, self.layout(prod), _out_slot(prod, x), partial=False)
                 self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)
 
-    def _params(self, op, layout):
-        ev, train = self.ev, self.train
+class _Params:
+    """Parameters, gradients and optimizer state of one segment, their optimizer step and gradient
+    synchronisation: what depends on the ZeRO stage and the micro-batch count, not on
+    recomputation or pipeline boundaries (so those variants reuse it). Tied parameters (shared
+    embedding and LM head) are kept apart and counted once per stage."""
+
+    def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops=()):
+        self.sync = self.opt_time = 0.0
+        self.step_bytes: dict[str, float] = {}  # per step
+        self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
+        self.tied: dict[str, "_Params"] = {}
+        for op in ops:
+            self._add(ev, train, op, layouts.get(op.name, REPLICATED))
+        self.total = sum(self.static.values())
+
+    def _add(self, ev, train, op, layout):
         for slot, tname in enumerate(op.inputs):
             t = ev.tensors[tname]
             if not t.param:
@@ -355,7 +367,7 @@ class _Segment:
             if t.tie:
                 if t.tie in self.tied:
                     continue
-                target = self.tied[t.tie] = _Segment(ev, self.layouts, train, (), frozenset())
+                target = self.tied[t.tie] = _Params(ev, {}, train)
             pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
             st = target.static
             st["params"] += pc.params
@@ -441,28 +453,30 @@ class _Stage:
         self.layer_state = 0.0  # params + grads + optimizer of the transformer layers only
         self.ties: set[str] = set()
 
-    def add(self, seg: _Segment, static_only: bool = False):
-        for k, v in seg.static.items():
-            self.static[k] += v
-        self.sync += seg.sync
-        self.opt_time += seg.opt_time
-        _merge(self.step_bytes, seg.step_bytes)
-        for tie, tseg in seg.tied.items():
+    def add(self, seg: _Segment, params: _Params, times: int = 1):
+        """``times`` identical layers with this segment and these parameters."""
+        self.add_params(params, times)
+        self.compute += seg.compute * times
+        self.recompute += seg.recompute * times
+        _merge(self.comm, seg.comm, times)
+        _merge(self.bytes, seg.bytes, times)
+        if seg.in_layer:
+            self.layer_state += params.total * times
+            self.layer_saved += [seg.saved_total] * times
+            self.layer_inputs += seg.layer_input * times
+        else:
+            self.other_saved += seg.saved_total * times
+
+    def add_params(self, params: _Params, times: int = 1):
+        for k, v in params.static.items():
+            self.static[k] += v * times
+        self.sync += params.sync * times
+        self.opt_time += params.opt_time * times
+        _merge(self.step_bytes, params.step_bytes, times)
+        for tie, tparams in params.tied.items():
             if tie not in self.ties:
                 self.ties.add(tie)
-                self.add(tseg, static_only=True)
-        if static_only:
-            return
-        self.compute += seg.compute
-        self.recompute += seg.recompute
-        _merge(self.comm, seg.comm)
-        _merge(self.bytes, seg.bytes)
-        if seg.in_layer:
-            self.layer_state += sum(seg.static.values())
-            self.layer_saved.append(sum(seg.saved.values()))
-            self.layer_inputs += seg.layer_input
-        else:
-            self.other_saved += sum(seg.saved.values())
+                self.add_params(tparams)
 
     @property
     def per_microbatch_s(self) -> float:
@@ -479,9 +493,9 @@ def _same_block(ops, producer):
     return next((op for op in ops if op.block == producer.block), producer)
 
 
-def _merge(into: dict, other: dict) -> None:
+def _merge(into: dict, other: dict, times: float = 1) -> None:
     for k, v in other.items():
-        into[k] = into.get(k, 0.0) + v
+        into[k] = into.get(k, 0.0) + v * times
 
 
 def _segments(graph: Graph) -> list[tuple]:
@@ -511,21 +525,39 @@ class _Accumulator:
 
     def run(self) -> CostReport:
         ev, train = self.ev, self.train
-        tkey = (train.recompute, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
-                train.framework)
-        # (dp_overlap and the schedule only enter the step, not the segments)
+        # what the segments depend on: recomputation and framework semantics for the activations;
+        # ZeRO, micro-batches and bytes per value for the parameters (dp_overlap and the schedule
+        # only enter the step)
+        akey = (train.recompute, train.framework)
+        pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
+        pieces: dict = {}  # (id(ops), id(external), cross) -> (segment, params), once per evaluation
+        counts: dict = {}  # (stage, segment, params) -> identical layers
+        stage = self.stage
         for sig_id, ops, external, layer, repeated in ev.segments:
-            s = self.stage[layer]
+            s = stage[layer]
             # the producer of a repeated layer's input is the layer just before it
             cross = frozenset(t for t, prod in external
-                              if self.stage[layer - 1 if repeated else prod.layer] != s)
-            ext = tuple(self.layout(prod) for _, prod in external)
-            key = (sig_id, tuple(self.layout(op) for op in ops), ext, bool(cross), tkey)
-            seg = ev._segment_cache.get(key)
-            if seg is None:
-                seg = _Segment(ev, self.layouts, train, ops, cross, external).run()
-                ev._segment_cache[key] = seg
-            self.stages[s].add(seg)
+                              if stage[layer - 1 if repeated else prod.layer] != s) if train.pp > 1 else frozenset()
+            local = (id(ops), id(external), cross)
+            hit = pieces.get(local)
+            if hit is None:
+                lay = tuple(self.layout(op) for op in ops)
+                ext = tuple(self.layout(prod) for _, prod in external)
+                key = (sig_id, lay, ext, bool(cross), akey)
+                seg = ev._segment_cache.get(key)
+                if seg is None:
+                    seg = ev._segment_cache[key] = _Segment(ev, self.layouts, train, ops, cross, external).run()
+                pk = (sig_id, lay, pkey)
+                params = ev._params_cache.get(pk)
+                if params is None:
+                    params = ev._params_cache[pk] = _Params(ev, self.layouts, train, ops)
+                hit = pieces[local] = (seg, params)
+            seg, params = hit
+            ck = (s, id(seg), id(params))
+            prev = counts.get(ck)
+            counts[ck] = (seg, params, 1 if prev is None else prev[2] + 1)
+        for (s, _, _), (seg, params, times) in counts.items():
+            self.stages[s].add(seg, params, times)
         return self._finish()
 
     def _finish(self) -> CostReport:

@@ -144,26 +144,42 @@ def _tp_dim(op) -> str | None:
     return None
 
 
+_ROLES: dict = {}
+
+
+def _roles(op) -> tuple:
+    """(expert op, its sequence dim, the tensor-parallel dim, whether sequence parallelism cuts it,
+    whether it has a batch dim); memoised per op shape and place, as every grid point asks."""
+    key = (op.kind, op.block, op.in_dims, op.out_dims)
+    hit = _ROLES.get(key)
+    if hit is None:
+        sizes = op.dim_sizes
+        expert = "e" in sizes and op.kind in ("linear", "elementwise") and "h" in sizes | {"h": 0} and op.kind != "softmax"
+        expert = expert and any(len(d) and d[0] == "e" for d in op.in_dims)
+        seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
+        tdim = _tp_dim(op)
+        tdim = tdim if tdim in sizes else None
+        sp = "s" in sizes and op.kind in ("norm", "elementwise") and not expert
+        hit = _ROLES[key] = (expert, seq_dim if seq_dim in sizes else None, tdim, sp, "b" in sizes)
+    return hit
+
+
 def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig) -> dict[str, OpLayout]:
     """Per-op layouts of a Megatron configuration on the stage mesh."""
     ax = assign_axes(mesh, pc)
     layouts = {}
     for op in graph.ops:
-        sizes = op.dim_sizes
+        expert, seq_dim, tdim, sp, batch = _roles(op)
         cuts: dict[str, tuple[int, ...]] = {}
-        expert = "e" in sizes and op.kind in ("linear", "elementwise") and "h" in sizes | {"h": 0} and op.kind != "softmax"
-        expert = expert and any(len(d) and d[0] == "e" for d in op.in_dims)
-        if "b" in sizes:
+        if batch:
             cuts["b"] = ax["edp"] if expert else ax["dp"]
         if expert:
             cuts["e"] = ax["ep"]
-        seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
-        if seq_dim in sizes and ax["cp"]:
+        if seq_dim and ax["cp"]:
             cuts[seq_dim] = ax["cp"]
-        tdim = _tp_dim(op)
-        if ax["tp"] and tdim and tdim in sizes:
+        if ax["tp"] and tdim:
             cuts[tdim] = ax["tp"]
-        elif ax["tp"] and pc.sp and "s" in sizes and op.kind in ("norm", "elementwise") and not expert:
+        elif ax["tp"] and pc.sp and sp:
             cuts["s"] = cuts.get("s", ()) + ax["tp"]
         layouts[op.name] = OpLayout.of(cuts)
     return layouts

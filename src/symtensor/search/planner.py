@@ -220,6 +220,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
         if best is not None:
             yield best
         return
+    bound = float("inf")  # the fastest seed that fits so far: slower points need not be finished
     for tp in sorted({p["tp"] for p in points}):
         for cp in sorted({p["cp"] for p in points if p["tp"] == tp}):
             last = None
@@ -230,28 +231,47 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                     continue
                 eps = [e for e in _divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
                 vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
-                options = [_fastest_fitting(pool, dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1,
-                                                       zero=1 if dp > 1 else 0, micro_batch=mb,
-                                                       global_batch=global_batch, seq=pool.seq, vpp=vpp))
-                           for ep in eps]
-                options = [o for o in options if o is not None]
-                if not options:
+                found, floor = None, float("inf")
+                for ep in eps:
+                    cand, lb = _fastest_fitting(pool, dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1,
+                                                           zero=1 if dp > 1 else 0, micro_batch=mb,
+                                                           global_batch=global_batch, seq=pool.seq, vpp=vpp),
+                                                min(bound, found.report.step_time_s if found else bound))
+                    floor = min(floor, lb)
+                    if cand is not None and (found is None or cand.report.step_time_s < found.report.step_time_s):
+                        found = cand
+                if found is None:
+                    if floor < float("inf"):
+                        last = float("inf")  # unknown (nothing fits, or pruned): do not stop on it
                     continue
-                found = min(options, key=lambda o: o.report.step_time_s)
+                bound = min(bound, found.report.step_time_s)
                 yield found
                 if last is not None and found.report.step_time_s >= last:
                     break  # deeper pipelines stopped helping this (tp, cp)
                 last = found.report.step_time_s
 
 
-def _fastest_fitting(pool: EvaluatorPool, base: dict):
+def _fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")):
+    """The cheapest recomputation with which ``base`` fits, and a lower bound of its step time
+    (recomputation only adds time). None when nothing fits, or when it cannot beat ``bound``: a
+    variant that does not fit and is already no faster, or whose parameters and optimizer state
+    alone exceed the memory, ends the search (branch and bound, exact)."""
+    from symtensor.cost.model import MEMORY_HEADROOM
     from symtensor.search.baselines import _try
 
+    lower = float("inf")
     for rc in RECOMPUTE:
         cand = _try(pool, **base, recompute=rc)
-        if cand is not None and cand.report.fits:
-            return cand
-    return None
+        if cand is None:
+            continue
+        rep = cand.report
+        lower = min(lower, rep.step_time_s)
+        if rep.fits:
+            return cand, lower
+        static = rep.memory["params"] + rep.memory["grads"] + rep.memory["optimizer"]
+        if rep.step_time_s >= bound or static > rep.capacity * MEMORY_HEADROOM:
+            return None, lower
+    return None, lower
 
 
 def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps: int = 12):
@@ -281,7 +301,7 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
                 trial["zero"] = 1 if trial["dp"] > 1 else 0
                 if trial["dp"] % trial["ep"]:
                     continue
-                cand = _fastest_fitting(pool, trial)
+                cand, _ = _fastest_fitting(pool, trial, (best or cur).report.step_time_s)
                 if cand is not None and (best is None or cand.report.step_time_s < best.report.step_time_s):
                     best = cand
         if best is None or best.report.step_time_s >= cur.report.step_time_s:
