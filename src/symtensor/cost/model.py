@@ -118,6 +118,7 @@ class Evaluator:
         self.model_flops_per_microstep = model_flops(graph)
         self._segment_cache: dict = {}
         self._params_cache: dict = {}
+        self._wiring_cache: dict = {}
         self._param_cache: dict = {}
         self._tl_cache: dict = {}
         self.segments = self._index_segments()
@@ -188,6 +189,34 @@ class Evaluator:
             hit = self._tl_cache[key] = output_layout(op, layout, slot, partial=partial)
         return hit
 
+    def wiring(self, ops, ext_producer: dict) -> tuple:
+        """Per op of a segment: its produced inputs (slot, tensor, producer, producer's output
+        slot, needs a gradient) and its saved activations (in/out, slot, tensor, bytes, producer,
+        producer's slot). Fixed by the graph, so built once per segment."""
+        key = (id(ops), tuple(ext_producer.items()))
+        hit = self._wiring_cache.get(key)
+        if hit is not None:
+            return hit
+        out = []
+        for op in ops:
+            inputs = []
+            for slot, tname in enumerate(op.inputs):
+                prod = ext_producer.get(tname) or self.producer.get(tname)
+                if prod is not None:  # graph inputs cost no redistribution
+                    inputs.append((slot, tname, prod, _out_slot(prod, tname), tname in self.requires_grad))
+            saves = []
+            for slot_name in op_saves(op):
+                io, idx = slot_name[:-1], int(slot_name[-1])
+                tname = op.inputs[idx] if io == "in" else op.outputs[idx]
+                t = self.tensors[tname]
+                if t.param:
+                    continue
+                prod = ext_producer.get(tname) or self.producer.get(tname)
+                saves.append((io, idx, tname, t.nbytes, prod, _out_slot(prod, tname) if prod is not None else 0))
+            out.append((op, tuple(inputs), tuple(saves)))
+        hit = self._wiring_cache[key] = tuple(out)
+        return hit
+
     def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None) -> "ParamCost":
         key = (t.shape, t.trainable, tl, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes,
                train.optim_bytes, data_axes)
@@ -256,70 +285,63 @@ class _Segment:
 
     def run(self) -> "_Segment":
         recompute = self.train.recompute
-        for op in self.ops:
+        wiring = self.ev.wiring(self.ops, self.ext_producer)
+        for op, inputs, saves in wiring:
             layout = self.layout(op)
             t = self.ev.op_time(op, layout)
             self.compute += t.fwd_s + t.bwd_s
             redo = self.in_layer and (recompute == "full" or (recompute == "selective" and bool(op.attr("core"))))
             if redo:
                 self.recompute += t.fwd_s
-            self._edges(op, layout, redo)
-            self._saved(op, layout)
+            self._edges(op, layout, redo, inputs)
+            self._saved(op, layout, saves)
         self.saved_total = sum(self.saved.values())
         return self
 
-    def _edges(self, op, layout, redo):
+    def _edges(self, op, layout, redo, inputs):
         ev = self.ev
         category = _CATEGORY_BY_KIND.get(op.kind, "tp_comm")
         intra = intra_collectives(op, layout, ev.mesh)
         if intra:
             self.add_comm("tp_comm", intra, collectives_time(intra, ev.mesh, ev.levels, ev.eff), 2.0 if redo else 1.0)
-        for slot, tname in enumerate(op.inputs):
-            prod = self.producer(tname)
-            if prod is None or tname in self.cross_stage:
-                continue  # graph inputs; pipeline boundaries are point-to-point, charged per step
-            playout = self.layout(prod)
-            pslot = _out_slot(prod, tname)
-            src = ev.out_layout(prod, playout, pslot, partial=True)
+        charged, layouts = self.charged, self.layouts
+        for slot, tname, prod, pslot, grad in inputs:
+            if tname in self.cross_stage:
+                continue  # pipeline boundaries are point-to-point, charged per step
+            playout = layouts.get(prod.name, REPLICATED)
             dst = ev.in_layout(op, layout, slot)
             cat = "ep_comm" if prod.kind == "moe_dispatch" else category
             # consumers that need the same layout share one collective (Q, K and V projections
             # read one gathered input; their partial input gradients add up before one reduction)
-            if (tname, dst) not in self.charged:
-                self.charged.add((tname, dst))
-                seconds, colls = ev.edge(src, dst, tname)
+            if (tname, dst) not in charged:
+                charged.add((tname, dst))
+                seconds, colls = ev.edge(ev.out_layout(prod, playout, pslot, partial=True), dst, tname)
                 if colls:
                     self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
-            if ev.needs_grad(tname):
+            if grad:
                 gsrc = ev.in_layout(op, layout, slot, grad=True)
-                if (tname, gsrc, "grad") in self.charged:
+                if (tname, gsrc, "grad") in charged:
                     continue
-                self.charged.add((tname, gsrc, "grad"))
-                gdst = ev.out_layout(prod, playout, pslot, partial=False)
-                seconds, colls = ev.edge(gsrc, gdst, tname)
+                charged.add((tname, gsrc, "grad"))
+                seconds, colls = ev.edge(gsrc, ev.out_layout(prod, playout, pslot, partial=False), tname)
                 if colls:
                     self.add_comm(cat, colls, seconds)
 
-    def _saved(self, op, layout):
+    def _saved(self, op, layout, saves):
         ev = self.ev
         # selective recomputation re-runs the attention core: of its ops' saved tensors only the
         # region's inputs (Q, K, V) stay, what the core produces itself is recomputed
         selective = self.train.recompute == "selective" and bool(op.attr("core")) and self.in_layer
-        for slot_name in op_saves(op):
-            io, idx = slot_name[:-1], int(slot_name[-1])
-            tname = op.inputs[idx] if io == "in" else op.outputs[idx]
-            t = ev.tensors[tname]
-            if t.param:
-                continue
+        regather = self.train.framework == "megatron"
+        mesh = ev.mesh
+        for io, idx, tname, tbytes, prod, pslot in saves:
             view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
-            nbytes = t.nbytes / view.factor(ev.mesh)
-            prod = self.producer(tname)
+            nbytes = tbytes / view.factor(mesh)
             if selective and (io == "out" or (prod is not None and prod.attr("core"))):
                 continue
             if prod is not None and io == "in" and tname not in self.cross_stage:
-                pview = ev.out_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
-                pbytes = t.nbytes / pview.factor(ev.mesh)
-                regather = self.train.framework == "megatron"
+                pview = ev.out_layout(prod, self.layout(prod), pslot, partial=False)
+                pbytes = tbytes / pview.factor(mesh)
                 if regather and pbytes < nbytes and (tname, view, "saved") not in self.charged:
                     # keep the smaller shard and gather it again in backward (Megatron-SP)
                     self.charged.add((tname, view, "saved"))
@@ -342,6 +364,7 @@ class _Segment:
             if prod is not None and prod.layer != op.layer:
                 v = ev.out_layout(prod, self.layout(prod), _out_slot(prod, x), partial=False)
                 self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)
+
 
 class _Params:
     """Parameters, gradients and optimizer state of one segment, their optimizer step and gradient

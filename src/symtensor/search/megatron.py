@@ -154,7 +154,7 @@ def _roles(op) -> tuple:
     hit = _ROLES.get(key)
     if hit is None:
         sizes = op.dim_sizes
-        expert = "e" in sizes and op.kind in ("linear", "elementwise") and "h" in sizes | {"h": 0} and op.kind != "softmax"
+        expert = "e" in sizes and op.kind in ("linear", "elementwise")
         expert = expert and any(len(d) and d[0] == "e" for d in op.in_dims)
         seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
         tdim = _tp_dim(op)
