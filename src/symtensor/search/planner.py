@@ -310,8 +310,14 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
         yield cur
 
 
+FULL_MESH = 64  # clusters up to this size partition the whole mesh and roll pipelines back
+
+
 def _partitions(s: "_Search") -> None:
-    """Steps 1-4 of the module docstring."""
+    """Steps 1-4 of the module docstring. On clusters larger than ``FULL_MESH`` whose best
+    Megatron seed pipelines, the partition runs on that seed's stage mesh at its micro-batches
+    instead: the outer axes would become pipeline stages anyway, and deciding them first costs
+    more than half of the search there."""
     cluster, global_batch, n = s.cluster, s.global_batch, s.cluster.n_devices
     steps1 = s.micro_steps(1)
     if not steps1:
@@ -319,31 +325,40 @@ def _partitions(s: "_Search") -> None:
                         f"{s.micro_batch}")
     # nominal micro-batches: one sequence per device per micro-step when the batch allows it
     m0 = max([m for m in steps1 if global_batch // m >= n] or [steps1[0]])
+    seed = s.best
+    staged = seed is not None and seed.train.pp > 1 and n > FULL_MESH
     lam, attempt = 0.0, 0
     while attempt < 6:
-        base = s.partition(1, m0, lam)
-        for pp in s.pipeline_depths():
-            k = _rollback_axes(cluster, pp)
-            if k is None:
-                continue
-            s.consider_batches(rollback(base, k), pp)
-            if s.best is not None and pp > 1 and s.best.train.pp < pp // 2:
-                break  # deeper pipelines stopped helping
+        if staged:
+            s.consider_batches(s.partition(seed.train.pp, seed.train.micro_steps, lam), seed.train.pp)
+        else:
+            base = s.partition(1, m0, lam)
+            for pp in s.pipeline_depths():
+                k = _rollback_axes(cluster, pp)
+                if k is None:
+                    continue
+                s.consider_batches(rollback(base, k), pp)
+                if s.best is not None and pp > 1 and s.best.train.pp < pp // 2:
+                    break  # deeper pipelines stopped helping
         attempt += 1
         # memory pressure (nothing fits, or only with recomputation or ZeRO-3): weigh memory in
         # the partition, in seconds per byte, more each round; one round when something fits
-        pressed = s.best is None or s.best.train.recompute != "none" or s.best.train.zero == 3
-        if not pressed or attempt >= (6 if s.best is None else 2):
+        if not _pressed(s.best) or attempt >= (6 if s.best is None else 2):
             break
         ref = (s.best or s.least_memory).report
         lam = (ref.step_time_s / ref.capacity) * (4.0 ** attempt)
 
 
+def _pressed(plan: Plan | None) -> bool:
+    """Nothing fits, or only with recomputation or ZeRO-3: memory is worth trading time for."""
+    return plan is None or plan.train.recompute != "none" or plan.train.zero == 3
+
+
 def _refine(s: "_Search", plan: Plan) -> None:
-    """Per-op local search around ``plan``, without and with a memory weight; kept when the full
-    model says it is faster and fits."""
+    """Per-op local search around ``plan`` (with a memory weight too when memory is tight); kept
+    when the full model says it is faster and fits."""
     rep = plan.report
-    for lam in (0.0, rep.step_time_s / rep.capacity):
+    for lam in (0.0, rep.step_time_s / rep.capacity) if _pressed(s.best) else (0.0,):
         problem = Problem(plan.evaluator, plan.train, lam)
         layouts = refine(problem, refine_blocks(problem, plan.layouts))
         if layouts != plan.layouts:
