@@ -254,6 +254,11 @@ class Evaluator:
             self.check(layouts)
         return _Accumulator(self, layouts, train).run()
 
+    def static_fits(self, layouts: dict[str, OpLayout], train: TrainConfig) -> bool:
+        """False when parameters, gradients and optimizer state alone exceed the usable memory of
+        a device (then no recomputation fits either)."""
+        return _Accumulator(self, layouts, train).static_peak() <= self.cluster.device.memory * MEMORY_HEADROOM
+
 
 class _Segment:
     """The cost of one segment (a layer, or the ops before or after the layers) on its stage, per
@@ -570,11 +575,7 @@ class _Accumulator:
                 seg = ev._segment_cache.get(key)
                 if seg is None:
                     seg = ev._segment_cache[key] = _Segment(ev, self.layouts, train, ops, cross, external).run()
-                pk = (sig_id, lay, pkey)
-                params = ev._params_cache.get(pk)
-                if params is None:
-                    params = ev._params_cache[pk] = _Params(ev, self.layouts, train, ops)
-                hit = pieces[local] = (seg, params)
+                hit = pieces[local] = (seg, self._params(sig_id, ops, lay, pkey))
             seg, params = hit
             ck = (s, id(seg), id(params))
             prev = counts.get(ck)
@@ -582,6 +583,27 @@ class _Accumulator:
         for (s, _, _), (seg, params, times) in counts.items():
             self.stages[s].add(seg, params, times)
         return self._finish()
+
+    def _params(self, sig_id, ops, lay, pkey) -> _Params:
+        ev = self.ev
+        key = (sig_id, lay, pkey)
+        hit = ev._params_cache.get(key)
+        if hit is None:
+            hit = ev._params_cache[key] = _Params(ev, self.layouts, self.train, ops)
+        return hit
+
+    def static_peak(self) -> float:
+        """The largest parameter + gradient + optimizer bytes of a stage: a lower bound of the
+        memory peak under any recomputation, at a fraction of an evaluation's cost."""
+        train = self.train
+        pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
+        seen: dict = {}
+        for sig_id, ops, _, layer, _ in self.ev.segments:
+            params = seen.get(id(ops))
+            if params is None:
+                params = seen[id(ops)] = self._params(sig_id, ops, tuple(self.layout(op) for op in ops), pkey)
+            self.stages[self.stage[layer]].add_params(params)
+        return max(sum(st.static.values()) for st in self.stages)
 
     def _finish(self) -> CostReport:
         ev, train = self.ev, self.train

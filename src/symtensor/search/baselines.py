@@ -52,6 +52,7 @@ class EvaluatorPool:
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
         self.graph_factory = graph_factory
         self._evs: dict = {}
+        self._layouts: dict = {}
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         key = (graph_batch, pp)
@@ -61,11 +62,29 @@ class EvaluatorPool:
             self._evs[key] = Evaluator(graph, self.cluster, pp=pp)
         return self._evs[key]
 
+    def layouts(self, pc: ParallelConfig) -> tuple[Evaluator, dict]:
+        """The evaluator and Megatron layouts of ``pc`` (validated); the last few are kept, as the
+        variants of one point (recomputation, ZeRO, virtual stages) share them."""
+        key = (pc.micro_batch * pc.dp, pc.pp, pc.tp, pc.cp, pc.dp, pc.ep, pc.sp)
+        hit = self._layouts.get(key)
+        if hit is None:
+            pc.validate(self.cfg, self.cluster.n_devices)
+            ev = self.get(pc.micro_batch * pc.dp, pc.pp)
+            if len(self._layouts) > 64:
+                self._layouts.clear()
+            hit = self._layouts[key] = (ev, megatron_layouts(ev.graph, ev.mesh, pc))
+        else:
+            pc.validate(self.cfg, self.cluster.n_devices)
+        return hit
+
     def evaluate(self, pc: ParallelConfig) -> Candidate:
-        pc.validate(self.cfg, self.cluster.n_devices)
-        ev = self.get(pc.micro_batch * pc.dp, pc.pp)
-        layouts = megatron_layouts(ev.graph, ev.mesh, pc)
+        ev, layouts = self.layouts(pc)
         return Candidate(pc, ev.evaluate(layouts, pc.train_config(), check=False), layouts)
+
+    def static_fits(self, pc: ParallelConfig) -> bool:
+        """Whether parameters and optimizer state alone fit (see ``Evaluator.static_fits``)."""
+        ev, layouts = self.layouts(pc)
+        return ev.static_fits(layouts, pc.train_config())
 
 
 def _divisors(n: int) -> list[int]:
@@ -77,6 +96,13 @@ def _try(pool: EvaluatorPool, **kw) -> Candidate | None:
         return pool.evaluate(ParallelConfig(**kw))
     except PlanError:
         return None
+
+
+def _static_fits(pool: EvaluatorPool, base: dict) -> bool:
+    try:
+        return pool.static_fits(ParallelConfig(**base))
+    except PlanError:
+        return False
 
 
 def _best_over_recompute(pool: EvaluatorPool, base: dict) -> Candidate | None:
@@ -125,6 +151,8 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
         vpps = [1] + [v for v in (2, 3, 4) if pp > 1 and cfg.layers % (pp * v) == 0]
         if pp > 1 and cfg.layers % pp:
             vpps = [1]
+        if best is not None and best.report.fits and not _static_fits(pool, base):
+            continue  # parameters and optimizer state alone overflow: no variant fits
         bound = _try(pool, **base, recompute="none", vpp=vpps[-1])
         count += 1
         if bound is None:

@@ -257,9 +257,11 @@ def _fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf"
     variant that does not fit and is already no faster, or whose parameters and optimizer state
     alone exceed the memory, ends the search (branch and bound, exact)."""
     from symtensor.cost.model import MEMORY_HEADROOM
-    from symtensor.search.baselines import _try
+    from symtensor.search.baselines import _static_fits, _try
 
     lower = float("inf")
+    if not _static_fits(pool, base):
+        return None, lower
     for rc in RECOMPUTE:
         cand = _try(pool, **base, recompute=rc)
         if cand is None:
