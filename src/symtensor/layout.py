@@ -18,6 +18,18 @@ from dataclasses import dataclass, field
 from symtensor.errors import PlanError
 from symtensor.graph import Op, op_no_cut
 
+# Every distinct ``cuts`` ever built gets a small integer, its layout's ``uid``: equal layouts have
+# equal uids, whichever object holds them. The search keys its memo tables by uids, which hash
+# and compare as plain ints (an OpLayout hashes through a Python method). Never cleared, or uids
+# would be reused; it holds one entry per distinct layout, a few thousand in a search.
+_UIDS: dict = {}
+# One shared instance per layout built by ``of`` and the derivations below, so dict lookups keyed
+# by layouts mostly match by identity instead of comparing ``cuts``; a plain cache (clearable).
+_CANON: dict = {}
+# Memoised derivations (``with_cut``, ``without_axes``, ``linked_layout``): the search derives the
+# same layouts over and over. (uid, "cut", dim, axis) | (uid, "drop", axes) | (uid, "link", links)
+_DERIVED: dict = {}
+
 
 @dataclass(frozen=True, slots=True)
 class OpLayout:
@@ -25,18 +37,23 @@ class OpLayout:
 
     cuts: tuple[tuple[str, tuple[int, ...]], ...] = ()
     _hash: int = field(default=0, compare=False, repr=False)
+    uid: int = field(default=0, init=False, compare=False, repr=False)  # see _UIDS
 
     def __post_init__(self):
         object.__setattr__(self, "_hash", hash(self.cuts))
+        object.__setattr__(self, "uid", _UIDS.setdefault(self.cuts, len(_UIDS)))
 
     def __hash__(self):  # memo keys hash layouts constantly: compute it once
         return self._hash
+
+    def __reduce__(self):  # rebuild from cuts: the hash and uid belong to this process
+        return OpLayout, (self.cuts,)
 
     @staticmethod
     def of(mapping: dict[str, tuple[int, ...] | list[int]]) -> "OpLayout":
         """Canonical: dims sorted, each dim's axes sorted (the cost of a cut depends on the set of
         axes it spans, not their order)."""
-        return OpLayout(tuple(sorted((d, tuple(sorted(a))) for d, a in mapping.items() if a)))
+        return _canonical(tuple(sorted((d, tuple(sorted(a))) for d, a in mapping.items() if a)))
 
     def as_dict(self) -> dict[str, tuple[int, ...]]:
         return dict(self.cuts)
@@ -51,15 +68,39 @@ class OpLayout:
         return {a for _, axes in self.cuts for a in axes}
 
     def with_cut(self, dim: str, axis: int) -> "OpLayout":
-        m = self.as_dict()
-        m[dim] = tuple(m.get(dim, ())) + (axis,)
-        return OpLayout.of(m)
+        key = (self.uid, "cut", dim, axis)
+        hit = _DERIVED.get(key)
+        if hit is None:
+            m = self.as_dict()
+            m[dim] = tuple(m.get(dim, ())) + (axis,)
+            hit = _remember(key, OpLayout.of(m))
+        return hit
 
     def without_axes(self, axes: set[int]) -> "OpLayout":
-        return OpLayout.of({d: tuple(a for a in ax if a not in axes) for d, ax in self.cuts})
+        key = (self.uid, "drop", frozenset(axes))
+        hit = _DERIVED.get(key)
+        if hit is None:
+            hit = _remember(key, OpLayout.of({d: tuple(a for a in ax if a not in axes) for d, ax in self.cuts}))
+        return hit
 
 
-REPLICATED = OpLayout()
+def _canonical(cuts) -> OpLayout:
+    hit = _CANON.get(cuts)
+    if hit is None:
+        if len(_CANON) > 200_000:
+            _CANON.clear()
+        hit = _CANON[cuts] = OpLayout(cuts)
+    return hit
+
+
+def _remember(key, layout: OpLayout) -> OpLayout:
+    if len(_DERIVED) > 500_000:
+        _DERIVED.clear()
+    _DERIVED[key] = layout
+    return layout
+
+
+REPLICATED = OpLayout.of({})
 
 
 def cut_factor(layout: OpLayout, dim: str, mesh) -> int:
@@ -71,15 +112,20 @@ def cut_factor(layout: OpLayout, dim: str, mesh) -> int:
 
 def linked_layout(op: Op, layout: OpLayout) -> OpLayout:
     """Mirror cuts onto linked dims (attention: cutting heads ``n`` cuts kv heads ``g`` too) and
-    carried dims (MoE dispatch: a cut of tokens ``s`` is a cut of capacity slots ``c``)."""
+    carried dims (MoE dispatch: a cut of tokens ``s`` is a cut of capacity slots ``c``).
+    Memoised on the links and the layout: the cost model asks for it on every lookup miss."""
     linked = op.attr("linked", ()) + op.attr("carry", ())
     if not linked:
         return layout
-    m = layout.as_dict()
-    for src, dst in linked:
-        if src in m:
-            m[dst] = m[src]
-    return OpLayout.of(m)
+    key = (layout.uid, "link", linked)
+    hit = _DERIVED.get(key)
+    if hit is None:
+        m = layout.as_dict()
+        for src, dst in linked:
+            if src in m:
+                m[dst] = m[src]
+        hit = _remember(key, OpLayout.of(m))
+    return hit
 
 
 @dataclass(frozen=True, slots=True)

@@ -63,10 +63,6 @@ class Problem:
         self.inflight = min(m, pp) * (1 + (pp - 1) / (pp * v)) if v > 1 else min(m, pp)
         overlap = ev.eff.dp_overlap if train.dp_overlap is None else train.dp_overlap
         self.exposed = 1 - overlap
-        self._op_cache: dict = {}
-        self._edge_cache: dict = {}
-        self._cand_cache: dict = {}
-        self._legal_cache: dict = {}
         # per op: (edge, the other op's name, whether this op is the producer)
         self.links = {op.name: [(e, (e.dst if e.src is op else e.src).name, e.src is op) for e in self.nbrs[op.name]]
                       for op in self.ops}
@@ -75,13 +71,46 @@ class Problem:
         self.op_class = {op.name: classes.setdefault(
             (op.signature, ev.grad_operands[op.name], self.weight[op.name], self.redo(op)), len(classes))
             for op in self.ops}
-        self._shared = ev.__dict__.setdefault("_search_edges", {}) if hasattr(ev, "__dict__") else {}
-        self._edge_shared_key = {id(e): (id(e.src), e.src_slot, id(e.dst), e.dst_slot, e.weight, train.micro_steps,
-                                         self.redo(e.dst), type(self).__name__) for e in self.edges}
         eclasses: dict = {}
         self.edge_class = {id(e): eclasses.setdefault(
             (self.op_class[e.src.name], e.src_slot, self.op_class[e.dst.name], e.dst_slot, e.weight), len(eclasses))
             for e in self.edges}
+        self._init_memos()
+
+    def _init_memos(self):
+        """Memo tables, keyed by layout uids (plain ints, see ``symtensor.layout``): the search asks
+        each of them tens of thousands of times.
+
+        In this problem equal ops share their tables, and so do equal edges (the level templates
+        read an op's block, so each op has its own). What does not depend on the memory weight is
+        shared by all problems of one evaluator, per op and edge: an edge's costs, an op's cost
+        without the memory term and its saved bytes (per training configuration), and the
+        placements a layout gives an edge's tensor at either end.
+        """
+        ev, train = self.ev, self.train
+        shared = ev.__dict__.setdefault("_search_memo", {}) if hasattr(ev, "__dict__") else {}
+        self._op_memo, self._legal_memo, self._cand_memo, self._move_memo = {}, {}, {}, {}
+        per_class: dict = {}
+        for name, c in self.op_class.items():
+            # uid -> cost, uid -> legal, (uid, axis) -> [layouts], uid -> (layouts one move away)
+            memos = per_class.setdefault(c, ({}, {}, {}, {}))
+            self._op_memo[name], self._legal_memo[name], self._cand_memo[name], self._move_memo[name] = memos
+        self._template_memo = {op.name: {} for op in self.ops}  # (uid, axis, kind) -> layout
+        self._template_dims = {op.name: {} for op in self.ops}  # kind -> dim or None
+        self._op_shared = {op.name: shared.setdefault(("op", id(op), train, type(self).__name__), ({}, {}))
+                           for op in self.ops}
+        self._edge_memo, self._edge_shared, self._views = {}, {}, {}
+        per_eclass: dict = {}
+        for e in self.edges:
+            # costs: lu uid -> {lv uid -> seconds}
+            self._edge_memo[id(e)] = per_eclass.setdefault(self.edge_class[id(e)], {})
+            self._edge_shared[id(e)] = shared.setdefault(
+                ("edge", id(e.src), e.src_slot, id(e.dst), e.dst_slot, e.weight, train.micro_steps,
+                 self.redo(e.dst), type(self).__name__), {})
+            # placements: uid -> (tensor layout, that of its gradient or None)
+            grad = ev.needs_grad(e.tensor)
+            self._views[id(e)] = (shared.setdefault(("out", id(e.src), e.src_slot, grad), {}),
+                                  shared.setdefault(("in", id(e.dst), e.dst_slot, grad), {}))
 
     def _edges(self) -> list[Edge]:
         """Producer -> consumer edges; an input of a repeated skeleton layer also comes, for all but
@@ -110,17 +139,39 @@ class Problem:
         return out
 
     def legal(self, op, layout: OpLayout) -> bool:
-        key = (self.op_class[op.name], layout)
-        hit = self._legal_cache.get(key)
+        memo = self._legal_memo[op.name]
+        hit = memo.get(layout.uid)
         if hit is None:
-            hit = self._legal_cache[key] = legal(op, layout, self.ev.mesh)
+            hit = memo[layout.uid] = legal(op, layout, self.ev.mesh)
         return hit
 
     def candidates(self, op, layout: OpLayout, axis: int) -> list[OpLayout]:
-        key = (self.op_class[op.name], layout, axis)
-        hit = self._cand_cache.get(key)
+        memo, key = self._cand_memo[op.name], (layout.uid, axis)
+        hit = memo.get(key)
         if hit is None:
-            hit = self._cand_cache[key] = list(candidates(op, layout, axis, self.ev.mesh))
+            hit = memo[key] = list(candidates(op, layout, axis, self.ev.mesh))
+        return hit
+
+    def moves(self, op, layout: OpLayout) -> tuple[OpLayout, ...]:
+        """``_moves``, memoised."""
+        memo = self._move_memo[op.name]
+        hit = memo.get(layout.uid)
+        if hit is None:
+            hit = memo[layout.uid] = tuple(_moves(op, layout, self.ev.mesh, self.legal))
+        return hit
+
+    def template_cut(self, op, base: OpLayout, axis: int, kind: str) -> OpLayout:
+        """``base`` plus the cut of ``axis`` that the level template ``kind`` gives this op, when
+        legal (``none``, or no such cut: ``base``); memoised."""
+        memo, key = self._template_memo[op.name], (base.uid, axis, kind)
+        hit = memo.get(key)
+        if hit is None:
+            dims = self._template_dims[op.name]
+            if kind not in dims:
+                dims[kind] = None if kind == "none" else _template_dim(op, kind)
+            d = dims[kind]
+            cand = base.with_cut(d, axis) if d else base
+            hit = memo[key] = cand if d and self.legal(op, cand) else base
         return hit
 
     def redo(self, op) -> bool:
@@ -128,15 +179,27 @@ class Problem:
         return 0 <= op.layer < self.layers and (rc == "full" or (rc == "selective" and bool(op.attr("core"))))
 
     def op_cost(self, op, layout: OpLayout) -> float:
-        key = (self.op_class[op.name], layout)
-        hit = self._op_cache.get(key)
+        memo = self._op_memo[op.name]
+        hit = memo.get(layout.uid)
         if hit is None:
-            hit = self._op_cache[key] = self._op_cost(op, layout)
+            hit = memo[layout.uid] = self._op_cost(op, layout)
         return hit
 
     def _op_cost(self, op, layout: OpLayout) -> float:
+        memo = self._op_shared[op.name][0]
+        terms = memo.get(layout.uid)
+        if terms is None:
+            terms = memo[layout.uid] = self._op_terms(op, layout)
+        per_mb, per_step, static = terms
+        saved = self.saved_bytes(op, layout) if self.lam else 0.0
+        w = self.weight[op.name]
+        return w * (self.train.micro_steps * per_mb + per_step + self.lam * (static + self.inflight * saved))
+
+    def _op_terms(self, op, layout: OpLayout) -> tuple[float, float, float]:
+        """(seconds per micro-batch, seconds per step, static bytes): the op's cost without the
+        memory weight."""
         ev, train = self.ev, self.train
-        m, redo = train.micro_steps, self.redo(op)
+        redo = self.redo(op)
         t = ev.op_time(op, layout)
         per_mb = t.fwd_s + t.bwd_s + (t.fwd_s if redo else 0.0)
         intra = intra_collectives(op, layout, ev.mesh)
@@ -149,13 +212,18 @@ class Problem:
                 pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
                 per_step += self.exposed * pc.sync_s + pc.opt_time
                 static += pc.params + pc.grads + pc.optimizer
-        saved = self.saved_bytes(op, layout) if self.lam else 0.0
-        w = self.weight[op.name]
-        return w * (m * per_mb + per_step + self.lam * (static + self.inflight * saved))
+        return per_mb, per_step, static
 
     def saved_bytes(self, op, layout: OpLayout) -> float:
         """Activation bytes one micro-batch of this op keeps for backward on one device (the search's
         estimate: recomputed ops keep nothing; tensors saved by several ops count for each)."""
+        memo = self._op_shared[op.name][1]
+        hit = memo.get(layout.uid)
+        if hit is None:
+            hit = memo[layout.uid] = self._saved_bytes(op, layout)
+        return hit
+
+    def _saved_bytes(self, op, layout: OpLayout) -> float:
         ev, train = self.ev, self.train
         if self.redo(op) and (train.recompute == "full" or op.attr("core")):
             return 0.0
@@ -170,28 +238,44 @@ class Problem:
         return saved + extra_saved_bytes(op, layout, ev.mesh)
 
     def edge_cost(self, e: Edge, lu: OpLayout, lv: OpLayout) -> float:
-        key = (self.edge_class[id(e)], lu, lv)
-        hit = self._edge_cache.get(key)
+        row = self._edge_memo[id(e)].get(lu.uid)
+        hit = None if row is None else row.get(lv.uid)
         if hit is None:
             # edges do not depend on the memory weight: share them across problems of one evaluator
-            shared = (self._edge_shared_key[id(e)], lu, lv)
-            hit = self._shared.get(shared)
+            shared = self._edge_shared[id(e)].setdefault(lu.uid, {})
+            hit = shared.get(lv.uid)
             if hit is None:
-                hit = self._shared[shared] = self._edge_cost(e, lu, lv)
-            self._edge_cache[key] = hit
+                hit = shared[lv.uid] = self._edge_cost(e, lu, lv)
+            self._edge_memo[id(e)].setdefault(lu.uid, {})[lv.uid] = hit
         return hit
 
     def _edge_cost(self, e: Edge, lu: OpLayout, lv: OpLayout) -> float:
         ev = self.ev
-        src = ev.out_layout(e.src, lu, e.src_slot, partial=True)
-        dst = ev.in_layout(e.dst, lv, e.dst_slot)
+        src, gdst = self._view(e, lu, True)
+        dst, gsrc = self._view(e, lv, False)
         fwd = ev.edge(src, dst, e.tensor)[0]
         bwd = 0.0
-        if ev.needs_grad(e.tensor):
-            gsrc = ev.in_layout(e.dst, lv, e.dst_slot, grad=True)
-            gdst = ev.out_layout(e.src, lu, e.src_slot, partial=False)
+        if gsrc is not None:
             bwd = ev.edge(gsrc, gdst, e.tensor)[0]
         return e.weight * self.train.micro_steps * (fwd * (2 if self.redo(e.dst) else 1) + bwd)
+
+    def _view(self, e: Edge, layout: OpLayout, producer: bool):
+        """How ``e``'s tensor is placed by its producer (``producer``) or its consumer with
+        ``layout``, and how its gradient is (None when it has none); memoised, as each end's
+        layout meets many layouts of the other end."""
+        memo = self._views[id(e)][0 if producer else 1]
+        hit = memo.get(layout.uid)
+        if hit is None:
+            ev = self.ev
+            grad = ev.needs_grad(e.tensor)
+            if producer:
+                hit = (ev.out_layout(e.src, layout, e.src_slot, partial=True),
+                       ev.out_layout(e.src, layout, e.src_slot, partial=False) if grad else None)
+            else:
+                hit = (ev.in_layout(e.dst, layout, e.dst_slot),
+                       ev.in_layout(e.dst, layout, e.dst_slot, grad=True) if grad else None)
+            memo[layout.uid] = hit
+        return hit
 
     def total(self, layouts: dict[str, OpLayout]) -> float:
         """The decomposed objective of a complete assignment."""
@@ -295,26 +379,21 @@ def _template_dim(op, kind: str) -> str | None:
 
 
 def _template(problem: Problem, before: dict, axis: int, kind: str) -> dict:
-    out = {}
-    mesh = problem.ev.mesh
-    for op in problem.ops:
-        base = before[op.name]
-        d = _template_dim(op, kind)
-        cand = base.with_cut(d, axis) if d else base
-        out[op.name] = cand if d and legal(op, cand, mesh) else base
-    return out
+    return {op.name: problem.template_cut(op, before[op.name], axis, kind) for op in problem.ops}
 
 
 def _best(problem: Problem, op, base: OpLayout, axis: int, layouts, decided) -> OpLayout:
     best, best_cost = base, None
-    links = problem.links[op.name]
+    # the neighbours that count, with their layouts (fixed while this op chooses)
+    nbrs = [(e, layouts[other], is_src) for e, other, is_src in problem.links[op.name]
+            if decided is None or other in decided]
     op_cost, edge_cost = problem.op_cost, problem.edge_cost
     for cand in problem.candidates(op, base, axis):
         cost = op_cost(op, cand)
-        for e, other, is_src in links:
-            if decided is not None and other not in decided:
-                continue
-            cost += edge_cost(e, cand, layouts[other]) if is_src else edge_cost(e, layouts[other], cand)
+        for e, theirs, is_src in nbrs:
+            if best_cost is not None and cost >= best_cost - 1e-15:
+                break  # cannot win (see refine)
+            cost += edge_cost(e, cand, theirs) if is_src else edge_cost(e, theirs, cand)
         if best_cost is None or cost < best_cost - 1e-15:
             best, best_cost = cand, cost
     return best
@@ -357,25 +436,31 @@ def _moves(op, layout: OpLayout, mesh, is_legal):
 
 def refine(problem: Problem, layouts: dict[str, OpLayout], sweeps: int = 2) -> dict[str, OpLayout]:
     """Local search on the decomposed objective: each op in turn takes the best layout one axis away
-    from its own, given all its neighbours; stops when a sweep changes nothing."""
+    from its own, given all its neighbours; stops when a sweep changes nothing.
+
+    Costs are times and bytes, never negative, so a partial sum only grows: once it reaches the
+    cost to beat, the remaining edges (and their redistributions, the search's main expense) are
+    skipped. The choices are those of the full sums."""
     layouts = dict(layouts)
-    mesh = problem.ev.mesh
+    op_cost, edge_cost = problem.op_cost, problem.edge_cost
     for _ in range(sweeps):
         changed = False
         for op in problem.ops:
-            links = problem.links[op.name]
+            nbrs = [(e, layouts[other], is_src) for e, other, is_src in problem.links[op.name]]
 
-            def local(cand):
-                cost = problem.op_cost(op, cand)
-                for e, other, is_src in links:
-                    cost += (problem.edge_cost(e, cand, layouts[other]) if is_src
-                             else problem.edge_cost(e, layouts[other], cand))
+            def local(cand, bound=float("inf")):
+                """The op's cost and its edges' with ``cand``; any value >= ``bound`` once it reaches it."""
+                cost = op_cost(op, cand)
+                for e, theirs, is_src in nbrs:
+                    if cost >= bound:
+                        break
+                    cost += edge_cost(e, cand, theirs) if is_src else edge_cost(e, theirs, cand)
                 return cost
 
             cur = layouts[op.name]
             best, best_cost = cur, local(cur)
-            for cand in _moves(op, cur, mesh, problem.legal):
-                c = local(cand)
+            for cand in problem.moves(op, cur):
+                c = local(cand, best_cost * (1 - 1e-9))
                 if c < best_cost * (1 - 1e-9):
                     best, best_cost = cand, c
             if best is not cur:
@@ -404,33 +489,36 @@ def refine_blocks(problem: Problem, layouts: dict[str, OpLayout], rounds: int = 
     axis to one parallelism at once (the level templates), kept when the objective falls. Escapes
     the local optima of single-op moves, where a cut only pays once its neighbours follow."""
     layouts = dict(layouts)
-    mesh = problem.ev.mesh
-    blocks = _blocks(problem)
+    op_cost, edge_cost, template_cut = problem.op_cost, problem.edge_cost, problem.template_cut
+    blocks = []  # (ops, the edges touching them, each once)
+    for ops in _blocks(problem):
+        edges = {id(e): e for op in ops for e, _, _ in problem.links[op.name]}
+        blocks.append((ops, list(edges.values())))
 
-    def local(ops, lay):
-        cost = sum(problem.op_cost(op, lay[op.name]) for op in ops)
-        seen = set()
-        for op in ops:
-            for e, other, is_src in problem.links[op.name]:
-                if id(e) in seen:
-                    continue
-                seen.add(id(e))
-                cost += problem.edge_cost(e, lay[e.src.name], lay[e.dst.name])
+    def local(ops, edges, lay, bound=float("inf")):
+        """The block's cost; any value >= ``bound`` once it reaches it (see refine)."""
+        cost = sum(op_cost(op, lay[op.name]) for op in ops)
+        for e in edges:
+            if cost >= bound:
+                break
+            cost += edge_cost(e, lay[e.src.name], lay[e.dst.name])
         return cost
 
     for _ in range(rounds):
         improved = False
-        for ops in blocks:
-            for axis in range(len(mesh)):
-                current = local(ops, layouts)
+        for ops, edges in blocks:
+            # the block's cost, kept up to date as trials are taken (only they change its layouts)
+            current = local(ops, edges, layouts)
+            for axis in range(len(problem.ev.mesh)):
+                # trials only move this axis: they all start from the block without it
+                bases = [(op, layouts[op.name].without_axes({axis})) for op in ops]
                 for kind in TEMPLATES + ("none",):
+                    moved = {op.name: template_cut(op, base, axis, kind) for op, base in bases}
+                    if current >= 0 and all(lay.uid == layouts[name].uid for name, lay in moved.items()):
+                        continue  # no move: the trial would cost exactly ``current``
                     trial = dict(layouts)
-                    for op in ops:
-                        base = layouts[op.name].without_axes({axis})
-                        d = None if kind == "none" else _template_dim(op, kind)
-                        cand = base.with_cut(d, axis) if d else base
-                        trial[op.name] = cand if d and legal(op, cand, mesh) else base
-                    cost = local(ops, trial)
+                    trial.update(moved)
+                    cost = local(ops, edges, trial, current * (1 - 1e-9))
                     if cost < current * (1 - 1e-9):
                         layouts, current, improved = trial, cost, True
         if not improved:
