@@ -598,11 +598,14 @@ class _Accumulator:
         train = self.train
         pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
         seen: dict = {}
+        counts: dict = {}  # (stage, id(ops)) -> [params, identical layers]
         for sig_id, ops, _, layer, _ in self.ev.segments:
             params = seen.get(id(ops))
             if params is None:
                 params = seen[id(ops)] = self._params(sig_id, ops, tuple(self.layout(op) for op in ops), pkey)
-            self.stages[self.stage[layer]].add_params(params)
+            counts.setdefault((self.stage[layer], id(ops)), [params, 0])[1] += 1
+        for (s, _), (params, times) in counts.items():
+            self.stages[s].add_params(params, times)
         return max(sum(st.static.values()) for st in self.stages)
 
     def _finish(self) -> CostReport:

@@ -208,8 +208,12 @@ def _plan_of(s: "_Search", cand) -> Plan:
 
 
 def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | None):
-    """Megatron-expressible starting points: the whole grid on small clusters; elsewhere, per
-    tensor-parallel degree inside a node, the shallowest pipeline that fits."""
+    """Megatron-expressible starting points: the whole grid (exact branch and bound) on small
+    clusters. Elsewhere a scan that treats the step time as unimodal along each axis of the grid:
+    per tensor-parallel degree, context-parallel degrees ascending, per degree pipeline depths
+    ascending and (MoE) expert-parallel degrees ascending, each chain stopped once a step stops
+    getting faster. Points that do not fit do not stop a chain; points already slower than the
+    best seed are only costed once (recomputation only adds time)."""
     from symtensor.search.baselines import _divisors, grid_points
 
     cfg, n = pool.cfg, pool.cluster.n_devices
@@ -220,60 +224,79 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
         if best is not None:
             yield best
         return
-    bound = float("inf")  # the fastest seed that fits so far: slower points need not be finished
+    mb = micro_batch or 1
+    bound = float("inf")  # the fastest seed that fits so far
     for tp in sorted({p["tp"] for p in points}):
+        cp_chain = _Chain()
         for cp in sorted({p["cp"] for p in points if p["tp"] == tp}):
-            last = None
+            pp_chain = _Chain()
             for pp in [p for p in _divisors(n // (tp * cp)) if p <= cfg.layers]:
                 dp = n // (tp * cp * pp)
-                mb = micro_batch or 1
                 if global_batch % (mb * dp):
                     continue
                 eps = [e for e in _divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
                 vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
-                found, floor = None, float("inf")
+                found, ep_chain = None, _Chain()
                 for ep in eps:
-                    cand, lb = _fastest_fitting(pool, dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1,
-                                                           zero=1 if dp > 1 else 0, micro_batch=mb,
-                                                           global_batch=global_batch, seq=pool.seq, vpp=vpp),
-                                                min(bound, found.report.step_time_s if found else bound))
-                    floor = min(floor, lb)
-                    if cand is not None and (found is None or cand.report.step_time_s < found.report.step_time_s):
-                        found = cand
-                if found is None:
-                    if floor < float("inf"):
-                        last = float("inf")  # unknown (nothing fits, or pruned): do not stop on it
-                    continue
-                bound = min(bound, found.report.step_time_s)
-                yield found
-                if last is not None and found.report.step_time_s >= last:
+                    cand, score = _fastest_fitting(pool, dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1,
+                                                              zero=1 if dp > 1 else 0, micro_batch=mb,
+                                                              global_batch=global_batch, seq=pool.seq, vpp=vpp),
+                                                   bound)
+                    if cand is not None:
+                        bound = min(bound, score)
+                        if found is None or score < found.report.step_time_s:
+                            found = cand
+                    if ep_chain.stops(None if cand is None else (score, cand.config.recompute == "none")):
+                        break
+                if found is not None:
+                    yield found
+                if pp_chain.stops(ep_chain.best):
                     break  # deeper pipelines stopped helping this (tp, cp)
-                last = found.report.step_time_s
+            if cp_chain.stops(pp_chain.best):
+                break  # more context parallelism stopped helping this tp
+
+
+class _Chain:
+    """Step times along one axis of the grid; ``stops`` once a point that fits without
+    recomputation is no faster than the one before it. A point that needs recomputation does
+    not stop the chain (further along, the memory it relieves may make recomputation
+    unnecessary); one without a time (it does not fit, or cannot beat the best seed) breaks
+    the comparison."""
+
+    def __init__(self):
+        self.last = None
+        self.best = None  # (step time, fits without recomputation) of the fastest point
+
+    def stops(self, point: tuple | None) -> bool:
+        if point is None:
+            self.last = None
+            return False
+        if self.best is None or point[0] < self.best[0]:
+            self.best = point
+        stop = point[1] and self.last is not None and point[0] >= self.last
+        self.last = point[0]
+        return stop
 
 
 def _fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")):
-    """The cheapest recomputation with which ``base`` fits, and a lower bound of its step time
-    (recomputation only adds time). None when nothing fits, or when it cannot beat ``bound``: a
-    variant that does not fit and is already no faster, or whose parameters and optimizer state
-    alone exceed the memory, ends the search (branch and bound, exact)."""
-    from symtensor.cost.model import MEMORY_HEADROOM
+    """The cheapest recomputation with which ``base`` fits and its step time; (None, None) when
+    nothing fits (parameters and optimizer state alone overflowing the memory are checked before
+    any evaluation) or when it cannot beat ``bound`` (a variant that does not fit is already no
+    faster, and recomputation only adds time: exact branch and bound)."""
     from symtensor.search.baselines import _static_fits, _try
 
-    lower = float("inf")
     if not _static_fits(pool, base):
-        return None, lower
+        return None, None
     for rc in RECOMPUTE:
         cand = _try(pool, **base, recompute=rc)
         if cand is None:
-            continue
+            return None, None
         rep = cand.report
-        lower = min(lower, rep.step_time_s)
         if rep.fits:
-            return cand, lower
-        static = rep.memory["params"] + rep.memory["grads"] + rep.memory["optimizer"]
-        if rep.step_time_s >= bound or static > rep.capacity * MEMORY_HEADROOM:
-            return None, lower
-    return None, lower
+            return cand, rep.step_time_s
+        if rep.step_time_s >= bound:
+            return None, None
+    return None, None
 
 
 def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps: int = 12):
