@@ -238,10 +238,15 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                 vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
                 found, ep_chain = None, _Chain()
                 for ep in eps:
-                    cand, score = _fastest_fitting(pool, dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1,
-                                                              zero=1 if dp > 1 else 0, micro_batch=mb,
-                                                              global_batch=global_batch, seq=pool.seq, vpp=vpp),
-                                                   bound)
+                    base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0,
+                                micro_batch=mb, global_batch=global_batch, seq=pool.seq)
+                    cand, score = _fastest_fitting(pool, dict(base, vpp=vpp), bound)
+                    if vpp > 1 and (cand is None or cand.config.recompute != "none"):
+                        # interleaving holds more micro-batches in flight: without it, recomputation
+                        # may be unnecessary
+                        plain, pscore = _fastest_fitting(pool, dict(base, vpp=1), min(bound, score or bound))
+                        if plain is not None:
+                            cand, score = plain, pscore
                     if cand is not None:
                         bound = min(bound, score)
                         if found is None or score < found.report.step_time_s:
@@ -335,7 +340,7 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
         yield cur
 
 
-FULL_MESH = 64  # clusters up to this size partition the whole mesh and roll pipelines back
+FULL_MESH = 128  # clusters up to this size partition the whole mesh and roll pipelines back
 
 
 def _partitions(s: "_Search") -> None:
