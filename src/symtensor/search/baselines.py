@@ -52,13 +52,17 @@ class EvaluatorPool:
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
         self.graph_factory = graph_factory
         self._evs: dict = {}
+        self._graphs: dict = {}
         self._layouts: dict = {}
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         key = (graph_batch, pp)
         if key not in self._evs:
-            graph = (self.graph_factory(graph_batch) if self.graph_factory is not None
-                     else build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True))
+            graph = self._graphs.get(graph_batch)
+            if graph is None:  # pipeline depths share the graph of one micro-step batch
+                graph = self._graphs[graph_batch] = (
+                    self.graph_factory(graph_batch) if self.graph_factory is not None
+                    else build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True))
             self._evs[key] = Evaluator(graph, self.cluster, pp=pp)
         return self._evs[key]
 

@@ -371,8 +371,8 @@ def _partitions(s: "_Search") -> None:
                 if s.best is not None and pp > 1 and s.best.train.pp < pp // 2:
                     break  # deeper pipelines stopped helping
         attempt += 1
-        # memory pressure (nothing fits, or only with recomputation or ZeRO-3): weigh memory in
-        # the partition, in seconds per byte, more each round; one round when something fits
+        # memory pressure (nothing fits, or only with recomputation): weigh memory in the
+        # partition, in seconds per byte, more each round; one round when something fits
         if not _pressed(s.best) or attempt >= (6 if s.best is None else 2):
             break
         ref = (s.best or s.least_memory).report
@@ -380,8 +380,10 @@ def _partitions(s: "_Search") -> None:
 
 
 def _pressed(plan: Plan | None) -> bool:
-    """Nothing fits, or only with recomputation or ZeRO-3: memory is worth trading time for."""
-    return plan is None or plan.train.recompute != "none" or plan.train.zero == 3
+    """Nothing fits, or only with recomputation: memory is worth trading time for. (ZeRO-3
+    alone does not count: its gathers often cost less than the larger micro-batches it allows
+    save, and on the plan-quality scenarios a memory-weighted round never improved such plans.)"""
+    return plan is None or plan.train.recompute != "none"
 
 
 def _refine(s: "_Search", plan: Plan) -> None:
