@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import CostReport, Evaluator
+from symtensor.cost.model import MEMORY_HEADROOM
 from symtensor.errors import PlanError
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig, build_graph
@@ -54,6 +55,7 @@ class EvaluatorPool:
         self._evs: dict = {}
         self._graphs: dict = {}
         self._layouts: dict = {}
+        self._param_sums = None
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         key = (graph_batch, pp)
@@ -86,9 +88,50 @@ class EvaluatorPool:
         return Candidate(pc, ev.evaluate(layouts, pc.train_config(), check=False), layouts)
 
     def static_fits(self, pc: ParallelConfig) -> bool:
-        """Whether parameters and optimizer state alone fit (see ``Evaluator.static_fits``)."""
+        """Whether parameters and optimizer state alone fit (see ``Evaluator.static_fits``); an
+        arithmetic lower bound refuses most that do not before any graph is built."""
+        if self.static_lower_bound(pc) > self.cluster.device.memory * MEMORY_HEADROOM:
+            return False
         ev, layouts = self.layouts(pc)
         return ev.static_fits(layouts, pc.train_config())
+
+    def static_lower_bound(self, pc: ParallelConfig) -> float:
+        """Bytes of parameters, gradients and optimizer state on the most loaded device, from
+        below: every weight divided by tp (norms are not, in fact), expert weights by ep too,
+        the total spread evenly over the pp stages (the most loaded stage holds at least that),
+        ZeRO sharding over dp x cp (Megatron's distributed optimizer; the cost model shards
+        over dp only)."""
+        if self._param_sums is None:
+            self._param_sums = _param_sums(self.get(1, 1).graph)
+        train = pc.train_config()
+        total = 0.0
+        for (expert, trainable), numel in self._param_sums.items():
+            shard = pc.dp * pc.cp // (pc.ep if expert else 1) or 1
+            z = train.zero
+            per = train.param_bytes / (shard if z >= 3 else 1)
+            if trainable:
+                per += train.grad_bytes / (shard if z >= 2 else 1) + train.optim_bytes / (shard if z >= 1 else 1)
+            total += numel * per / (pc.tp * (pc.ep if expert else 1))
+        return total / pc.pp
+
+
+def _param_sums(graph) -> dict:
+    """Parameter elements of the whole model by (expert weight, trainable); tied weights once,
+    skeleton layers times the layers they stand for."""
+    from symtensor.graph import layer_repeat
+
+    sums: dict = {}
+    seen = set()
+    for op in graph.ops:
+        for slot, tname in enumerate(op.inputs):
+            t = graph.tensors[tname]
+            if not t.param or (t.tie or t.name) in seen:
+                continue
+            seen.add(t.tie or t.name)
+            expert = any(d and d[0] == "e" for d in op.in_dims[slot])
+            key = (expert, t.trainable)
+            sums[key] = sums.get(key, 0) + t.numel * layer_repeat(graph, op.layer)
+    return sums
 
 
 def _divisors(n: int) -> list[int]:
