@@ -88,10 +88,16 @@ class EvaluatorPool:
         return Candidate(pc, ev.evaluate(layouts, pc.train_config(), check=False), layouts)
 
     def static_fits(self, pc: ParallelConfig) -> bool:
-        """Whether parameters and optimizer state alone fit (see ``Evaluator.static_fits``); an
-        arithmetic lower bound refuses most that do not before any graph is built."""
-        if self.static_lower_bound(pc) > self.cluster.device.memory * MEMORY_HEADROOM:
+        """False only when parameters, gradients and optimizer state alone overflow a device (so
+        no variant of ``pc`` fits): an arithmetic lower bound refuses most such points before
+        any graph is built, the exact sum (``Evaluator.static_fits``) the rest. True means "may
+        fit": the evaluation decides."""
+        usable = self.cluster.device.memory * MEMORY_HEADROOM
+        bound = self.static_lower_bound(pc)
+        if bound > usable:
             return False
+        if bound < usable / 2:
+            return True  # far from the capacity the exact sum rarely refuses: leave it to the evaluation
         ev, layouts = self.layouts(pc)
         return ev.static_fits(layouts, pc.train_config())
 
