@@ -108,6 +108,48 @@ def test_plan_never_worse_than_grid_best_and_better_than_drec(name, changes, clu
     assert plan.report.step_time_s < drec.report.step_time_s
 
 
+# Larger clusters, where the seeds are a scan of the grid (unimodal chains) rather than the
+# exhaustive grid: the cases where a chain stopped too early or interleaving forced recomputation
+# (the grid best is dense 70B's tp2 pp8 cp2 without virtual stages).
+SCAN_PLANS = [
+    ("llama2-70b", "dgx-h100", 64, 1024, 4096),
+    ("llama3-8b", "dgx-h100", 64, 32, 131072),
+    ("mixtral-8x7b", "dgx-h100", 64, 1024, 4096),
+]
+
+
+@pytest.mark.parametrize("name, cluster, devices, gb, seq", SCAN_PLANS, ids=[f"{p[0]}-{p[4]}" for p in SCAN_PLANS])
+def test_large_cluster_scan_never_worse_than_grid_best(name, cluster, devices, gb, seq):
+    cfg = load_model_config(name)
+    cl = load_cluster(cluster, devices=devices)
+    grid, _ = megatron_grid(EvaluatorPool(cfg, cl, seq), gb)
+    plan = search(cfg, cl, gb, seq)
+    assert grid.report.fits and plan.report.fits
+    assert plan.report.step_time_s <= grid.report.step_time_s * (1 + 1e-9)
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["llama2-7b", "llama3-8b", "mixtral-8x7b", "gpt3-1.3b", "qwen2-7b"]),
+       lora=st.booleans(), devices=st.sampled_from([8, 16, 24, 64]), index=st.integers(0, 10**6),
+       zero=st.integers(0, 3))
+def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, index, zero):
+    """The arithmetic bound that refuses grid points before any graph is built must never refuse
+    one whose parameters, gradients and optimizer state would fit."""
+    from symtensor.cost.model import _Accumulator
+    from symtensor.search.baselines import grid_points
+    from symtensor.search.megatron import ParallelConfig
+
+    cfg = load_model_config(name).replace(layers=4, **({"lora_rank": 8} if lora else {}))
+    cl = load_cluster("dgx-h100", devices=devices)
+    pool = EvaluatorPool(cfg, cl, 2048)
+    points = list(grid_points(cfg, devices, 8, 4 * devices, 2048))
+    point = points[index % len(points)]
+    pc = ParallelConfig(**dict(point, zero=zero if point["dp"] > 1 else 0))
+    ev, layouts = pool.layouts(pc)
+    exact = _Accumulator(ev, layouts, pc.train_config()).static_peak()
+    assert 0 < pool.static_lower_bound(pc) <= exact * (1 + 1e-12)
+
+
 def _assert_valid(plan):
     ev = plan.evaluator
     for op in ev.graph.ops:
