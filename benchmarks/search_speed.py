@@ -2,18 +2,22 @@
 
     python benchmarks/search_speed.py            # writes benchmarks/results/search_speed.{csv,md}
 
-Three measurements, each the median of a few runs on this machine (CPU seconds of this process,
-so other load does not inflate them):
+Three measurements on this machine:
   1. the per-op solver (recursive partition + local search) on full graphs of growing depth:
-     the operator count grows linearly, the time should too;
-  2. the whole ``symtensor plan`` search (skeleton graphs, outer search) against device counts;
-  3. the issue's three targets: LLaMA-2-7B on 64, LLaMA-3-405B on 16,384, Mixtral-8x22B on 1,024.
+     the operator count grows linearly, the time should too (CPU seconds of this process);
+  2. the whole ``symtensor plan`` search (skeleton graphs, outer search) against device counts
+     (CPU seconds, median of three);
+  3. the issue's three targets, LLaMA-2-7B on 64, LLaMA-3-405B on 16,384, Mixtral-8x22B on 1,024:
+     the tool's own ``search_time_s`` in fresh ``symtensor plan`` processes, with the time of each
+     phase (Megatron seeds, partition, refinement) and the machine's speed at the time.
 """
 
 from __future__ import annotations
 
 import csv
+import json
 import statistics
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -55,7 +59,7 @@ def plan_vs_devices():
     cfg = load_model_config("llama3-8b")
     for n in (8, 64, 512, 4096, 16384):
         cl = load_cluster("dgx-h100", devices=n)
-        t = cpu(lambda: search(cfg, cl, max(512, n // 8), 8192), repeat=1)
+        t = cpu(lambda: search(cfg, cl, max(512, n // 8), 8192), repeat=3)
         rows.append({"measure": "plan vs devices", "model": "llama3-8b", "devices": n, "ops": "", "cpu_s": t,
                      "us_per_op": ""})
     return rows
@@ -63,19 +67,39 @@ def plan_vs_devices():
 
 TARGETS = [("llama2-7b", 64, 1024, 4096, 0.1), ("llama3-405b", 16384, 2048, 8192, 1.0),
            ("mixtral-8x22b", 1024, 1024, 4096, 1.0)]
+RUNS = 5
+
+
+def machine_speed() -> float:
+    """CPU seconds of a fixed pure-Python workload (dict updates, like the search's memo tables):
+    this shared machine's speed drifts by up to 1.8x within minutes, so every target row says
+    how fast the machine was around it (0.62 s on a quiet machine)."""
+    t = time.process_time()
+    d: dict = {}
+    for i in range(3_000_000):
+        d[i & 1023] = d.get(i & 1023, 0) + i
+    return time.process_time() - t
 
 
 def targets():
+    """The issue's measure: the tool's own ``search_time_s`` of ``symtensor plan --json``, each
+    run a fresh process (cold memo tables, as a user gets them); median and best of RUNS."""
     rows = []
     for name, n, gb, seq, goal in TARGETS:
-        cfg = load_model_config(name)
-        cl = load_cluster("dgx-h100", devices=n)
-        plans = []
-        t = cpu(lambda: plans.append(search(cfg, cl, gb, seq)), repeat=1)
-        p = plans[-1]
-        rows.append({"measure": "target", "model": name, "devices": n, "ops": len(p.graph.ops), "cpu_s": t,
-                     "us_per_op": "", "search_time_s": p.search_time_s, "goal_s": goal,
-                     "met": t <= goal, "step_time_s": p.report.step_time_s, "mfu": p.report.mfu})
+        speed = machine_speed()
+        runs = []
+        for _ in range(RUNS):
+            out = subprocess.run([sys.executable, "-m", "symtensor.cli", "plan", name, "--cluster", "dgx-h100",
+                                  "--devices", str(n), "--global-batch", str(gb), "--seq", str(seq), "--json",
+                                  "--no-baselines"], capture_output=True, text=True, check=True).stdout
+            runs.append(json.loads(out))
+        runs.sort(key=lambda r: r["search_time_s"])
+        med = runs[len(runs) // 2]
+        rows.append({"measure": "target", "model": name, "devices": n, "ops": "", "cpu_s": med["search_time_s"],
+                     "us_per_op": "", "best_s": runs[0]["search_time_s"], "goal_s": goal,
+                     "met": med["search_time_s"] <= goal, "machine_s": speed,
+                     "phases": " ".join(f"{k[:-2]} {v:.3f}" for k, v in med["search_phases_s"].items()),
+                     "step_time_s": med["step_time_s"], "mfu": med["mfu"], "evaluations": med["evaluations"]})
     return rows
 
 
@@ -87,12 +111,20 @@ def main() -> int:
         w = csv.DictWriter(f, fieldnames=keys)
         w.writeheader()
         w.writerows(rows)
-    lines = ["# Search speed (CPU seconds, this 2-core machine)", "",
-             "| measure | model | devices | ops | CPU s | us/op | goal s | met |", "|---|---|---|---|---|---|---|---|"]
+    lines = ["# Search speed (seconds, this 2-core machine)", "",
+             "Solver and device rows: CPU seconds in one process. Target rows: the tool's own `search_time_s`",
+             "(`symtensor plan --json --no-baselines`, a fresh process each run), median and best of "
+             f"{RUNS} runs; `machine s` is a fixed",
+             "pure-Python workload timed just before (0.62 s when the machine is quiet, up to 1.1 s under",
+             "other load): search times scale with it.", "",
+             "| measure | model | devices | ops | s | best s | us/op | goal s | met | machine s | phases (s) |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
-        lines.append(f"| {r['measure']} | {r['model']} | {r['devices']} | {r['ops']} | {r['cpu_s']:.3f} | "
+        best = f"{r['best_s']:.3f}" if "best_s" in r else ""
+        machine = f"{r['machine_s']:.2f}" if "machine_s" in r else ""
+        lines.append(f"| {r['measure']} | {r['model']} | {r['devices']} | {r['ops']} | {r['cpu_s']:.3f} | {best} | "
                      f"{r['us_per_op'] if r['us_per_op'] == '' else round(r['us_per_op'])} | "
-                     f"{r.get('goal_s', '')} | {r.get('met', '')} |")
+                     f"{r.get('goal_s', '')} | {r.get('met', '')} | {machine} | {r.get('phases', '')} |")
     (OUT / "search_speed.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return 0

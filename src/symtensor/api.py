@@ -177,8 +177,8 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
     result = p.report.as_dict()
     result.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, space=space,
                   captured=bool(capture or torch),
-                  search_time_s=p.search_time_s, evaluations=p.evaluations, partitions=p.partitions,
-                  config=config_summary(p), notes=p.notes,
+                  search_time_s=p.search_time_s, search_phases_s=p.search_phases_s,
+                  evaluations=p.evaluations, partitions=p.partitions, config=config_summary(p), notes=p.notes,
                   mesh=[{"name": a.name, "size": a.size, "level": cl.levels[a.level].name} for a in p.mesh],
                   pipeline_axes=[a.name for a in p.evaluator.pp_axes],
                   layouts={name: axis_names(lay, p.mesh) for name, lay in p.layouts.items()},

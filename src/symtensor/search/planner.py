@@ -43,6 +43,7 @@ class Plan:
     report: CostReport
     evaluator: Evaluator
     search_time_s: float = 0.0
+    search_phases_s: dict = field(default_factory=dict)  # seconds per phase of the search
     evaluations: int = 0
     partitions: int = 0
     notes: list[str] = field(default_factory=list)
@@ -63,6 +64,7 @@ class _Search:
         self.best: Plan | None = None
         self.least_memory: Plan | None = None
         self.evaluations = self.partitions = 0
+        self.phases: dict = {}
 
     def evaluator(self, graph_batch: int, pp: int) -> Evaluator:
         return self.pool.get(graph_batch, pp)
@@ -195,9 +197,12 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         start = min(fitting, key=lambda c: c.report.step_time_s)
         for cand in grid_descent(pool, start, micro_batch):
             s.offer(_plan_of(s, cand))
+    t1 = time.perf_counter()
     _partitions(s)
+    t2 = time.perf_counter()
     if s.best is not None or s.least_memory is not None:
         _refine(s, s.best or s.least_memory)
+    s.phases = {"megatron_seeds_s": t1 - t0, "partition_s": t2 - t1, "refine_s": time.perf_counter() - t2}
     return _finish(s, t0)
 
 
@@ -404,6 +409,7 @@ def _finish(s: "_Search", t0: float) -> Plan:
     if plan is None:
         raise PlanError(f"no valid plan for {cfg.name} on {n} devices; check the batch and the device count")
     plan.search_time_s = time.perf_counter() - t0
+    plan.search_phases_s = dict(s.phases)
     plan.evaluations, plan.partitions = s.evaluations, s.partitions
     idle = _idle_axes(plan)
     if idle:
