@@ -62,9 +62,11 @@ class EvaluatorPool:
         if key not in self._evs:
             graph = self._graphs.get(graph_batch)
             if graph is None:  # pipeline depths share the graph of one micro-step batch
+                # the builders' graphs differ only in the batch size: validate the first one
                 graph = self._graphs[graph_batch] = (
                     self.graph_factory(graph_batch) if self.graph_factory is not None
-                    else build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True))
+                    else build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True,
+                                     validate=not self._graphs))
             self._evs[key] = Evaluator(graph, self.cluster, pp=pp)
         return self._evs[key]
 

@@ -115,18 +115,29 @@ class _Search:
             return False  # a cut no longer divides at this micro-batch size
         vpps = [v for v in (2, 3, 4) if pp > 1 and self.cfg.layers % (pp * v) == 0]
         # cheapest first: recomputation and deeper ZeRO stages only cost time, so the first variant
-        # that fits is the fastest of its row (ZeRO-1 has ZeRO-0's time and less memory)
+        # that fits is the fastest of its row (ZeRO-1 has ZeRO-0's time and less memory), and once
+        # a variant is no faster than the best plan, none after it can be (branch and bound);
+        # a ZeRO stage whose parameters and optimizer state alone overflow is not tried
+        bound = self.best.report.step_time_s if self.best is not None else float("inf")
+        zeros = [z for z in (1, 2, 3) if ev.static_fits(layouts, self._train(pp, m, 1, "none", z))]
+        if not zeros and self.best is not None:
+            return False
         for rc in RECOMPUTE:
-            for zero in (1, 2, 3):
+            for zero in zeros or (1, 2, 3):
                 plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
                 if plan.report.fits:
                     for vpp in vpps:
                         self._cost(ev, layouts, pp, m, vpp, rc, zero)
                     return True
+                if plan.report.step_time_s >= bound:
+                    return False
         return False
 
+    def _train(self, pp, m, vpp, rc, zero) -> TrainConfig:
+        return TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero)
+
     def _cost(self, ev, layouts, pp, m, vpp, rc, zero) -> Plan:
-        train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero)
+        train = self._train(pp, m, vpp, rc, zero)
         return self.offer(Plan(self.cfg, self.cluster, train, self.seq, layouts,
                                ev.evaluate(layouts, train, check=False), ev))
 
