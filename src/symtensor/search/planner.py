@@ -26,6 +26,7 @@ from symtensor.hardware import Cluster
 from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig
 from symtensor.search.baselines import EvaluatorPool, megatron_grid
+from symtensor.search.parallel import Background
 from symtensor.search.partition import Problem, refine, refine_blocks, solve
 
 RECOMPUTE = ("none", "selective", "full")
@@ -200,21 +201,65 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         if seed is not None:
             s.offer(_plan_of(s, seed))
         return _finish(s, t0)
-    seeds = list(structured_seeds(pool, global_batch, micro_batch))
-    for seed in seeds:
-        s.offer(_plan_of(s, seed))
-    fitting = [c for c in seeds if c.report.fits]
-    if fitting:
+    # the Megatron seeds and the whole-mesh partition are independent: a forked child computes
+    # one while this process computes the other (parallel.py); on large clusters, where the
+    # partition needs the best seed, the two halves split the seeds' scan instead
+    exhaustive, tps, _ = _seed_plan(pool, global_batch)
+    if exhaustive or cluster.n_devices <= FULL_MESH:
+        job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, None, descend=True))
+        base = s.partition(1, _nominal_steps(s), 0.0)
+        found = [job.result()]
+    else:
+        job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, tps[1::2], descend=False))
+        found = [_seed_phase(pool, global_batch, micro_batch, tps[0::2], descend=False), job.result()]
+        base = None
+    for best, least, count in found:
+        s.evaluations += count
+        for cand in (best, least):
+            if cand is not None:
+                s.offer(_plan_of(s, cand))
+    fitting = [best for best, _, _ in found if best is not None]
+    if base is None and fitting:  # the halves' best seed, improved on the grid
         start = min(fitting, key=lambda c: c.report.step_time_s)
         for cand in grid_descent(pool, start, micro_batch):
             s.offer(_plan_of(s, cand))
     t1 = time.perf_counter()
-    _partitions(s)
+    _partitions(s, base)
     t2 = time.perf_counter()
     if s.best is not None or s.least_memory is not None:
         _refine(s, s.best or s.least_memory)
     s.phases = {"megatron_seeds_s": t1 - t0, "partition_s": t2 - t1, "refine_s": time.perf_counter() - t2}
     return _finish(s, t0)
+
+
+def _seed_phase(pool: EvaluatorPool, global_batch: int, micro_batch, tps, descend: bool):
+    """The fastest seed that fits (hill-climbed on the grid when ``descend``), the seed with the
+    least memory when none fits, and how many configurations were costed."""
+    best = least = None
+    count = 0
+    for cand in structured_seeds(pool, global_batch, micro_batch, tps):
+        count += 1
+        rep = cand.report
+        if rep.fits:
+            if best is None or rep.step_time_s < best.report.step_time_s:
+                best = cand
+        elif least is None or rep.memory_peak < least.report.memory_peak:
+            least = cand
+    if descend and best is not None:
+        for cand in grid_descent(pool, best, micro_batch):
+            best = cand
+            count += 1
+    return best, least, count
+
+
+def _nominal_steps(s: "_Search") -> int:
+    """Micro-batches of the whole-mesh partition: one sequence per device per micro-step when the
+    batch allows it."""
+    steps1 = s.micro_steps(1)
+    if not steps1:
+        raise PlanError(f"global batch {s.global_batch} has no micro-batch split compatible with --micro-batch "
+                        f"{s.micro_batch}")
+    return max([m for m in steps1 if s.global_batch // m >= s.cluster.n_devices] or [steps1[0]])
 
 
 def _plan_of(s: "_Search", cand) -> Plan:
@@ -223,26 +268,38 @@ def _plan_of(s: "_Search", cand) -> Plan:
                 s.pool.get(pc.micro_batch * pc.dp, pc.pp))
 
 
-def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | None):
+def _seed_plan(pool: EvaluatorPool, global_batch: int) -> tuple[bool, list[int], list[dict]]:
+    """Whether the seeds are the exhaustive grid, the tensor-parallel degrees of the scan and the
+    grid's points."""
+    from symtensor.search.baselines import grid_points
+
+    n = pool.cluster.n_devices
+    node = pool.cluster.levels[0].fanout or n
+    points = list(grid_points(pool.cfg, n, node, global_batch, pool.seq))
+    return len(points) <= SMALL_GRID or n <= SMALL_CLUSTER, sorted({p["tp"] for p in points}), points
+
+
+def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | None, tps=None):
     """Megatron-expressible starting points: the whole grid (exact branch and bound) on small
     clusters. Elsewhere a scan that treats the step time as unimodal along each axis of the grid:
     per tensor-parallel degree, context-parallel degrees ascending, per degree pipeline depths
     ascending and (MoE) expert-parallel degrees ascending, each chain stopped once a step stops
     getting faster. Points that do not fit do not stop a chain; points already slower than the
-    best seed are only costed once (recomputation only adds time)."""
-    from symtensor.search.baselines import _divisors, grid_points
+    fastest seed of their tp are only costed once (recomputation only adds time). Each tp is
+    scanned on its own (``tps``: the degrees to scan), so the scan can be split between
+    processes with the same result."""
+    from symtensor.search.baselines import _divisors
 
     cfg, n = pool.cfg, pool.cluster.n_devices
-    node = pool.cluster.levels[0].fanout or n
-    points = list(grid_points(cfg, n, node, global_batch, pool.seq))
-    if len(points) <= SMALL_GRID or n <= SMALL_CLUSTER:
+    exhaustive, all_tps, points = _seed_plan(pool, global_batch)
+    if exhaustive:
         best, _ = megatron_grid(pool, global_batch, micro_batch)
         if best is not None:
             yield best
         return
     mb = micro_batch or 1
-    bound = float("inf")  # the fastest seed that fits so far
-    for tp in sorted({p["tp"] for p in points}):
+    for tp in all_tps if tps is None else tps:
+        bound = float("inf")  # the fastest seed of this tp that fits so far
         cp_chain = _Chain()
         for cp in sorted({p["cp"] for p in points if p["tp"] == tp}):
             pp_chain = _Chain()
@@ -359,18 +416,14 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
 FULL_MESH = 128  # clusters up to this size partition the whole mesh and roll pipelines back
 
 
-def _partitions(s: "_Search") -> None:
-    """Steps 1-4 of the module docstring. On clusters larger than ``FULL_MESH`` whose best
+def _partitions(s: "_Search", base: dict | None = None) -> None:
+    """Steps 1-4 of the module docstring (``base``: the whole-mesh partition at lambda 0, when
+    already computed). On clusters larger than ``FULL_MESH`` whose best
     Megatron seed pipelines, the partition runs on that seed's stage mesh at its micro-batches
     instead: the outer axes would become pipeline stages anyway, and deciding them first costs
     more than half of the search there."""
-    cluster, global_batch, n = s.cluster, s.global_batch, s.cluster.n_devices
-    steps1 = s.micro_steps(1)
-    if not steps1:
-        raise PlanError(f"global batch {global_batch} has no micro-batch split compatible with --micro-batch "
-                        f"{s.micro_batch}")
-    # nominal micro-batches: one sequence per device per micro-step when the batch allows it
-    m0 = max([m for m in steps1 if global_batch // m >= n] or [steps1[0]])
+    cluster, n = s.cluster, s.cluster.n_devices
+    m0 = _nominal_steps(s)
     seed = s.best
     staged = seed is not None and seed.train.pp > 1 and n > FULL_MESH
     lam, attempt = 0.0, 0
@@ -378,7 +431,7 @@ def _partitions(s: "_Search") -> None:
         if staged:
             s.consider_batches(s.partition(seed.train.pp, seed.train.micro_steps, lam), seed.train.pp)
         else:
-            base = s.partition(1, m0, lam)
+            base = base if attempt == 0 and base is not None else s.partition(1, m0, lam)
             for pp in s.pipeline_depths():
                 k = _rollback_axes(cluster, pp)
                 if k is None:

@@ -1,0 +1,65 @@
+"""Two independent halves of the search at once: a forked child computes one while this process
+computes the other (the planner's machines have at least two cores; the search is CPU-bound
+Python, so threads would not help).
+
+Forking is used only where it is safe and cheap: on Linux, without torch loaded (a forked torch
+may hold locks of its worker threads), and unless ``SYMTENSOR_SERIAL=1``. Elsewhere the work runs
+in this process, with the same result: the halves share nothing but their inputs.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import sys
+import traceback
+
+
+def can_fork() -> bool:
+    return (sys.platform.startswith("linux") and hasattr(os, "fork") and "torch" not in sys.modules
+            and os.environ.get("SYMTENSOR_SERIAL", "") not in ("1", "true", "yes"))
+
+
+class Background:
+    """``fn()`` running in a forked child; ``result()`` waits for it and returns its value (or
+    raises what it raised). Serial fallback: ``fn`` runs on the first ``result()``."""
+
+    def __init__(self, fn):
+        self.fn, self.pid, self.fd = fn, None, None
+        if not can_fork():
+            return
+        r, w = os.pipe()
+        pid = os.fork()
+        if pid == 0:  # the child: compute, send, leave without running the parent's cleanup
+            code = 0
+            try:
+                os.close(r)
+                try:
+                    payload = pickle.dumps((True, fn()), protocol=pickle.HIGHEST_PROTOCOL)
+                except BaseException as e:  # noqa: BLE001 - everything goes back to the parent
+                    try:
+                        payload = pickle.dumps((False, e))
+                    except Exception:  # an exception that does not pickle: send its text
+                        payload = pickle.dumps((False, RuntimeError(traceback.format_exc())))
+                with os.fdopen(w, "wb") as f:
+                    f.write(payload)
+            except BaseException:  # noqa: BLE001
+                code = 1
+            finally:
+                os._exit(code)
+        os.close(w)
+        self.pid, self.fd = pid, r
+
+    def result(self):
+        if self.pid is None:
+            return self.fn()
+        with os.fdopen(self.fd, "rb") as f:
+            payload = f.read()
+        _, status = os.waitpid(self.pid, 0)
+        self.pid = None
+        if not payload:
+            raise RuntimeError(f"the search's background process failed (wait status {status})")
+        ok, value = pickle.loads(payload)
+        if not ok:
+            raise value
+        return value
