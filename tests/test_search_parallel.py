@@ -1,0 +1,37 @@
+"""The search's two halves in a forked child and in this process give the plan the serial search
+gives; the child's errors reach the caller."""
+
+from __future__ import annotations
+
+import pytest
+
+from symtensor.errors import PlanError
+from symtensor.hardware import load_cluster
+from symtensor.models import load_model_config
+from symtensor.search import parallel
+from symtensor.search.planner import search
+
+pytestmark = pytest.mark.skipif(not parallel.can_fork(), reason="no fork here: the search runs serially")
+
+
+@pytest.mark.parametrize("name, devices, gb, seq", [("llama3-8b", 64, 512, 4096),      # seeds || partition
+                                                     ("mixtral-8x7b", 256, 512, 4096)])  # split seed scan
+def test_parallel_search_equals_serial(monkeypatch, name, devices, gb, seq):
+    cfg, cl = load_model_config(name), load_cluster("dgx-h100", devices=devices)
+    forked = search(cfg, cl, gb, seq)
+    monkeypatch.setenv("SYMTENSOR_SERIAL", "1")
+    assert not parallel.can_fork()
+    serial = search(cfg, cl, gb, seq)
+    assert forked.report.step_time_s == serial.report.step_time_s
+    assert forked.train == serial.train and forked.layouts == serial.layouts
+    assert forked.evaluations == serial.evaluations
+
+
+def test_background_returns_and_raises():
+    assert parallel.Background(lambda: {"x": [1, 2]}).result() == {"x": [1, 2]}
+
+    def fails():
+        raise PlanError("pp=3 does not divide the 8 devices")
+
+    with pytest.raises(PlanError, match="does not divide"):
+        parallel.Background(fails).result()
