@@ -2,9 +2,11 @@
 computes the other (the planner's machines have at least two cores; the search is CPU-bound
 Python, so threads would not help).
 
-Forking is used only where it is safe and cheap: on Linux, without torch loaded (a forked torch
-may hold locks of its worker threads), and unless ``SYMTENSOR_SERIAL=1``. Elsewhere the work runs
-in this process, with the same result: the halves share nothing but their inputs.
+Forking is used only where it is safe and cheap: on Linux, unless ``SYMTENSOR_SERIAL=1``, and
+only for work that does not call into torch (the planner does not fork when it plans a captured
+model, whose graphs torch.export builds on demand: a forked torch may hold locks of its worker
+threads). Elsewhere the work runs in this process, with the same result: the halves share
+nothing but their inputs.
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ import traceback
 
 
 def can_fork() -> bool:
-    return (sys.platform.startswith("linux") and hasattr(os, "fork") and "torch" not in sys.modules
+    return (sys.platform.startswith("linux") and hasattr(os, "fork")
             and os.environ.get("SYMTENSOR_SERIAL", "") not in ("1", "true", "yes"))
 
 
@@ -24,9 +26,9 @@ class Background:
     """``fn()`` running in a forked child; ``result()`` waits for it and returns its value (or
     raises what it raised). Serial fallback: ``fn`` runs on the first ``result()``."""
 
-    def __init__(self, fn):
+    def __init__(self, fn, fork: bool = True):
         self.fn, self.pid, self.fd = fn, None, None
-        if not can_fork():
+        if not (fork and can_fork()):
             return
         r, w = os.pipe()
         pid = os.fork()

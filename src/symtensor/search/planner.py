@@ -205,12 +205,14 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
     # one while this process computes the other (parallel.py); on large clusters, where the
     # partition needs the best seed, the two halves split the seeds' scan instead
     exhaustive, tps, _ = _seed_plan(pool, global_batch)
+    forkable = graph_factory is None  # captured graphs come from torch.export: not in a fork
     if exhaustive or cluster.n_devices <= FULL_MESH:
-        job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, None, descend=True))
+        job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, None, descend=True), fork=forkable)
         base = s.partition(1, _nominal_steps(s), 0.0)
         found = [job.result()]
     else:
-        job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, tps[1::2], descend=False))
+        job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, tps[1::2], descend=False),
+                         fork=forkable)
         found = [_seed_phase(pool, global_batch, micro_batch, tps[0::2], descend=False), job.result()]
         base = None
     for best, least, count in found:
