@@ -209,6 +209,7 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
     if exhaustive or cluster.n_devices <= FULL_MESH:
         job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, None, descend=True), fork=forkable)
         base = s.partition(1, _nominal_steps(s), 0.0)
+        _rollbacks(s, base)
         found = [job.result()]
     else:
         job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, tps[1::2], descend=False),
@@ -230,7 +231,8 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
     t2 = time.perf_counter()
     if s.best is not None or s.least_memory is not None:
         _refine(s, s.best or s.least_memory)
-    s.phases = {"megatron_seeds_s": t1 - t0, "partition_s": t2 - t1, "refine_s": time.perf_counter() - t2}
+    # (up to FULL_MESH devices the whole-mesh partition runs alongside the seeds, in their phase)
+    s.phases = {"seeds_s": t1 - t0, "partition_s": t2 - t1, "refine_s": time.perf_counter() - t2}
     return _finish(s, t0)
 
 
@@ -420,11 +422,11 @@ FULL_MESH = 128  # clusters up to this size partition the whole mesh and roll pi
 
 def _partitions(s: "_Search", base: dict | None = None) -> None:
     """Steps 1-4 of the module docstring (``base``: the whole-mesh partition at lambda 0, when
-    already computed). On clusters larger than ``FULL_MESH`` whose best
+    already computed and rolled back). On clusters larger than ``FULL_MESH`` whose best
     Megatron seed pipelines, the partition runs on that seed's stage mesh at its micro-batches
     instead: the outer axes would become pipeline stages anyway, and deciding them first costs
     more than half of the search there."""
-    cluster, n = s.cluster, s.cluster.n_devices
+    n = s.cluster.n_devices
     m0 = _nominal_steps(s)
     seed = s.best
     staged = seed is not None and seed.train.pp > 1 and n > FULL_MESH
@@ -432,15 +434,8 @@ def _partitions(s: "_Search", base: dict | None = None) -> None:
     while attempt < 6:
         if staged:
             s.consider_batches(s.partition(seed.train.pp, seed.train.micro_steps, lam), seed.train.pp)
-        else:
-            base = base if attempt == 0 and base is not None else s.partition(1, m0, lam)
-            for pp in s.pipeline_depths():
-                k = _rollback_axes(cluster, pp)
-                if k is None:
-                    continue
-                s.consider_batches(rollback(base, k), pp)
-                if s.best is not None and pp > 1 and s.best.train.pp < pp // 2:
-                    break  # deeper pipelines stopped helping
+        elif attempt > 0 or base is None:  # (``base`` was rolled back already)
+            _rollbacks(s, s.partition(1, m0, lam))
         attempt += 1
         # memory pressure (nothing fits, or only with recomputation): weigh memory in the
         # partition, in seconds per byte, more each round; one round when something fits
@@ -448,6 +443,17 @@ def _partitions(s: "_Search", base: dict | None = None) -> None:
             break
         ref = (s.best or s.least_memory).report
         lam = (ref.step_time_s / ref.capacity) * (4.0 ** attempt)
+
+
+def _rollbacks(s: "_Search", base: dict) -> None:
+    """Pipeline depths from a whole-mesh partition: the outermost axes become stages."""
+    for pp in s.pipeline_depths():
+        k = _rollback_axes(s.cluster, pp)
+        if k is None:
+            continue
+        s.consider_batches(rollback(base, k), pp)
+        if s.best is not None and pp > 1 and s.best.train.pp < pp // 2:
+            break  # deeper pipelines stopped helping
 
 
 def _pressed(plan: Plan | None) -> bool:
