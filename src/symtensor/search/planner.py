@@ -120,11 +120,14 @@ class _Search:
         # a variant is no faster than the best plan, none after it can be (branch and bound);
         # a ZeRO stage whose parameters and optimizer state alone overflow is not tried
         bound = self.best.report.step_time_s if self.best is not None else float("inf")
-        zeros = [z for z in (1, 2, 3) if ev.static_fits(layouts, self._train(pp, m, 1, "none", z))]
-        if not zeros and self.best is not None:
-            return False
+        statics: dict = {}  # ZeRO stage -> whether its parameters and optimizer state fit
         for rc in RECOMPUTE:
-            for zero in zeros or (1, 2, 3):
+            for zero in (1, 2, 3):
+                if self.best is not None:  # (while nothing fits, the least memory is wanted too)
+                    if zero not in statics:
+                        statics[zero] = ev.static_fits(layouts, self._train(pp, m, 1, "none", zero))
+                    if not statics[zero]:
+                        continue
                 plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
                 if plan.report.fits:
                     for vpp in vpps:
