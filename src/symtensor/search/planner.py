@@ -45,6 +45,7 @@ class Plan:
     evaluator: Evaluator
     search_time_s: float = 0.0
     search_phases_s: dict = field(default_factory=dict)  # seconds per phase of the search
+    refined: bool = False  # the per-op local search has run from (or produced) these layouts
     evaluations: int = 0
     partitions: int = 0
     notes: list[str] = field(default_factory=list)
@@ -210,31 +211,54 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
     exhaustive, tps, _ = _seed_plan(pool, global_batch)
     forkable = graph_factory is None  # captured graphs come from torch.export: not in a fork
     if exhaustive or cluster.n_devices <= FULL_MESH:
-        job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, None, descend=True), fork=forkable)
+        def seeds_refined():  # the child: the seeds, and the best one refined op by op
+            best, least, count = _seed_phase(pool, global_batch, micro_batch, None, descend=True)
+            refined = _refine_plan(_plan_of(s, best)) if best is not None else []
+            return best, least, count, [(p.train, p.layouts, p.report) for p in refined]
+
+        job = Background(seeds_refined, fork=forkable)
         base = s.partition(1, _nominal_steps(s), 0.0)
         _rollbacks(s, base)
-        found = [job.result()]
+        _refine(s, s.best)
+        best, least, count, refined = job.result()
+        s.evaluations += count
+        for cand in (best, least):
+            if cand is not None:
+                s.offer(_plan_of(s, cand))
+        for train, layouts, report in refined:
+            s.offer(Plan(s.cfg, s.cluster, train, s.seq, layouts, report,
+                         pool.get(global_batch // train.micro_steps, train.pp), refined=True))
     else:
         job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, tps[1::2], descend=False),
                          fork=forkable)
         found = [_seed_phase(pool, global_batch, micro_batch, tps[0::2], descend=False), job.result()]
         base = None
-    for best, least, count in found:
-        s.evaluations += count
-        for cand in (best, least):
-            if cand is not None:
+        for best, least, count in found:
+            s.evaluations += count
+            for cand in (best, least):
+                if cand is not None:
+                    s.offer(_plan_of(s, cand))
+        fitting = [best for best, _, _ in found if best is not None]
+        if fitting:  # the halves' best seed, improved on the grid
+            start = min(fitting, key=lambda c: c.report.step_time_s)
+            for cand in grid_descent(pool, start, micro_batch):
                 s.offer(_plan_of(s, cand))
-    fitting = [best for best, _, _ in found if best is not None]
-    if base is None and fitting:  # the halves' best seed, improved on the grid
-        start = min(fitting, key=lambda c: c.report.step_time_s)
-        for cand in grid_descent(pool, start, micro_batch):
-            s.offer(_plan_of(s, cand))
     t1 = time.perf_counter()
-    _partitions(s, base)
+    if base is None and s.best is not None:
+        # refine the best seed in the child while this process partitions its stage mesh
+        seed = s.best
+        job = Background(lambda: [(p.train, p.layouts, p.report) for p in _refine_plan(seed)], fork=forkable)
+        _partitions(s, base)
+        for train, layouts, report in job.result():
+            s.offer(Plan(s.cfg, s.cluster, train, s.seq, layouts, report, seed.evaluator, refined=True))
+        seed.refined = True
+    else:
+        _partitions(s, base)
     t2 = time.perf_counter()
-    if s.best is not None or s.least_memory is not None:
-        _refine(s, s.best or s.least_memory)
-    # (up to FULL_MESH devices the whole-mesh partition runs alongside the seeds, in their phase)
+    # the best plan refined op by op (the least-memory plan when nothing fits), unless it was
+    _refine(s, s.best or s.least_memory)
+    # (up to FULL_MESH devices the whole-mesh partition and both refinements run alongside the
+    # seeds, in their phase)
     s.phases = {"seeds_s": t1 - t0, "partition_s": t2 - t1, "refine_s": time.perf_counter() - t2}
     return _finish(s, t0)
 
@@ -466,16 +490,27 @@ def _pressed(plan: Plan | None) -> bool:
     return plan is None or plan.train.recompute != "none"
 
 
-def _refine(s: "_Search", plan: Plan) -> None:
-    """Per-op local search around ``plan`` (with a memory weight too when memory is tight); kept
-    when the full model says it is faster and fits."""
-    rep = plan.report
-    for lam in (0.0, rep.step_time_s / rep.capacity) if _pressed(s.best) else (0.0,):
+def _refine_plan(plan: Plan) -> list[Plan]:
+    """Per-op local search around ``plan`` (with a memory weight too when it needs recomputation
+    or does not fit): the plans it leads to, costed by the full model."""
+    rep, out = plan.report, []
+    for lam in (0.0, rep.step_time_s / rep.capacity) if _pressed(plan) or not rep.fits else (0.0,):
         problem = Problem(plan.evaluator, plan.train, lam)
         layouts = refine(problem, refine_blocks(problem, plan.layouts))
         if layouts != plan.layouts:
-            s.offer(Plan(s.cfg, s.cluster, plan.train, s.seq, layouts,
-                         plan.evaluator.evaluate(layouts, plan.train, check=False), plan.evaluator))
+            out.append(Plan(plan.cfg, plan.cluster, plan.train, plan.seq, layouts,
+                            plan.evaluator.evaluate(layouts, plan.train, check=False), plan.evaluator,
+                            refined=True))
+    return out
+
+
+def _refine(s: "_Search", plan: Plan | None) -> None:
+    """Refine ``plan`` unless it is None or was refined (or came from a refinement) already."""
+    if plan is None or plan.refined:
+        return
+    plan.refined = True
+    for better in _refine_plan(plan):
+        s.offer(better)
 
 
 def _finish(s: "_Search", t0: float) -> Plan:
