@@ -17,7 +17,9 @@ around the recursive partitioner.
 
 from __future__ import annotations
 
+import gc
 import time
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from symtensor.cost import CostReport, Evaluator, TrainConfig
@@ -196,6 +198,25 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
             exhaustively with branch and bound).
         graph_factory: graphs per micro-step batch for a captured model (``frontends``).
     """
+    with _collector_paused():
+        return _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory)
+
+
+@contextmanager
+def _collector_paused():
+    """The search allocates millions of short-lived objects (memo keys, layouts, costs) and no
+    reference cycles of note; Python's cyclic collector would walk the growing memo tables again
+    and again (10-30% of a search). Reference counting frees them; collection resumes after."""
+    enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if enabled:
+            gc.enable()
+
+
+def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory) -> Plan:
     t0 = time.perf_counter()
     pool = EvaluatorPool(cfg, cluster, seq, graph_factory)
     s = _Search(pool, global_batch, micro_batch, order)
