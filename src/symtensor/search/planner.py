@@ -1,18 +1,25 @@
 """The outer search: pipeline depth, micro-batches, recomputation, ZeRO stage and the memory weight
 around the recursive partitioner.
 
-    0. the best Megatron-expressible configuration (exact branch and bound over the grid) is the
-       first candidate: SymTensor's space contains Megatron's, so the search never loses to it;
-    1. partition the whole mesh (pp = 1) at a nominal number of micro-batches, lambda = 0;
-    2. pipeline depths p > 1 reuse it by rolling back the cuts of the outermost axes that become
-       pipeline stages (MindSpore SAPP's pipeline rollback, spec 3.3-7), then re-partition the
-       stage mesh if that is better;
+    0. Megatron-expressible seeds (``structured_seeds``: the exhaustive grid with exact branch and
+       bound on small clusters, a scan of it elsewhere, then hill-climbing): SymTensor's space
+       contains Megatron's, so the search does not lose to the grid;
+    1. partition the whole mesh (pp = 1) at a nominal number of micro-batches, lambda = 0; on
+       more than FULL_MESH devices, the best seed's stage mesh at its micro-batches instead;
+    2. pipeline depths p > 1 reuse the whole-mesh partition by rolling back the cuts of the
+       outermost axes that become pipeline stages (MindSpore SAPP's pipeline rollback, spec 3.3-7);
     3. every (p, micro-batches, virtual stages, recomputation, ZeRO) variant of those layouts is
        costed with the full model; the fastest that fits wins;
-    4. if nothing fits, the memory weight lambda grows (seconds per byte) and the partition is
-       redone, until a plan fits or the least-memory plan is reported with the reason;
-    5. the best plan is refined op by op (``partition.refine``): each op may move one mesh axis to
-       another dim given all its neighbours, which is where per-op heterogeneous plans come from.
+    4. if nothing fits (or only with recomputation), the memory weight lambda grows (seconds per
+       byte) and the partition is redone, until a plan fits or the least-memory plan is reported
+       with the reason;
+    5. the best plans are refined op by op (``partition.refine``): each op may move one mesh axis
+       to another dim given all its neighbours, which is where per-op heterogeneous plans come from.
+
+Steps 0 and 1-2 are independent up to FULL_MESH devices and run in two processes (a forked child
+computes and refines the seeds while this process partitions and refines its best); beyond, the
+two processes split the seeds' scan, then the child refines the best seed while this process
+partitions its stage mesh. The result does not depend on whether the halves ran in parallel.
 """
 
 from __future__ import annotations
@@ -226,52 +233,21 @@ def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_fa
         if seed is not None:
             s.offer(_plan_of(s, seed))
         return _finish(s, t0)
-    # the Megatron seeds and the whole-mesh partition are independent: a forked child computes
-    # one while this process computes the other (parallel.py); on large clusters, where the
-    # partition needs the best seed, the two halves split the seeds' scan instead
+    # the Megatron seeds and the partition are computed in two processes (parallel.py)
     exhaustive, tps, _ = _seed_plan(pool, global_batch)
-    forkable = graph_factory is None  # captured graphs come from torch.export: not in a fork
+    fork = graph_factory is None  # captured graphs come from torch.export: not in a fork
     if exhaustive or cluster.n_devices <= FULL_MESH:
-        def seeds_refined():  # the child: the seeds, and the best one refined op by op
-            best, least, count = _seed_phase(pool, global_batch, micro_batch, None, descend=True)
-            refined = _refine_plan(_plan_of(s, best)) if best is not None else []
-            return best, least, count, [(p.train, p.layouts, p.report) for p in refined]
-
-        job = Background(seeds_refined, fork=forkable)
-        base = s.partition(1, _nominal_steps(s), 0.0)
-        _rollbacks(s, base)
-        _refine(s, s.best)
-        best, least, count, refined = job.result()
-        s.evaluations += count
-        for cand in (best, least):
-            if cand is not None:
-                s.offer(_plan_of(s, cand))
-        for train, layouts, report in refined:
-            s.offer(Plan(s.cfg, s.cluster, train, s.seq, layouts, report,
-                         pool.get(global_batch // train.micro_steps, train.pp), refined=True))
+        base = _seeds_beside_partition(s, fork)
     else:
-        job = Background(lambda: _seed_phase(pool, global_batch, micro_batch, tps[1::2], descend=False),
-                         fork=forkable)
-        found = [_seed_phase(pool, global_batch, micro_batch, tps[0::2], descend=False), job.result()]
         base = None
-        for best, least, count in found:
-            s.evaluations += count
-            for cand in (best, least):
-                if cand is not None:
-                    s.offer(_plan_of(s, cand))
-        fitting = [best for best, _, _ in found if best is not None]
-        if fitting:  # the halves' best seed, improved on the grid
-            start = min(fitting, key=lambda c: c.report.step_time_s)
-            for cand in grid_descent(pool, start, micro_batch):
-                s.offer(_plan_of(s, cand))
+        _split_seeds(s, tps, fork)
     t1 = time.perf_counter()
     if base is None and s.best is not None:
-        # refine the best seed in the child while this process partitions its stage mesh
+        # the child refines the best seed while this process partitions its stage mesh
         seed = s.best
-        job = Background(lambda: [(p.train, p.layouts, p.report) for p in _refine_plan(seed)], fork=forkable)
+        job = Background(lambda: _portable(_refine_plan(seed)), fork=fork)
         _partitions(s, base)
-        for train, layouts, report in job.result():
-            s.offer(Plan(s.cfg, s.cluster, train, s.seq, layouts, report, seed.evaluator, refined=True))
+        _adopt(s, job.result())
         seed.refined = True
     else:
         _partitions(s, base)
@@ -282,6 +258,59 @@ def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_fa
     # seeds, in their phase)
     s.phases = {"seeds_s": t1 - t0, "partition_s": t2 - t1, "refine_s": time.perf_counter() - t2}
     return _finish(s, t0)
+
+
+def _seeds_beside_partition(s: "_Search", fork: bool) -> dict:
+    """Up to FULL_MESH devices: a forked child computes the Megatron seeds and refines the best,
+    while this process partitions the whole mesh, rolls it back to every pipeline depth and
+    refines its best; returns the whole-mesh partition."""
+    pool, gb, mb = s.pool, s.global_batch, s.micro_batch
+
+    def seeds_refined():
+        best, least, count = _seed_phase(pool, gb, mb, None, descend=True)
+        return best, least, count, _portable(_refine_plan(_plan_of(s, best)) if best is not None else [])
+
+    job = Background(seeds_refined, fork=fork)
+    base = s.partition(1, _nominal_steps(s), 0.0)
+    _rollbacks(s, base)
+    _refine(s, s.best)
+    best, least, count, refined = job.result()
+    s.evaluations += count
+    for cand in (best, least):
+        if cand is not None:
+            s.offer(_plan_of(s, cand))
+    _adopt(s, refined)
+    return base
+
+
+def _split_seeds(s: "_Search", tps: list[int], fork: bool) -> None:
+    """Larger clusters: the seeds' scan split by tensor-parallel degree between a forked child
+    and this process, then the best seed hill-climbed on the grid."""
+    pool, gb, mb = s.pool, s.global_batch, s.micro_batch
+    job = Background(lambda: _seed_phase(pool, gb, mb, tps[1::2], descend=False), fork=fork)
+    found = [_seed_phase(pool, gb, mb, tps[0::2], descend=False), job.result()]
+    for best, least, count in found:
+        s.evaluations += count
+        for cand in (best, least):
+            if cand is not None:
+                s.offer(_plan_of(s, cand))
+    fitting = [best for best, _, _ in found if best is not None]
+    if fitting:
+        start = min(fitting, key=lambda c: c.report.step_time_s)
+        for cand in grid_descent(pool, start, mb):
+            s.offer(_plan_of(s, cand))
+
+
+def _portable(plans: list) -> list[tuple]:
+    """Plans as (train, layouts, report), which cross a process boundary (evaluators do not)."""
+    return [(p.train, p.layouts, p.report) for p in plans]
+
+
+def _adopt(s: "_Search", portable: list[tuple]) -> None:
+    """Offer refined plans computed in another process, with this process's evaluators."""
+    for train, layouts, report in portable:
+        s.offer(Plan(s.cfg, s.cluster, train, s.seq, layouts, report, s.pool.get(train.graph_batch, train.pp),
+                     refined=True))
 
 
 def _seed_phase(pool: EvaluatorPool, global_batch: int, micro_batch, tps, descend: bool):
