@@ -35,3 +35,15 @@ def test_background_returns_and_raises():
 
     with pytest.raises(PlanError, match="does not divide"):
         parallel.Background(fails).result()
+
+
+def test_child_is_reaped_when_this_process_fails_first():
+    import os
+    import time
+
+    with pytest.raises(ValueError):
+        with parallel.Background(lambda: time.sleep(30) or 1) as job:
+            pid = job.pid
+            raise ValueError("the partition failed")
+    with pytest.raises(ChildProcessError):
+        os.waitpid(pid, os.WNOHANG)  # already reaped

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import signal
 import sys
 import traceback
 
@@ -24,7 +25,8 @@ def can_fork() -> bool:
 
 class Background:
     """``fn()`` running in a forked child; ``result()`` waits for it and returns its value (or
-    raises what it raised). Serial fallback: ``fn`` runs on the first ``result()``."""
+    raises what it raised). Serial fallback: ``fn`` runs on the first ``result()``. Use it as a
+    context manager, so that a child is not left behind when this process fails first."""
 
     def __init__(self, fn, fork: bool = True):
         self.fn, self.pid, self.fd = fn, None, None
@@ -51,6 +53,20 @@ class Background:
                 os._exit(code)
         os.close(w)
         self.pid, self.fd = pid, r
+
+    def __enter__(self) -> "Background":
+        return self
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        """If this process failed before collecting the child, stop and reap it."""
+        if self.pid is not None:
+            try:
+                os.kill(self.pid, signal.SIGKILL)
+                os.waitpid(self.pid, 0)
+            except OSError:
+                pass
+            os.close(self.fd)
+            self.pid = None
 
     def result(self):
         if self.pid is None:

@@ -245,9 +245,9 @@ def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_fa
     if base is None and s.best is not None:
         # the child refines the best seed while this process partitions its stage mesh
         seed = s.best
-        job = Background(lambda: _portable(_refine_plan(seed)), fork=fork)
-        _partitions(s, base)
-        _adopt(s, job.result())
+        with Background(lambda: _portable(_refine_plan(seed)), fork=fork) as job:
+            _partitions(s, base)
+            _adopt(s, job.result())
         seed.refined = True
     else:
         _partitions(s, base)
@@ -270,11 +270,11 @@ def _seeds_beside_partition(s: "_Search", fork: bool) -> dict:
         best, least, count = _seed_phase(pool, gb, mb, None, descend=True)
         return best, least, count, _portable(_refine_plan(_plan_of(s, best)) if best is not None else [])
 
-    job = Background(seeds_refined, fork=fork)
-    base = s.partition(1, _nominal_steps(s), 0.0)
-    _rollbacks(s, base)
-    _refine(s, s.best)
-    best, least, count, refined = job.result()
+    with Background(seeds_refined, fork=fork) as job:
+        base = s.partition(1, _nominal_steps(s), 0.0)
+        _rollbacks(s, base)
+        _refine(s, s.best)
+        best, least, count, refined = job.result()
     s.evaluations += count
     for cand in (best, least):
         if cand is not None:
@@ -287,8 +287,8 @@ def _split_seeds(s: "_Search", tps: list[int], fork: bool) -> None:
     """Larger clusters: the seeds' scan split by tensor-parallel degree between a forked child
     and this process, then the best seed hill-climbed on the grid."""
     pool, gb, mb = s.pool, s.global_batch, s.micro_batch
-    job = Background(lambda: _seed_phase(pool, gb, mb, tps[1::2], descend=False), fork=fork)
-    found = [_seed_phase(pool, gb, mb, tps[0::2], descend=False), job.result()]
+    with Background(lambda: _seed_phase(pool, gb, mb, tps[1::2], descend=False), fork=fork) as job:
+        found = [_seed_phase(pool, gb, mb, tps[0::2], descend=False), job.result()]
     for best, least, count in found:
         s.evaluations += count
         for cand in (best, least):
