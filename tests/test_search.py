@@ -21,6 +21,7 @@ from symtensor.models import PRESETS, ModelConfig, build_graph, load_model_confi
 from symtensor.plan import load_plan, save_plan
 from symtensor.search.baselines import EvaluatorPool, megatron_grid
 from symtensor.search.exact import exact_layouts
+from symtensor.search import partition
 from symtensor.search.partition import Problem, solve
 from symtensor.search.planner import drec_plan, search
 
@@ -208,3 +209,71 @@ def test_nothing_fits_says_why():
     if plan.report.fits:
         pytest.skip("fits after all")
     assert "least memory any plan reached" in plan.notes[0]
+
+
+class _Recording(Problem):
+    """Records every (op, layout) and (edge, layouts) the search costs; memo keys stay orbits."""
+
+    def __init__(self, *args):
+        super().__init__(*args)
+        self.seen_ops, self.seen_edges, self.seen_legal = {}, {}, {}
+
+    def op_cost(self, op, layout):
+        self.seen_ops[(op.name, layout)] = op
+        return super().op_cost(op, layout)
+
+    def edge_cost(self, e, lu, lv):
+        self.seen_edges[(id(e), lu, lv)] = e
+        return super().edge_cost(e, lu, lv)
+
+    def legal(self, op, layout):
+        self.seen_legal[(op.name, layout)] = op
+        return super().legal(op, layout)
+
+
+class _Direct(Problem):
+    """Costs of its own (the same ones): the search memoises them by uid, not by orbit."""
+
+    def _op_terms(self, op, layout):
+        return super()._op_terms(op, layout)
+
+    def _saved_bytes(self, op, layout):
+        return super()._saved_bytes(op, layout)
+
+    def _edge_cost(self, e, lu, lv):
+        return super()._edge_cost(e, lu, lv)
+
+
+@pytest.mark.parametrize("model,changes,cluster,devices,train", [
+    ("llama2-7b", dict(layers=2), "dgx-h100", 32,
+     TrainConfig(global_batch=64, micro_steps=2, zero=1, recompute="selective")),
+    ("tiny-mixtral", dict(layers=2), "dgx-a100-80g", 24,
+     TrainConfig(global_batch=48, micro_steps=2, pp=2, zero=2)),
+    ("llama3-8b", dict(layers=2, lora_rank=8), "dgx-h100", 16,
+     TrainConfig(global_batch=32, micro_steps=2, zero=1, recompute="full")),
+])
+def test_orbit_memo_is_exact(model, changes, cluster, devices, train):
+    """Costs memoised per orbit of the mesh's symmetry (interchangeable axes) are bit-identical to
+    the costs of each layout computed on its own, and so is legality."""
+    cfg = PRESETS[model].replace(**changes)
+    graph = build_graph(cfg, micro_batch=train.graph_batch, seq=256, skeleton=True)
+    cl = load_cluster(cluster, devices=devices)
+    ev, direct_ev = Evaluator(graph, cl, pp=train.pp), Evaluator(graph, cl, pp=train.pp)
+    relabelled = 0
+    for lam in (0.0, 1e-9):  # a second problem reads what the first memoised
+        rec = _Recording(ev, train, lam)
+        solve(rec)
+        direct = _Direct(direct_ev, train, lam)
+        twin = {id(e): d for e, d in zip(rec.edges, direct.edges)}
+        for (_, layout), op in rec.seen_ops.items():
+            assert rec.op_cost(op, layout).hex() == direct.op_cost(op, layout).hex()
+        for (_, lu, lv), e in rec.seen_edges.items():
+            assert rec.edge_cost(e, lu, lv).hex() == direct.edge_cost(twin[id(e)], lu, lv).hex()
+        for (_, layout), op in rec.seen_legal.items():
+            assert rec.legal(op, layout) == partition.legal(op, layout, ev.mesh)
+        # layouts that shared an orbit with another layout of the same op
+        by_op: dict = {}
+        for name, layout in rec.seen_ops:
+            by_op.setdefault(name, set()).add((layout.uid, rec._orbits.op(layout)))
+        relabelled += sum(len(pairs) - len({o for _, o in pairs}) for pairs in by_op.values())
+    assert relabelled > 0  # the symmetry was used

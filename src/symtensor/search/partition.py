@@ -24,6 +24,7 @@ logarithmic in the device count.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from operator import attrgetter, or_
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.model import _out_slot
@@ -85,7 +86,9 @@ class Problem:
         read an op's block, so each op has its own). What does not depend on the memory weight is
         shared by all problems of one evaluator, per op and edge: an edge's costs, an op's cost
         without the memory term and its saved bytes (per training configuration), and the
-        placements a layout gives an edge's tensor at either end.
+        placements a layout gives an edge's tensor at either end. The shared costs, and legality,
+        are keyed by orbits of layouts under the mesh's symmetry rather than by uids (see
+        ``_symmetry``): a miss of this problem's uid table computes a cost only for a new orbit.
         """
         ev, train = self.ev, self.train
         shared = ev.__dict__.setdefault("_search_memo", {}) if hasattr(ev, "__dict__") else {}
@@ -97,12 +100,13 @@ class Problem:
             self._op_memo[name], self._legal_memo[name], self._cand_memo[name], self._move_memo[name] = memos
         self._template_memo = {op.name: {} for op in self.ops}  # (uid, axis, kind) -> layout
         self._template_dims = {op.name: {} for op in self.ops}  # kind -> dim or None
+        # (terms, saved bytes) by orbit id (by uid for a subclass; see _symmetry)
         self._op_shared = {op.name: shared.setdefault(("op", id(op), train, type(self).__name__), ({}, {}))
                            for op in self.ops}
         self._edge_memo, self._edge_shared, self._views = {}, {}, {}
         per_eclass: dict = {}
         for e in self.edges:
-            # costs: lu uid -> {lv uid -> seconds}
+            # costs: lu uid -> {lv uid -> seconds}; shared: orbit key (or uid pair) -> seconds
             self._edge_memo[id(e)] = per_eclass.setdefault(self.edge_class[id(e)], {})
             self._edge_shared[id(e)] = shared.setdefault(
                 ("edge", id(e.src), e.src_slot, id(e.dst), e.dst_slot, e.weight, train.micro_steps,
@@ -111,6 +115,32 @@ class Problem:
             grad = ev.needs_grad(e.tensor)
             self._views[id(e)] = (shared.setdefault(("out", id(e.src), e.src_slot, grad), {}),
                                   shared.setdefault(("in", id(e.dst), e.dst_slot, grad), {}))
+        self._symmetry(shared)
+
+    def _symmetry(self, shared: dict):
+        """Keys of the shared tables: orbits of layouts under the symmetry of the mesh (``_Orbits``).
+
+        Axes of one level and size are interchangeable: the model never reads an axis's label,
+        only its level and size, and per tensor axis the set of axes cutting it. Every size it
+        derives is an integer product of axis sizes (exact in any order), every collective group
+        a count of members per level, and its float sums run in an order fixed by the graph, never
+        by the axes. So an op's terms, saved bytes and legality are bit-identical for a layout and
+        any relabelling of its interchangeable axes (64 H100s: 3! x 3! relabellings), and an
+        edge's cost for a pair of layouts and the same relabelling of both. A subclass with costs
+        of its own (D-Rec's read axis positions) keeps uids, and so do edges on a mesh without
+        two interchangeable axes (their orbits are single pairs, and uid pairs cost less).
+        """
+        orbits = shared.get(("orbits",))
+        if orbits is None:
+            orbits = shared[("orbits",)] = _Orbits(self.ev)
+        self._orbits = orbits
+        # orbit id -> legal, per op signature (all that ``legal`` reads of an op)
+        self._legal_shared = {op.name: shared.setdefault(("legal", op.signature), {}) for op in self.ops}
+        cls = type(self)
+        own_ops = cls._op_terms is Problem._op_terms and cls._saved_bytes is Problem._saved_bytes
+        self._op_key = orbits.op if own_ops else _uid
+        own_edges = cls._edge_cost is Problem._edge_cost
+        self._edge_key = orbits.edge if own_edges and orbits.symmetric else _uid_pair
 
     def _edges(self) -> list[Edge]:
         """Producer -> consumer edges; an input of a repeated skeleton layer also comes, for all but
@@ -141,8 +171,12 @@ class Problem:
     def legal(self, op, layout: OpLayout) -> bool:
         memo = self._legal_memo[op.name]
         hit = memo.get(layout.uid)
-        if hit is None:
-            hit = memo[layout.uid] = legal(op, layout, self.ev.mesh)
+        if hit is None:  # legality reads dim sizes and axis sizes only: one per orbit
+            shared, key = self._legal_shared[op.name], self._orbits.op(layout)
+            hit = shared.get(key)
+            if hit is None:
+                hit = shared[key] = legal(op, layout, self.ev.mesh)
+            memo[layout.uid] = hit
         return hit
 
     def candidates(self, op, layout: OpLayout, axis: int) -> list[OpLayout]:
@@ -186,10 +220,10 @@ class Problem:
         return hit
 
     def _op_cost(self, op, layout: OpLayout) -> float:
-        memo = self._op_shared[op.name][0]
-        terms = memo.get(layout.uid)
+        memo, key = self._op_shared[op.name][0], self._op_key(layout)
+        terms = memo.get(key)
         if terms is None:
-            terms = memo[layout.uid] = self._op_terms(op, layout)
+            terms = memo[key] = self._op_terms(op, layout)
         per_mb, per_step, static = terms
         saved = self.saved_bytes(op, layout) if self.lam else 0.0
         w = self.weight[op.name]
@@ -217,10 +251,10 @@ class Problem:
     def saved_bytes(self, op, layout: OpLayout) -> float:
         """Activation bytes one micro-batch of this op keeps for backward on one device (the search's
         estimate: recomputed ops keep nothing; tensors saved by several ops count for each)."""
-        memo = self._op_shared[op.name][1]
-        hit = memo.get(layout.uid)
+        memo, key = self._op_shared[op.name][1], self._op_key(layout)
+        hit = memo.get(key)
         if hit is None:
-            hit = memo[layout.uid] = self._saved_bytes(op, layout)
+            hit = memo[key] = self._saved_bytes(op, layout)
         return hit
 
     def _saved_bytes(self, op, layout: OpLayout) -> float:
@@ -242,10 +276,10 @@ class Problem:
         hit = None if row is None else row.get(lv.uid)
         if hit is None:
             # edges do not depend on the memory weight: share them across problems of one evaluator
-            shared = self._edge_shared[id(e)].setdefault(lu.uid, {})
-            hit = shared.get(lv.uid)
+            shared, key = self._edge_shared[id(e)], self._edge_key(lu, lv)
+            hit = shared.get(key)
             if hit is None:
-                hit = shared[lv.uid] = self._edge_cost(e, lu, lv)
+                hit = shared[key] = self._edge_cost(e, lu, lv)
             self._edge_memo[id(e)].setdefault(lu.uid, {})[lv.uid] = hit
         return hit
 
@@ -282,6 +316,66 @@ class Problem:
         lay = lambda op: layouts.get(op.name, REPLICATED)  # noqa: E731
         return (sum(self.op_cost(op, lay(op)) for op in self.ops)
                 + sum(self.edge_cost(e, lay(e.src), lay(e.dst)) for e in self.edges))
+
+
+_uid = attrgetter("uid")
+
+
+def _uid_pair(lu: OpLayout, lv: OpLayout) -> tuple[int, int]:
+    return lu.uid, lv.uid
+
+
+class _Orbits:
+    """Names of the orbits of layouts under relabellings of interchangeable mesh axes (same level,
+    same size), for one evaluator (see ``Problem._symmetry``).
+
+    A layout is, per mesh axis, the set of dims the axis cuts (the order of a dim's axes is
+    canonical, and the costs read sets). Coded as a bit mask per axis, with the axis's class in
+    the high bits, the multiset of codes over the axes names the orbit exactly; for a pair of
+    layouts, the multiset of (class, mask at one end, mask at the other). Keys are tuples of
+    small ints: cheap to build, hash and compare.
+    """
+
+    def __init__(self, ev: Evaluator):
+        mesh = ev.mesh
+        classes = sorted({(a.level, a.size) for a in mesh})
+        self.symmetric = len(classes) < len(mesh)
+        dims = sorted({d for op in ev.graph.ops for d, _ in op.dims})
+        self.bit = {d: 1 << i for i, d in enumerate(dims)}
+        self.width = len(dims)
+        self.cls = tuple(classes.index((a.level, a.size)) << (2 * self.width) for a in mesh)  # class, shifted
+        self._op: dict = {}  # uid -> orbit id
+        self._op_ids: dict = {}  # orbit key -> orbit id
+        self._src: dict = {}  # uid -> per axis, its class and its dims' mask (shifted)
+        self._dst: dict = {}  # uid -> per axis, its dims' mask
+
+    def _masks(self, layout: OpLayout) -> list[int]:
+        masks = [0] * len(self.cls)
+        bit = self.bit
+        for d, axes in layout.cuts:
+            for a in axes:
+                masks[a] |= bit[d]
+        return masks
+
+    def op(self, layout: OpLayout) -> int:
+        """The orbit of an op's layout, as a small int."""
+        hit = self._op.get(layout.uid)
+        if hit is None:
+            key = tuple(sorted(c | m for c, m in zip(self.cls, self._masks(layout)) if m))
+            hit = self._op[layout.uid] = self._op_ids.setdefault(key, len(self._op_ids))
+        return hit
+
+    def edge(self, lu: OpLayout, lv: OpLayout) -> tuple:
+        """The orbit of a (producer, consumer) pair of layouts: one relabelling maps two pairs with
+        the same key onto each other."""
+        u = self._src.get(lu.uid)
+        if u is None:
+            w = self.width
+            u = self._src[lu.uid] = tuple(c | m << w for c, m in zip(self.cls, self._masks(lu)))
+        v = self._dst.get(lv.uid)
+        if v is None:
+            v = self._dst[lv.uid] = tuple(self._masks(lv))
+        return tuple(sorted(map(or_, u, v)))
 
 
 def _matmul_roles(op):
