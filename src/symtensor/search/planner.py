@@ -525,12 +525,12 @@ def _partitions(s: "_Search", base: dict | None = None) -> None:
 def _rollbacks(s: "_Search", base: dict) -> None:
     """Pipeline depths from a whole-mesh partition: the outermost axes become stages."""
     for pp in s.pipeline_depths():
+        if s.best is not None and pp > 2 and s.best.train.pp < pp // 2:
+            break  # the last depth did not help: deeper pipelines will not either
         k = _rollback_axes(s.cluster, pp)
         if k is None:
             continue
         s.consider_batches(rollback(base, k), pp)
-        if s.best is not None and pp > 1 and s.best.train.pp < pp // 2:
-            break  # deeper pipelines stopped helping
 
 
 def _pressed(plan: Plan | None) -> bool:
