@@ -311,11 +311,20 @@ class Problem:
             memo[layout.uid] = hit
         return hit
 
-    def total(self, layouts: dict[str, OpLayout]) -> float:
-        """The decomposed objective of a complete assignment."""
-        lay = lambda op: layouts.get(op.name, REPLICATED)  # noqa: E731
-        return (sum(self.op_cost(op, lay(op)) for op in self.ops)
-                + sum(self.edge_cost(e, lay(e.src), lay(e.dst)) for e in self.edges))
+    def total(self, layouts: dict[str, OpLayout], bound: float = float("inf")) -> float:
+        """The decomposed objective of a complete assignment; once a partial sum reaches
+        ``bound`` that partial sum (costs are never negative, so the total is no smaller)."""
+        ops = 0.0
+        for op in self.ops:
+            ops += self.op_cost(op, layouts.get(op.name, REPLICATED))
+            if ops >= bound:
+                return ops
+        edges = 0.0
+        for e in self.edges:
+            edges += self.edge_cost(e, layouts.get(e.src.name, REPLICATED), layouts.get(e.dst.name, REPLICATED))
+            if ops + edges >= bound:
+                return ops + edges
+        return ops + edges
 
 
 _uid = attrgetter("uid")
@@ -443,7 +452,11 @@ def partition(problem: Problem, order: str = "topological", refine: bool = True,
         if templates:
             # coordinated moves the op-by-op greedy cannot find: one parallelism for the whole level
             options = [layouts] + [_template(problem, before, axis, kind) for kind in TEMPLATES]
-            layouts = min(options, key=problem.total)
+            best_total = problem.total(layouts)
+            for option in options[1:]:  # the first of equals, like min(); hopeless ones stop early
+                t = problem.total(option, best_total)
+                if t < best_total:
+                    layouts, best_total = option, t
     return layouts
 
 
