@@ -363,9 +363,9 @@ def _seed_plan(pool: EvaluatorPool, global_batch: int) -> tuple[bool, list[int],
 def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | None, tps=None):
     """Megatron-expressible starting points: the whole grid (exact branch and bound) on small
     clusters. Elsewhere a scan that treats the step time as unimodal along each axis of the grid:
-    per tensor-parallel degree, context-parallel degrees ascending, per degree pipeline depths
-    ascending and (MoE) expert-parallel degrees ascending, each chain stopped once a step stops
-    getting faster. Points that do not fit do not stop a chain; points already slower than the
+    tensor-parallel degrees ascending, per degree context-parallel degrees ascending, per degree
+    pipeline depths ascending and (MoE) expert-parallel degrees ascending, each chain stopped
+    once a step stops getting faster. Points that do not fit do not stop a chain; points already slower than the
     fastest seed of their tp are only costed once (recomputation only adds time). Each tp is
     scanned on its own (``tps``: the degrees to scan), so the scan can be split between
     processes with the same result."""
@@ -379,6 +379,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
             yield best
         return
     mb = micro_batch or 1
+    tp_chain = _Chain()
     for tp in all_tps if tps is None else tps:
         bound = float("inf")  # the fastest seed of this tp that fits so far
         cp_chain = _Chain()
@@ -413,6 +414,8 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                     break  # deeper pipelines stopped helping this (tp, cp)
             if cp_chain.stops(pp_chain.best):
                 break  # more context parallelism stopped helping this tp
+        if tp_chain.stops(cp_chain.best):
+            break  # more tensor parallelism stopped helping
 
 
 class _Chain:
