@@ -31,21 +31,13 @@ from symtensor.search.planner import search
 OUT = Path(__file__).parent / "results"
 
 
-def cpu(fn, repeat=3):
+def median_time(fn, repeat=3, clock=time.process_time):
+    """Median seconds of ``fn()`` on ``clock`` (CPU time of this process by default)."""
     times = []
     for _ in range(repeat):
-        t = time.process_time()
+        t = clock()
         fn()
-        times.append(time.process_time() - t)
-    return statistics.median(times)
-
-
-def wall(fn, repeat=3):
-    times = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t)
+        times.append(clock() - t)
     return statistics.median(times)
 
 
@@ -57,7 +49,7 @@ def solver_vs_ops():
         g = build_graph(cfg0.replace(layers=layers), micro_batch=64, seq=4096)
         ev = Evaluator(g, cluster)
         train = TrainConfig(global_batch=512, micro_steps=8, zero=1)
-        t = cpu(lambda: solve(Problem(ev, train)), repeat=1)
+        t = median_time(lambda: solve(Problem(ev, train)), repeat=1)
         rows.append({"measure": "solver vs operators", "model": f"llama3-8b x{layers} layers", "devices": 64,
                      "ops": len(g.ops), "cpu_s": t, "us_per_op": 1e6 * t / len(g.ops)})
     return rows
@@ -69,7 +61,7 @@ def plan_vs_devices():
     cfg = load_model_config("llama3-8b")
     for n in (8, 64, 512, 4096, 16384):
         cl = load_cluster("dgx-h100", devices=n)
-        t = wall(lambda: search(cfg, cl, max(512, n // 8), 8192), repeat=3)
+        t = median_time(lambda: search(cfg, cl, max(512, n // 8), 8192), clock=time.perf_counter)
         rows.append({"measure": "plan vs devices", "model": "llama3-8b", "devices": n, "ops": "", "cpu_s": t,
                      "us_per_op": ""})
     return rows
@@ -77,13 +69,13 @@ def plan_vs_devices():
 
 TARGETS = [("llama2-7b", 64, 1024, 4096, 0.1), ("llama3-405b", 16384, 2048, 8192, 1.0),
            ("mixtral-8x22b", 1024, 1024, 4096, 1.0)]
-RUNS = 5
+RUNS = 7
 
 
 def machine_speed() -> float:
     """CPU seconds of a fixed pure-Python workload (dict updates, like the search's memo tables):
     this shared machine's speed drifts by up to 1.8x within minutes, so every target row says
-    how fast the machine was around it (0.62 s on a quiet machine)."""
+    how fast the machine was around it (about 0.4 s on a quiet machine)."""
     t = time.process_time()
     d: dict = {}
     for i in range(3_000_000):
@@ -126,8 +118,8 @@ def main() -> int:
              "Target rows: the tool's own `search_time_s`",
              "(`symtensor plan --json --no-baselines`, a fresh process each run), median and best of "
              f"{RUNS} runs; `machine s` is a fixed",
-             "pure-Python workload timed just before (0.62 s when the machine is quiet, up to 1.1 s under",
-             "other load): search times scale with it.", "",
+             "pure-Python workload timed just before (about 0.4 s when the machine is quiet, up to 1.1 s",
+             "under other load): search times scale with it.", "",
              "| measure | model | devices | ops | s | best s | us/op | goal s | met | machine s | phases (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
