@@ -47,3 +47,16 @@ def test_child_is_reaped_when_this_process_fails_first():
             raise ValueError("the partition failed")
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # already reaped
+
+
+def test_a_child_that_dies_is_replaced_by_this_process():
+    import os
+
+    parent = os.getpid()
+
+    def dies_in_the_child():
+        if os.getpid() != parent:
+            os._exit(9)  # like the out-of-memory killer: no result, no exception
+        return "computed here"
+
+    assert parallel.Background(dies_in_the_child).result() == "computed here"

@@ -73,10 +73,10 @@ class Background:
             return self.fn()
         with os.fdopen(self.fd, "rb") as f:
             payload = f.read()
-        _, status = os.waitpid(self.pid, 0)
+        os.waitpid(self.pid, 0)
         self.pid = None
-        if not payload:
-            raise RuntimeError(f"the search's background process failed (wait status {status})")
+        if not payload:  # the child died without a word (killed, out of memory): do it here
+            return self.fn()
         ok, value = pickle.loads(payload)
         if not ok:
             raise value
