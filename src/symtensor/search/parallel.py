@@ -25,8 +25,9 @@ def can_fork() -> bool:
 
 class Background:
     """``fn()`` running in a forked child; ``result()`` waits for it and returns its value (or
-    raises what it raised). Serial fallback: ``fn`` runs on the first ``result()``. Use it as a
-    context manager, so that a child is not left behind when this process fails first."""
+    raises what it raised). Serial fallback: ``fn`` runs on the first ``result()``, also when the
+    child died without a result. Use it as a context manager, so that a child is not left behind
+    when this process fails first."""
 
     def __init__(self, fn, fork: bool = True):
         self.fn, self.pid, self.fd = fn, None, None
