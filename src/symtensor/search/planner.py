@@ -315,7 +315,7 @@ def _adopt(s: "_Search", portable: list[tuple]) -> None:
 
 def _seed_phase(pool: EvaluatorPool, global_batch: int, micro_batch, tps, descend: bool):
     """The fastest seed that fits (hill-climbed on the grid when ``descend``), the seed with the
-    least memory when none fits, and how many configurations were costed."""
+    least memory when none fits, and how many seeds (and hill-climbing steps) it offered."""
     best = least = None
     count = 0
     for cand in structured_seeds(pool, global_batch, micro_batch, tps):
