@@ -11,9 +11,8 @@ from __future__ import annotations
 import statistics
 import sys
 import time
-from pathlib import Path
 
-OUT = Path(__file__).parent / "results"
+from results_files import write_results
 
 
 def main() -> int:
@@ -38,9 +37,7 @@ def main() -> int:
              f"vs {zoo['step_time_s']:.3f} s for the built-in graph "
              f"({100 * (captured['step_time_s'] / zoo['step_time_s'] - 1):+.2f}%)",
              f"- configurations: captured {captured['config']}, built-in {zoo['config']}"]
-    OUT.mkdir(exist_ok=True)
-    (OUT / "capture_speed.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("capture_speed", lines)
     return 0
 
 

@@ -13,10 +13,8 @@ order.
 
 from __future__ import annotations
 
-import csv
 import sys
 import time
-from pathlib import Path
 
 from symtensor.cost import TrainConfig
 from symtensor.hardware import load_cluster
@@ -25,7 +23,7 @@ from symtensor.search.baselines import EvaluatorPool
 from symtensor.search.megatron import ParallelConfig
 from symtensor.search.partition import Problem, partition, refine, refine_blocks
 
-OUT = Path(__file__).parent / "results"
+from results_files import write_results
 
 # (label, model, cluster, devices, global batch, seq, micro-steps); each with the memory weight 0
 # (time only) and 1 (one data-parallel step per device memory: memory pressure)
@@ -70,12 +68,7 @@ def run(label, name, cluster, devices, gb, seq, m, weight):
 
 
 def main() -> int:
-    OUT.mkdir(exist_ok=True)
     rows = [r for sc in SCENARIOS for w in WEIGHTS for r in run(*sc, w)]
-    with open(OUT / "partition_choices.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
     lines = ["# Partition choices: axes outermost or innermost first, operator order", "",
              "Same solver, same outer point (whole mesh, pp = 1, ZeRO-1, no recomputation); objective = the",
              "decomposed cost it minimises, relative to the best variant of the row's scenario; step and",
@@ -91,14 +84,13 @@ def main() -> int:
         mark = " (planner)" if (levels, order) == PLANNER else ""
         lines.append(f"| {levels}{mark} | {order} | {gm:.4f} | {max(r['objective_vs_best'] for r in mine):.4f} | "
                      f"{sum(r['cpu_s'] for r in mine) / len(mine):.3f} |")
-    lines += ["", "| scenario | memory weight | levels | order | objective vs best | step s | memory GiB | fits | CPU s |",
-              "|---|---|---|---|---|---|---|---|---|"]
+    lines += ["", "| scenario | memory weight | levels | order | objective vs best | step s | memory GiB | fits | "
+              "CPU s |", "|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['scenario']} | {r['memory_weight']:g} | {r['levels']} | {r['order']} | "
                      f"{r['objective_vs_best']:.4f} | {r['step_time_s']:.3f} | {r['memory_gib']:.1f} | {r['fits']} | "
                      f"{r['cpu_s']:.3f} |")
-    (OUT / "partition_choices.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines[:16]))
+    write_results("partition_choices", lines, rows)
     return 0
 
 

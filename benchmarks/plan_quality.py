@@ -9,16 +9,14 @@ exhaustive Megatron grid takes minutes.
 
 from __future__ import annotations
 
-import csv
 import sys
-from pathlib import Path
 
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config, params_active
 from symtensor.search.baselines import EvaluatorPool, fsdp, megatron_grid, megatron_recipe
 from symtensor.search.planner import drec_plan, search
 
-OUT = Path(__file__).parent / "results"
+from results_files import write_results
 
 # (label, model, overrides, cluster, devices, global batch, seq)
 SCENARIOS = [
@@ -83,17 +81,12 @@ def _x(v) -> str:
 
 def main(argv) -> int:
     quick = "--quick" in argv
-    OUT.mkdir(exist_ok=True)
     rows = []
     for sc in SCENARIOS:
         if quick and sc[4] > LARGE:
             continue
         print("...", sc[0], flush=True)
         rows.append(run(*sc))
-    with open(OUT / "plan_quality.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
     lines = ["# Plan quality (same cost model for every plan)", "",
              "| scenario | model | devices | seq | SymTensor step s | MFU | vs recipe | vs grid best | vs FSDP | "
              "vs D-Rec | SymTensor plan | grid best | search s |",
@@ -104,8 +97,7 @@ def main(argv) -> int:
                      f"{_x(r['speedup_vs_megatron_grid_best'])} | {_x(r['speedup_vs_fsdp'])} | "
                      f"{_x(r['speedup_vs_drec'])} | {r['symtensor_config']} | {r['megatron_grid_best_config']} | "
                      f"{r['search_s']} |")
-    (OUT / "plan_quality.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("plan_quality", lines, rows)
     return 0
 
 

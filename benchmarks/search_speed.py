@@ -14,13 +14,11 @@ Three measurements on this machine:
 
 from __future__ import annotations
 
-import csv
 import json
 import statistics
 import subprocess
 import sys
 import time
-from pathlib import Path
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.hardware import load_cluster
@@ -28,7 +26,7 @@ from symtensor.models import build_graph, load_model_config
 from symtensor.search.partition import Problem, solve
 from symtensor.search.planner import search
 
-OUT = Path(__file__).parent / "results"
+from results_files import write_results
 
 
 def median_time(fn, repeat=3, clock=time.process_time):
@@ -106,13 +104,8 @@ def targets():
 
 
 def main() -> int:
-    OUT.mkdir(exist_ok=True)
     rows = solver_vs_ops() + plan_vs_devices() + targets()
     keys = sorted({k for r in rows for k in r}, key=lambda k: list(rows[-1]).index(k) if k in rows[-1] else 99)
-    with open(OUT / "search_speed.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
     lines = ["# Search speed (seconds, this 2-core machine)", "",
              "Solver rows: CPU seconds in one process; device rows: wall seconds of the search (median of 3).",
              "Target rows: the tool's own `search_time_s`",
@@ -128,8 +121,7 @@ def main() -> int:
         lines.append(f"| {r['measure']} | {r['model']} | {r['devices']} | {r['ops']} | {r['cpu_s']:.3f} | {best} | "
                      f"{r['us_per_op'] if r['us_per_op'] == '' else round(r['us_per_op'])} | "
                      f"{r.get('goal_s', '')} | {r.get('met', '')} | {machine} | {r.get('phases', '')} |")
-    (OUT / "search_speed.md").write_text("\n".join(lines) + "\n")
-    print("\n".join(lines))
+    write_results("search_speed", lines, rows, keys)
     return 0
 
 
