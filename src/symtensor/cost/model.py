@@ -117,7 +117,7 @@ class Evaluator:
         self.grad_operands = grad_operands(graph, self.requires_grad)
         self.model_flops_per_microstep = model_flops(graph)
         self._segment_cache: dict = {}
-        self._params_cache: dict = {}
+        self._segment_params_cache: dict = {}  # per segment (_Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
         self._param_cache: dict = {}
         self._tl_cache: dict = {}
@@ -547,17 +547,17 @@ class _Accumulator:
         self.ev, self.layouts, self.train = ev, layouts, train
         self.stage = ev.stage_of(train)
         self.stages = [_Stage() for _ in range(train.pp)]
+        # what a segment's parameters depend on besides their layouts (see _Params)
+        self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
 
     def run(self) -> CostReport:
         ev, train = self.ev, self.train
-        # what the segments depend on: recomputation and framework semantics for the activations;
-        # ZeRO, micro-batches and bytes per value for the parameters (dp_overlap and the schedule
-        # only enter the step)
+        # what the segments' activations depend on besides layouts: recomputation and framework
+        # semantics (the parameters: self.pkey; dp_overlap and the schedule only enter the step)
         akey = (train.recompute, train.framework)
-        pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
         pieces: dict = {}  # (id(ops), id(external), cross) -> (segment, params), once per evaluation
         counts: dict = {}  # (stage, segment, params) -> identical layers
         stage = self.stage
@@ -575,7 +575,7 @@ class _Accumulator:
                 seg = ev._segment_cache.get(key)
                 if seg is None:
                     seg = ev._segment_cache[key] = _Segment(ev, self.layouts, train, ops, cross, external).run()
-                hit = pieces[local] = (seg, self._params(sig_id, ops, lay, pkey))
+                hit = pieces[local] = (seg, self._params(sig_id, ops, lay))
             seg, params = hit
             ck = (s, id(seg), id(params))
             prev = counts.get(ck)
@@ -584,25 +584,23 @@ class _Accumulator:
             self.stages[s].add(seg, params, times)
         return self._finish()
 
-    def _params(self, sig_id, ops, lay, pkey) -> _Params:
+    def _params(self, sig_id, ops, lay) -> _Params:
         ev = self.ev
-        key = (sig_id, lay, pkey)
-        hit = ev._params_cache.get(key)
+        key = (sig_id, lay, self.pkey)
+        hit = ev._segment_params_cache.get(key)
         if hit is None:
-            hit = ev._params_cache[key] = _Params(ev, self.layouts, self.train, ops)
+            hit = ev._segment_params_cache[key] = _Params(ev, self.layouts, self.train, ops)
         return hit
 
     def static_peak(self) -> float:
         """The largest parameter + gradient + optimizer bytes of a stage: a lower bound of the
         memory peak under any recomputation, at a fraction of an evaluation's cost."""
-        train = self.train
-        pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
         seen: dict = {}
         counts: dict = {}  # (stage, id(ops)) -> [params, identical layers]
         for sig_id, ops, _, layer, _ in self.ev.segments:
             params = seen.get(id(ops))
             if params is None:
-                params = seen[id(ops)] = self._params(sig_id, ops, tuple(self.layout(op) for op in ops), pkey)
+                params = seen[id(ops)] = self._params(sig_id, ops, tuple(self.layout(op) for op in ops))
             counts.setdefault((self.stage[layer], id(ops)), [params, 0])[1] += 1
         for (s, _), (params, times) in counts.items():
             self.stages[s].add_params(params, times)
