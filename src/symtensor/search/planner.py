@@ -275,10 +275,7 @@ def _seeds_beside_partition(s: "_Search", fork: bool) -> dict:
         _rollbacks(s, base)
         _refine(s, s.best)
         best, least, count, refined = job.result()
-    s.evaluations += count
-    for cand in (best, least):
-        if cand is not None:
-            s.offer(_plan_of(s, cand))
+    _offer_seeds(s, best, least, count)
     _adopt(s, refined)
     return base
 
@@ -290,14 +287,19 @@ def _split_seeds(s: "_Search", tps: list[int], fork: bool) -> None:
     with Background(lambda: _seed_phase(pool, gb, mb, tps[1::2], descend=False), fork=fork) as job:
         found = [_seed_phase(pool, gb, mb, tps[0::2], descend=False), job.result()]
     for best, least, count in found:
-        s.evaluations += count
-        for cand in (best, least):
-            if cand is not None:
-                s.offer(_plan_of(s, cand))
+        _offer_seeds(s, best, least, count)
     fitting = [best for best, _, _ in found if best is not None]
     if fitting:
         start = min(fitting, key=lambda c: c.report.step_time_s)
         for cand in grid_descent(pool, start, mb):
+            s.offer(_plan_of(s, cand))
+
+
+def _offer_seeds(s: "_Search", best, least, count: int) -> None:
+    """Offer what a seed phase (``_seed_phase``) found, counting its configurations."""
+    s.evaluations += count
+    for cand in (best, least):
+        if cand is not None:
             s.offer(_plan_of(s, cand))
 
 
@@ -364,11 +366,11 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
     """Megatron-expressible starting points: the whole grid (exact branch and bound) on small
     clusters. Elsewhere a scan that treats the step time as unimodal along each axis of the grid:
     tensor-parallel degrees ascending, per degree context-parallel degrees ascending, per degree
-    pipeline depths ascending and (MoE) expert-parallel degrees ascending, each chain stopped
-    once a step stops getting faster. Points that do not fit do not stop a chain; points already slower than the
-    fastest seed of their tp are only costed once (recomputation only adds time). Each tp is
-    scanned on its own (``tps``: the degrees to scan), so the scan can be split between
-    processes with the same result."""
+    pipeline depths ascending and (MoE) expert-parallel degrees ascending, each chain stopped once a
+    point that fits without recomputation is no faster than the one before (``_Chain``). Points
+    already slower than the fastest seed of their tp are only costed once (recomputation only adds
+    time). ``tps``: the degrees to scan; a call depends on nothing else, so the scan can be
+    split between two processes, which give the same seeds as one."""
     from symtensor.search.baselines import _divisors
 
     cfg, n = pool.cfg, pool.cluster.n_devices
