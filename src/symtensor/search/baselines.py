@@ -73,16 +73,14 @@ class EvaluatorPool:
     def layouts(self, pc: ParallelConfig) -> tuple[Evaluator, dict]:
         """The evaluator and Megatron layouts of ``pc`` (validated); the last few are kept, as the
         variants of one point (recomputation, ZeRO, virtual stages) share them."""
+        pc.validate(self.cfg, self.cluster.n_devices)
         key = (pc.micro_batch * pc.dp, pc.pp, pc.tp, pc.cp, pc.dp, pc.ep, pc.sp)
         hit = self._layouts.get(key)
         if hit is None:
-            pc.validate(self.cfg, self.cluster.n_devices)
             ev = self.get(pc.micro_batch * pc.dp, pc.pp)
             if len(self._layouts) > 64:
                 self._layouts.clear()
             hit = self._layouts[key] = (ev, megatron_layouts(ev.graph, ev.mesh, pc))
-        else:
-            pc.validate(self.cfg, self.cluster.n_devices)
         return hit
 
     def evaluate(self, pc: ParallelConfig) -> Candidate:
@@ -113,9 +111,9 @@ class EvaluatorPool:
             self._param_sums = _param_sums(self.get(1, 1).graph)
         train = pc.train_config()
         total = 0.0
+        z = train.zero
         for (expert, trainable), numel in self._param_sums.items():
             shard = pc.dp * pc.cp // (pc.ep if expert else 1) or 1
-            z = train.zero
             per = train.param_bytes / (shard if z >= 3 else 1)
             if trainable:
                 per += train.grad_bytes / (shard if z >= 2 else 1) + train.optim_bytes / (shard if z >= 1 else 1)

@@ -144,6 +144,11 @@ def _tp_dim(op) -> str | None:
     return None
 
 
+def expert_op(op) -> bool:
+    """An MoE expert's matmul or activation: an input runs over the expert dim ``e`` first."""
+    return op.kind in ("linear", "elementwise") and any(d and d[0] == "e" for d in op.in_dims)
+
+
 _ROLES: dict = {}
 
 
@@ -154,8 +159,7 @@ def _roles(op) -> tuple:
     hit = _ROLES.get(key)
     if hit is None:
         sizes = op.dim_sizes
-        expert = "e" in sizes and op.kind in ("linear", "elementwise")
-        expert = expert and any(len(d) and d[0] == "e" for d in op.in_dims)
+        expert = expert_op(op)
         seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
         tdim = _tp_dim(op)
         tdim = tdim if tdim in sizes else None

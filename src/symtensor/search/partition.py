@@ -465,10 +465,10 @@ TEMPLATES = ("data", "tensor", "context", "expert")
 
 
 def _template_dim(op, kind: str) -> str | None:
-    from symtensor.search.megatron import _tp_dim
+    from symtensor.search.megatron import _tp_dim, expert_op
 
     sizes = op.dim_sizes
-    expert = op.kind in ("linear", "elementwise") and any(d and d[0] == "e" for d in op.in_dims)
+    expert = expert_op(op)
     if kind == "data":
         return "b" if "b" in sizes else None
     if kind == "context":
