@@ -141,7 +141,9 @@ def _param_sums(graph) -> dict:
 
 
 def _divisors(n: int) -> list[int]:
-    return [d for d in range(1, n + 1) if n % d == 0]
+    """The divisors of ``n``, ascending (pairs up to the square root: device counts reach 10^5)."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]
 
 
 def _try(pool: EvaluatorPool, **kw) -> Candidate | None:

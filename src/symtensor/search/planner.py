@@ -34,7 +34,7 @@ from symtensor.errors import PlanError
 from symtensor.hardware import Cluster
 from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig
-from symtensor.search.baselines import EvaluatorPool, megatron_grid
+from symtensor.search.baselines import EvaluatorPool, _divisors, megatron_grid
 from symtensor.search.parallel import Background
 from symtensor.search.partition import Problem, refine, refine_blocks, solve
 
@@ -82,12 +82,12 @@ class _Search:
 
     def pipeline_depths(self) -> list[int]:
         n, layers = self.cluster.n_devices, self.cfg.layers
-        return [p for p in range(1, min(n, layers) + 1) if n % p == 0]
+        return [p for p in _divisors(n) if p <= layers]
 
     def micro_steps(self, pp: int) -> list[int]:
         """Micro-batches per step: at least pp (to fill the pipeline), dividing the global batch."""
         gb = self.global_batch
-        out = [m for m in range(pp, gb + 1) if gb % m == 0]
+        out = [m for m in _divisors(gb) if m >= pp]
         if self.micro_batch is not None:
             out = [m for m in out if (gb // m) % self.micro_batch == 0]
         return out
@@ -371,8 +371,6 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
     already slower than the fastest seed of their tp are only costed once (recomputation only adds
     time). ``tps``: the degrees to scan; a call depends on nothing else, so the scan can be
     split between two processes, which give the same seeds as one."""
-    from symtensor.search.baselines import _divisors
-
     cfg, n = pool.cfg, pool.cluster.n_devices
     exhaustive, all_tps, points = _seed_plan(pool, global_batch)
     if exhaustive:
