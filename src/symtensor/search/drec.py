@@ -18,7 +18,10 @@ class DrecProblem(Problem):
         ev = self.ev
         src = ev.out_layout(e.src, lu, e.src_slot, partial=False)
         dst = ev.in_layout(e.dst, lv, e.dst_slot)
-        return e.weight * drec.edge_cost(src.axes, dst.axes, ev.tensors[e.tensor].numel, ev.mesh)
+        return drec.edge_cost(src.axes, dst.axes, ev.tensors[e.tensor].numel, ev.mesh)
+
+    def _edge_weight(self, e):
+        return e.weight  # D-Rec's costs count one micro-batch
 
 
 def drec_layouts(ev, train):

@@ -100,21 +100,25 @@ class Problem:
             self._op_memo[name], self._legal_memo[name], self._cand_memo[name], self._move_memo[name] = memos
         self._template_memo = {op.name: {} for op in self.ops}  # (uid, axis, kind) -> layout
         self._template_dims = {op.name: {} for op in self.ops}  # kind -> dim or None
-        # (terms, saved bytes) by orbit id (by uid for a subclass; see _symmetry)
-        self._op_shared = {op.name: shared.setdefault(("op", id(op), train, type(self).__name__), ({}, {}))
+        # (terms, saved bytes) by orbit id (by uid for a subclass; see _symmetry), per cost class:
+        # the same op in every layer of the skeleton shares them
+        kind = type(self).__name__
+        cls = _cost_classes(ev, shared)
+        self._op_shared = {op.name: shared.setdefault(("op", cls[op.name], self.redo(op), train, kind), ({}, {}))
                            for op in self.ops}
-        self._edge_memo, self._edge_shared, self._views = {}, {}, {}
+        self._edge_memo, self._edge_shared, self._edge_scale, self._views = {}, {}, {}, {}
         per_eclass: dict = {}
         for e in self.edges:
-            # costs: lu uid -> {lv uid -> seconds}; shared: orbit key (or uid pair) -> seconds
+            # costs: lu uid -> {lv uid -> seconds}; shared: orbit key (or uid pair) -> the cost
+            # before the edge's weight and micro-batches (``_edge_scale``)
             self._edge_memo[id(e)] = per_eclass.setdefault(self.edge_class[id(e)], {})
-            self._edge_shared[id(e)] = shared.setdefault(
-                ("edge", id(e.src), e.src_slot, id(e.dst), e.dst_slot, e.weight, train.micro_steps,
-                 self.redo(e.dst), type(self).__name__), {})
-            # placements: uid -> (tensor layout, that of its gradient or None)
             grad = ev.needs_grad(e.tensor)
-            self._views[id(e)] = (shared.setdefault(("out", id(e.src), e.src_slot, grad), {}),
-                                  shared.setdefault(("in", id(e.dst), e.dst_slot, grad), {}))
+            self._edge_shared[id(e)] = shared.setdefault(
+                ("edge", cls[e.src.name], e.src_slot, cls[e.dst.name], e.dst_slot, grad, self.redo(e.dst), kind), {})
+            self._edge_scale[id(e)] = self._edge_weight(e)
+            # placements: uid -> (tensor layout, that of its gradient or None)
+            self._views[id(e)] = (shared.setdefault(("out", cls[e.src.name], e.src_slot, grad), {}),
+                                  shared.setdefault(("in", cls[e.dst.name], e.dst_slot, grad), {}))
         self._symmetry(shared)
 
     def _symmetry(self, shared: dict):
@@ -277,13 +281,19 @@ class Problem:
         if hit is None:
             # edges do not depend on the memory weight: share them across problems of one evaluator
             shared, key = self._edge_shared[id(e)], self._edge_key(lu, lv)
-            hit = shared.get(key)
-            if hit is None:
-                hit = shared[key] = self._edge_cost(e, lu, lv)
-            self._edge_memo[id(e)].setdefault(lu.uid, {})[lv.uid] = hit
+            unit = shared.get(key)
+            if unit is None:
+                unit = shared[key] = self._edge_cost(e, lu, lv)
+            hit = self._edge_memo[id(e)].setdefault(lu.uid, {})[lv.uid] = self._edge_scale[id(e)] * unit
         return hit
 
+    def _edge_weight(self, e: Edge) -> float:
+        """What ``_edge_cost`` is multiplied by: the edge's weight and the micro-batches per step."""
+        return e.weight * self.train.micro_steps
+
     def _edge_cost(self, e: Edge, lu: OpLayout, lv: OpLayout) -> float:
+        """Seconds of one micro-batch of one layer: the forward redistribution (twice under
+        recomputation) and the backward one of the gradient."""
         ev = self.ev
         src, gdst = self._view(e, lu, True)
         dst, gsrc = self._view(e, lv, False)
@@ -291,7 +301,7 @@ class Problem:
         bwd = 0.0
         if gsrc is not None:
             bwd = ev.edge(gsrc, gdst, e.tensor)[0]
-        return e.weight * self.train.micro_steps * (fwd * (2 if self.redo(e.dst) else 1) + bwd)
+        return fwd * (2 if self.redo(e.dst) else 1) + bwd
 
     def _view(self, e: Edge, layout: OpLayout, producer: bool):
         """How ``e``'s tensor is placed by its producer (``producer``) or its consumer with
@@ -328,6 +338,23 @@ class Problem:
 
 
 _uid = attrgetter("uid")
+
+
+def _cost_classes(ev: Evaluator, shared: dict) -> dict[str, int]:
+    """Per op, a small int naming everything its costs and its edges' read besides layouts: its
+    signature, which operands get gradients, and its tensors' shapes, dtypes and roles. Equal ops
+    of different layers of the skeleton (its first, repeated and last layers) share a class, and
+    with it their memo tables. One numbering per evaluator (kept in ``shared``)."""
+    hit = shared.get(("cost classes",))
+    if hit is None:
+        ids: dict = {}
+        tensors = ev.tensors
+        hit = shared[("cost classes",)] = {
+            op.name: ids.setdefault((op.signature, ev.grad_operands[op.name], tuple(
+                (t.shape, t.dtype, t.param, t.trainable, ev.needs_grad(t.name))
+                for t in map(tensors.__getitem__, op.inputs + op.outputs))), len(ids))
+            for op in ev.graph.ops}
+    return hit
 
 
 def _uid_pair(lu: OpLayout, lv: OpLayout) -> tuple[int, int]:
