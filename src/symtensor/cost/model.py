@@ -111,10 +111,13 @@ class Evaluator:
         self.consumers = graph.consumers()
         self.tensors = graph.tensors
         self.dtype = graph.meta.get("dtype", "bf16")
-        self._op_cache: dict = {}
+        self._op_cache: dict = {}  # (equal-op id, layout uid) -> OpTime
         self._edge_cache: dict = {}
         self.requires_grad = requires_grad(graph)
         self.grad_operands = grad_operands(graph, self.requires_grad)
+        sigs: dict = {}
+        self._op_sig = {op.name: sigs.setdefault((op.signature, self.grad_operands[op.name]), len(sigs))
+                        for op in graph.ops}
         self.model_flops_per_microstep = model_flops(graph)
         self._segment_cache: dict = {}
         self._segment_params_cache: dict = {}  # per segment (_Params); _param_cache: per tensor
@@ -149,12 +152,13 @@ class Evaluator:
 
     # -- memoised pieces ----------------------------------------------------------------------
     def op_time(self, op, layout: OpLayout):
-        key = (op.signature, self.grad_operands[op.name], layout)
+        """``opcost.op_time``, memoised per equal ops (signature and gradient operands) and layout."""
+        sig = self._op_sig[op.name]
+        key = (sig, layout.uid)
         hit = self._op_cache.get(key)
         if hit is None:
-            hit = op_time(op, layout, self.mesh, self.cluster.device, self.eff, self.tensors,
-                          self.grad_operands[op.name], self.dtype)
-            self._op_cache[key] = hit
+            hit = self._op_cache[key] = op_time(op, layout, self.mesh, self.cluster.device, self.eff, self.tensors,
+                                                self.grad_operands[op.name], self.dtype)
         return hit
 
     def edge(self, src, dst, tname):

@@ -102,7 +102,8 @@ class _Search:
         """Micro-batches for these layouts: every cut of the batch must divide the micro-step batch.
         Without pipelining, the fewest micro-batches that fit (large micro-batches amortise
         latencies); with it, the most (the bubble shrinks as (p-1)/m)."""
-        bcut = max((_factor(lay, "b", self.cluster.mesh()) for lay in layouts.values()), default=1)
+        mesh = self.cluster.mesh()
+        bcut = max((_factor(lay, "b", mesh) for lay in layouts.values()), default=1)
         ms = [m for m in self.micro_steps(pp) if (self.global_batch // m) % bcut == 0]
         if pp > 1:
             for m in ms[::-1][:2]:
