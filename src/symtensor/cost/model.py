@@ -100,9 +100,13 @@ class Evaluator:
         cluster: devices and links.
         pp: pipeline stages (their axes are taken from the outermost levels).
         eff: efficiency constants (default: calibrated for the device).
+        shared: caches that depend on the mesh but not on the batch (tensor placements, parameter
+            costs, redistributions: their keys hold everything else they read), shared by the
+            evaluators of one cluster, pipeline depth and efficiency (``EvaluatorPool``).
     """
 
-    def __init__(self, graph: Graph, cluster: Cluster, pp: int = 1, eff: Efficiency | None = None):
+    def __init__(self, graph: Graph, cluster: Cluster, pp: int = 1, eff: Efficiency | None = None,
+                 shared: dict | None = None):
         self.graph, self.cluster, self.pp = graph, cluster, pp
         self.mesh, self.pp_axes = split_mesh(cluster, pp)
         self.levels = cluster.levels
@@ -112,7 +116,16 @@ class Evaluator:
         self.tensors = graph.tensors
         self.dtype = graph.meta.get("dtype", "bf16")
         self._op_cache: dict = {}  # (equal-op id, layout uid) -> OpTime
-        self._edge_cache: dict = {}
+        shared = {} if shared is None else shared
+        self._edge_cache: dict = shared.setdefault("edges", {})  # (shape, dtype, src, dst) -> (s, collectives)
+        self._param_cache: dict = shared.setdefault("params", {})  # see param_cost
+        # (op structure id, layout uid, slot, what) -> TensorLayout: placements read the op's dim names,
+        # tensors' dims and links, never sizes, so equal structures of any batch share them
+        self._tl_cache: dict = shared.setdefault("placements", {})
+        structures = shared.setdefault("structures", {})
+        self._op_struct = {op.name: structures.setdefault(
+            (op.kind, tuple(d for d, _ in op.dims), op.in_dims, op.out_dims, op.attrs), len(structures))
+            for op in graph.ops}
         self.requires_grad = requires_grad(graph)
         self.grad_operands = grad_operands(graph, self.requires_grad)
         sigs: dict = {}
@@ -122,8 +135,6 @@ class Evaluator:
         self._segment_cache: dict = {}
         self._segment_params_cache: dict = {}  # per segment (_Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
-        self._param_cache: dict = {}
-        self._tl_cache: dict = {}
         self.segments = self._index_segments()
 
     # -- graph facts ------------------------------------------------------------------------
@@ -172,22 +183,22 @@ class Evaluator:
         return hit
 
     def in_layout(self, op, layout: OpLayout, slot: int, grad: bool = False):
-        """Memoised ``input_layout`` (ops live as long as the evaluator's graph)."""
-        key = (id(op), layout, slot, grad)
+        """Memoised ``input_layout``."""
+        key = (self._op_struct[op.name], layout.uid, slot, grad)
         hit = self._tl_cache.get(key)
         if hit is None:
             hit = self._tl_cache[key] = input_layout(op, layout, slot, grad=grad)
         return hit
 
     def param_layout(self, op, layout: OpLayout, slot: int):
-        key = (id(op), layout, slot, "param")
+        key = (self._op_struct[op.name], layout.uid, slot, "param")
         hit = self._tl_cache.get(key)
         if hit is None:
             hit = self._tl_cache[key] = param_layout(op, layout, slot)
         return hit
 
     def out_layout(self, op, layout: OpLayout, slot: int = 0, partial: bool = True):
-        key = (id(op), layout, slot, "out", partial)
+        key = (self._op_struct[op.name], layout.uid, slot, "out", partial)
         hit = self._tl_cache.get(key)
         if hit is None:
             hit = self._tl_cache[key] = output_layout(op, layout, slot, partial=partial)

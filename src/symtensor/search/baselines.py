@@ -53,6 +53,7 @@ class EvaluatorPool:
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
         self.graph_factory = graph_factory
         self._evs: dict = {}
+        self._shared: dict = {}  # pp -> the caches its evaluators share (see Evaluator)
         self._graphs: dict = {}
         self._layouts: dict = {}
         self._param_sums = None
@@ -67,7 +68,8 @@ class EvaluatorPool:
                     self.graph_factory(graph_batch) if self.graph_factory is not None
                     else build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True,
                                      validate=not self._graphs))
-            self._evs[key] = Evaluator(graph, self.cluster, pp=pp)
+            # the evaluators of one pipeline depth share one mesh, and their batch-free caches
+            self._evs[key] = Evaluator(graph, self.cluster, pp=pp, shared=self._shared.setdefault(pp, {}))
         return self._evs[key]
 
     def layouts(self, pc: ParallelConfig) -> tuple[Evaluator, dict]:
