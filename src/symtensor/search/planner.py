@@ -271,8 +271,12 @@ def _seeds_beside_partition(s: "_Search", fork: bool) -> dict:
         best, least, count = _seed_phase(pool, gb, mb, None, descend=True)
         return best, least, count, _portable(_refine_plan(_plan_of(s, best)) if best is not None else [])
 
+    m0 = _nominal_steps(s)
+    # the partition's graph is built before the fork: the seeds' data-parallel points with one
+    # sequence per device share it, and then neither process builds it on a shared core
+    s.evaluator(gb // m0, 1)
     with Background(seeds_refined, fork=fork) as job:
-        base = s.partition(1, _nominal_steps(s), 0.0)
+        base = s.partition(1, m0, 0.0)
         _rollbacks(s, base)
         _refine(s, s.best)
         best, least, count, refined = job.result()
