@@ -16,10 +16,11 @@ around the recursive partitioner.
     5. the best plans are refined op by op (``partition.refine``): each op may move one mesh axis
        to another dim given all its neighbours, which is where per-op heterogeneous plans come from.
 
-Steps 0 and 1-2 are independent up to FULL_MESH devices and run in two processes (a forked child
-computes and refines the seeds while this process partitions and refines its best); beyond, the
-two processes split the seeds' scan, then the child refines the best seed while this process
-partitions its stage mesh. The result does not depend on whether the halves ran in parallel.
+Steps 0 and 1-3 are independent up to FULL_MESH devices and run in two processes (a forked child
+computes the seeds while this process partitions and rolls back; the best of all is refined
+after); beyond, the two processes split the seeds' scan, then the child refines the best seed
+while this process partitions its stage mesh. The result does not depend on whether the halves
+ran in parallel.
 """
 
 from __future__ import annotations
@@ -255,33 +256,27 @@ def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_fa
     t2 = time.perf_counter()
     # the best plan refined op by op (the least-memory plan when nothing fits), unless it was
     _refine(s, s.best or s.least_memory)
-    # (up to FULL_MESH devices the whole-mesh partition and both refinements run alongside the
-    # seeds, in their phase)
+    # (up to FULL_MESH devices the whole-mesh partition runs alongside the seeds, in their phase)
     s.phases = {"seeds_s": t1 - t0, "partition_s": t2 - t1, "refine_s": time.perf_counter() - t2}
     return _finish(s, t0)
 
 
 def _seeds_beside_partition(s: "_Search", fork: bool) -> dict:
-    """Up to FULL_MESH devices: a forked child computes the Megatron seeds and refines the best,
-    while this process partitions the whole mesh, rolls it back to every pipeline depth and
-    refines its best; returns the whole-mesh partition."""
+    """Up to FULL_MESH devices: a forked child computes the Megatron seeds while this process
+    partitions the whole mesh and rolls it back to every pipeline depth; returns the whole-mesh
+    partition. Only the better of the two best plans is refined, afterwards: refining the best
+    seed as well was a third of the child's work (which slows this process down while both run
+    on the two cores), and on the plan-quality scenarios it never changed the winner."""
     pool, gb, mb = s.pool, s.global_batch, s.micro_batch
-
-    def seeds_refined():
-        best, least, count = _seed_phase(pool, gb, mb, None, descend=True)
-        return best, least, count, _portable(_refine_plan(_plan_of(s, best)) if best is not None else [])
-
     m0 = _nominal_steps(s)
     # the partition's graph is built before the fork: the seeds' data-parallel points with one
     # sequence per device share it, and then neither process builds it on a shared core
     s.evaluator(gb // m0, 1)
-    with Background(seeds_refined, fork=fork) as job:
+    with Background(lambda: _seed_phase(pool, gb, mb, None, descend=True), fork=fork) as job:
         base = s.partition(1, m0, 0.0)
         _rollbacks(s, base)
-        _refine(s, s.best)
-        best, least, count, refined = job.result()
+        best, least, count = job.result()
     _offer_seeds(s, best, least, count)
-    _adopt(s, refined)
     return base
 
 
