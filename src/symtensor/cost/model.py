@@ -131,7 +131,7 @@ class Evaluator:
         sigs: dict = {}
         self._op_sig = {op.name: sigs.setdefault((op.signature, self.grad_operands[op.name]), len(sigs))
                         for op in graph.ops}
-        self.model_flops_per_microstep = model_flops(graph)
+        self.model_flops_per_microstep = model_flops(graph, self.grad_operands)
         self._segment_cache: dict = {}
         self._segment_params_cache: dict = {}  # per segment (_Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
@@ -160,6 +160,10 @@ class Evaluator:
             for k in range(repeat.get(first, 1)):
                 out.append((sig_id, ops, external if k == 0 else again, first + k, k > 0))
         return out
+
+    def op_sig(self, op) -> int:
+        """A small int shared by equal ops (signature and gradient operands) of this graph."""
+        return self._op_sig[op.name]
 
     # -- memoised pieces ----------------------------------------------------------------------
     def op_time(self, op, layout: OpLayout):

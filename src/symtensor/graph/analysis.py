@@ -22,10 +22,11 @@ def grad_operands(graph: Graph, req: set[str] | None = None) -> dict[str, int]:
     return {op.name: sum(1 for t in op.inputs[:2] if t in req) for op in graph.ops}
 
 
-def model_flops(graph: Graph) -> float:
+def model_flops(graph: Graph, operands: dict[str, int] | None = None) -> float:
     """Forward + backward FLOPs of one micro-step in the PaLM/Korthikanti MFU convention
-    (no recomputation, attention counted in full): 6 N tokens + attention terms."""
-    ops = grad_operands(graph)
+    (no recomputation, attention counted in full): 6 N tokens + attention terms. ``operands``:
+    ``grad_operands(graph)`` when the caller has it."""
+    ops = grad_operands(graph) if operands is None else operands
     return sum(op_model_flops(op, ops[op.name]) * layer_repeat(graph, op.layer) for op in graph.ops)
 
 

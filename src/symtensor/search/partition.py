@@ -70,8 +70,7 @@ class Problem:
         # small integer ids of equal ops and equal edges: cheap memo keys
         classes: dict = {}
         self.op_class = {op.name: classes.setdefault(
-            (op.signature, ev.grad_operands[op.name], self.weight[op.name], self.redo(op)), len(classes))
-            for op in self.ops}
+            (ev.op_sig(op), self.weight[op.name], self.redo(op)), len(classes)) for op in self.ops}
         eclasses: dict = {}
         self.edge_class = {id(e): eclasses.setdefault(
             (self.op_class[e.src.name], e.src_slot, self.op_class[e.dst.name], e.dst_slot, e.weight), len(eclasses))
