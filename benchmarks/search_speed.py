@@ -67,7 +67,7 @@ def plan_vs_devices():
 
 TARGETS = [("llama2-7b", 64, 1024, 4096, 0.1), ("llama3-405b", 16384, 2048, 8192, 1.0),
            ("mixtral-8x22b", 1024, 1024, 4096, 1.0)]
-RUNS = 7
+RUNS = 11
 
 
 def machine_speed() -> float:

@@ -110,11 +110,9 @@ class _Search:
             for m in ms[::-1][:2]:
                 self.consider(layouts, pp, m)
             return
-        # the fewest micro-batches first (large micro-batches amortise latencies), but only down to
-        # a quarter of one sequence per device, and always the most micro-batches (least memory)
-        nominal = max(1, self.global_batch // self.cluster.n_devices)
-        picks = [m for m in ms if self.global_batch // m <= 4 * nominal * self.cluster.n_devices][:5]
-        for m in dict.fromkeys(picks + ms[-1:]):
+        # the five fewest micro-batch counts (large micro-batches amortise latencies) and the most
+        # (the least memory)
+        for m in dict.fromkeys(ms[:5] + ms[-1:]):
             self.consider(layouts, pp, m)
 
     def consider(self, layouts: dict, pp: int, m: int) -> bool:
