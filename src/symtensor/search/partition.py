@@ -574,7 +574,13 @@ def refine(problem: Problem, layouts: dict[str, OpLayout], sweeps: int = 2) -> d
     Costs are times and bytes, never negative, so a partial sum only grows: once it reaches the
     cost to beat, the remaining edges (and their redistributions, the search's main expense) are
     skipped. The choices are those of the full sums."""
+    return _refine_sweeps(problem, layouts, sweeps)[0]
+
+
+def _refine_sweeps(problem: Problem, layouts: dict[str, OpLayout], sweeps: int) -> tuple[dict, bool]:
+    """``refine``, and whether its last sweep changed nothing (a local optimum of op moves)."""
     layouts = dict(layouts)
+    changed = True  # (no sweep: not known to be settled)
     op_cost, edge_cost = problem.op_cost, problem.edge_cost
     for _ in range(sweeps):
         changed = False
@@ -601,7 +607,7 @@ def refine(problem: Problem, layouts: dict[str, OpLayout], sweeps: int = 2) -> d
                 changed = True
         if not changed:
             break
-    return layouts
+    return layouts, not changed
 
 
 def _blocks(problem: Problem) -> list[list]:
@@ -660,6 +666,11 @@ def refine_blocks(problem: Problem, layouts: dict[str, OpLayout], rounds: int = 
 
 
 def solve(problem: Problem, order: str = "topological") -> dict[str, OpLayout]:
-    """The SymTensor per-op solver: the recursive partition, then op moves, block moves, op moves."""
-    layouts = refine(problem, partition(problem, order=order))
-    return refine(problem, refine_blocks(problem, layouts))
+    """The SymTensor per-op solver: the recursive partition, then op moves, block moves, op moves
+    (the last only when block moves changed something or the first did not settle: otherwise its
+    first sweep would change nothing)."""
+    layouts, settled = _refine_sweeps(problem, partition(problem, order=order), 2)
+    moved = refine_blocks(problem, layouts)
+    if settled and moved == layouts:
+        return moved
+    return refine(problem, moved)
