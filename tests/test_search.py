@@ -151,6 +151,54 @@ def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, ind
     assert 0 < pool.static_lower_bound(pc) <= exact * (1 + 1e-12)
 
 
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(name=st.sampled_from(["llama2-7b", "llama3-8b", "mixtral-8x7b", "gpt3-1.3b", "qwen2-7b"]),
+       lora=st.booleans(), devices=st.sampled_from([8, 16, 24, 64]), index=st.integers(0, 10**6),
+       recompute=st.sampled_from(["none", "selective", "full"]))
+def test_step_floor_never_exceeds_a_step(name, lora, devices, index, recompute):
+    """The step floor that ends the recomputation variants of a point is a lower bound of every
+    plan's step time, whatever its layouts, pipeline, micro-batches and ZeRO stage."""
+    from symtensor.search.baselines import grid_points
+    from symtensor.search.megatron import ParallelConfig
+
+    cfg = load_model_config(name).replace(layers=4, **({"lora_rank": 8} if lora else {}))
+    cl = load_cluster("dgx-h100", devices=devices)
+    pool = EvaluatorPool(cfg, cl, 2048)
+    points = list(grid_points(cfg, devices, 8, 4 * devices, 2048))
+    pc = ParallelConfig(**dict(points[index % len(points)], recompute=recompute))
+    ev, layouts = pool.layouts(pc)
+    train = pc.train_config()
+    step = ev.evaluate(layouts, train, check=False).step_time_s
+    floor = ev.step_floor(train)
+    assert 0 < floor <= step
+    # the same for every micro-batch count (the FLOPs of a step do not depend on it)
+    other = pool.get(train.graph_batch * 2, 1) if (train.micro_steps % 2 == 0) else None
+    if other is not None:
+        half = TrainConfig(global_batch=train.global_batch, micro_steps=train.micro_steps // 2, recompute=recompute)
+        assert other.step_floor(half) == pytest.approx(floor, rel=1e-12)
+
+
+@pytest.mark.parametrize("name, changes, devices, seq", [
+    ("llama2-7b", {}, 64, 4096), ("mixtral-8x7b", dict(layers=4), 16, 4096),
+    ("llama3-8b", dict(layers=4, lora_rank=16), 8, 8192), ("gpt3-6.7b", dict(layers=4), 24, 2048)])
+def test_without_pipeline_memory_grows_with_the_micro_batch(name, changes, devices, seq):
+    """What lets consider_batches skip a variant at larger micro-batches once it did not fit:
+    with one micro-batch in flight, the peak memory of fixed layouts, recomputation and ZeRO stage
+    never falls as the micro-step batch grows."""
+    cfg = load_model_config(name).replace(**changes)
+    cl = load_cluster("dgx-h100", devices=devices)
+    pool = EvaluatorPool(cfg, cl, seq)
+    gb = 16 * devices
+    base = Problem(pool.get(gb // 16, 1), TrainConfig(global_batch=gb, micro_steps=16), 0.0)
+    layouts = solve(base)
+    for rc in ("none", "selective", "full"):
+        for zero in (1, 3):
+            peaks = [pool.get(gb // m, 1).evaluate(layouts, TrainConfig(global_batch=gb, micro_steps=m, recompute=rc,
+                                                                        zero=zero)).memory_peak
+                     for m in (16, 8, 4, 2, 1)]
+            assert peaks == sorted(peaks), (rc, zero, peaks)
+
+
 def _assert_valid(plan):
     ev = plan.evaluator
     for op in ev.graph.ops:

@@ -18,11 +18,11 @@ from dataclasses import dataclass, field
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.opcost import (Collective, collectives_time, extra_saved_bytes, input_layout,
+from symtensor.cost.opcost import (Collective, collectives_time, compute_floor, extra_saved_bytes, input_layout,
                                    intra_collectives, op_time, output_layout, param_layout, redistribute)
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
-from symtensor.graph import Graph, grad_operands, model_flops, op_saves, requires_grad
+from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
 from symtensor.hardware import Cluster
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 
@@ -135,6 +135,7 @@ class Evaluator:
         self._segment_cache: dict = {}
         self._segment_params_cache: dict = {}  # per segment (_Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
+        self._floor_cache: dict = {}  # recomputation -> step_floor per micro-batch, all devices
         self.segments = self._index_segments()
 
     # -- graph facts ------------------------------------------------------------------------
@@ -272,6 +273,24 @@ class Evaluator:
         if check:
             self.check(layouts)
         return _Accumulator(self, layouts, train).run()
+
+    def step_floor(self, train: TrainConfig) -> float:
+        """A lower bound of the step time of every plan of this graph with ``train``'s micro-batches
+        and recomputation, whatever its layouts, pipeline and ZeRO stage: the FLOPs of every op
+        (forward, backward, recomputed forward) at the best rate of its kernels, spread evenly over
+        all devices, with no knee, memory time, communication or bubble. (A stage's time per
+        micro-batch is at least its share of these FLOPs over its devices, the critical stage's at
+        least the mean, and a step at least micro-batches times the critical stage.)"""
+        per_mb = self._floor_cache.get(train.recompute)
+        if per_mb is None:
+            layers, rc = self.graph.meta["layers"], train.recompute
+            per_mb = 0.0
+            for op in self.graph.ops:
+                fwd, bwd = compute_floor(op, self.cluster.device, self.eff, self.grad_operands[op.name], self.dtype)
+                redo = 0 <= op.layer < layers and (rc == "full" or (rc == "selective" and bool(op.attr("core"))))
+                per_mb += (fwd * (2 if redo else 1) + bwd) * layer_repeat(self.graph, op.layer)
+            self._floor_cache[train.recompute] = per_mb
+        return train.micro_steps * per_mb / self.cluster.n_devices
 
     def static_fits(self, layouts: dict[str, OpLayout], train: TrainConfig) -> bool:
         """False when parameters, gradients and optimizer state alone exceed the usable memory of

@@ -41,24 +41,41 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
     """Roofline time of the op's local piece, forward and backward."""
     kind = kind_of(op.kind)
     sizes = local_sizes(op, layout, mesh)
-    attrs = dict(op.attrs)
-    flops = kind.fwd_flops(sizes, attrs)
+    flops, bwd_flops, rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
-    peak = device.flops(dtype)
-    frac = {"linear": eff.gemm, "bmm": eff.bmm, "attention": eff.attention}.get(op.kind, eff.gemm)
     hbm = device.hbm_bandwidth * eff.hbm
     if kind.memory_bound:
         fwd = nbytes / hbm
         bwd = kind.bwd_fixed * 2 * nbytes / hbm if kind.bwd_fixed else 0.0
         return OpTime(fwd, bwd, flops)
-    bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
     # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
     knee = eff.gemm_knee
-    fwd = max((flops + knee) / (peak * frac), nbytes / hbm)
-    bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / (peak * frac), 2 * nbytes / hbm) \
+    fwd = max((flops + knee) / rate, nbytes / hbm)
+    bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / rate, 2 * nbytes / hbm) \
         if bwd_flops else 0.0
     return OpTime(fwd, bwd, flops)
+
+
+def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype) -> tuple[float, float, float]:
+    """Forward and backward FLOPs of the op at these (local) sizes, and the FLOP/s its kernels
+    reach at best (peak times the calibrated fraction)."""
+    flops = kind.fwd_flops(sizes, dict(op.attrs))
+    bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
+    frac = {"linear": eff.gemm, "bmm": eff.bmm, "attention": eff.attention}.get(op.kind, eff.gemm)
+    return flops, bwd_flops, device.flops(dtype) * frac
+
+
+def compute_floor(op, device, eff, grad_operands: int, dtype="bf16") -> tuple[float, float]:
+    """Seconds of the whole op's forward and backward FLOPs at the best rate, without the knee:
+    ``op_time`` of any layout is at least this divided by the devices sharing the op (FLOPs are
+    linear in every dim, and the roofline takes the larger of compute and memory time).
+    Memory-bound kinds: (0, 0)."""
+    kind = kind_of(op.kind)
+    if kind.memory_bound:
+        return 0.0, 0.0
+    flops, bwd_flops, rate = _compute(op, kind, op.dim_sizes, device, eff, grad_operands, dtype)
+    return flops / rate, (bwd_flops / rate if bwd_flops else 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -77,6 +77,7 @@ class _Search:
         self.least_memory: Plan | None = None
         self.evaluations = self.partitions = 0
         self.phases: dict = {}
+        self._floors: dict = {}  # recomputation -> Evaluator.step_floor (the same for every evaluator)
 
     def evaluator(self, graph_batch: int, pp: int) -> Evaluator:
         return self.pool.get(graph_batch, pp)
@@ -111,14 +112,27 @@ class _Search:
                 self.consider(layouts, pp, m)
             return
         # the five fewest micro-batch counts (large micro-batches amortise latencies) and the most
-        # (the least memory)
-        for m in dict.fromkeys(ms[:5] + ms[-1:]):
-            self.consider(layouts, pp, m)
+        # (the least memory), the most first: without a pipeline a variant that does not fit at
+        # some micro-batch does not fit at a larger one either (see consider)
+        too_big: dict = {}
+        for m in sorted(dict.fromkeys(ms[:5] + ms[-1:]), reverse=True):
+            self.consider(layouts, pp, m, too_big)
 
-    def consider(self, layouts: dict, pp: int, m: int) -> bool:
+    def consider(self, layouts: dict, pp: int, m: int, too_big: dict | None = None) -> bool:
         """Cost the recomputation / ZeRO / virtual-stage variants of ``layouts`` at (pp, m);
-        True when one fits."""
-        ev = self.evaluator(self.global_batch // m, pp)
+        True when one fits.
+
+        ``too_big`` (no pipeline only): per (recomputation, ZeRO stage), the smallest micro-step
+        batch at which it did not fit; updated. At a larger batch it does not fit either (the
+        activations grow with the batch, parameters and optimizer state do not, and one
+        micro-batch is in flight), so it is not costed, and when no variant is left no graph is
+        built for this batch."""
+        gbatch = self.global_batch // m
+        bound = self.best.report.step_time_s if self.best is not None else float("inf")
+        variants = [v for v in self._variants(bound) if too_big is None or too_big.get(v, gbatch + 1) > gbatch]
+        if not variants:
+            return False
+        ev = self.evaluator(gbatch, pp)
         try:
             for op in ev.graph.ops:
                 check_layout(op, layouts.get(op.name, OpLayout()), ev.mesh)
@@ -129,23 +143,40 @@ class _Search:
         # that fits is the fastest of its row (ZeRO-1 has ZeRO-0's time and less memory), and once
         # a variant is no faster than the best plan, none after it can be (branch and bound);
         # a ZeRO stage whose parameters and optimizer state alone overflow is not tried
-        bound = self.best.report.step_time_s if self.best is not None else float("inf")
         statics: dict = {}  # ZeRO stage -> whether its parameters and optimizer state fit
-        for rc in RECOMPUTE:
-            for zero in (1, 2, 3):
-                if self.best is not None:  # (while nothing fits, the least memory is wanted too)
-                    if zero not in statics:
-                        statics[zero] = ev.static_fits(layouts, self._train(pp, m, 1, "none", zero))
-                    if not statics[zero]:
-                        continue
-                plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
-                if plan.report.fits:
-                    for vpp in vpps:
-                        self._cost(ev, layouts, pp, m, vpp, rc, zero)
-                    return True
-                if plan.report.step_time_s >= bound:
-                    return False
+        for rc, zero in variants:
+            if rc not in self._floors:
+                self._floors[rc] = ev.step_floor(self._train(pp, m, 1, rc, zero))
+            if self._floors[rc] * (1 - 1e-9) >= bound:
+                return False  # no plan with this recomputation (or a heavier one) can be faster
+            if self.best is not None:  # (while nothing fits, the least memory is wanted too)
+                if zero not in statics:
+                    statics[zero] = ev.static_fits(layouts, self._train(pp, m, 1, "none", zero))
+                if not statics[zero]:
+                    continue
+            plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
+            if plan.report.fits:
+                for vpp in vpps:
+                    self._cost(ev, layouts, pp, m, vpp, rc, zero)
+                return True
+            if too_big is not None:
+                too_big[(rc, zero)] = min(too_big.get((rc, zero), gbatch), gbatch)
+            if plan.report.step_time_s >= bound:
+                return False
         return False
+
+    def _variants(self, bound: float) -> list[tuple[str, int]]:
+        """(recomputation, ZeRO stage) pairs in the order ``consider`` costs them, up to the first
+        recomputation whose step floor (``Evaluator.step_floor``: FLOPs at the best rate over all
+        devices, the same for every layout, micro-batch count and pipeline) cannot beat ``bound``;
+        a floor not yet known (no evaluator of this search has computed it) does not stop."""
+        out = []
+        for rc in RECOMPUTE:
+            floor = self._floors.get(rc)
+            if floor is not None and floor * (1 - 1e-9) >= bound:
+                break
+            out += [(rc, zero) for zero in (1, 2, 3)]
+        return out
 
     def _train(self, pp, m, vpp, rc, zero) -> TrainConfig:
         return TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero)
