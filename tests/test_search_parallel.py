@@ -14,8 +14,10 @@ from symtensor.search.planner import search
 pytestmark = pytest.mark.skipif(not parallel.can_fork(), reason="no fork here: the search runs serially")
 
 
-@pytest.mark.parametrize("name, devices, gb, seq", [("llama3-8b", 64, 512, 4096),      # seeds || partition
-                                                     ("mixtral-8x7b", 256, 512, 4096)])  # split seed scan
+@pytest.mark.parametrize("name, devices, gb, seq", [
+    ("llama3-8b", 64, 512, 4096),  # seeds || partition; polishing changes it: the child's rollbacks
+    ("llama2-7b", 64, 1024, 4096),  # the same; polishing changes nothing: this process's rollbacks
+    ("mixtral-8x7b", 256, 512, 4096)])  # split seed scan
 def test_parallel_search_equals_serial(monkeypatch, name, devices, gb, seq):
     cfg, cl = load_model_config(name), load_cluster("dgx-h100", devices=devices)
     forked = search(cfg, cl, gb, seq)

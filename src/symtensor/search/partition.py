@@ -666,10 +666,15 @@ def refine_blocks(problem: Problem, layouts: dict[str, OpLayout], rounds: int = 
 
 
 def solve(problem: Problem, order: str = "topological") -> dict[str, OpLayout]:
-    """The SymTensor per-op solver: the recursive partition, then op moves, block moves, op moves
-    (the last only when block moves changed something or the first did not settle: otherwise its
-    first sweep would change nothing)."""
-    layouts, settled = _refine_sweeps(problem, partition(problem, order=order), 2)
+    """The SymTensor per-op solver: the recursive partition, then ``polish``."""
+    return polish(problem, partition(problem, order=order))
+
+
+def polish(problem: Problem, layouts: dict[str, OpLayout]) -> dict[str, OpLayout]:
+    """What ``solve`` does after the recursion: op moves, block moves, op moves (the last only
+    when block moves changed something or the first did not settle: otherwise its first sweep
+    would change nothing)."""
+    layouts, settled = _refine_sweeps(problem, layouts, 2)
     moved = refine_blocks(problem, layouts)
     if settled and moved == layouts:
         return moved

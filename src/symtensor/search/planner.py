@@ -37,7 +37,7 @@ from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig
 from symtensor.search.baselines import EvaluatorPool, _divisors, megatron_grid
 from symtensor.search.parallel import Background
-from symtensor.search.partition import Problem, refine, refine_blocks, solve
+from symtensor.search.partition import Problem, partition, polish, refine, refine_blocks, solve
 
 RECOMPUTE = ("none", "selective", "full")
 
@@ -95,10 +95,22 @@ class _Search:
         return out
 
     def partition(self, pp: int, m: int, lam: float, recompute: str = "none", zero: int = 1) -> dict:
+        return solve(self.problem(pp, m, lam, recompute, zero), order=self.order)
+
+    def problem(self, pp: int, m: int, lam: float, recompute: str = "none", zero: int = 1) -> Problem:
+        """The per-op problem of one partition (counted)."""
         ev = self.evaluator(self.global_batch // m, pp)
         train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, recompute=recompute, zero=zero)
         self.partitions += 1
-        return solve(Problem(ev, train, lam), order=self.order)
+        return Problem(ev, train, lam)
+
+    def absorb(self, other: "_Search") -> None:
+        """Take the plans of a search run beside this one (its fastest and its smallest) and its
+        count of evaluations."""
+        offered = [p for p in (other.best, other.least_memory) if p is not None]
+        self.evaluations += other.evaluations - len(offered)
+        for plan in offered:
+            self.offer(plan)
 
     def consider_batches(self, layouts: dict, pp: int) -> None:
         """Micro-batches for these layouts: every cut of the batch must divide the micro-step batch.
@@ -302,10 +314,41 @@ def _seeds_beside_partition(s: "_Search", fork: bool) -> dict:
     # sequence per device share it, and then neither process builds it on a shared core
     s.evaluator(gb // m0, 1)
     with Background(lambda: _seed_phase(pool, gb, mb, None, descend=True), fork=fork) as job:
-        base = s.partition(1, m0, 0.0)
-        _rollbacks(s, base)
+        base = _partition_rolled_back(s, m0, fork)
         best, least, count = job.result()
     _offer_seeds(s, best, least, count)
+    return base
+
+
+def _partition_rolled_back(s: "_Search", m0: int, fork: bool) -> dict:
+    """The whole-mesh partition at ``m0`` micro-batches rolled back to every pipeline depth
+    (``_rollbacks``), pipelined over two processes: once the recursion is done, a forked child
+    polishes its layouts (the op and block moves of ``solve``) while this process rolls the
+    unpolished layouts back in a search of its own. When polishing changed nothing (most
+    scenarios) those are the rollbacks of the polished layouts and their plans are kept; otherwise
+    they are dropped and the child rolls its layouts back and sends its plans, so the result is
+    ``_rollbacks(s, solve(...))``'s either way. Returns the polished layouts."""
+    problem = s.problem(1, m0, 0.0)
+    raw = partition(problem, order=s.order)
+
+    def polished_rollbacks():
+        base = polish(problem, raw)
+        if base == raw:
+            return None
+        t = _Search(s.pool, s.global_batch, s.micro_batch, s.order)
+        _rollbacks(t, base)
+        return base, _portable([p for p in (t.best, t.least_memory) if p is not None]), t.evaluations
+
+    with Background(polished_rollbacks, fork=fork) as job:
+        guess = _Search(s.pool, s.global_batch, s.micro_batch, s.order)
+        _rollbacks(guess, raw)
+        polished = job.result()
+    if polished is None:
+        s.absorb(guess)
+        return raw
+    base, plans, count = polished
+    s.evaluations += count - len(plans)
+    _adopt(s, plans, refined=False)
     return base
 
 
@@ -337,11 +380,12 @@ def _portable(plans: list) -> list[tuple]:
     return [(p.train, p.layouts, p.report) for p in plans]
 
 
-def _adopt(s: "_Search", portable: list[tuple]) -> None:
-    """Offer refined plans computed in another process, with this process's evaluators."""
+def _adopt(s: "_Search", portable: list[tuple], refined: bool = True) -> None:
+    """Offer plans computed in another process (refined ones by default), with this process's
+    evaluators."""
     for train, layouts, report in portable:
         s.offer(Plan(s.cfg, s.cluster, train, s.seq, layouts, report, s.pool.get(train.graph_batch, train.pp),
-                     refined=True))
+                     refined=refined))
 
 
 def _seed_phase(pool: EvaluatorPool, global_batch: int, micro_batch, tps, descend: bool):
