@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from symtensor.cost import CostReport, Evaluator
+from symtensor.cost import RECOMPUTE, CostReport, Evaluator
 from symtensor.cost.model import MEMORY_HEADROOM
 from symtensor.errors import PlanError
 from symtensor.hardware import Cluster
@@ -57,6 +57,7 @@ class EvaluatorPool:
         self._graphs: dict = {}
         self._layouts: dict = {}
         self._param_sums = None
+        self._recomputations = None
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         key = (graph_batch, pp)
@@ -71,6 +72,19 @@ class EvaluatorPool:
             # the evaluators of one pipeline depth share one mesh, and their batch-free caches
             self._evs[key] = Evaluator(graph, self.cluster, pp=pp, shared=self._shared.setdefault(pp, {}))
         return self._evs[key]
+
+    def recomputations(self) -> tuple[str, ...]:
+        """The recomputation modes worth costing. Selective recomputation re-runs the attention
+        core's unfused ops (marked ``core``); with a fused attention kernel there are none, and a
+        selective plan costs and holds exactly what the same plan without recomputation does, so
+        it is left out (the fastest plan is unchanged: equal plans keep the first)."""
+        if self._recomputations is None:
+            if not self._graphs:
+                return RECOMPUTE  # (no graph yet: nothing known, nothing left out)
+            graph = next(iter(self._graphs.values()))
+            core = any(op.attr("core") for op in graph.ops)
+            self._recomputations = RECOMPUTE if core else tuple(rc for rc in RECOMPUTE if rc != "selective")
+        return self._recomputations
 
     def layouts(self, pc: ParallelConfig) -> tuple[Evaluator, dict]:
         """The evaluator and Megatron layouts of ``pc`` (validated); the last few are kept, as the
@@ -165,7 +179,7 @@ def _static_fits(pool: EvaluatorPool, base: dict) -> bool:
 def _best_over_recompute(pool: EvaluatorPool, base: dict) -> Candidate | None:
     """The cheapest recomputation that fits; if none fits, the least memory."""
     best = None
-    for rc in ("none", "selective", "full"):
+    for rc in pool.recomputations():
         cand = _try(pool, **base, recompute=rc)
         if cand is None:
             continue
@@ -216,7 +230,7 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
             continue
         if best is not None and best.report.fits and bound.report.step_time_s >= best.report.step_time_s:
             continue
-        for rc in ("none", "selective", "full"):
+        for rc in pool.recomputations():
             for vpp in reversed(vpps):
                 cand = bound if (rc, vpp) == ("none", vpps[-1]) else _try(pool, **base, recompute=rc, vpp=vpp)
                 count += cand is not bound

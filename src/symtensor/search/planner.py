@@ -31,6 +31,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 
 from symtensor.cost import CostReport, Evaluator, TrainConfig
+from symtensor.cost.model import MEMORY_HEADROOM
 from symtensor.errors import PlanError
 from symtensor.hardware import Cluster
 from symtensor.layout import OpLayout, check_layout
@@ -38,8 +39,6 @@ from symtensor.models import ModelConfig
 from symtensor.search.baselines import EvaluatorPool, _divisors, megatron_grid
 from symtensor.search.parallel import Background
 from symtensor.search.partition import Problem, partition, polish, refine, refine_blocks, solve
-
-RECOMPUTE = ("none", "selective", "full")
 
 
 @dataclass
@@ -124,24 +123,26 @@ class _Search:
                 self.consider(layouts, pp, m)
             return
         # the five fewest micro-batch counts (large micro-batches amortise latencies) and the most
-        # (the least memory), the most first: without a pipeline a variant that does not fit at
-        # some micro-batch does not fit at a larger one either (see consider)
-        too_big: dict = {}
+        # (the least memory), the most first: a variant's memory at a larger micro-batch follows
+        # from a smaller one (see consider)
+        seen: dict = {}
         for m in sorted(dict.fromkeys(ms[:5] + ms[-1:]), reverse=True):
-            self.consider(layouts, pp, m, too_big)
+            self.consider(layouts, pp, m, seen)
 
-    def consider(self, layouts: dict, pp: int, m: int, too_big: dict | None = None) -> bool:
+    def consider(self, layouts: dict, pp: int, m: int, seen: dict | None = None) -> bool:
         """Cost the recomputation / ZeRO / virtual-stage variants of ``layouts`` at (pp, m);
         True when one fits.
 
-        ``too_big`` (no pipeline only): per (recomputation, ZeRO stage), the smallest micro-step
-        batch at which it did not fit; updated. At a larger batch it does not fit either (the
-        activations grow with the batch, parameters and optimizer state do not, and one
-        micro-batch is in flight), so it is not costed, and when no variant is left no graph is
-        built for this batch."""
+        ``seen`` (no pipeline only): per (recomputation, ZeRO stage) costed at another micro-step
+        batch, that batch, its parameters + gradients + optimizer state and the rest of its peak;
+        updated. With one micro-batch in flight the rest is activations, which scale with the
+        batch (tested), so a variant whose peak at this batch follows to be over the capacity is
+        not costed, and when no variant is left no graph is built for this batch."""
         gbatch = self.global_batch // m
         bound = self.best.report.step_time_s if self.best is not None else float("inf")
-        variants = [v for v in self._variants(bound) if too_big is None or too_big.get(v, gbatch + 1) > gbatch]
+        usable = self.cluster.device.memory * MEMORY_HEADROOM * (1 + 1e-9)
+        variants = [v for v in self._variants(bound) if seen is None or v not in seen
+                    or seen[v][1] + gbatch / seen[v][0] * seen[v][2] <= usable]
         if not variants:
             return False
         ev = self.evaluator(gbatch, pp)
@@ -167,12 +168,14 @@ class _Search:
                 if not statics[zero]:
                     continue
             plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
+            if seen is not None:
+                mem = plan.report.memory
+                state = mem["params"] + mem["grads"] + mem["optimizer"]
+                seen[(rc, zero)] = (gbatch, state, plan.report.memory_peak - state)
             if plan.report.fits:
                 for vpp in vpps:
                     self._cost(ev, layouts, pp, m, vpp, rc, zero)
                 return True
-            if too_big is not None:
-                too_big[(rc, zero)] = min(too_big.get((rc, zero), gbatch), gbatch)
             if plan.report.step_time_s >= bound:
                 return False
         return False
@@ -183,7 +186,7 @@ class _Search:
         devices, the same for every layout, micro-batch count and pipeline) cannot beat ``bound``;
         a floor not yet known (no evaluator of this search has computed it) does not stop."""
         out = []
-        for rc in RECOMPUTE:
+        for rc in self.pool.recomputations():
             floor = self._floors.get(rc)
             if floor is not None and floor * (1 - 1e-9) >= bound:
                 break
@@ -522,7 +525,7 @@ def _fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf"
 
     if not _static_fits(pool, base):
         return None, None
-    for rc in RECOMPUTE:
+    for rc in pool.recomputations():
         cand = _try(pool, **base, recompute=rc)
         if cand is None:
             return None, None
