@@ -58,6 +58,7 @@ class EvaluatorPool:
         self._layouts: dict = {}
         self._param_sums = None
         self._recomputations = None
+        self._grids: dict = {}  # global batch -> grid_points
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         key = (graph_batch, pp)
@@ -72,6 +73,16 @@ class EvaluatorPool:
             # the evaluators of one pipeline depth share one mesh, and their batch-free caches
             self._evs[key] = Evaluator(graph, self.cluster, pp=pp, shared=self._shared.setdefault(pp, {}))
         return self._evs[key]
+
+    def grid(self, global_batch: int) -> list[dict]:
+        """``grid_points`` of this model and cluster, enumerated once per search (the seeds, their
+        split between two processes and the exhaustive grid all read it)."""
+        hit = self._grids.get(global_batch)
+        if hit is None:
+            n = self.cluster.n_devices
+            node = self.cluster.levels[0].fanout or n
+            hit = self._grids[global_batch] = list(grid_points(self.cfg, n, node, global_batch, self.seq))
+        return hit
 
     def recomputations(self) -> tuple[str, ...]:
         """The recomputation modes worth costing. Selective recomputation re-runs the attention
@@ -212,10 +223,9 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
     (recompute none, most virtual stages) bounds the point's time from below: a point whose bound
     is no faster than the best plan that fits is skipped without losing the optimum.
     """
-    cfg, n, seq = pool.cfg, pool.cluster.n_devices, pool.seq
-    node = pool.cluster.levels[0].fanout or n
+    cfg = pool.cfg
     best, count = None, 0
-    for base in grid_points(cfg, n, node, global_batch, seq):
+    for base in pool.grid(global_batch):
         if micro_batch is not None and base["micro_batch"] != micro_batch:
             continue
         pp = base["pp"]

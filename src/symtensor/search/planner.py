@@ -430,12 +430,9 @@ def _plan_of(s: "_Search", cand) -> Plan:
 def _seed_plan(pool: EvaluatorPool, global_batch: int) -> tuple[bool, list[int], list[dict]]:
     """Whether the seeds are the exhaustive grid, the tensor-parallel degrees of the scan and the
     grid's points."""
-    from symtensor.search.baselines import grid_points
-
-    n = pool.cluster.n_devices
-    node = pool.cluster.levels[0].fanout or n
-    points = list(grid_points(pool.cfg, n, node, global_batch, pool.seq))
-    return len(points) <= SMALL_GRID or n <= SMALL_CLUSTER, sorted({p["tp"] for p in points}), points
+    points = pool.grid(global_batch)
+    exhaustive = len(points) <= SMALL_GRID or pool.cluster.n_devices <= SMALL_CLUSTER
+    return exhaustive, sorted({p["tp"] for p in points}), points
 
 
 def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | None, tps=None):
