@@ -283,11 +283,11 @@ class Evaluator:
         least the mean, and a step at least micro-batches times the critical stage.)"""
         per_mb = self._floor_cache.get(train.recompute)
         if per_mb is None:
-            layers, rc = self.graph.meta["layers"], train.recompute
+            layers = self.graph.meta["layers"]
             per_mb = 0.0
             for op in self.graph.ops:
                 fwd, bwd = compute_floor(op, self.cluster.device, self.eff, self.grad_operands[op.name], self.dtype)
-                redo = 0 <= op.layer < layers and (rc == "full" or (rc == "selective" and bool(op.attr("core"))))
+                redo = recomputed(op, train.recompute, layers)
                 per_mb += (fwd * (2 if redo else 1) + bwd) * layer_repeat(self.graph, op.layer)
             self._floor_cache[train.recompute] = per_mb
         return train.micro_steps * per_mb / self.cluster.n_devices
@@ -327,13 +327,13 @@ class _Segment:
             self.bytes[c.kind] = self.bytes.get(c.kind, 0.0) + c.nbytes * times
 
     def run(self) -> "_Segment":
-        recompute = self.train.recompute
+        recompute, layers = self.train.recompute, self.ev.graph.meta["layers"]
         wiring = self.ev.wiring(self.ops, self.ext_producer)
         for op, inputs, saves in wiring:
             layout = self.layout(op)
             t = self.ev.op_time(op, layout)
             self.compute += t.fwd_s + t.bwd_s
-            redo = self.in_layer and (recompute == "full" or (recompute == "selective" and bool(op.attr("core"))))
+            redo = recomputed(op, recompute, layers)
             if redo:
                 self.recompute += t.fwd_s
             self._edges(op, layout, redo, inputs)
@@ -547,6 +547,13 @@ class _Stage:
     @property
     def per_microbatch_s(self) -> float:
         return self.compute + self.recompute + sum(self.comm.values())
+
+
+def recomputed(op, recompute: str, layers: int) -> bool:
+    """Whether backward re-runs ``op``'s forward under ``recompute``: every transformer-layer op
+    under full recomputation, the attention core's unfused ops (marked ``core``) under selective;
+    never the ops before or after the ``layers`` layers."""
+    return 0 <= op.layer < layers and (recompute == "full" or (recompute == "selective" and bool(op.attr("core"))))
 
 
 def _out_slot(prod, tname) -> int:

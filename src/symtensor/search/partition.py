@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from operator import attrgetter, or_
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.model import _out_slot
+from symtensor.cost.model import _out_slot, recomputed
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
 from symtensor.graph import layer_repeat, op_no_cut, op_saves
 from symtensor.layout import REPLICATED, OpLayout, cut_factor, linked_layout
@@ -212,8 +212,7 @@ class Problem:
         return hit
 
     def redo(self, op) -> bool:
-        rc = self.train.recompute
-        return 0 <= op.layer < self.layers and (rc == "full" or (rc == "selective" and bool(op.attr("core"))))
+        return recomputed(op, self.train.recompute, self.layers)
 
     def op_cost(self, op, layout: OpLayout) -> float:
         memo = self._op_memo[op.name]
@@ -341,7 +340,8 @@ _uid = attrgetter("uid")
 
 def _cost_classes(ev: Evaluator, shared: dict) -> dict[str, int]:
     """Per op, a small int naming everything its costs and its edges' read besides layouts: its
-    signature, which operands get gradients, and its tensors' shapes, dtypes and roles. Equal ops
+    equal-op id (signature and gradient operands, ``Evaluator.op_sig``) and its tensors' shapes,
+    dtypes and roles. Equal ops
     of different layers of the skeleton (its first, repeated and last layers) share a class, and
     with it their memo tables. One numbering per evaluator (kept in ``shared``)."""
     hit = shared.get(("cost classes",))
@@ -349,7 +349,7 @@ def _cost_classes(ev: Evaluator, shared: dict) -> dict[str, int]:
         ids: dict = {}
         tensors = ev.tensors
         hit = shared[("cost classes",)] = {
-            op.name: ids.setdefault((op.signature, ev.grad_operands[op.name], tuple(
+            op.name: ids.setdefault((ev.op_sig(op), tuple(
                 (t.shape, t.dtype, t.param, t.trainable, ev.needs_grad(t.name))
                 for t in map(tensors.__getitem__, op.inputs + op.outputs))), len(ids))
             for op in ev.graph.ops}
@@ -653,7 +653,7 @@ def refine_blocks(problem: Problem, layouts: dict[str, OpLayout], rounds: int = 
                 bases = [(op, layouts[op.name].without_axes({axis})) for op in ops]
                 for kind in TEMPLATES + ("none",):
                     moved = {op.name: template_cut(op, base, axis, kind) for op, base in bases}
-                    if current >= 0 and all(lay.uid == layouts[name].uid for name, lay in moved.items()):
+                    if all(lay.uid == layouts[name].uid for name, lay in moved.items()):
                         continue  # no move: the trial would cost exactly ``current``
                     trial = dict(layouts)
                     trial.update(moved)
