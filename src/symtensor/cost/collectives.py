@@ -46,7 +46,8 @@ def collective_time(kind: str, nbytes, counts, levels, link_eff=1.0):
         if p == 1:
             continue
         alpha = level.latency
-        beta = 1 / (level.bandwidth * link_eff)
+        measured = level.link_efficiency
+        beta = 1 / (level.bandwidth * (dict(measured).get(kind, link_eff) if measured else link_eff))
         if kind == "all_reduce":
             m = nbytes / inner
             total += 2 * (p - 1) * alpha + 2 * (p - 1) / p * m * beta

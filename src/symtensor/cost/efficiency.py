@@ -19,10 +19,16 @@ class Efficiency:
     Attributes:
         gemm: dense GEMM FLOP/s as a fraction of peak (linear layers, LM head, expert GEMMs).
         bmm: batched matmul of two activations (unfused attention scores and context).
-        attention: fused FlashAttention kernels, fraction of peak FLOP/s.
+        attention: fused FlashAttention kernels, fraction of peak FLOP/s (forward).
+        attention_bwd: the same for the backward kernels (0: equal to ``attention``).
+        attention_knee: key/value tokens at which fused attention reaches half of its
+            long-sequence efficiency (short sequences leave the tensor cores idle); 0: none.
         hbm: achievable fraction of HBM bandwidth for memory-bound kernels.
         link: achievable fraction of link bandwidth for all-reduce (NCCL bus bandwidth / link).
-        link_gather: the same for all-gather, reduce-scatter, all-to-all and point-to-point.
+        link_gather: the same for all-gather, reduce-scatter and point-to-point.
+        link_all_to_all: the same for all-to-all (0: equal to ``link_gather``).
+        link_half_bytes: message bytes at which a collective reaches half of its large-message
+            bus bandwidth (the size curve of nccl-tests); 0: no size curve.
         gemm_knee: FLOPs at which a matmul kernel reaches half of ``gemm`` (a small GEMM leaves
             the device partly idle): eff(F) = gemm * F / (F + gemm_knee) (spec open point 16).
         dp_overlap: fraction of data-parallel gradient communication hidden behind backward
@@ -38,17 +44,27 @@ class Efficiency:
     dp_overlap: float
     link_gather: float = 0.0
     gemm_knee: float = 0.0
+    attention_bwd: float = 0.0
+    attention_knee: float = 0.0
+    link_all_to_all: float = 0.0
+    link_half_bytes: float = 0.0
     source: str = field(default="", compare=False)
 
     def __post_init__(self):
         if not self.link_gather:
             object.__setattr__(self, "link_gather", self.link)
+        if not self.link_all_to_all:
+            object.__setattr__(self, "link_all_to_all", self.link_gather)
+        if not self.attention_bwd:
+            object.__setattr__(self, "attention_bwd", self.attention)
 
     def replace(self, **kw) -> "Efficiency":
         return replace(self, **kw)
 
     def link_for(self, kind: str) -> float:
-        return self.link if kind == "all_reduce" else self.link_gather
+        if kind == "all_reduce":
+            return self.link
+        return self.link_all_to_all if kind == "all_to_all" else self.link_gather
 
 
 # [Fitted] gemm, bmm, hbm, link, link_gather, gemm_knee: by ``symtensor calibrate --fit`` on
@@ -62,6 +78,12 @@ CALIBRATED = Efficiency(gemm=0.784, bmm=0.3417, attention=0.784, hbm=0.882, link
                         source="fitted on shared/data/calibration.csv (Korthikanti et al. 2022); see symtensor calibrate")
 
 
-def efficiency_for(device_name: str) -> Efficiency:
-    """The calibrated constants; other devices reuse the A100 fractions (a documented transfer)."""
-    return CALIBRATED
+def efficiency_for(cluster) -> Efficiency:
+    """The efficiency table of ``cluster``: the fields its cluster file sets (``Cluster.efficiency``,
+    e.g. measured by ``symtensor profile``) over else the calibrated table of its device (other devices reuse the A100 fractions, a
+    documented transfer). ``cluster`` may also be a device name."""
+    base = CALIBRATED
+    own = dict(getattr(cluster, "efficiency", ()) or ())
+    if own:
+        return base.replace(**own, source=getattr(cluster, "efficiency_source", "") or "cluster file")
+    return base

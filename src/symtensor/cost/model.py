@@ -110,7 +110,7 @@ class Evaluator:
         self.graph, self.cluster, self.pp = graph, cluster, pp
         self.mesh, self.pp_axes = split_mesh(cluster, pp)
         self.levels = cluster.levels
-        self.eff = eff or efficiency_for(cluster.device.name)
+        self.eff = eff or efficiency_for(cluster)
         self.producer = graph.producers()
         self.consumers = graph.consumers()
         self.tensors = graph.tensors

@@ -11,7 +11,7 @@ outermost (slowest) level first: 24 H100s = ib:3 x nvlink:2 x nvlink:2 x nvlink:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean
@@ -51,6 +51,9 @@ class Level:
             (the outermost level).
         bandwidth: bytes/s per device per direction across this level.
         latency: seconds per collective step across this level (the alpha of alpha-beta).
+        link_efficiency: measured fractions of ``bandwidth`` per collective kind (``all_reduce``,
+            ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``send_recv``) on this level, as
+            (kind, fraction) pairs; a kind not listed uses the device's efficiency table.
         source: where the numbers come from.
     """
 
@@ -58,6 +61,7 @@ class Level:
     fanout: int
     bandwidth: float
     latency: float
+    link_efficiency: tuple[tuple[str, float], ...] = ()
     source: str = field(default="", compare=False)
 
 
@@ -72,12 +76,18 @@ class Axis:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Cluster:
-    """A device type, its link hierarchy (innermost first) and how many devices are used."""
+    """A device type, its link hierarchy (innermost first) and how many devices are used.
+
+    ``efficiency``: (field, value) pairs of ``symtensor.cost.Efficiency`` that this cluster's file
+    sets (measured by ``symtensor profile``), over the device's calibrated table;
+    ``efficiency_source`` says where they come from (date, device, software versions)."""
 
     name: str
     device: Device
     levels: tuple[Level, ...]
     n_devices: int
+    efficiency: tuple[tuple[str, float], ...] = ()
+    efficiency_source: str = field(default="", compare=False)
 
     def __post_init__(self):
         if not isinstance(self.n_devices, int) or self.n_devices <= 0:
@@ -134,7 +144,7 @@ class Cluster:
         return tuple(axes)
 
     def with_devices(self, n: int) -> "Cluster":
-        return Cluster(name=self.name, device=self.device, levels=self.levels, n_devices=n)
+        return replace(self, n_devices=n)
 
 
 def prime_factors(n: int) -> list[int]:
@@ -274,6 +284,7 @@ def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None
     """A preset name or a YAML/JSON cluster file, sized by ``devices`` or ``nodes``."""
     if (devices is None) == (nodes is None):
         raise PlanError("give exactly one of --devices N or --nodes N")
+    extra = {}
     if spec in PRESETS:
         device, levels = PRESETS[spec]
         name = spec
@@ -283,10 +294,11 @@ def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None
             raise PlanError(f"unknown cluster {spec!r}: give a preset or a YAML/JSON file." + did_you_mean(spec, PRESETS))
         proto = _from_file(path, 1)
         device, levels, name = proto.device, proto.levels, proto.name
+        extra = dict(efficiency=proto.efficiency, efficiency_source=proto.efficiency_source)
     if nodes is not None:
         if not isinstance(nodes, int) or nodes <= 0:
             raise PlanError(f"--nodes must be a positive integer, got {nodes!r}")
         devices = nodes * (levels[0].fanout or 1)
     if not isinstance(devices, int) or devices <= 0:
         raise PlanError(f"--devices must be a positive integer, got {devices!r}")
-    return Cluster(name=name, device=device, levels=levels, n_devices=devices)
+    return Cluster(name=name, device=device, levels=levels, n_devices=devices, **extra)
