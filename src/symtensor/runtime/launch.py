@@ -1,8 +1,8 @@
 """Run a RunSpec under torchrun and compare it with the single-process reference.
 
 ``run_spec`` checks the spec against the model and the process count first (a ``PlanError``
-before any process starts), launches ``python -m torch.distributed.run --standalone`` (its
-rendezvous binds port 0, so the OS picks a free port) with ``OMP_NUM_THREADS=1``, runs the same
+before any process starts), launches ``python -m torch.distributed.run`` (``local_torchrun``: its
+rendezvous binds 127.0.0.1 port 0, so the OS picks a free port) with ``OMP_NUM_THREADS=1``, runs the same
 training in this process without parallelism, and returns both, their differences, and the bytes
 every rank's collectives moved (definitions in ``symtensor.runtime.commcount``).
 """
@@ -11,10 +11,13 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
+import uuid
 from pathlib import Path
 
 from symtensor.errors import PlanError
@@ -25,9 +28,52 @@ from symtensor.runtime.spec import OPTIMIZERS, RunSpec, check_fits
 def torchrun_command(model: str, spec_file: Path, steps: int, optimizer: str, nproc: int, out: Path,
                      seed: int = 0) -> list[str]:
     """The torchrun command line that runs ``symtensor.runtime.worker`` on ``nproc`` processes."""
-    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", str(nproc),
-            "-m", "symtensor.runtime.worker", "--spec", str(spec_file), "--model", str(model),
+    return local_torchrun(nproc) + ["-m", "symtensor.runtime.worker", "--spec", str(spec_file), "--model", str(model),
             "--steps", str(steps), "--optimizer", optimizer, "--seed", str(seed), "--out", str(out)]
+
+
+def local_torchrun(nproc: int) -> list[str]:
+    """torchrun for ``nproc`` processes on this machine; its rendezvous binds 127.0.0.1 port 0 (the OS
+    picks a free port; nothing listens beyond this machine)."""
+    return [sys.executable, "-m", "torch.distributed.run", "--nnodes", "1", "--nproc-per-node", str(nproc),
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0", "--rdzv-id", uuid.uuid4().hex]
+
+
+def run_process_group(cmd: list[str], env: dict[str, str], timeout_s: float, on_line=None) -> tuple[int, str]:
+    """Run ``cmd`` (a torchrun command) in a session of its own and return (exit status, output).
+
+    Each output line goes to ``on_line`` as it comes. On a timeout, an error or Ctrl-C the launcher
+    gets SIGTERM (torchrun then stops its workers), then SIGKILL if it has not exited within 10 s,
+    and the exception propagates: no process is left behind (workers that must not outlive torchrun
+    ask for a parent-death signal, as ``symtensor.profile.worker`` does)."""
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            start_new_session=True)
+    lines: list[str] = []
+
+    def read():
+        for line in proc.stdout:
+            lines.append(line)
+            if on_line is not None:
+                on_line(line)
+
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
+    try:
+        proc.wait(timeout=timeout_s)
+    except BaseException:
+        for sig in (signal.SIGTERM, signal.SIGKILL):
+            try:
+                os.killpg(proc.pid, sig)
+                proc.wait(timeout=10)
+                break
+            except ProcessLookupError:
+                break
+            except subprocess.TimeoutExpired:
+                continue
+        raise
+    finally:
+        reader.join(timeout=10)
+    return proc.returncode, "".join(lines)
 
 
 def _worker_env() -> dict[str, str]:
