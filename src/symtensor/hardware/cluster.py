@@ -11,10 +11,11 @@ outermost (slowest) level first: 24 H100s = ib:3 x nvlink:2 x nvlink:2 x nvlink:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean
+from symtensor.hardware.mesh import Axis, Mesh
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -63,15 +64,6 @@ class Level:
     latency: float
     link_efficiency: tuple[tuple[str, float], ...] = ()
     source: str = field(default="", compare=False)
-
-
-@dataclass(frozen=True, slots=True)
-class Axis:
-    """A mesh axis: a prime-sized group of devices on one level of the cluster."""
-
-    name: str
-    size: int
-    level: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -135,16 +127,13 @@ class Cluster:
             n *= c
         return n
 
-    def mesh(self) -> tuple[Axis, ...]:
+    def mesh(self) -> Mesh:
         """Prime-sized axes, outermost level first; within a level larger primes first."""
         axes = []
         for level in reversed(range(len(self.levels))):
             for j, p in enumerate(prime_factors(self.level_counts[level])):
                 axes.append(Axis(f"{self.levels[level].name}{j}", p, level))
-        return tuple(axes)
-
-    def with_devices(self, n: int) -> "Cluster":
-        return replace(self, n_devices=n)
+        return Mesh(axes)
 
 
 def prime_factors(n: int) -> list[int]:
@@ -164,6 +153,9 @@ GB = 1e9
 TFLOPS = 1e12
 GIB = 2**30
 US = 1e-6
+# Usable fraction of device memory: allocator fragmentation, CUDA context and workspaces
+# (the 0.9 of spec open point 9).
+MEMORY_HEADROOM = 0.9
 
 # Link latencies: per collective step, the order of NCCL's own model (src/graph/tuning.cc: a few
 # microseconds of base latency for NVLink rings, more across the network). Not fitted.
