@@ -11,7 +11,7 @@ outermost (slowest) level first: 24 H100s = ib:3 x nvlink:2 x nvlink:2 x nvlink:
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean
@@ -247,7 +247,7 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
           - {name: nvlink, fanout: 8, bandwidth_gbps: 450, latency_us: 3}
           - {name: ib, bandwidth_gbps: 50, latency_us: 8}
     """
-    _mapping(data, where, ("device", "levels"), ("name",))
+    _mapping(data, where, ("device", "levels"), ("name", "efficiency", "measured"))
     dev = _mapping(data["device"], f"{where}: device", ("name", "peak_tflops", "hbm_gbps", "memory_gib"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
@@ -263,13 +263,49 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
         last = i == len(data["levels"]) - 1
         here = f"{where}: levels[{i}]"
         _mapping(lv, here, ("name", "bandwidth_gbps", "latency_us") + (() if last else ("fanout",)),
-                 ("fanout",) if last else ())
+                 (("fanout",) if last else ()) + ("link_efficiency",))
         fanout = lv.get("fanout", 0)
         if not isinstance(fanout, int) or isinstance(fanout, bool) or fanout < 0 or (not last and fanout == 0):
             raise PlanError(f"{here}: fanout must be a positive integer, got {fanout!r}")
         levels.append(Level(name=str(lv["name"]), fanout=fanout, bandwidth=_number(lv, "bandwidth_gbps", here) * GB,
-                            latency=_number(lv, "latency_us", here, positive=False) * US, source=f"cluster file {where}"))
-    return Cluster(name=str(data.get("name", where)), device=device, levels=tuple(levels), n_devices=n_devices)
+                            latency=_number(lv, "latency_us", here, positive=False) * US,
+                            link_efficiency=_link_efficiency(lv, here), source=f"cluster file {where}"))
+    return Cluster(name=str(data.get("name", where)), device=device, levels=tuple(levels), n_devices=n_devices,
+                   **_efficiency(data, where))
+
+
+# The raw tables and provenance that ``symtensor profile`` writes under ``measured:`` (their rows are
+# checked by symtensor.profile.document, which fits and shows them).
+MEASURED_KEYS = ("date", "device", "torch", "cuda", "nccl", "backend", "dtype", "world_size", "ranks_per_node",
+                 "note", "peaks", "gemm", "bmm", "attention", "memory", "collectives")
+
+
+def _link_efficiency(lv: dict, here: str) -> tuple[tuple[str, float], ...]:
+    """A level's measured ``link_efficiency: {kind: fraction}`` as sorted (kind, fraction) pairs."""
+    if "link_efficiency" not in lv:
+        return ()
+    from symtensor.cost.collectives import KINDS  # imported late: cost reads clusters
+
+    fractions = _mapping(lv["link_efficiency"], f"{here}: link_efficiency", (), KINDS)
+    return tuple(sorted((k, _number(fractions, k, f"{here}: link_efficiency")) for k in fractions))
+
+
+def _efficiency(data: dict, where: str) -> dict:
+    """The ``efficiency:`` section (fields of ``symtensor.cost.Efficiency``, e.g. measured by
+    ``symtensor profile``) as the Cluster's ``efficiency`` and ``efficiency_source``; ``measured:``
+    may hold only its known keys."""
+    if "measured" in data:
+        _mapping(data["measured"], f"{where}: measured", (), MEASURED_KEYS)
+    if "efficiency" not in data:
+        return {}
+    from symtensor.cost.efficiency import Efficiency  # imported late: cost reads clusters
+
+    names = tuple(f.name for f in fields(Efficiency) if f.name != "source")
+    here = f"{where}: efficiency"
+    eff = _mapping(data["efficiency"], here, (), names + ("source",))
+    # fractions must be positive; a knee or a half-bandwidth message size of 0 means no size curve
+    values = tuple((k, _number(eff, k, here, positive=not k.endswith(("_knee", "_bytes")))) for k in names if k in eff)
+    return {"efficiency": values, "efficiency_source": str(eff.get("source", f"cluster file {where}"))}
 
 
 def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None) -> Cluster:
