@@ -248,14 +248,16 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
           - {name: ib, bandwidth_gbps: 50, latency_us: 8}
     """
     _mapping(data, where, ("device", "levels"), ("name", "efficiency", "measured"))
-    dev = _mapping(data["device"], f"{where}: device", ("name", "peak_tflops", "hbm_gbps", "memory_gib"))
+    dev = _mapping(data["device"], f"{where}: device", ("name", "peak_tflops", "hbm_gbps", "memory_gib"),
+                   ("source",))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise PlanError(f"{where}: device.peak_tflops must map dtypes to TFLOP/s, e.g. {{bf16: 989}}")
     flops = {k: _number(peaks, k, f"{where}: device.peak_tflops") * TFLOPS for k in peaks}
     device = Device(name=str(dev["name"]), peak_flops=flops,
                     hbm_bandwidth=_number(dev, "hbm_gbps", f"{where}: device") * GB,
-                    memory=_number(dev, "memory_gib", f"{where}: device") * GIB, source=f"cluster file {where}")
+                    memory=_number(dev, "memory_gib", f"{where}: device") * GIB,
+                    source=str(dev.get("source", f"cluster file {where}")))
     if not isinstance(data["levels"], list) or not data["levels"]:
         raise PlanError(f"{where}: levels must be a non-empty list, innermost first")
     levels = []
@@ -263,13 +265,14 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
         last = i == len(data["levels"]) - 1
         here = f"{where}: levels[{i}]"
         _mapping(lv, here, ("name", "bandwidth_gbps", "latency_us") + (() if last else ("fanout",)),
-                 (("fanout",) if last else ()) + ("link_efficiency",))
+                 (("fanout",) if last else ()) + ("link_efficiency", "source"))
         fanout = lv.get("fanout", 0)
         if not isinstance(fanout, int) or isinstance(fanout, bool) or fanout < 0 or (not last and fanout == 0):
             raise PlanError(f"{here}: fanout must be a positive integer, got {fanout!r}")
         levels.append(Level(name=str(lv["name"]), fanout=fanout, bandwidth=_number(lv, "bandwidth_gbps", here) * GB,
                             latency=_number(lv, "latency_us", here, positive=False) * US,
-                            link_efficiency=_link_efficiency(lv, here), source=f"cluster file {where}"))
+                            link_efficiency=_link_efficiency(lv, here),
+                            source=str(lv.get("source", f"cluster file {where}"))))
     return Cluster(name=str(data.get("name", where)), device=device, levels=tuple(levels), n_devices=n_devices,
                    **_efficiency(data, where))
 
