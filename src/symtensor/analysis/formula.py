@@ -23,6 +23,7 @@ from types import SimpleNamespace
 
 import sympy as sp
 
+from symtensor.cost.opcost import attention_shape_factor
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
@@ -91,9 +92,13 @@ def compute_formula(ev, op, layout: OpLayout) -> dict:
     else:
         ratio = sp.nsimplify(kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * ev.grad_operands[op.name])
         bwd_flops = flops * ratio
-        peak = _sym("P") * _sym(eta)
+        peak = peak_bwd = _sym("P") * _sym(eta)
+        if op.kind == "attention":  # separate backward fraction; both scaled by the shape factor
+            shape = attention_shape_factor(op.dim_sizes, ev.eff)
+            values.update(eta_attention=ev.eff.attention * shape, eta_attention_bwd=ev.eff.attention_bwd * shape)
+            peak_bwd = _sym("P") * _sym("eta_attention_bwd")
         fwd = _Roofline((flops + _sym("K")) / peak, hbm_time)
-        bwd = _Roofline((bwd_flops + _sym("K") * ratio) / peak, 2 * hbm_time) if ratio else _Roofline(sp.Integer(0))
+        bwd = _Roofline((bwd_flops + _sym("K") * ratio) / peak_bwd, 2 * hbm_time) if ratio else _Roofline(sp.Integer(0))
     return {"fwd_flops": str(flops), "bwd_flops": str(bwd_flops), "bytes": str(nbytes),
             "fwd_time_s": fwd.text(), "bwd_time_s": bwd.text(),
             "value_fwd_s": fwd.value(values), "value_bwd_s": bwd.value(values),

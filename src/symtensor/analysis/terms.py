@@ -22,6 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from symtensor.cost.model import param_terms
 from symtensor.cost.opcost import collectives_time, intra_collectives
 from symtensor.layout import REPLICATED, OpLayout
 
@@ -99,17 +100,10 @@ def op_terms(problem, op, layout: OpLayout, neighbours: dict[str, OpLayout]) -> 
     calls = w * m * (2 if redo else 1)
     intra_s = calls * collectives_time(intra, ev.mesh, ev.levels, ev.eff) if intra else 0.0
     transfers += [Transfer(c.kind, c.nbytes, c.axes, calls, "inside the op (loss statistics)") for c in intra]
-    sync = opt = static = 0.0
-    for slot, tname in enumerate(op.inputs):
-        tensor = ev.tensors[tname]
-        if not tensor.param:
-            continue
-        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
-        sync += w * problem.exposed * pc.sync_s
-        opt += w * pc.opt_time
-        static += pc.params + pc.grads + pc.optimizer
-        group = sync_group(ev, ev.param_layout(op, layout, slot), train.zero)
-        transfers += [Transfer(kind, nbytes, group, w, f"gradient sync of {tname}") for kind, nbytes in pc.step_bytes]
+    params = param_terms(ev, op, layout, train)
+    sync, opt, static = w * params.sync_s, w * params.opt_s, params.static_bytes
+    transfers += [Transfer(kind, nbytes, axes, w * calls, f"gradient sync of {tname}")
+                  for kind, nbytes, axes, calls, tname in params.transfers]
     redis = 0.0
     for e, other, is_src in problem.links[op.name]:
         nb = neighbours.get(other, REPLICATED)
@@ -118,12 +112,6 @@ def op_terms(problem, op, layout: OpLayout, neighbours: dict[str, OpLayout]) -> 
         transfers += moved
     memory = w * (static + problem.inflight * saved_bytes(problem, op, layout))
     return OpTerms(compute, intra_s, sync, opt, redis, memory, tuple(transfers))
-
-
-def sync_group(ev, tl, zero: int) -> tuple[int, ...]:
-    """Mesh axes of a parameter's gradient synchronisation (cost.model.param_cost's rule): the
-    axes its gradient is partial over (ZeRO shards over the data-parallel ones among them)."""
-    return tuple(sorted(tl.partial))
 
 
 def edge_terms(problem, e, lu: OpLayout, lv: OpLayout, other: str) -> tuple[float, list[Transfer]]:

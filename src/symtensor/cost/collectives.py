@@ -46,7 +46,7 @@ def collective_time(kind: str, nbytes, counts, levels, link_eff=1.0):
         if p == 1:
             continue
         alpha = level.latency
-        measured = level.link_efficiency
+        measured = getattr(level, "link_efficiency", ())
         beta = 1 / (level.bandwidth * (dict(measured).get(kind, link_eff) if measured else link_eff))
         if kind == "all_reduce":
             m = nbytes / inner

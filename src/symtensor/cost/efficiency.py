@@ -31,8 +31,6 @@ class Efficiency:
             bus bandwidth (the size curve of nccl-tests); 0: no size curve.
         gemm_knee: FLOPs at which a matmul kernel reaches half of ``gemm`` (a small GEMM leaves
             the device partly idle): eff(F) = gemm * F / (F + gemm_knee) (spec open point 16).
-        dp_overlap: fraction of data-parallel gradient communication hidden behind backward
-            (a training configuration can override it: Megatron-LM 2022 did not overlap).
         source: provenance of the numbers.
     """
 
@@ -41,7 +39,6 @@ class Efficiency:
     attention: float
     hbm: float
     link: float
-    dp_overlap: float
     link_gather: float = 0.0
     gemm_knee: float = 0.0
     attention_bwd: float = 0.0
@@ -67,22 +64,46 @@ class Efficiency:
         return self.link_all_to_all if kind == "all_to_all" else self.link_gather
 
 
-# [Fitted] gemm, bmm, hbm, link, link_gather, gemm_knee: by ``symtensor calibrate --fit`` on
+# Fused attention's backward reaches 0.86 of its forward's fraction of peak (FlashAttention-2,
+# Dao 2023: up to 73% of A100 peak forward, 63% backward); its sequence knee is in opcost.py.
+ATTENTION_BWD_RATIO = 0.63 / 0.73
+ATTENTION_KNEE_TOKENS = 340.0
+
+# A100 [Fitted] gemm, bmm, hbm, link, link_gather, gemm_knee: by ``symtensor calibrate --fit`` on
 # calibration.csv (Korthikanti et al. 2022, DGX A100: 8 iteration times and 6 MFU values).
-# Worst residual: 4.1% in time, 1.7 MFU points (``symtensor calibrate``). A knee of 1e10 FLOPs is
-# ~40 us of a kernel at A100 speed: launch and wave-quantisation loss. attention = gemm is an
-# assumption (the calibration set has no fused-attention run); dp_overlap = 0.9 is the default of
-# the authors' PARADISE estimator (spec 2.4), for frameworks that overlap gradient reduction.
-CALIBRATED = Efficiency(gemm=0.784, bmm=0.3417, attention=0.784, hbm=0.882, link=0.8194, link_gather=0.7872,
-                        gemm_knee=1e10, dp_overlap=0.9,
-                        source="fitted on shared/data/calibration.csv (Korthikanti et al. 2022); see symtensor calibrate")
+# A knee of 1e10 FLOPs is ~40 us of a kernel at A100 speed: launch and wave-quantisation loss.
+# Those runs used unfused attention, so A100 fused attention is FlashAttention-2's published
+# forward fraction (73% of peak at head dim 128, long sequences; Dao 2023), not fitted.
+A100 = Efficiency(gemm=0.784, bmm=0.3417, attention=0.73, attention_bwd=0.73 * ATTENTION_BWD_RATIO,
+                  attention_knee=ATTENTION_KNEE_TOKENS, hbm=0.882, link=0.8194, link_gather=0.7872,
+                  gemm_knee=1e10,
+                  source="A100: fitted on shared/data/calibration.csv (Korthikanti et al. 2022); see symtensor calibrate")
+CALIBRATED = A100
+
+# H100 [Fitted] gemm and attention (the backward at ATTENTION_BWD_RATIO) by ``symtensor calibrate
+# --fit`` on calibration_h100.csv (NeMo 2 Llama 3.1 8B/70B/405B runs on DGX H100, 17 iteration
+# times); the batched-matmul, HBM and link fractions are A100's (the H100 rows cannot separate
+# them: every run overlaps its communication and uses fused attention).
+H100 = A100.replace(gemm=0.6335, attention=0.6526, attention_bwd=0.6526 * ATTENTION_BWD_RATIO,
+                    source="H100: fitted on shared/data/calibration_h100.csv (NeMo 2 Llama 3.1 on DGX H100); "
+                           "see symtensor calibrate")
+
+# One table per device; a device without its own (Ascend 910B) uses A100's, a documented transfer.
+TABLES = {"A100": A100, "H100": H100}
+
+
+def device_table(device_name: str) -> str:
+    """The efficiency table a device uses: its own where one is fitted (A100, H100), else A100's."""
+    name = device_name.upper()
+    return next((k for k in TABLES if k in name), "A100")
 
 
 def efficiency_for(cluster) -> Efficiency:
     """The efficiency table of ``cluster``: the fields its cluster file sets (``Cluster.efficiency``,
     e.g. measured by ``symtensor profile``) over else the calibrated table of its device (other devices reuse the A100 fractions, a
     documented transfer). ``cluster`` may also be a device name."""
-    base = CALIBRATED
+    name = cluster if isinstance(cluster, str) else cluster.device.name
+    base = TABLES[device_table(name)]
     own = dict(getattr(cluster, "efficiency", ()) or ())
     if own:
         return base.replace(**own, source=getattr(cluster, "efficiency_source", "") or "cluster file")

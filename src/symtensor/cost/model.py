@@ -18,18 +18,14 @@ from dataclasses import dataclass, field
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
+from symtensor.cost.engine import Unit, engine_of, exposure, tp_overlapped
 from symtensor.cost.opcost import (Collective, collectives_time, compute_floor, extra_saved_bytes, input_layout,
                                    intra_collectives, op_time, output_layout, param_layout, redistribute)
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
-from symtensor.hardware import Cluster
+from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster, Mesh
 from symtensor.layout import REPLICATED, OpLayout, check_layout
-
-GIB = 2**30
-# Usable fraction of device memory: allocator fragmentation, CUDA context and workspaces
-# (the 0.9 of spec open point 9).
-MEMORY_HEADROOM = 0.9
 
 
 def split_mesh(cluster: Cluster, pp: int):
@@ -46,7 +42,7 @@ def split_mesh(cluster: Cluster, pp: int):
         if idx is None:
             raise PlanError(f"pp={pp} cannot be laid on the mesh {[a.size for a in cluster.mesh()]}")
         taken.append(mesh.pop(idx))
-    return tuple(mesh), tuple(taken)
+    return Mesh(mesh), Mesh(taken)
 
 
 @dataclass
@@ -90,6 +86,11 @@ class CostReport:
 
 
 _CATEGORY_BY_KIND = {"attention": "cp_comm", "moe_dispatch": "ep_comm", "moe_combine": "ep_comm"}
+# the compute each communication category can hide behind (see _Segment._overlap)
+_HIDES = {"linear": "tp_comm", "attention": "cp_comm"}
+# Transformer Engine userbuffers split a tensor-parallel GEMM and its collective into 4 chunks
+# (NeMo's tp_comm_overlap configs for H100: num_splits 4 for the pipelined reduce-scatters)
+TP_OVERLAP_SPLITS = 4
 
 
 class Evaluator:
@@ -308,8 +309,10 @@ class _Segment:
         self.ext_producer = dict(external)
         self.charged: set = set()  # (tensor, layout) redistributions already paid
         self.cross_stage = cross_stage  # input tensors that arrive from another pipeline stage
-        self.compute = self.recompute = 0.0
-        self.comm: dict[str, float] = {}
+        self.compute = self.recompute = self.fwd = 0.0
+        self.overlap_compute: dict[str, float] = {}  # per comm category: compute it can hide behind
+        self.comm: dict[str, float] = {}  # exposed seconds per micro-batch, per category
+        self.raw_comm: dict[str, float] = {}  # before overlap
         self.bytes: dict[str, float] = {}  # per micro-batch
         self.saved: dict[str, float] = {}
         self.layer_input = 0.0
@@ -333,13 +336,34 @@ class _Segment:
             layout = self.layout(op)
             t = self.ev.op_time(op, layout)
             self.compute += t.fwd_s + t.bwd_s
+            self.fwd += t.fwd_s
             redo = recomputed(op, recompute, layers)
             if redo:
                 self.recompute += t.fwd_s
+            hides = _HIDES.get(op.kind)
+            if hides is not None:
+                busy = t.fwd_s * (2 if redo else 1) + t.bwd_s
+                self.overlap_compute[hides] = self.overlap_compute.get(hides, 0.0) + busy
             self._edges(op, layout, redo, inputs)
             self._saved(op, layout, saves)
         self.saved_total = sum(self.saved.values())
+        self.bwd = self.compute - self.fwd + self.recompute
+        self._overlap()
         return self
+
+    def _overlap(self):
+        """Exposed communication per category. Transformer Engine overlaps tensor-parallel
+        collectives with the GEMMs they feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of
+        which the first cannot be hidden; ring context parallelism exchanges the next key/value
+        block while attention runs on this one. Other communication is exposed."""
+        self.raw_comm = dict(self.comm)
+        tp = self.comm.get("tp_comm", 0.0)
+        if tp and tp_overlapped(self.train):
+            gemm = self.overlap_compute.get("tp_comm", 0.0)
+            self.comm["tp_comm"] = max(tp / TP_OVERLAP_SPLITS, tp - gemm)
+        cp = self.comm.get("cp_comm", 0.0)
+        if cp:
+            self.comm["cp_comm"] = max(0.0, cp - self.overlap_compute.get("cp_comm", 0.0))
 
     def _edges(self, op, layout, redo, inputs):
         ev = self.ev
@@ -375,7 +399,7 @@ class _Segment:
         # selective recomputation re-runs the attention core: of its ops' saved tensors only the
         # region's inputs (Q, K, V) stay, what the core produces itself is recomputed
         selective = self.train.recompute == "selective" and bool(op.attr("core")) and self.in_layer
-        regather = self.train.framework == "megatron"
+        regather = engine_of(self.train).keeps_sp_shard
         mesh = ev.mesh
         for io, idx, tname, tbytes, prod, pslot in saves:
             view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
@@ -410,19 +434,35 @@ class _Segment:
 
 
 class _Params:
-    """Parameters, gradients and optimizer state of one segment, their optimizer step and gradient
-    synchronisation: what depends on the ZeRO stage and the micro-batch count, not on
-    recomputation or pipeline boundaries (so those variants reuse it). Tied parameters (shared
-    embedding and LM head) are kept apart and counted once per stage."""
+    """Parameters, gradients and optimizer state of one segment, their optimizer step and one
+    occurrence of their data-parallel collectives: what depends on the ZeRO stage and the
+    micro-batch count, not on recomputation or pipeline boundaries (so those variants reuse it).
+    Tied parameters (shared embedding and LM head) are kept apart and counted once per stage.
+
+    A unit's parameters are gathered and its gradients reduced together (FSDP units, Megatron's
+    buckets): one collective per group of replica axes, so latency is paid per unit; an engine
+    that gathers each tensor apart (DeepSpeed ZeRO 3) pays it per tensor."""
 
     def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops=()):
-        self.sync = self.opt_time = 0.0
-        self.step_bytes: dict[str, float] = {}  # per step
+        self.opt_time = self.other_s = self.grad_bytes = self.unsharded = 0.0
+        self.step_bytes: dict[str, float] = {}  # per step, outside the data-parallel group
         self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
         self.tied: dict[str, "_Params"] = {}
+        self.reduces: dict = {}  # (kind, axes) -> bytes of one reduction
+        self.gathers: dict = {}  # axes -> bytes of one gather
+        self.tensor_gather_s = self.tensor_reduce_s = 0.0  # the same, one collective per tensor
         for op in ops:
             self._add(ev, train, op, layouts.get(op.name, REPLICATED))
+        self.close(ev, train)
+
+    def close(self, ev, train):
+        """Totals and the time of one gather and one reduction of the unit."""
         self.total = sum(self.static.values())
+        if engine_of(train).per_tensor_gathers:
+            self.gather_s, self.reduce_s = self.tensor_gather_s, self.tensor_reduce_s
+        else:
+            self.gather_s = sum(ev.coll_time("all_gather", b, axes) for axes, b in self.gathers.items())
+            self.reduce_s = sum(ev.coll_time(kind, b, axes) for (kind, axes), b in self.reduces.items())
 
     def _add(self, ev, train, op, layout):
         for slot, tname in enumerate(op.inputs):
@@ -435,26 +475,64 @@ class _Params:
                     continue
                 target = self.tied[t.tie] = _Params(ev, {}, train)
             pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
-            st = target.static
-            st["params"] += pc.params
-            st["grads"] += pc.grads
-            st["optimizer"] += pc.optimizer
-            target.opt_time += pc.opt_time
-            target.sync += pc.sync_s
-            _merge(target.step_bytes, dict(pc.step_bytes))
+            target.add(ev, pc)
+            if target is not self:
+                target.close(ev, train)
+
+    def add(self, ev, pc: "ParamCost"):
+        st = self.static
+        st["params"] += pc.params
+        st["grads"] += pc.grads
+        st["optimizer"] += pc.optimizer
+        self.opt_time += pc.opt_time
+        self.other_s += pc.other_s
+        self.unsharded += pc.unsharded
+        if pc.other_bytes:
+            self.step_bytes["all_reduce"] = self.step_bytes.get("all_reduce", 0.0) + pc.other_bytes
+        if pc.reduce is not None:
+            kind, nbytes, axes = pc.reduce
+            self.reduces[(kind, axes)] = self.reduces.get((kind, axes), 0.0) + nbytes
+            self.grad_bytes += nbytes
+            self.tensor_reduce_s += ev.coll_time(kind, nbytes, axes)
+        if pc.gather is not None:
+            nbytes, axes = pc.gather
+            self.gathers[axes] = self.gathers.get(axes, 0.0) + nbytes
+            self.tensor_gather_s += ev.coll_time("all_gather", nbytes, axes)
+
+    def unit(self, times: int, seg: "_Segment | None" = None) -> Unit:
+        fwd, bwd = (seg.fwd, seg.bwd) if seg is not None else (0.0, 0.0)
+        return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes)
+
+    def dp_bytes(self, calls: dict) -> dict:
+        """Bytes per step of this segment's data-parallel collectives, ``calls`` times each."""
+        out = dict(self.step_bytes)
+        for (kind, _), b in self.reduces.items():
+            out[kind] = out.get(kind, 0.0) + b * calls.get(kind, 0)
+        for _, b in self.gathers.items():
+            out["all_gather"] = out.get("all_gather", 0.0) + b * calls.get("all_gather", 0)
+        return out
 
 
 @dataclass(frozen=True, slots=True)
 class ParamCost:
-    """One parameter on one device: resident bytes, optimizer-step seconds, gradient
-    synchronisation seconds per step and its collectives' bytes per kind."""
+    """One parameter on one device: resident bytes, optimizer-step seconds, and one occurrence of
+    each collective its data-parallel synchronisation runs (the engine decides how often and what
+    it hides behind: ``symtensor.cost.engine``).
+
+    ``reduce``: (kind, bytes, axes) of one gradient reduction over the replicas (all-reduce at
+    ZeRO 0, reduce-scatter above); ``gather``: (bytes, axes) of one all-gather of the parameter
+    (ZeRO >= 1), or None; ``other``: seconds and bytes per step of all-reducing the gradient over
+    partial axes outside the data-parallel group (a norm weight under sequence parallelism)."""
 
     params: float
     grads: float
     optimizer: float
     opt_time: float
-    sync_s: float
-    step_bytes: tuple
+    reduce: tuple | None
+    gather: tuple | None
+    other_s: float
+    other_bytes: float
+    unsharded: float  # bytes of the gathered parameter (ZeRO 3 and FSDP units in flight)
 
 
 def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
@@ -471,57 +549,91 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset 
     data = set(sync_axes) if data_axes is None else set(sync_axes) & set(data_axes)
     other = tuple(a for a in sync_axes if a not in data)
     replicas = tuple(sorted(data))
-    sync_axes = replicas
     shard = 1
     for a in replicas:
         shard *= ev.mesh[a].size
     z = train.zero
-    params = local * train.param_bytes / (shard if z >= 3 else 1)
+    full = local * train.param_bytes
+    params = full / (shard if z >= 3 else 1)
     if not t.trainable:
-        return ParamCost(params, 0.0, 0.0, 0.0, 0.0, ())
+        return ParamCost(params, 0.0, 0.0, 0.0, None, None, 0.0, 0.0, full)
     grads = local * train.grad_bytes / (shard if z >= 2 else 1)
     optimizer = local * train.optim_bytes / (shard if z >= 1 else 1)
     moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
     opt_time = moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
-    gbytes, pbytes = local * train.grad_bytes, local * train.param_bytes
-    colls = [(Collective("all_reduce", gbytes, other), 1)] if other else []
-    if z == 0:
-        if sync_axes:
-            colls.append((Collective("all_reduce", gbytes, sync_axes), 1))
-    elif z in (1, 2):
-        # ZeRO-2 keeps only its gradient shard, so it reduce-scatters after every micro-batch
-        if replicas:
-            colls += [(Collective("reduce_scatter", gbytes, replicas), 1 if z == 1 else train.micro_steps),
-                      (Collective("all_gather", pbytes, replicas), 1)]
-    elif replicas:
-        m = train.micro_steps  # ZeRO-3 gathers weights for every forward and backward
-        colls += [(Collective("all_gather", pbytes, replicas), 2 * m),
-                  (Collective("reduce_scatter", gbytes, replicas), m)]
-    sync, step_bytes = 0.0, {}
-    for c, times in colls:
-        sync += ev.coll_time(c.kind, c.nbytes, c.axes) * times
-        step_bytes[c.kind] = step_bytes.get(c.kind, 0.0) + c.nbytes * times
-    return ParamCost(params, grads, optimizer, opt_time, sync, tuple(step_bytes.items()))
+    gbytes = local * train.grad_bytes
+    reduce = gather = None
+    if replicas:
+        reduce = ("all_reduce" if z == 0 else "reduce_scatter", gbytes, replicas)
+        gather = (full, replicas) if z >= 1 else None
+    other_s = ev.coll_time("all_reduce", gbytes, other) if other else 0.0
+    return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, full)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamTerms:
+    """The parameters of one op under one layout, per step: the op-local estimate of their
+    exposed synchronisation (the engine's overlap rules with the op's own compute to hide behind,
+    without the unit-level ends: the first gather and the last bucket), the optimizer step, the
+    resident bytes, and the collectives as (kind, bytes, axes, calls per step, tensor)."""
+
+    sync_s: float
+    opt_s: float
+    static_bytes: float
+    transfers: tuple
+
+
+def param_terms(ev: "Evaluator", op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
+    """What the search and ``explain`` charge an op for its parameters (see ``ParamTerms``)."""
+    t = ev.op_time(op, layout)
+    redo = recomputed(op, train.recompute, ev.graph.meta["layers"])
+    sync = opt = static = 0.0
+    transfers = []
+    data_axes = frozenset(layout.axes_of("b"))
+    for slot, tname in enumerate(op.inputs):
+        tensor = ev.tensors[tname]
+        if not tensor.param:
+            continue
+        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, data_axes)
+        gather_s = ev.coll_time("all_gather", *pc.gather) if pc.gather else 0.0
+        reduce_s = ev.coll_time(pc.reduce[0], pc.reduce[1], pc.reduce[2]) if pc.reduce else 0.0
+        unit = Unit(1, t.fwd_s, t.bwd_s + (t.fwd_s if redo else 0.0), gather_s, reduce_s,
+                    pc.reduce[1] if pc.reduce else 0.0)
+        ex = exposure([unit], train, ends=False)
+        sync += ex.seconds + pc.other_s
+        opt += pc.opt_time
+        static += pc.params + pc.grads + pc.optimizer
+        if pc.reduce:
+            transfers.append((pc.reduce[0], pc.reduce[1], pc.reduce[2], ex.calls.get(pc.reduce[0], 0), tname))
+        if pc.gather:
+            transfers.append(("all_gather", pc.gather[0], pc.gather[1], ex.calls.get("all_gather", 0), tname))
+        if pc.other_bytes:
+            other = tuple(sorted(a for a in ev.param_layout(op, layout, slot).partial if a not in data_axes))
+            transfers.append(("all_reduce", pc.other_bytes, other, 1, tname))
+    return ParamTerms(sync, opt, static, tuple(transfers))
 
 
 class _Stage:
-    """Sums of the segments on one pipeline stage."""
+    """Sums of the segments on one pipeline stage, and its units in layer order (the engine's
+    overlap works unit by unit)."""
 
     def __init__(self):
-        self.compute = self.recompute = self.sync = self.opt_time = 0.0
+        self.compute = self.recompute = self.other_sync = self.opt_time = 0.0
         self.comm: dict[str, float] = {}
         self.bytes: dict[str, float] = {}
-        self.step_bytes: dict[str, float] = {}
         self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
         self.layer_saved: list[float] = []
         self.layer_inputs = 0.0
         self.other_saved = 0.0
         self.layer_state = 0.0  # params + grads + optimizer of the transformer layers only
         self.ties: set[str] = set()
+        self.units: list[Unit] = []
+        self.params: list[tuple[_Params, int]] = []
+        self.unsharded = 0.0  # the largest unit's gathered parameters
 
     def add(self, seg: _Segment, params: _Params, times: int = 1):
         """``times`` identical layers with this segment and these parameters."""
-        self.add_params(params, times)
+        self.add_params(params, times, seg)
         self.compute += seg.compute * times
         self.recompute += seg.recompute * times
         _merge(self.comm, seg.comm, times)
@@ -533,16 +645,24 @@ class _Stage:
         else:
             self.other_saved += seg.saved_total * times
 
-    def add_params(self, params: _Params, times: int = 1):
+    def add_params(self, params: _Params, times: int = 1, seg: _Segment | None = None):
         for k, v in params.static.items():
             self.static[k] += v * times
-        self.sync += params.sync * times
+        self.other_sync += params.other_s * times
         self.opt_time += params.opt_time * times
-        _merge(self.step_bytes, params.step_bytes, times)
+        self.units.append(params.unit(times, seg))
+        self.params.append((params, times))
+        self.unsharded = max(self.unsharded, params.unsharded)
         for tie, tparams in params.tied.items():
             if tie not in self.ties:
                 self.ties.add(tie)
                 self.add_params(tparams)
+
+    def dp_bytes(self, calls: dict) -> dict:
+        out: dict = {}
+        for params, times in self.params:
+            _merge(out, params.dp_bytes(calls), times)
+        return out
 
     @property
     def per_microbatch_s(self) -> float:
@@ -593,7 +713,8 @@ class _Accumulator:
         self.stage = ev.stage_of(train)
         self.stages = [_Stage() for _ in range(train.pp)]
         # what a segment's parameters depend on besides their layouts (see _Params)
-        self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes)
+        self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
+                     train.framework)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
@@ -602,7 +723,7 @@ class _Accumulator:
         ev, train = self.ev, self.train
         # what the segments' activations depend on besides layouts: recomputation and framework
         # semantics (the parameters: self.pkey; dp_overlap and the schedule only enter the step)
-        akey = (train.recompute, train.framework)
+        akey = (train.recompute, train.framework, tp_overlapped(train))
         pieces: dict = {}  # (id(ops), id(external), cross) -> (segment, params), once per evaluation
         counts: dict = {}  # (stage, segment, params) -> identical layers
         stage = self.stage
@@ -663,8 +784,10 @@ class _Accumulator:
         if pp > 1:
             p2p, p2p_bytes = self._p2p()
             p2p *= 2 * m  # activations forward and their gradients backward, every micro-batch
-        overlap = ev.eff.dp_overlap if train.dp_overlap is None else train.dp_overlap
-        dp_exposed = (1 - overlap) * max(st.sync for st in self.stages)
+        # data-parallel synchronisation as the engine overlaps it, plus the all-reduce of gradients
+        # over partial axes outside the data-parallel group (after backward, exposed)
+        exposures = [exposure(st.units, train) for st in self.stages]
+        dp_exposed = max(e.seconds + st.other_sync for e, st in zip(exposures, self.stages))
         breakdown = {"compute": m * cs.compute, "recompute": m * cs.recompute}
         for cat in ("tp_comm", "cp_comm", "ep_comm"):
             breakdown[cat] = m * cs.comm.get(cat, 0.0)
@@ -673,7 +796,7 @@ class _Accumulator:
         step = sum(breakdown.values())
         memory, peak = self._memory()
         comm_bytes = {k: val * m for k, val in cs.bytes.items()}
-        _merge(comm_bytes, cs.step_bytes)
+        _merge(comm_bytes, cs.dp_bytes(exposures[crit].calls))
         if pp > 1:
             comm_bytes["send_recv"] = 2 * m * p2p_bytes
         model_flops = ev.model_flops_per_microstep * m

@@ -41,7 +41,7 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
     """Roofline time of the op's local piece, forward and backward."""
     kind = kind_of(op.kind)
     sizes = local_sizes(op, layout, mesh)
-    flops, bwd_flops, rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype)
+    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
     hbm = device.hbm_bandwidth * eff.hbm
@@ -52,18 +52,38 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
     # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
     knee = eff.gemm_knee
     fwd = max((flops + knee) / rate, nbytes / hbm)
-    bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / rate, 2 * nbytes / hbm) \
+    bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
         if bwd_flops else 0.0
     return OpTime(fwd, bwd, flops)
 
 
-def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype) -> tuple[float, float, float]:
-    """Forward and backward FLOPs of the op at these (local) sizes, and the FLOP/s its kernels
-    reach at best (peak times the calibrated fraction)."""
+# Fused attention's efficiency falls at short key sequences and small head dims (FlashAttention-2,
+# Dao 2023, Fig. 4-7: causal, head dim 128 on A100 reaches ~62% of its 16K-token speed at 512
+# tokens, i.e. half speed at ~340 tokens; head dim 64 runs ~0.83x head dim 128). Shapes of the
+# curve, taken from that kernel benchmark; the scale (``eff.attention``) is fitted per device.
+ATTENTION_HEAD_DIM_KNEE = 32.0
+ATTENTION_REF_HEAD_DIM = 128.0
+
+
+def attention_shape_factor(sizes, eff) -> float:
+    """Fused attention's efficiency relative to its long-sequence, head-dim-128 value."""
+    t, d = sizes["t"], sizes["d"]
+    seq = t / (t + eff.attention_knee) if eff.attention_knee else 1.0
+    ref = ATTENTION_REF_HEAD_DIM / (ATTENTION_REF_HEAD_DIM + ATTENTION_HEAD_DIM_KNEE)
+    return seq * (d / (d + ATTENTION_HEAD_DIM_KNEE)) / ref
+
+
+def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype) -> tuple[float, float, float, float]:
+    """Forward and backward FLOPs of the op at these (local) sizes, and the FLOP/s its forward
+    and backward kernels reach at best (peak times the calibrated fraction)."""
     flops = kind.fwd_flops(sizes, dict(op.attrs))
     bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
-    frac = {"linear": eff.gemm, "bmm": eff.bmm, "attention": eff.attention}.get(op.kind, eff.gemm)
-    return flops, bwd_flops, device.flops(dtype) * frac
+    peak = device.flops(dtype)
+    if op.kind == "attention":
+        shape = attention_shape_factor(sizes, eff)
+        return flops, bwd_flops, peak * eff.attention * shape, peak * eff.attention_bwd * shape
+    rate = peak * (eff.bmm if op.kind == "bmm" else eff.gemm)
+    return flops, bwd_flops, rate, rate
 
 
 def compute_floor(op, device, eff, grad_operands: int, dtype="bf16") -> tuple[float, float]:
@@ -74,8 +94,9 @@ def compute_floor(op, device, eff, grad_operands: int, dtype="bf16") -> tuple[fl
     kind = kind_of(op.kind)
     if kind.memory_bound:
         return 0.0, 0.0
-    flops, bwd_flops, rate = _compute(op, kind, op.dim_sizes, device, eff, grad_operands, dtype)
-    return flops / rate, (bwd_flops / rate if bwd_flops else 0.0)
+    # attention's shape factor reads its key sequence and head dim, which no layout cuts
+    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, op.dim_sizes, device, eff, grad_operands, dtype)
+    return flops / rate, (bwd_flops / bwd_rate if bwd_flops else 0.0)
 
 
 @dataclass(frozen=True, slots=True)

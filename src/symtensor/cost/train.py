@@ -7,6 +7,16 @@ from dataclasses import dataclass, replace
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
+FRAMEWORKS = ("megatron", "fsdp2", "deepspeed")
+
+
+def chunks_fit(layers: int, pp: int, vpp: int) -> bool:
+    """Whether ``layers`` split into pp*vpp interleaved chunks: evenly, or with the embedding and
+    the loss counted as layer slots (Megatron's account_for_embedding_in_pipeline_split and
+    account_for_loss_in_pipeline_split, as NeMo's Llama 3.1 405B recipe runs 126 layers in 64
+    chunks)."""
+    chunks = pp * vpp
+    return layers % chunks == 0 or (layers + 2) % chunks == 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -25,11 +35,17 @@ class TrainConfig:
         param_bytes / grad_bytes / optim_bytes: per parameter; Megatron keeps bf16 weights, fp32
             main gradients and fp32 master weights + Adam m and v (2 + 4 + 12 = 18 bytes,
             Korthikanti et al. 2022); the ZeRO paper counts fp16 gradients (2 + 2 + 12).
-        dp_overlap: fraction of gradient synchronisation hidden behind backward; ``None`` takes
-            the efficiency default (Megatron-LM with --overlap-grad-reduce); 0 for Megatron-LM 2022.
-        framework: ``megatron`` keeps the sequence-parallel shard of an all-gathered input for
-            backward and gathers it again there (less memory, one more all-gather); ``torch``
-            (DTensor) keeps the gathered input.
+        framework: the engine whose semantics the step follows (``symtensor.cost.engine``):
+            ``megatron`` (Megatron-core + Transformer Engine: distributed optimizer with bucketed
+            overlapped gradient reduce and parameter gather; keeps the sequence-parallel shard of
+            an all-gathered input for backward and gathers it again there), ``fsdp2`` (PyTorch
+            FSDP2/DTensor as torchtitan runs it: per-block units, the next unit's all-gather
+            prefetched; keeps gathered inputs), ``deepspeed`` (ZeRO with overlap_comm; stage 3
+            gathers per parameter, again for a recomputed forward). ``torch`` is read as fsdp2.
+        overlap_grad_reduce: whether gradient reduction overlaps backward (Megatron-LM 2022 ran
+            it after backward: False).
+        tp_overlap: Transformer Engine's tensor-parallel communication overlap (userbuffers,
+            with sequence parallelism); ``None``: the engine's default (on for megatron).
     """
 
     global_batch: int
@@ -42,8 +58,9 @@ class TrainConfig:
     param_bytes: int = 2
     grad_bytes: int = 4
     optim_bytes: int = 12
-    dp_overlap: float | None = None
     framework: str = "megatron"
+    overlap_grad_reduce: bool = True
+    tp_overlap: bool | None = None
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -56,8 +73,10 @@ class TrainConfig:
             raise PlanError(f"recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         if self.zero not in (0, 1, 2, 3):
             raise PlanError(f"zero={self.zero!r}; use 0, 1, 2 or 3")
-        if self.framework not in ("megatron", "torch"):
-            raise PlanError(f"framework={self.framework!r}; use megatron or torch")
+        if self.framework == "torch":
+            object.__setattr__(self, "framework", "fsdp2")
+        if self.framework not in FRAMEWORKS:
+            raise PlanError(f"framework={self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
         if self.vpp > 1 and self.pp == 1:
             raise PlanError("virtual pipeline stages (vpp > 1) need pp > 1")
 
@@ -77,8 +96,9 @@ class TrainConfig:
             return tuple(self.layer_split)
         if self.pp > layers:
             raise PlanError(f"pp={self.pp} exceeds the {layers} layers; use pp <= {layers}")
-        if layers % (self.pp * self.vpp) and self.vpp > 1:
-            raise PlanError(f"{layers} layers do not split into pp*vpp = {self.pp * self.vpp} equal chunks")
+        if self.vpp > 1 and not chunks_fit(layers, self.pp, self.vpp):
+            raise PlanError(f"{layers} layers do not split into pp*vpp = {self.pp * self.vpp} chunks (nor do "
+                            f"{layers} + 2 with the embedding and the loss as layer slots); choose another vpp")
         base, extra = divmod(layers, self.pp)
         # the extra layers go to the middle stages: the first holds the embedding, the last the head
         order = sorted(range(self.pp), key=lambda i: (i in (0, self.pp - 1), i))

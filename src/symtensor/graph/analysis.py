@@ -22,12 +22,13 @@ def grad_operands(graph: Graph, req: set[str] | None = None) -> dict[str, int]:
     return {op.name: sum(1 for t in op.inputs[:2] if t in req) for op in graph.ops}
 
 
-def model_flops(graph: Graph, operands: dict[str, int] | None = None) -> float:
-    """Forward + backward FLOPs of one micro-step in the PaLM/Korthikanti MFU convention
-    (no recomputation, attention counted in full): 6 N tokens + attention terms. ``operands``:
+def model_flops(graph: Graph, operands: dict[str, int] | None = None, causal_halved: bool = True) -> float:
+    """Forward + backward FLOPs of one micro-step in the MFU convention (no recomputation):
+    6 N tokens + attention terms, causal attention halved as Megatron-LM and torchtitan count it
+    (``causal_halved=False``: in full, the PaLM/Korthikanti convention). ``operands``:
     ``grad_operands(graph)`` when the caller has it."""
     ops = grad_operands(graph) if operands is None else operands
-    return sum(op_model_flops(op, ops[op.name]) * layer_repeat(graph, op.layer) for op in graph.ops)
+    return sum(op_model_flops(op, ops[op.name], causal_halved) * layer_repeat(graph, op.layer) for op in graph.ops)
 
 
 def layer_repeat(graph: Graph, layer: int) -> int:

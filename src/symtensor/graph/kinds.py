@@ -49,7 +49,7 @@ class Kind:
         saves: which tensors backward needs: ``("in0", "out0")`` etc.
         extra_saved_bytes: bytes saved beyond those tensors (dropout mask, softmax stats).
         no_cut: dims a plan may never cut (attention head_dim and key sequence, a norm's axis).
-        model_flops: forward FLOPs in the MFU convention (attention not halved by causality).
+        model_flops: forward FLOPs in the MFU convention when they differ from the executed ones.
     """
 
     name: str
@@ -107,7 +107,6 @@ register(Kind(
     # log-sum-exp statistics in fp32, one per query row and head
     extra_saved_bytes=lambda sizes, attrs: 4 * sizes["b"] * sizes["s"] * sizes["n"],
     no_cut=lambda op: {"t", "d", "g"},
-    model_flops=lambda sizes, attrs: _attention_flops(sizes, attrs, executed=False),
 ))
 register(Kind("norm", lambda sizes, attrs: 4 * _prod(sizes), bwd_fixed=2.0, bwd_ratio=None, memory_bound=True,
               saves=("in0",), no_cut=_axis_no_cut))
@@ -148,15 +147,18 @@ def op_fwd_flops(op, sizes=None):
     return kind.fwd_flops(sizes or op.dim_sizes, dict(op.attrs))
 
 
-def op_model_flops(op, grad_operands: int) -> float:
-    """Forward + backward FLOPs in the MFU convention (no recompute, attention not halved)."""
+def op_model_flops(op, grad_operands: int, causal_halved: bool = True) -> float:
+    """Forward + backward FLOPs in the MFU convention: no recomputation; attention's two matmuls
+    with a backward of twice the forward, causal attention halved as the kernels run it (the
+    Megatron-LM and torchtitan convention). ``causal_halved=False``: attention in full (the
+    PaLM / Korthikanti et al. 2022 convention, 12*L*H*Q*T per token)."""
     kind = kind_of(op.kind)
     attrs = dict(op.attrs)
     fwd = (kind.model_flops or kind.fwd_flops)(op.dim_sizes, attrs)
     if kind.memory_bound or kind.name == "reshape":
         return 0.0
     if kind.name == "attention":
-        return 3 * fwd  # the PaLM / Korthikanti convention: 12*L*H*Q*T per token, i.e. backward = 2x
+        return 3 * (fwd if causal_halved else _attention_flops(op.dim_sizes, attrs, executed=False))
     if kind.bwd_ratio is None:
         return fwd * (1 + kind.bwd_fixed)
     return fwd * (1 + kind.bwd_ratio * grad_operands)

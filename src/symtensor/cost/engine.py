@@ -1,0 +1,169 @@
+"""Engine semantics: what overlaps with what, how often parameters are gathered, bucket sizes.
+
+A step time belongs to an engine. The evaluator costs each *unit* (a transformer layer, or the
+ops before and after the layers) of a pipeline stage: its forward and backward compute per
+micro-batch and one all-gather / reduce-scatter / all-reduce of its parameters and gradients over
+their data-parallel replicas. This module turns those into the exposed data-parallel time of a
+step, never with a constant fraction: communication is hidden only behind compute that runs at
+the same time, unit by unit, and what cannot overlap (the last gradient bucket, the first unit's
+gather) stays exposed.
+
+    megatron   Megatron-core with the distributed optimizer (ZeRO 1), --overlap-grad-reduce and
+               --overlap-param-gather: gradients are reduced once per step in buckets during the
+               last micro-batch's backward; the last bucket to fill is exposed. Updated
+               parameters are all-gathered during the next step's first forward. ZeRO 3 follows
+               Megatron-FSDP (the fsdp2 rules). Transformer Engine overlaps tensor-parallel
+               communication with the GEMMs (``tp_overlap``).
+    fsdp2      PyTorch FSDP2 as torchtitan runs it: one unit per transformer block; the next
+               unit's all-gather is prefetched behind this unit's compute, in forward and (with
+               reshard_after_forward, ZeRO 3) again in backward, and each unit's gradients are
+               reduce-scattered behind the next unit's backward, every micro-batch. ZeRO 1/2
+               (reshard_after_forward=False) gathers once per micro-batch. ZeRO 0 is DDP:
+               bucketed all-reduce behind backward.
+    deepspeed  DeepSpeed ZeRO with overlap_comm: stages 1/2 reduce gradients in buckets behind
+               backward (stage 2 every micro-batch) and all-gather the updated parameters after
+               the optimizer step, exposed. Stage 3 gathers each parameter on its own (one
+               collective per tensor: latency per tensor), prefetched like FSDP, and again for a
+               recomputed forward under full recomputation.
+
+Bucket sizes are the engines' defaults: Megatron ``--ddp-bucket-size`` max(40M, 1M x dp)
+parameters (megatron/core/distributed/distributed_data_parallel_config.py); PyTorch DDP
+``bucket_cap_mb=25``; DeepSpeed ``reduce_bucket_size=5e8`` elements.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """What an engine does with one step's parameter and gradient communication."""
+
+    name: str
+    # gradient bucket in bytes of the reduced dtype, or None for "per engine rule" (see bucket_bytes)
+    ddp_bucket_bytes: float
+    per_tensor_gathers: bool  # ZeRO 3 gathers each parameter apart (DeepSpeed) or per unit
+    regather_recompute: bool  # a recomputed forward gathers the parameters again (ZeRO 3)
+    tp_overlap: bool  # default of TrainConfig.tp_overlap
+    keeps_sp_shard: bool  # keeps the sequence-parallel shard of a gathered input for backward
+    exposed_param_gather: bool  # ZeRO 1/2: the post-step parameter all-gather is not overlapped
+
+
+ENGINES = {
+    "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
+                       tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False),
+    "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
+                    tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False),
+    "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
+                        tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True),
+}
+
+
+def engine_of(train) -> Engine:
+    return ENGINES[train.framework]
+
+
+def tp_overlapped(train) -> bool:
+    """Whether tensor-parallel communication overlaps the GEMMs for this configuration."""
+    return engine_of(train).tp_overlap if train.tp_overlap is None else train.tp_overlap
+
+
+@dataclass(frozen=True, slots=True)
+class Unit:
+    """One unit of a pipeline stage, ``times`` identical copies; seconds per micro-batch for the
+    compute and per single collective for the communication of the unit's own parameters."""
+
+    times: int
+    fwd_s: float
+    bwd_s: float  # backward and recomputed forward
+    gather_s: float  # one all-gather of the unit's parameters over their replicas
+    reduce_s: float  # one reduction of its gradients (all-reduce at ZeRO 0, else reduce-scatter)
+    grad_bytes: float  # bytes of its gradients entering the reduction (for the last bucket)
+
+
+@dataclass(frozen=True, slots=True)
+class Exposure:
+    """Exposed seconds of a stage's data-parallel communication per step, and how many times per
+    step each collective kind runs (for the byte counts)."""
+
+    seconds: float
+    calls: dict
+
+
+def pipeline_window(train) -> float:
+    """Micro-batches of a stage's compute that run while its once-per-step gradient reduction (in
+    the cool-down) or parameter gather (in the warm-up) proceeds: 1 without a pipeline; the
+    first stage's warm-up of 1F1B (pp - 1 micro-batches, plus the last one) and of the
+    interleaved schedule ((pp - 1) * 2 + (vpp - 1) * pp chunks of 1/vpp of a micro-batch;
+    megatron/core/pipeline_parallel/schedules.py), at most the micro-batches of the step."""
+    pp, v, m = train.pp, train.vpp, train.micro_steps
+    if pp == 1:
+        return 1.0
+    if v == 1:
+        return float(min(m, pp))
+    return min(float(m), 1 + ((pp - 1) * 2 + (v - 1) * pp) / v)
+
+
+def _hidden(comm: float, compute: float) -> float:
+    """Exposed part of ``comm`` running beside ``compute``."""
+    return comm - compute if comm > compute else 0.0
+
+
+def _bucketed(units, reduce_total: float, hide: float, bucket: float, ends: bool) -> float:
+    """Bucketed reduction behind ``hide`` seconds of backward: the excess is exposed, and so is
+    the last bucket (it fills when backward ends). Never more than the reduction itself."""
+    grad = sum(u.grad_bytes * u.times for u in units)
+    last = reduce_total * min(1.0, bucket / grad) if grad and ends else 0.0
+    return min(reduce_total, _hidden(reduce_total, hide) + last)
+
+
+def exposure(units: list[Unit], train, ends: bool = True) -> Exposure:
+    """Exposed data-parallel seconds per step of one stage under ``train``'s engine and ZeRO stage.
+
+    ``ends=False`` leaves out what only a whole stage has (the last gradient bucket, the first
+    unit's gather, the last unit's reduction): the per-op share the search charges an op."""
+    eng, m, z = engine_of(train), train.micro_steps, train.zero
+    fwd = sum(u.fwd_s * u.times for u in units)
+    bwd = sum(u.bwd_s * u.times for u in units)
+    gather = sum(u.gather_s * u.times for u in units)
+    reduce = sum(u.reduce_s * u.times for u in units)
+    overlap = train.overlap_grad_reduce
+    if z == 3 or (eng.name == "fsdp2" and z > 0):
+        return _sharded(units, train, eng, overlap, ends)
+    # once per step, the reduction runs beside the pipeline's cool-down backward and the gather
+    # beside its warm-up forward: micro-batches of the stage's compute to hide behind
+    window = pipeline_window(train) if z < 2 else 1.0
+    if z == 0:
+        seconds = _bucketed(units, reduce, window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
+        return Exposure(seconds, {"all_reduce": 1})
+    # ZeRO 1/2: reduce-scatter (per step, or per micro-batch at stage 2), then the parameter gather
+    times = m if z == 2 else 1
+    fwd *= pipeline_window(train)
+    one = _bucketed(units, reduce, window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
+    if eng.exposed_param_gather or not overlap:
+        ag = gather
+    else:  # overlapped with the next step's first forward, unit by unit; the first unit waits
+        first = units[0].gather_s if units and ends else 0.0
+        ag = min(gather, _hidden(gather, fwd) + first)
+    return Exposure(times * one + ag, {"reduce_scatter": times, "all_gather": 1})
+
+
+def _sharded(units, train, eng, overlap, ends) -> Exposure:
+    """Per-unit gathers every micro-batch (FSDP / ZeRO 3): the next unit's gather is prefetched
+    behind this unit's compute; each unit's gradients are reduce-scattered behind the next unit's
+    backward. The first gather of forward and the last reduction of backward wait."""
+    m, z = train.micro_steps, train.zero
+    regather = z == 3  # reshard after forward: gather again for backward
+    redo = eng.regather_recompute and regather and train.recompute == "full"
+    exposed = total = 0.0
+    for u in units:
+        fwd_comm = u.gather_s
+        bwd_comm = u.reduce_s + (u.gather_s if regather else 0.0) + (u.gather_s if redo else 0.0)
+        total += u.times * (fwd_comm + bwd_comm)
+        exposed += u.times * (_hidden(fwd_comm, u.fwd_s) + _hidden(bwd_comm, u.bwd_s))
+    if units and ends:
+        exposed += units[0].gather_s + units[-1].reduce_s
+    exposed = min(exposed, total) if overlap else total
+    gathers = 1 + (1 if regather else 0) + (1 if redo else 0)
+    return Exposure(m * exposed, {"all_gather": m * gathers, "reduce_scatter": m})
