@@ -5,6 +5,8 @@
     symtensor evaluate MODEL --cluster C (--nodes N | --devices N) --tp T --pp P ... [--json]
     symtensor plan MODEL --cluster C (--nodes N | --devices N) [--json] [--out plan.json]
     symtensor calibrate [--fit] [--json]
+    symtensor profile [--devices N] [--backend nccl|gloo] [--quick] --out cluster.yaml [--force]
+    symtensor clusters --show cluster.yaml | calibrate --cluster cluster.yaml   # a profiled file
     symtensor explain PLAN [--op NAME] [--candidates] [--formula] [--json]
     symtensor compare A B [--json]              # plan files, or a plan file and a baseline name
     symtensor sweep MODEL --cluster C --devices N --seq 2048..131072 [--json]
@@ -64,7 +66,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("models", help="list the model zoo").add_argument("--json", action="store_true")
-    sub.add_parser("clusters", help="list the cluster presets").add_argument("--json", action="store_true")
+    p = sub.add_parser("clusters", help="list the cluster presets, or show a cluster file (--show FILE)")
+    p.add_argument("--show", metavar="FILE", help="a cluster file, e.g. written by symtensor profile")
+    p.add_argument("--json", action="store_true")
     p = sub.add_parser("graph", help="parameters, operators, FLOPs and activations of a model")
     _model_args(p)
     p.add_argument("--micro-batch", type=int, default=1)
@@ -136,6 +140,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("calibrate", help="predicted vs published measurements (calibration.csv)")
     p.add_argument("--fit", action="store_true", help="refit the efficiency constants first")
+    p.add_argument("--cluster", metavar="FILE", help="a profiled cluster file: its curves vs its measurements")
+    p.add_argument("--json", action="store_true")
+    p = sub.add_parser("profile", help="measure this machine's GEMM, attention, memory and collective curves "
+                                       "into a cluster file")
+    p.add_argument("--out", required=True, help="the cluster file to write (YAML)")
+    p.add_argument("--devices", type=int, help="processes (default: every GPU with nccl, 2 with gloo)")
+    p.add_argument("--backend", help="nccl (GPUs) or gloo (CPU processes); default nccl where there are GPUs")
+    p.add_argument("--quick", action="store_true", help="a few points per curve (under a minute)")
+    p.add_argument("--force", action="store_true", help="overwrite --out")
+    p.add_argument("--like", metavar="PRESET", help="keep this preset's published peaks (default: by device name)")
+    p.add_argument("--ranks-per-node", type=int, help="group ranks into nodes of this many (default: one node)")
     p.add_argument("--json", action="store_true")
     return ap
 
@@ -154,6 +169,9 @@ def main(argv=None) -> int:
 def _dispatch(args) -> int:
     from symtensor import report
 
+    if args.command == "profile" or getattr(args, "show", None) or getattr(args, "cluster", None) and \
+            args.command == "calibrate":
+        return _dispatch_profile(args)
     if args.command == "models":
         from symtensor.models import PRESETS
 
@@ -229,6 +247,21 @@ def _dispatch_analysis(args) -> int:
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,
                          html=args.html, sweep_spec=args.sweep, on_point=on_point)
     return console.html_report(out, args.json)
+
+
+def _dispatch_profile(args) -> int:
+    """profile, clusters --show FILE, calibrate --cluster FILE."""
+    from symtensor import profile
+    from symtensor.report import profile_view
+
+    if args.command == "clusters":
+        return profile_view.cluster_file(profile.read(args.show), args.json)
+    if args.command == "calibrate":
+        return profile_view.cluster_fit(args.cluster, profile.curves(args.cluster), args.json)
+    with profile_view.progress(sys.stderr.isatty()) as on_step:
+        out = profile.profile(args.out, devices=args.devices, backend=args.backend, quick=args.quick,
+                              force=args.force, like=args.like, ranks_per_node=args.ranks_per_node, on_step=on_step)
+    return profile_view.profiled(out, args.json)
 
 
 def _busy(what: str):
