@@ -72,8 +72,9 @@ def _best_micro_batch(cfg, cluster, pc: ParallelConfig) -> ParallelConfig:
 
 def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
              cp=1, ep=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
-             vpp=1, overrides=None) -> dict:
-    """Cost a Megatron-style configuration; the JSON of ``symtensor evaluate``."""
+             vpp=1, overrides=None, framework: str = "megatron") -> dict:
+    """Cost a Megatron-style configuration under ``framework``'s engine semantics; the JSON of
+    ``symtensor evaluate``."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     seq = seq or default_seq(cfg)
@@ -85,14 +86,28 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     sp = tp > 1 if sp is None else sp
     pc = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp, zero=zero, recompute=recompute,
                         micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
-                        seq=seq, vpp=vpp)
+                        seq=seq, vpp=vpp, framework=framework)
     pc.validate(cfg, cl.n_devices)
     if micro_batch == "auto":
         pc = _best_micro_batch(cfg, cl, pc)
     report = evaluate_megatron(cfg, cl, pc)[0]
     out = report.as_dict()
     out.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, config=pc.as_dict())
+    out.update(prediction_terms(cfg, cl, report.step_time_s, zero=pc.zero, seq=seq, framework=framework))
     return out
+
+
+def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str) -> dict:
+    """What every prediction states besides its numbers: the engine, the efficiency table and its
+    source, and the error band of its regime (``cost.bands``)."""
+    from symtensor.cost.bands import band, regime_of
+    from symtensor.cost.efficiency import device_table, efficiency_for
+
+    table = device_table(cluster.device.name)
+    regime = regime_of(zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe, framework=framework)
+    b = band(step_s, table, regime)
+    return {"framework": framework, "efficiency_table": table, "efficiency_source": efficiency_for(cluster).source,
+            "regime": regime, "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated}
 
 
 def _baseline_entry(step_time, fits, config, report, ref) -> dict:

@@ -1,0 +1,68 @@
+"""Error bands: how far a predicted step time may be from the measured one, per device and regime.
+
+A band is the spread of the calibration residuals (predicted / measured - 1 of the iteration-time
+rows) of the regime the plan belongs to, on its device. The residuals are those ``symtensor
+calibrate`` prints (tests/test_cost_model.py checks these constants against it):
+
+    A100 dense 3D   8 rows of Korthikanti et al. 2022 (calibration.csv)        -1.63% .. +4.06%
+    H100 dense 3D   17 NeMo 2 Llama 3.1 runs (calibration_h100.csv)            -3.18% .. +3.14%
+
+A regime without calibration rows of its own (sharded data parallelism, long context, LoRA,
+mixture of experts) takes its device's residual range doubled, and says it is extrapolated. A
+device without a calibration file (Ascend 910B) takes the widest range, doubled.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+# (lowest, highest) residual of the iteration-time rows, per (device table, regime)
+RESIDUALS = {("A100", "dense 3D"): (-0.0163, 0.0406), ("H100", "dense 3D"): (-0.0318, 0.0314)}
+# an uncalibrated regime or device: the residual range is widened by this factor (a stated guess)
+EXTRAPOLATION = 2.0
+REGIMES = ("dense 3D", "FSDP", "long context", "LoRA", "MoE")
+
+
+@dataclass(frozen=True, slots=True)
+class Band:
+    """[low, high] seconds around a predicted step, and whether its regime was calibrated."""
+
+    low_s: float
+    high_s: float
+    regime: str
+    calibrated: bool
+
+    def overlaps(self, other: "Band") -> bool:
+        """Two predictions the model cannot tell apart: their bands overlap."""
+        return self.low_s <= other.high_s and other.low_s <= self.high_s
+
+    def as_list(self) -> list[float]:
+        return [self.low_s, self.high_s]
+
+
+def regime_of(*, zero: int, seq: int, lora: bool, moe: bool, framework: str) -> str:
+    """The regime a configuration belongs to for its error band (the first that applies)."""
+    if moe:
+        return "MoE"
+    if lora:
+        return "LoRA"
+    if seq >= 32768:
+        return "long context"
+    if zero == 3 or (framework == "fsdp2" and zero > 0):
+        return "FSDP"
+    return "dense 3D"
+
+
+def band(step_s: float, table: str, regime: str) -> Band:
+    """The band of a step of ``step_s`` seconds predicted with device table ``table``.
+
+    A residual r = predicted / measured - 1 in [lo, hi] puts the measured step in
+    [step / (1 + hi), step / (1 + lo)]."""
+    rng = RESIDUALS.get((table, regime))
+    calibrated = rng is not None
+    if rng is None:
+        own = [r for (t, _), r in RESIDUALS.items() if t == table] or list(RESIDUALS.values())
+        lo, hi = min(r[0] for r in own), max(r[1] for r in own)
+        rng = (lo * EXTRAPOLATION, hi * EXTRAPOLATION)
+    lo, hi = rng
+    return Band(step_s / (1 + hi), step_s / (1 + lo), regime, calibrated)
