@@ -61,8 +61,17 @@ def _micro(value: str):
         raise argparse.ArgumentTypeError(f"--micro-batch must be an integer or auto, got {value!r}") from None
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the project's error format: one line, exit status 2 (not usage + message)."""
+
+    def error(self, message):
+        from symtensor.output import printable
+
+        self.exit(2, f"error: {printable(message)}; see {self.prog} --help\n")
+
+
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="symtensor", description="Symbolic and adaptive tensor partitioning planner")
+    ap = _Parser(prog="symtensor", description="Symbolic and adaptive tensor partitioning planner")
     ap.add_argument("--debug", action="store_true", help="show tracebacks")
     sub = ap.add_subparsers(dest="command", required=True)
     sub.add_parser("models", help="list the model zoo").add_argument("--json", action="store_true")
@@ -89,6 +98,7 @@ def build_parser() -> argparse.ArgumentParser:
     _search_args(p)
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline searches")
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
+    p.add_argument("--force", action="store_true", help="write --out through a symbolic link")
     p.add_argument("--capture", action="store_true",
                    help="plan the model's own PyTorch forward (Hugging Face, captured with torch.export on fake "
                         "tensors) instead of the built-in graph")
@@ -118,6 +128,7 @@ def build_parser() -> argparse.ArgumentParser:
     _cluster_args(p, required=False)
     _search_args(p)
     p.add_argument("--html", default="report.html", help="the page to write (default report.html)")
+    p.add_argument("--force", action="store_true", help="write --html through a symbolic link")
     p.add_argument("--sweep", help="PARAM=RANGE for the sweep curves (default seq from half to twice the plan's); "
                                    "none to skip")
     p = sub.add_parser("export", help="a plan file as Megatron-LM arguments, a torchtitan config or a DTensor plan")
@@ -137,6 +148,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="a heterogeneous plan: attention tensor-parallel, every other op data-parallel")
     p.add_argument("--global-batch", type=int, default=8)
     p.add_argument("--seq", type=int, default=16)
+    p.add_argument("--timeout", type=float, default=300,
+                   help="seconds a process may go without progress before the run is stopped (default 300)")
+    p.add_argument("--master-port", type=int,
+                   help="the rendezvous port on 127.0.0.1 (default: a free port the system picks)")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("calibrate", help="predicted vs published measurements (calibration.csv)")
     p.add_argument("--fit", action="store_true", help="refit the efficiency constants first")
@@ -156,14 +171,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv=None) -> int:
+    from symtensor import validate
+    from symtensor.output import printable
+
     args = build_parser().parse_args(argv)
     try:
+        validate.cli_args(args)
         return _dispatch(args)
     except PlanError as exc:
         if args.debug:
             raise
-        print(f"error: {exc}", file=sys.stderr)
+        print(f"error: {printable(exc)}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        if args.debug:
+            raise
+        print("error: interrupted", file=sys.stderr)
+        return 130
 
 
 def _dispatch(args) -> int:
@@ -221,7 +245,7 @@ def _dispatch(args) -> int:
 
         out = run(args.model, args.devices, steps=args.steps, optimizer=args.optimizer, global_batch=args.global_batch,
                   seq=args.seq, tp=args.tp, zero=args.zero, ep=args.ep, pp=args.pp, plan_file=args.plan,
-                  attention_only=args.attention_only_tp)
+                  attention_only=args.attention_only_tp, timeout_s=args.timeout, master_port=args.master_port)
         report.run(out, args.json)
         return 0 if out["numerics_ok"] and out["bytes_ok"] else 1
     raise AssertionError(args.command)

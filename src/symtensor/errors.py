@@ -21,14 +21,8 @@ def did_you_mean(name: str, valid) -> str:
 
 
 def read_json(path, what: str, missing_hint: str = ""):
-    """The JSON in ``path``; a missing file or invalid JSON is a PlanError naming ``what``."""
-    import json
-    from pathlib import Path
+    """The JSON in ``path``; a missing, oversized or binary file or invalid JSON is a PlanError
+    naming ``what`` (see ``symtensor.validate.read_json``)."""
+    from symtensor.validate import read_json as read
 
-    path = Path(path)
-    if not path.exists():
-        raise PlanError(f"{what} {path} does not exist{missing_hint}")
-    try:
-        return json.loads(path.read_text())
-    except json.JSONDecodeError as exc:
-        raise PlanError(f"{what} {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+    return read(path, what, missing_hint)

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean, read_json
+from symtensor.validate import hf_config, model_config
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -87,6 +88,7 @@ class ModelConfig:
         self.validate()
 
     def validate(self) -> None:
+        model_config(self)  # every field's type and bounds
         for key in ("layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab", "experts", "top_k",
                     "max_context", "moe_ffn"):
             value = getattr(self, key)
@@ -230,8 +232,7 @@ def _need(data: dict, keys, path) -> None:
 
 def from_hf_dict(data: dict, name: str = "hf-model", path: str = "config.json") -> ModelConfig:
     """Read a Hugging Face style config (GPT-2 keys or LLaMA/Qwen2/Mixtral keys)."""
-    if not isinstance(data, dict):
-        raise PlanError(f"{path}: expected a JSON object")
+    hf_config(data, path)  # types and ranges of every key read below
     if "n_layer" in data or "n_embd" in data:
         _need(data, _HF_GPT2_KEYS, path)
         hidden = data["n_embd"]

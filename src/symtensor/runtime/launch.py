@@ -1,16 +1,19 @@
-"""Run a RunSpec under torchrun and compare it with the single-process reference.
+"""Run a RunSpec on worker processes and compare it with the single-process reference.
 
 ``run_spec`` checks the spec against the model and the process count first (a ``PlanError``
-before any process starts), launches ``python -m torch.distributed.run`` (``local_torchrun``: its
-rendezvous binds 127.0.0.1 port 0, so the OS picks a free port) with ``OMP_NUM_THREADS=1``, runs the same
-training in this process without parallelism, and returns both, their differences, and the bytes
-every rank's collectives moved (definitions in ``symtensor.runtime.commcount``).
+before any process starts), starts ``python -m symtensor.runtime.worker`` on every rank as a
+``symtensor.runtime.group.WorkerGroup`` (one process group, rendezvous on 127.0.0.1, heartbeats,
+all stopped on an error, a stall or Ctrl-C) with ``OMP_NUM_THREADS=1``, runs the same training in
+this process without parallelism, and returns both, their differences, and the bytes every rank's
+collectives moved (definitions in ``symtensor.runtime.commcount``). ``local_torchrun`` and
+``run_process_group`` launch other commands under torchrun.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -22,6 +25,8 @@ from pathlib import Path
 
 from symtensor.errors import PlanError
 from symtensor.models import load_model_config
+from symtensor.output import printable
+from symtensor.runtime.group import WorkerGroup
 from symtensor.runtime.spec import OPTIMIZERS, RunSpec, check_fits
 
 
@@ -86,44 +91,61 @@ def _worker_env() -> dict[str, str]:
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def _failure_tail(output: str, lines: int = 60) -> str:
-    """The workers' own last lines (``[rankN]:`` prefixed) rather than torchrun's summary."""
-    rank_lines = [line for line in output.splitlines() if line.startswith("[rank")]
-    return "\n".join((rank_lines or output.splitlines())[-lines:])
+def worker_command(model: str, spec_file: Path, steps: int, optimizer: str, out: Path, seed: int = 0) -> list[str]:
+    """The command every rank of a ``WorkerGroup`` runs (ranks come from the environment)."""
+    return [sys.executable, "-m", "symtensor.runtime.worker", "--spec", str(spec_file), "--model", str(model),
+            "--steps", str(steps), "--optimizer", optimizer, "--seed", str(seed), "--out", str(out)]
+
+
+def _failure(codes: list[int], group: WorkerGroup) -> str:
+    """One line: the first rank that failed, how, and its last line of output."""
+    rank = group.culprit if group.culprit is not None else next((r for r, c in enumerate(codes) if c), 0)
+    code = codes[rank]
+    how = (f"was killed by {signal.Signals(-code).name}" if code < 0 else f"exited with status {code}" if code
+           else "exited without writing its result")
+    lines = [line.strip() for line in group.log(rank).read_text(errors="replace").splitlines() if line.strip()]
+    last = printable(lines[-1])[:300] if lines else "no output"
+    return f"rank {rank} of {len(codes)} {how}: {last}; its log: {group.log(rank)}"
 
 
 def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, seed: int = 0,
-           timeout_s: float = 300) -> dict:
-    """Run the worker under torchrun and return rank 0's result (with ``state`` loaded).
+           timeout_s: float = 300, master_port: int | None = None) -> dict:
+    """Run the worker on ``nproc`` processes and return rank 0's result (with ``state`` loaded).
+
+    Args:
+        timeout_s: how long a rank may stay in one place (``symtensor.runtime.group``).
+        master_port: the rendezvous port on 127.0.0.1 (None: a free one).
 
     Raises:
-        RuntimeError: the workers failed; the message ends with their output.
+        PlanError: a rank failed, stalled or hung (every process is stopped first); the message
+            names the rank, its last line and its log, which is kept.
     """
-    import torch
-
-    with tempfile.TemporaryDirectory(prefix="symtensor-run-") as tmp:
-        spec_file, out = Path(tmp) / "spec.json", Path(tmp) / "result.json"
-        spec_file.write_text(json.dumps(spec.to_dict()))
-        cmd = torchrun_command(model, spec_file, steps, optimizer, nproc, out, seed)
+    run_dir = Path(tempfile.mkdtemp(prefix="symtensor-run-"))
+    spec_file, out = run_dir / "spec.json", run_dir / "result.json"
+    spec_file.write_text(json.dumps(spec.to_dict()))
+    cmd = worker_command(model, spec_file, steps, optimizer, out, seed)
+    try:
         for attempt in range(2):
-            proc = subprocess.run(cmd, env=_worker_env(), capture_output=True, text=True, timeout=timeout_s,
-                                  check=False)
-            output = proc.stdout + proc.stderr
-            if proc.returncode == 0 and out.exists():
-                break
+            with WorkerGroup(cmd, nproc, run_dir, timeout_s, master_port, env=_worker_env()) as group:
+                codes = group.wait()
+            aborted = any(GLOO_TEARDOWN_ABORT in group.log(r).read_text(errors="replace") for r in range(nproc))
             # gloo sometimes aborts a worker ("terminate called without an active exception")
             # while processes shut down; rank 0 has then written the complete result, or a
             # second launch succeeds. Any other failure is reported at once.
-            if GLOO_TEARDOWN_ABORT not in output:
+            done = out.exists() and Path(json.loads(out.read_text())["state_file"]).exists()
+            if (done and (aborted or all(c == 0 for c in codes))) or not aborted:
                 break
-            if out.exists() and Path(json.loads(out.read_text())["state_file"]).exists():
-                break
-        if not out.exists():
-            raise RuntimeError(f"torchrun exited with {proc.returncode}: {' '.join(cmd)}\n" + _failure_tail(output))
-        if proc.returncode != 0 and GLOO_TEARDOWN_ABORT not in output:
-            raise RuntimeError(f"torchrun exited with {proc.returncode}: {' '.join(cmd)}\n" + _failure_tail(output))
+        if not (done and (aborted or all(c == 0 for c in codes))):
+            raise PlanError(_failure(codes, group))
+        import torch  # after the workers: they import it meanwhile, on the other cores
+
         result = json.loads(out.read_text())
         result["state"] = torch.load(result.pop("state_file"))
+    except BaseException as exc:  # keep the logs a failure message names, nothing else
+        if isinstance(exc, KeyboardInterrupt) or not any(run_dir.glob("rank*.log")):
+            shutil.rmtree(run_dir, ignore_errors=True)
+        raise
+    shutil.rmtree(run_dir, ignore_errors=True)
     return result
 
 
@@ -134,7 +156,7 @@ def _max_abs_diff(a: dict, b: dict) -> float:
 
 
 def run_spec(model: str, spec: RunSpec | dict, steps: int = 2, optimizer: str = "sgd", nproc: int | None = None,
-             seed: int = 0, timeout_s: float = 300) -> dict:
+             seed: int = 0, timeout_s: float = 300, master_port: int | None = None) -> dict:
     """Run ``spec`` on ``nproc`` processes and against one process; compare losses and parameters.
 
     Args:
@@ -144,7 +166,8 @@ def run_spec(model: str, spec: RunSpec | dict, steps: int = 2, optimizer: str = 
         optimizer: ``sgd`` or ``adamw``.
         nproc: processes (default: the mesh product); must equal the mesh product.
         seed: weight and data seed.
-        timeout_s: wall-clock limit for torchrun.
+        timeout_s: how long a rank may stay in one place before the run is stopped.
+        master_port: the rendezvous port on 127.0.0.1 (None: a free one).
 
     Returns:
         ``losses`` and ``reference_losses`` (per step), ``loss_max_abs_diff``,
@@ -163,10 +186,10 @@ def run_spec(model: str, spec: RunSpec | dict, steps: int = 2, optimizer: str = 
         raise PlanError(f"optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
     cfg = load_model_config(model)
     check_fits(spec, cfg, nproc)  # before torch is imported or any process starts
+    start = time.perf_counter()
+    result = launch(model, spec, steps, optimizer, nproc, seed, timeout_s, master_port)
     from symtensor.runtime.worker import train_reference
 
-    start = time.perf_counter()
-    result = launch(model, spec, steps, optimizer, nproc, seed, timeout_s)
     reference = train_reference(cfg, spec, steps, optimizer, seed)
     return {"losses": result["losses"], "reference_losses": reference["losses"],
             "loss_max_abs_diff": max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])),

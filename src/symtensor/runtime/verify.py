@@ -109,11 +109,14 @@ def measured_bytes(result: dict) -> dict:
 
 def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global_batch: int = 8, seq: int = 16,
         tp: int | None = None, zero: int = 0, ep: int | None = None, pp: int = 1, plan_file: str | None = None,
-        attention_only: bool = False) -> dict:
-    """Run a plan file's configuration, or the fastest runnable one (or the given tp); compare."""
+        attention_only: bool = False, timeout_s: float = 300, master_port: int | None = None) -> dict:
+    """Run a plan file's configuration, or the fastest runnable one (or the given tp); compare.
+
+    ``timeout_s`` and ``master_port``: see ``symtensor.runtime.launch.launch``."""
     from symtensor.runtime.launch import run_spec
 
     cfg = load_model_config(model)
+    _small_enough(cfg)
     pc = (_from_plan(plan_file, cfg, devices) if plan_file
           else _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp))
     if attention_only:
@@ -121,7 +124,8 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
             raise PlanError("--attention-only-tp needs --tp > 1")
         pc = ParallelConfig(**{**pc.as_dict(), "sp": False})
     spec = plan_to_spec(pc, cfg.is_moe, attention_only)
-    result = run_spec(model, spec, steps=steps, optimizer=optimizer, nproc=devices)
+    result = run_spec(model, spec, steps=steps, optimizer=optimizer, nproc=devices, timeout_s=timeout_s,
+                      master_port=master_port)
     predicted, measured = predicted_bytes(cfg, pc, devices, attention_only), measured_bytes(result)
     rows = []
     for kind in KINDS:
@@ -140,9 +144,12 @@ def _from_plan(path: str, cfg, devices: int) -> ParallelConfig:
     """The Megatron-style configuration of a plan file; refused when the runtime cannot run it."""
     from symtensor.plan import config_summary, load_plan
 
+    from symtensor.validate import same_model
+
     plan = load_plan(path)
     if plan.cfg.name != cfg.name:
         raise PlanError(f"plan {path} is for model {plan.cfg.name}, not {cfg.name}")
+    same_model(plan.cfg, cfg, f"plan {path}")
     if plan.cluster.n_devices != devices:
         raise PlanError(f"plan {path} is for {plan.cluster.n_devices} devices, not --devices {devices}")
     c = config_summary(plan)
@@ -161,7 +168,10 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
     cluster = local_cluster(devices)
     best = None
     if devices % pp:
-        raise PlanError(f"pp={pp} does not divide {devices} devices")
+        raise PlanError(f"--pp {pp} does not divide the {devices} processes; use a divisor of {devices}")
+    if tp and (devices // pp) % tp:
+        raise PlanError(f"--tp {tp} does not divide the {devices // pp} processes of a pipeline stage; use a divisor "
+                        f"of {devices // pp}")
     tps = [tp] if tp else [t for t in (1, 2, 4, 8) if (devices // pp) % t == 0 and cfg.heads % t == 0
                           and cfg.kv_heads % t == 0]
     for t in tps:
@@ -180,6 +190,27 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
                 best = (rep.step_time_s, pc)
     if best is None:
         raise PlanError(f"no runnable configuration of {cfg.name} on {devices} processes with global batch "
-                        f"{global_batch}: the batch must split over the data-parallel ranks; try --global-batch "
-                        f"{devices * max(1, global_batch // devices)}")
+                        f"{global_batch}: {_why_none(cfg, devices, global_batch, tps, pp)}")
     return best[1]
+
+
+def _why_none(cfg, devices: int, global_batch: int, tps: list[int], pp: int) -> str:
+    """Why no configuration ran, and a change that differs from what was given."""
+    dp = devices // (max(tps) * pp)
+    if global_batch % dp:
+        fix = dp * max(1, -(-global_batch // dp))
+        return f"the batch must split over the {dp} data-parallel ranks; try --global-batch {fix}"
+    return (f"tp={', '.join(map(str, tps))} must divide the heads ({cfg.heads}, {cfg.kv_heads} kv) and the memory "
+            "must fit; try fewer --devices or another --tp")
+
+
+# symtensor run trains on CPU: fp32 weights, gradients and AdamW state on every process and the reference
+RUN_MAX_PARAMS = 200_000_000
+
+
+def _small_enough(cfg) -> None:
+    params = build_graph(cfg, micro_batch=1, seq=1).params_total()
+    if params > RUN_MAX_PARAMS:
+        raise PlanError(f"run trains {cfg.name} on CPU processes: {params / 1e6:,.0f}M parameters is above the "
+                        f"limit of {RUN_MAX_PARAMS / 1e6:,.0f}M; run a small model (tiny-llama, tiny-mixtral) or a "
+                        "config.json with fewer layers and a smaller width")

@@ -5,7 +5,10 @@ Launch (``symtensor.runtime.launch.run_spec`` does this for you)::
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 4 -m symtensor.runtime.worker \\
         --spec spec.json --model tiny-llama --steps 2 --optimizer sgd --out result.json
 
-and the single-process reference of the same run, without torchrun::
+``symtensor run`` starts the same module itself (``symtensor.runtime.group``: one process group,
+a rendezvous on 127.0.0.1, heartbeats) with the environment torchrun would set.
+
+And the single-process reference of the same run, without torchrun::
 
     python -m symtensor.runtime.worker --reference --spec spec.json --model tiny-llama --steps 2 --out ref.json
 
@@ -26,6 +29,7 @@ import torch.distributed as dist
 
 from symtensor.errors import PlanError
 from symtensor.models import load_model_config
+from symtensor.runtime.group import ENV_DIR, ENV_FD, LOOPBACK, Heartbeat
 from symtensor.runtime.spec import OPTIMIZERS, RunSpec, check_fits
 from symtensor.runtime.torch_models import build_torch_model, loss_fn
 
@@ -71,7 +75,7 @@ def _mean_loss(loss: torch.Tensor | None) -> float:
     return (pair[0] / pair[1]).item()
 
 
-def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0) -> dict | None:
+def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0, on_phase=None) -> dict | None:
     """Train ``steps`` steps of ``spec`` on this torchrun rank; the result on rank 0, else None.
 
     Args:
@@ -80,8 +84,12 @@ def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0
         steps: optimizer steps.
         optimizer: ``sgd`` or ``adamw``.
         seed: weight and data seed.
+        on_phase: called with where the rank is (``step 2: optimizer``), for its heartbeat.
     """
     from symtensor.runtime.apply import axis_of_group, build_mesh, parallelize
+
+    on_phase = on_phase or (lambda where: None)
+    on_phase("startup: building the model")
     from symtensor.runtime.commcount import CommCounter
 
     check_fits(spec, cfg, dist.get_world_size())
@@ -92,14 +100,19 @@ def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0
     opt = make_optimizer(run.model.parameters(), optimizer)
     groups = axis_of_group(mesh, spec)
     losses, comm = [], []
-    for _ in range(steps):
+    for step in range(1, steps + 1):
         with CommCounter(groups) as counter:  # one training step: forward, backward, optimizer
+            on_phase(f"step {step}: forward and backward")
             loss = run.forward_backward(ids, labels)
+            on_phase(f"step {step}: gradient synchronisation")
             run.sync_gradients()
+            on_phase(f"step {step}: optimizer")
             opt.step()
             opt.zero_grad()
+        on_phase(f"step {step}: loss")
         losses.append(_mean_loss(loss))
         comm.append(counter.summary())
+    on_phase("gathering the final parameters")
     state = run.full_state()
     all_comm = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
     dist.gather_object(comm, all_comm, dst=0)
@@ -148,6 +161,21 @@ def _write(result: dict, out: Path) -> None:
     out.write_text(json.dumps(result, indent=1))
 
 
+def _init_process_group() -> None:
+    """gloo over the launcher's rendezvous: rank 0 serves the TCPStore on the socket the launcher
+    bound to 127.0.0.1 (``symtensor.runtime.group``); under torchrun, its environment."""
+    import os
+
+    if ENV_DIR not in os.environ:  # torchrun
+        dist.init_process_group("gloo")
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    fd = int(os.environ[ENV_FD]) if rank == 0 else None
+    store = dist.TCPStore(LOOPBACK, int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
+                          master_listen_fd=fd, wait_for_workers=False)
+    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+
+
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--spec", required=True, help="RunSpec JSON file")
@@ -165,11 +193,15 @@ def main(argv: list[str] | None = None) -> None:
         result = train_reference(cfg, spec, args.steps, args.optimizer, args.seed)
         _write(result | {"model": cfg.name, "spec": spec.to_dict(), "steps": args.steps}, Path(args.out))
         return
-    dist.init_process_group("gloo")
+    beat = Heartbeat.from_env().start()
+    beat.at("startup: rendezvous")
+    _init_process_group()
     try:
-        result = train_parallel(cfg, spec, args.steps, args.optimizer, args.seed)
+        result = train_parallel(cfg, spec, args.steps, args.optimizer, args.seed, on_phase=beat.at)
         if result is not None:
+            beat.at("writing the result")
             _write(result, Path(args.out))
+        beat.at("final barrier")
         dist.barrier()  # tear the groups down together, after rank 0 has written
     finally:
         dist.destroy_process_group()
