@@ -17,19 +17,21 @@ collective over ``p`` members of one level takes ``c_a * latency + c_b * m / B``
 is ``c_b * m / t = B * m / (m + p * latency * B)`` (``c_a / c_b = p`` for every kind there).
 
 Fits minimise the squared *relative* error of the rates (points span orders of magnitude): for a
-given knee, ``a`` has a closed form; the knee is the best of a log-spaced scan. A ``Curve`` holds
+given knee, ``a`` has a closed form; the knee is the best of a log-spaced scan, refined by golden section. A ``Curve`` holds
 the points and the constants, so the fit's residuals and ``symtensor calibrate --cluster`` (the
 file's constants against its own measurements) are one computation.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 # bus bytes per message byte for p members (nccl-tests' busbw convention, cost.collectives' sizes)
 BUS_FACTOR = {"all_reduce": lambda p: 2 * (p - 1) / p, "all_gather": lambda p: (p - 1) / p,
               "reduce_scatter": lambda p: (p - 1) / p, "all_to_all": lambda p: (p - 1) / p}
 KNEE_STEPS = 400  # knee candidates, log-spaced from 1e-3 of the smallest size to 10x the largest
+GOLDEN, GOLDEN_STEPS = (5**0.5 - 1) / 2, 30  # then a golden-section refinement around the best
 
 
 @dataclass(frozen=True, slots=True)
@@ -93,7 +95,17 @@ def fit_curve(name: str, unit: str, points: list[Point], knee: float | None = No
         return Curve(name, unit, tuple(points), _best_a(points, knee)[0], knee)
     lo, hi = min(p.x for p in points) * 1e-3, max(p.x for p in points) * 10
     candidates = [0.0] + [lo * (hi / lo) ** (i / (KNEE_STEPS - 1)) for i in range(KNEE_STEPS)]
-    best = min(candidates, key=lambda k: _best_a(points, k)[1])
+    i = min(range(len(candidates)), key=lambda j: _best_a(points, candidates[j])[1])
+    best = candidates[i]
+    if 1 <= i:  # refine between the neighbours by golden section on log(knee)
+        a, b = math.log(candidates[max(i - 1, 1)]), math.log(candidates[min(i + 1, len(candidates) - 1)])
+        for _ in range(GOLDEN_STEPS):
+            c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)
+            if _best_a(points, math.exp(c))[1] < _best_a(points, math.exp(d))[1]:
+                b = d
+            else:
+                a = c
+        best = min((best, math.exp((a + b) / 2)), key=lambda k: _best_a(points, k)[1])
     return Curve(name, unit, tuple(points), _best_a(points, best)[0], best)
 
 

@@ -1,0 +1,251 @@
+"""`symtensor profile`: the fits recover known curves, the cluster file round-trips through the
+loader, bad requests and files get one line, and a real --quick profile on 4 gloo processes
+writes a file whose curves change the plan's costs as the measured fractions say."""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+
+import pytest
+import yaml
+
+from symtensor.cli import main
+from symtensor.cost.collectives import collective_time
+from symtensor.cost.efficiency import efficiency_for
+from symtensor.errors import PlanError
+from symtensor.hardware import PRESETS, Level, load_cluster
+from symtensor.profile import build, curves, read, write
+from symtensor.profile.fit import BUS_FACTOR, Point, collective_points, fit_curve
+from symtensor.profile.grid import KINDS
+from symtensor.profile.run import check_request
+
+# -- synthetic measurements from known constants ---------------------------------------------------
+PEAK, KNEE, ATT_KNEE, HBM = 100e12, 1e9, 300.0, 2e12  # FLOP/s, FLOPs, tokens, B/s
+LINK = {0: (200e9, 5e-6), 1: (20e9, 20e-6)}  # level -> (bus bandwidth B/s, latency s)
+
+
+def _gemm_s(flops: float, a: float) -> float:
+    return (flops + KNEE) / a  # rate a F / (F + knee)
+
+
+def synthetic(device: str = "CPU test", gemm: float = 0.8, groups=((0, 4), (1, 2))) -> dict:
+    """Measurements that follow the fitted laws exactly (as symtensor.profile.worker.measure returns)."""
+    att = [{"batch": 1, "heads": 8, "seq": s, "head_dim": 128, "causal": c} for s in (256, 1024, 4096) for c in
+           (False, True)]
+    for r in att:
+        flops = 4 * r["heads"] * r["seq"] ** 2 * 128 * (0.5 if r["causal"] else 1)
+        r["fwd_seconds"] = flops / (0.5 * PEAK * r["seq"] / (r["seq"] + ATT_KNEE))
+        r["bwd_seconds"] = 2.5 * flops / (0.4 * PEAK * r["seq"] / (r["seq"] + ATT_KNEE))
+    collectives = []
+    for level, p in groups:
+        bw, lat = LINK[level]
+        curves_ = {"level": level, "group": p}
+        for kind in KINDS:
+            counts = [p if i == level else 1 for i in range(2)]
+            levels = [Level(name=str(i), fanout=4 if i == 0 else 0, bandwidth=bw if i == level else 1, latency=lat)
+                      for i in range(2)]
+            curves_[kind] = [{"bytes": m, "seconds": collective_time(kind, m, counts, levels)}
+                             for m in (2**10, 2**16, 2**22, 2**28)]
+        collectives.append(curves_)
+    return {"meta": {"date": "2026-01-01T00:00:00+00:00", "device": device, "torch": "2.13.0", "cuda": None,
+                     "nccl": None, "backend": "gloo", "dtype": "bf16", "world_size": 8, "ranks_per_node": 4},
+            "memory_bytes": 64 * 2**30,
+            "tables": {"gemm": [{"m": n, "n": n, "k": n, "seconds": _gemm_s(2 * n**3, gemm * PEAK)}
+                                for n in (128, 512, 2048, 8192)],
+                       "bmm": [{"batch": 8, "m": 512, "n": 512, "k": 64, "seconds": _gemm_s(2 * 8 * 512**2 * 64,
+                                                                                         0.3 * PEAK)}],
+                       "attention": att,
+                       "memory": [{"kernel": k, "elements": 2**24, "bytes": 2**26, "seconds": 2**26 / (0.9 * HBM)}
+                                  for k in ("copy", "rmsnorm", "swiglu", "softmax")],
+                       "collectives": collectives}}
+
+
+def test_fit_recovers_a_saturating_law():
+    points = [Point(str(x), x, 3 * x, 3 * (x + 5e4) / 7e9) for x in (1e3, 1e4, 1e5, 1e6, 1e7)]
+    curve = fit_curve("toy", "FLOP/s", points)
+    assert curve.a / 7e9 == pytest.approx(1, rel=1e-3)
+    assert curve.knee / 5e4 == pytest.approx(1, rel=1e-3)
+    assert max(abs(e) for e in curve.errors()) < 0.01
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_collective_fit_is_the_cost_models_alpha_beta(kind):
+    """Bus bandwidth a m / (m + knee) with knee = p x latency x a is cost.collectives' formula."""
+    level = Level(name="nvlink", fanout=8, bandwidth=100e9, latency=4e-6)
+    rows = [{"bytes": m, "seconds": collective_time(kind, m, [8], [level])} for m in (2**12, 2**18, 2**24, 2**30)]
+    curve = fit_curve(kind, "B/s (bus)", collective_points(kind, 8, rows))
+    assert curve.a == pytest.approx(100e9, rel=1e-3)
+    assert curve.knee / (8 * curve.a) == pytest.approx(4e-6, rel=1e-3)
+    assert BUS_FACTOR[kind](8) in (2 * 7 / 8, 7 / 8)
+
+
+def test_build_writes_measured_peaks_and_fractions_the_loader_reads(tmp_path):
+    doc, fitted = build(synthetic())
+    eff = doc["efficiency"]
+    # without a preset the peaks are the device's best measured rates: gemm is then near 1
+    assert doc["device"]["peak_tflops"]["bf16"] == pytest.approx(80, rel=0.01)
+    assert eff["gemm"] == pytest.approx(1, rel=0.01) and eff["gemm_knee"] == pytest.approx(KNEE, rel=0.02)
+    assert eff["attention"] / eff["gemm"] == pytest.approx(0.5 / 0.8, rel=0.01)
+    assert eff["attention_bwd"] / eff["gemm"] == pytest.approx(0.4 / 0.8, rel=0.01)
+    assert eff["attention_knee"] == pytest.approx(ATT_KNEE, rel=0.02)
+    assert [lv["name"] for lv in doc["levels"]] == ["intra", "inter"] and doc["levels"][0]["fanout"] == 4
+    assert doc["levels"][1]["latency_us"] == pytest.approx(20, rel=0.02)
+    assert "this CPU's" in doc["measured"]["note"]
+    path = write(doc, str(tmp_path / "c.yaml"))
+    cluster = load_cluster(str(path), devices=8)
+    assert efficiency_for(cluster).gemm == eff["gemm"] and cluster.efficiency_source.startswith("measured")
+    assert dict(cluster.levels[0].link_efficiency)["all_reduce"] == pytest.approx(1.0, rel=1e-3)
+    # the file's own curves reproduce its measurements (they were generated by the same laws)
+    assert max(c.summary()["mean_abs_error"] for c in curves(str(path))) < 0.02
+    assert len(fitted) == 5 + 2 * len(KINDS)
+
+
+def test_a_known_gpu_keeps_the_presets_published_peaks():
+    doc, _ = build(synthetic(device="NVIDIA H100 80GB HBM3", gemm=0.7, groups=((0, 8),)))
+    device, levels = PRESETS["dgx-h100"]
+    assert doc["device"]["peak_tflops"]["bf16"] == 989 and doc["device"]["hbm_gbps"] == 3350
+    assert doc["efficiency"]["gemm"] == pytest.approx(0.7 * PEAK / device.flops("bf16"), rel=0.01)
+    nvlink, ib = doc["levels"]
+    assert nvlink["bandwidth_gbps"] == 450 and nvlink["link_efficiency"]["all_reduce"] == pytest.approx(200 / 450,
+                                                                                                          rel=1e-3)
+    assert "link_efficiency" not in ib and ib["latency_us"] == levels[1].latency * 1e6  # not measured: published
+    assert "published numbers of preset dgx-h100" in doc["measured"]["note"]
+
+
+# -- one line per bad request or file ------------------------------------------------------------
+@pytest.mark.parametrize("kwargs, match", [
+    ({"backend": "mpi"}, "unknown backend 'mpi': use nccl"),
+    ({"backend": "gloo", "devices": 10_000}, "--devices 10000: gloo runs at most 4 processes per CPU core"),
+    ({"backend": "gloo", "devices": 1}, "needs at least 2 devices"),
+    ({"backend": "gloo", "devices": 4, "ranks_per_node": 3}, "--ranks-per-node 3 must divide --devices 4"),
+    ({"backend": "gloo", "like": "dgx-h10"}, "not a cluster preset. Did you mean dgx-h100"),
+], ids=["backend", "too-many", "one", "ranks-per-node", "like"])
+def test_bad_requests_fail_before_any_process(kwargs, match, tmp_path):
+    with pytest.raises(PlanError, match=match):
+        check_request(str(tmp_path / "c.yaml"), kwargs.get("devices", 2), kwargs.get("backend"), False,
+                      kwargs.get("like"), kwargs.get("ranks_per_node"))
+
+
+def test_unwritable_or_existing_out(tmp_path):
+    (tmp_path / "file").write_text("")
+    (tmp_path / "old.yaml").write_text("")
+    for out, match in ((tmp_path / "file" / "c.yaml", "cannot write in"), (tmp_path / "old.yaml", "exists; give --force"),
+                       (tmp_path / "c.json", "name it \\*.yaml")):
+        with pytest.raises(PlanError, match=match):
+            check_request(str(out), 2, "gloo", False, None, None)
+
+
+@pytest.mark.parametrize("edit, match", [
+    (lambda d: d.pop("measured"), "has no measured: section"),
+    (lambda d: d["measured"].pop("gemm"), "lacks the curve\\(s\\) gemm"),
+    (lambda d: d["measured"]["gemm"][0].pop("k"), "measured.gemm\\[0\\]: a row has exactly the keys m, n, k, seconds"),
+    (lambda d: d["measured"]["memory"][0].update(seconds=-1), "measured.memory\\[0\\]: seconds must be a positive"),
+    (lambda d: d["measured"]["collectives"]["intra"].pop("all_to_all"), "needs exactly group and the curves"),
+    (lambda d: d["efficiency"].update(gemm="fast"), "efficiency: gemm must be a positive number"),
+    (lambda d: d["efficiency"].update(gem=0.5), "efficiency: unknown key\\(s\\) \\['gem'\\]"),
+    (lambda d: d["levels"][0]["link_efficiency"].update(all_reduce=0), "link_efficiency: all_reduce must be a"),
+], ids=["no-measured", "missing-curve", "row-keys", "negative", "collective", "efficiency", "unknown", "link"])
+def test_missing_or_malformed_curves_are_one_line(edit, match, tmp_path, capsys):
+    doc, _ = build(synthetic())
+    edit(doc)
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    assert main(["calibrate", "--cluster", str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("error: ") and re.search(match, err), err
+
+
+# -- a real profile: 4 gloo processes, two simulated nodes of 2 ----------------------------------
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    pytest.importorskip("torch")
+    path = tmp_path_factory.mktemp("profile") / "cpu.yaml"
+    assert main(["profile", "--devices", "4", "--backend", "gloo", "--quick", "--ranks-per-node", "2",
+                 "--out", str(path), "--json"]) == 0
+    return path
+
+
+def _variant(doc: dict, path, strip: bool = False, latency_us: float | None = None, efficiency=None) -> str:
+    """The profiled file, without its measured fractions, with zero latency or other efficiencies."""
+    doc = copy.deepcopy(doc)
+    if strip:
+        doc.pop("efficiency")
+        for lv in doc["levels"]:
+            lv.pop("link_efficiency", None)
+    if efficiency is not None:
+        doc["efficiency"] = efficiency
+    for lv in doc["levels"]:
+        lv["latency_us"] = lv["latency_us"] if latency_us is None else latency_us
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.dist
+def test_profile_writes_every_curve_and_refuses_to_overwrite(profiled, capsys):
+    capsys.readouterr()
+    doc = read(str(profiled))
+    assert {"gemm", "gemm_knee", "bmm", "attention", "attention_bwd", "attention_knee", "hbm",
+            "link_half_bytes"} <= set(doc["efficiency"])
+    assert [lv["name"] for lv in doc["levels"]] == ["intra", "inter"]
+    assert all(set(lv["link_efficiency"]) == set(KINDS) for lv in doc["levels"])
+    assert doc["measured"]["backend"] == "gloo" and doc["measured"]["torch"] and "this CPU's" in doc["measured"]["note"]
+    assert main(["clusters", "--show", str(profiled)]) == 0 and "intra" in capsys.readouterr().out
+    assert main(["calibrate", "--cluster", str(profiled), "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert len(fit["curves"]) == 5 + 2 * len(KINDS) and all(c["points"] for c in fit["curves"])
+    assert main(["profile", "--devices", "2", "--backend", "gloo", "--quick", "--out", str(profiled)]) == 2
+    assert "exists; give --force" in capsys.readouterr().err
+
+
+@pytest.mark.dist
+def test_plan_uses_the_profiled_curves(profiled, tmp_path, capsys):
+    from symtensor import api
+
+    doc = read(str(profiled))
+    assert main(["plan", "llama3-8b", "--cluster", str(profiled), "--devices", "4", "--json",
+                 "--no-baselines"]) == 0
+    capsys.readouterr()
+    plain = _variant(doc, tmp_path / "plain.yaml", strip=True)
+    assert efficiency_for(load_cluster(str(profiled), devices=4)).gemm == doc["efficiency"]["gemm"]
+    kw = dict(devices=4, tp=4, pp=1, dp=1, micro_batch=1, global_batch=8, seq=2048)
+    measured, default = (api.evaluate("llama3-8b", c, **kw)["breakdown"] for c in (str(profiled), plain))
+    assert measured["compute"] != default["compute"] and measured["tp_comm"] != default["tp_comm"]
+
+
+@pytest.mark.dist
+def test_compute_scales_by_the_measured_gemm_fraction(profiled, tmp_path):
+    """GEMM-rated ops take L * g_default / g: with the file's g, the compute time moves by exactly
+    the ratio of the gemm fractions on that part (L from a variant at half the fraction)."""
+    from symtensor import api
+
+    doc = read(str(profiled))
+    g = doc["efficiency"]["gemm"]
+    files = {"default": _variant(doc, tmp_path / "d.yaml", strip=True),
+             "measured": _variant(doc, tmp_path / "g.yaml", strip=True, efficiency={"gemm": g}),
+             "half": _variant(doc, tmp_path / "h.yaml", strip=True, efficiency={"gemm": g / 2})}
+    kw = dict(devices=4, tp=1, pp=1, dp=4, micro_batch=1, global_batch=8, seq=2048)
+    t = {k: api.evaluate("llama3-8b", f, **kw)["breakdown"]["compute"] for k, f in files.items()}
+    g_default = efficiency_for(load_cluster(files["default"], devices=4)).gemm
+    gemm_time_default = (t["half"] - t["measured"]) * g / g_default  # L
+    assert t["measured"] - t["default"] == pytest.approx(gemm_time_default * (g_default / g - 1), rel=1e-6)
+
+
+@pytest.mark.dist
+def test_communication_follows_the_measured_link_efficiencies(profiled, tmp_path):
+    """Without latency, tensor-parallel time is the sum over kinds of wire bytes / (bandwidth x
+    fraction): its ratio between the measured and the default fractions is known in closed form."""
+    from symtensor import api
+
+    doc = read(str(profiled))
+    files = {"measured": _variant(doc, tmp_path / "m.yaml", latency_us=0),
+             "default": _variant(doc, tmp_path / "d.yaml", strip=True, latency_us=0)}
+    kw = dict(devices=2, tp=2, pp=1, dp=1, micro_batch=1, global_batch=8, seq=2048)  # one intra-node pair
+    out = {k: api.evaluate("llama3-8b", f, **kw) for k, f in files.items()}
+    wire = out["measured"]["comm_bytes_per_device"]
+    measured = dict(load_cluster(files["measured"], devices=2).levels[0].link_efficiency)
+    default = efficiency_for(load_cluster(files["default"], devices=2))
+    expected = sum(b / measured[k] for k, b in wire.items()) / sum(b / default.link_for(k) for k, b in wire.items())
+    ratio = out["measured"]["breakdown"]["tp_comm"] / out["default"]["breakdown"]["tp_comm"]
+    assert ratio == pytest.approx(expected, rel=1e-3)
