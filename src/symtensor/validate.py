@@ -8,8 +8,9 @@ What comes in: command-line options (``cli_args``), model configs (``hf_config``
     hardware         finite positive numbers, bounded (latency may be 0)
     booleans         real booleans; the string "false" is refused, never read as true
     names            strings of at most MAX_NAME characters; mesh-level names are identifiers
-    files            regular files of at most MAX_FILE_BYTES, UTF-8 text; YAML with at most
-                     MAX_YAML_ALIASES aliases (no alias bomb); JSON without NaN or Infinity
+    files            regular files of at most MAX_FILE_BYTES, UTF-8 text; YAML whose aliases
+                     expand to at most MAX_YAML_NODES nodes (no alias bomb); JSON without NaN or
+                     Infinity
 
 Each refusal is one ``PlanError`` line: what (the value), where (the option, or the file and its
 key), the rule, and the fix.
@@ -35,7 +36,7 @@ from pathlib import Path
 from symtensor.errors import PlanError
 
 MAX_FILE_BYTES = 8 * 2**20  # a 405B plan file is ~50 kB, a config.json ~2 kB
-MAX_YAML_ALIASES = 64
+MAX_YAML_NODES = 1_000_000  # a cluster file with measured tables has ~10^4
 MAX_NAME = 256  # a file name's length, as a model named after its file may be
 MAX_DEVICES = 2**20  # 1,048,576 devices; the mesh is the prime factorisation of the count
 MAX_LAYERS = 1024  # the zoo's deepest model has 128; 1,024 layers plan in ~15 s
@@ -89,13 +90,14 @@ def integer(value, what: str, lo: int = 1, hi: int | None = None, fix: str = "")
 
 def number(value, what: str, hi: float, positive: bool = True, fix: str = "") -> float:
     """``value`` as a finite float in (0, hi] (or [0, hi] when not ``positive``)."""
+    rule = "a positive number" if positive else "a number >= 0"
     if isinstance(value, bool) or not isinstance(value, (int, float)):
-        raise PlanError(f"{what} must be a number, got {_show(value)}{fix}")
+        quotes = " (a string: write the number without quotes)" if isinstance(value, str) else ""
+        raise PlanError(f"{what} must be {rule}, got {_show(value)}{quotes}{fix}")
     value = float(value)
     if not math.isfinite(value):
         raise PlanError(f"{what} must be a finite number, got {value}{fix}")
     if value < 0 or (positive and value == 0):
-        rule = "a positive number" if positive else "a number >= 0"
         raise PlanError(f"{what} must be {rule}, got {value:g}{fix}")
     if value > hi:
         raise PlanError(f"{what} is {value:g}, above the limit of {hi:g}{fix or '; check the unit'}")
@@ -166,27 +168,37 @@ def read_json(path, what: str, missing_hint: str = ""):
     try:
         return json.loads(text, parse_constant=_no_constant)
     except json.JSONDecodeError as exc:
-        raise PlanError(f"{what} {path}: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise PlanError(f"{what} {path}: cannot parse: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     except RecursionError:
         raise PlanError(f"{what} {path}: nested too deeply to be a config") from None
     except ValueError as exc:  # NaN/Infinity, or an integer of more than 4,300 digits
-        raise PlanError(f"{what} {path}: not valid JSON ({str(exc).splitlines()[0]})") from None
+        raise PlanError(f"{what} {path}: cannot parse: not valid JSON ({str(exc).splitlines()[0]})") from None
+
+
+def _expanded_size(node, memo: dict) -> int:
+    """Nodes of a YAML node graph once every alias is expanded (each shared node counted once per use)."""
+    key = id(node)
+    if key not in memo:
+        memo[key] = 0  # a recursive alias counts as nothing more
+        children = node.value if isinstance(node.value, list) else ()
+        items = [x for pair in children for x in pair] if children and isinstance(children[0], tuple) else children
+        memo[key] = 1 + sum(_expanded_size(child, memo) for child in items)
+        if memo[key] > MAX_YAML_NODES:
+            raise PlanError(f"its aliases (*name) expand to more than {MAX_YAML_NODES:,} values; write the values "
+                            "out instead")
+    return memo[key]
 
 
 def _yaml_loader():
-    """A SafeLoader that refuses more than MAX_YAML_ALIASES aliases (a 600-byte alias bomb
-    expands to gigabytes)."""
+    """A SafeLoader that refuses documents whose aliases expand beyond MAX_YAML_NODES nodes (a
+    600-byte alias bomb expands to gigabytes once anything walks it)."""
     import yaml
 
     class BoundedLoader(yaml.SafeLoader):
-        aliases = 0
-
-        def compose_node(self, parent, index):
-            if self.check_event(yaml.AliasEvent):
-                self.aliases += 1
-                if self.aliases > MAX_YAML_ALIASES:
-                    raise PlanError(f"more than {MAX_YAML_ALIASES} YAML aliases (*name); write the values out")
-            return super().compose_node(parent, index)
+        def compose_document(self):
+            node = super().compose_document()
+            _expanded_size(node, {})
+            return node
 
     return BoundedLoader
 

@@ -10,10 +10,10 @@ outermost (slowest) level first: 24 H100s = ib:3 x nvlink:2 x nvlink:2 x nvlink:
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
+from symtensor import validate
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware.mesh import Axis, Mesh
 
@@ -84,6 +84,7 @@ class Cluster:
     def __post_init__(self):
         if not isinstance(self.n_devices, int) or self.n_devices <= 0:
             raise PlanError(f"cluster {self.name}: the device count must be a positive integer, got {self.n_devices!r}")
+        validate.integer(self.n_devices, f"cluster {self.name}: the device count", hi=validate.MAX_DEVICES)
         if not self.levels:
             raise PlanError(f"cluster {self.name}: needs at least one level")
         for lvl in self.levels[:-1]:
@@ -203,17 +204,7 @@ def cluster_names() -> list[str]:
 
 
 def _from_file(path: Path, n_devices: int) -> Cluster:
-    text = path.read_text()
-    try:
-        if path.suffix in (".yaml", ".yml"):
-            import yaml
-
-            data = yaml.safe_load(text)
-        else:
-            data = json.loads(text)
-    except Exception as exc:  # noqa: BLE001 - any parse error becomes one line
-        raise PlanError(f"cluster file {path}: cannot parse ({str(exc).splitlines()[0]})") from None
-    return cluster_from_dict(data, n_devices, str(path))
+    return cluster_from_dict(validate.read_mapping(path, "cluster file"), n_devices, str(path))
 
 
 def _mapping(data, where: str, required: tuple, optional: tuple = ()) -> dict:
@@ -229,12 +220,9 @@ def _mapping(data, where: str, required: tuple, optional: tuple = ()) -> dict:
     return data
 
 
-def _number(data: dict, key: str, where: str, positive: bool = True) -> float:
-    value = data[key]
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0 or (positive and value == 0):
-        rule = "a positive number" if positive else "a non-negative number"
-        raise PlanError(f"{where}: {key} must be {rule}, got {value!r}")
-    return float(value)
+def _number(data: dict, key: str, where: str, positive: bool = True, unit: str = "") -> float:
+    """A finite number, at most the bound of ``unit`` (default ``key``) in validate.HARDWARE_MAX."""
+    return validate.number(data[key], f"{where}: {key}", validate.HARDWARE_MAX.get(unit or key, 1e30), positive)
 
 
 def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Cluster:
@@ -253,13 +241,16 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise PlanError(f"{where}: device.peak_tflops must map dtypes to TFLOP/s, e.g. {{bf16: 989}}")
-    flops = {k: _number(peaks, k, f"{where}: device.peak_tflops") * TFLOPS for k in peaks}
-    device = Device(name=str(dev["name"]), peak_flops=flops,
+    flops = {validate.name(k, f"{where}: device.peak_tflops key"): _number(
+        peaks, k, f"{where}: device.peak_tflops", unit="peak_tflops") * TFLOPS for k in peaks}
+    device = Device(name=validate.name(dev["name"], f"{where}: device.name"), peak_flops=flops,
                     hbm_bandwidth=_number(dev, "hbm_gbps", f"{where}: device") * GB,
                     memory=_number(dev, "memory_gib", f"{where}: device") * GIB,
                     source=str(dev.get("source", f"cluster file {where}")))
     if not isinstance(data["levels"], list) or not data["levels"]:
         raise PlanError(f"{where}: levels must be a non-empty list, innermost first")
+    if len(data["levels"]) > validate.MAX_LEVELS:
+        raise PlanError(f"{where}: {len(data['levels'])} levels, above the limit of {validate.MAX_LEVELS}")
     levels = []
     for i, lv in enumerate(data["levels"]):
         last = i == len(data["levels"]) - 1
@@ -269,11 +260,13 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
         fanout = lv.get("fanout", 0)
         if not isinstance(fanout, int) or isinstance(fanout, bool) or fanout < 0 or (not last and fanout == 0):
             raise PlanError(f"{here}: fanout must be a positive integer, got {fanout!r}")
-        levels.append(Level(name=str(lv["name"]), fanout=fanout, bandwidth=_number(lv, "bandwidth_gbps", here) * GB,
+        validate.integer(fanout, f"{here}: fanout", lo=0, hi=validate.MAX_DEVICES)
+        levels.append(Level(name=validate.name(lv["name"], f"{here}: name", identifier=True), fanout=fanout,
+                            bandwidth=_number(lv, "bandwidth_gbps", here) * GB,
                             latency=_number(lv, "latency_us", here, positive=False) * US,
                             link_efficiency=_link_efficiency(lv, here),
                             source=str(lv.get("source", f"cluster file {where}"))))
-    return Cluster(name=str(data.get("name", where)), device=device, levels=tuple(levels), n_devices=n_devices,
+    return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels), n_devices=n_devices,
                    **_efficiency(data, where))
 
 
