@@ -50,9 +50,10 @@ def run_process_group(cmd: list[str], env: dict[str, str], timeout_s: float, on_
     Each output line goes to ``on_line`` as it comes. On a timeout, an error or Ctrl-C the launcher
     gets SIGTERM (torchrun then stops its workers), then SIGKILL if it has not exited within 10 s,
     and the exception propagates: no process is left behind (workers that must not outlive torchrun
-    ask for a parent-death signal, as ``symtensor.profile.worker`` does)."""
+    ask for a parent-death signal, as ``symtensor.profile.worker`` does). SIGTERM to this process
+    counts as Ctrl-C, and torchrun gets SIGTERM if this process dies (Linux)."""
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            start_new_session=True)
+                            start_new_session=True, preexec_fn=_terminated_with(os.getpid()))
     lines: list[str] = []
 
     def read():
@@ -63,6 +64,8 @@ def run_process_group(cmd: list[str], env: dict[str, str], timeout_s: float, on_
 
     reader = threading.Thread(target=read, daemon=True)
     reader.start()
+    main = threading.current_thread() is threading.main_thread()
+    old_term = signal.signal(signal.SIGTERM, _interrupted) if main else None
     try:
         proc.wait(timeout=timeout_s)
     except BaseException:
@@ -77,8 +80,31 @@ def run_process_group(cmd: list[str], env: dict[str, str], timeout_s: float, on_
                 continue
         raise
     finally:
+        if main:
+            signal.signal(signal.SIGTERM, old_term)
         reader.join(timeout=10)
     return proc.returncode, "".join(lines)
+
+
+def _interrupted(signum, frame):
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+def _terminated_with(parent: int):
+    """A preexec_fn: the child gets SIGTERM when ``parent`` dies (Linux), or exits if it already has."""
+    prctl = None
+    if sys.platform.startswith("linux"):
+        import ctypes
+
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+
+    def preexec():
+        if prctl is not None:
+            prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        if os.getppid() != parent:
+            os._exit(1)
+
+    return preexec
 
 
 def _worker_env() -> dict[str, str]:
