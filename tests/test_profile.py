@@ -249,3 +249,25 @@ def test_communication_follows_the_measured_link_efficiencies(profiled, tmp_path
     expected = sum(b / measured[k] for k, b in wire.items()) / sum(b / default.link_for(k) for k, b in wire.items())
     ratio = out["measured"]["breakdown"]["tp_comm"] / out["default"]["breakdown"]["tp_comm"]
     assert ratio == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.dist
+def test_a_stopped_profile_leaves_no_process_and_no_file(tmp_path):
+    """The timeout path is the Ctrl-C path (run_process_group): every worker is gone after it."""
+    pytest.importorskip("torch")
+    from pathlib import Path
+
+    from symtensor.profile import profile
+
+    out = tmp_path / "stopped.yaml"
+    with pytest.raises(PlanError, match="did not finish in 6 s; its processes were stopped"):
+        profile(str(out), devices=2, backend="gloo", timeout_s=6)
+    left = [p for p in Path("/proc").glob("[0-9]*") if str(out) in _cmdline(p)]
+    assert not left and not out.exists()
+
+
+def _cmdline(proc) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
