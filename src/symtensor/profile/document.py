@@ -19,8 +19,8 @@ from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import PRESETS, cluster_from_dict
-from symtensor.profile.fit import (Curve, Point, attention_points, bmm_points, collective_points, fit_curve,
-                                   gemm_points, median, memory_points)
+from symtensor.profile.fit import (BUS_FACTOR, Curve, Point, alpha_beta, attention_points, bmm_points,
+                                   collective_points, fit_curve, gemm_points, median, memory_points)
 from symtensor.profile.grid import KINDS, MEMORY_KERNELS
 
 GB, TFLOPS, GIB, US = 1e9, 1e12, 2**30, 1e-6
@@ -73,6 +73,21 @@ def link_curves(level_tables: list[dict], names: dict[int, str]) -> dict[tuple[i
             for t in level_tables for kind in KINDS}
 
 
+def link_constants(curve: Curve, kind: str, p: int, level: int) -> tuple[float, float]:
+    """(latency s, bandwidth x efficiency B/s) of a fitted bus-bandwidth curve of ``p`` members."""
+    c_a, c_b = alpha_beta(kind, p, level)
+    factor = BUS_FACTOR[kind](p)
+    return factor * curve.knee / (curve.a * c_a), curve.a * c_b / factor
+
+
+def link_curve(name: str, kind: str, p: int, level: int, latency: float, bandwidth: float, points) -> Curve:
+    """The bus-bandwidth curve the planner charges: ``link_constants`` inverted."""
+    c_a, c_b = alpha_beta(kind, p, level)
+    factor = BUS_FACTOR[kind](p)
+    a = bandwidth * factor / c_b
+    return Curve(name, "B/s (bus)", tuple(points), a, c_a * latency * a / factor)
+
+
 def _sig(x: float) -> float:
     return float(f"{x:.4g}")
 
@@ -85,17 +100,17 @@ def _levels(meta: dict, groups: dict[int, int], links: dict, preset: str | None)
         base = [(i, {"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth, "latency": lv.latency,
                      "source": f"published ({preset}: {lv.source})"}) for i, lv in enumerate(PRESETS[preset][1])]
     else:
-        base = [(i, {"name": LEVEL_NAMES[i], "fanout": meta["ranks_per_node"] if i == 0 else 0,
-                     "bandwidth": max(links[(i, k)].a for k in KINDS), "latency": 0.0,
+        base = [(i, {"name": LEVEL_NAMES[i], "fanout": meta["ranks_per_node"] if i == 0 else 0, "latency": 0.0,
                      "source": "best measured bus bandwidth of this level"}) for i in sorted(groups)]
     out = []
-    for j, (i, lv) in enumerate(base):
+    for j, (i, lv) in enumerate(base):  # i: the measured level, j: its place in the file
         entry = {"name": lv["name"]} | ({"fanout": lv["fanout"]} if j < len(base) - 1 else {})
         latency, fractions, source = lv["latency"], {}, lv["source"]
         if i in groups:
-            # alpha from the curve's knee: knee = p * latency * bus bandwidth (fit.py)
-            latency = median(links[(i, k)].knee / (groups[i] * links[(i, k)].a) for k in KINDS)
-            fractions = {k: _sig(links[(i, k)].a / lv["bandwidth"]) for k in KINDS}
+            pairs = {k: link_constants(links[(i, k)], k, groups[i], j) for k in KINDS}  # (latency, B x eff)
+            lv.setdefault("bandwidth", max(bw for _, bw in pairs.values()))
+            latency = median(lat for lat, _ in pairs.values())
+            fractions = {k: _sig(bw / lv["bandwidth"]) for k, (_, bw) in pairs.items()}
             source += f"; latency and link_efficiency measured over {groups[i]} ranks {meta['date']}"
         entry |= {"bandwidth_gbps": _sig(lv["bandwidth"] / GB), "latency_us": _sig(latency / US)}
         out.append(entry | ({"link_efficiency": fractions} if fractions else {}) | {"source": source})
@@ -304,7 +319,7 @@ def curves(path: str) -> list[Curve]:
     for t in tables["collectives"]:
         level = cluster.levels[t["level"]]
         for kind in KINDS:
-            a = level.bandwidth * dict(level.link_efficiency).get(kind, eff.link_for(kind))
-            out.append(Curve(f"{level.name} {kind}", "B/s (bus)", tuple(collective_points(kind, t["group"], t[kind])),
-                             a, t["group"] * level.latency * a))
+            bandwidth = level.bandwidth * dict(level.link_efficiency).get(kind, eff.link_for(kind))
+            out.append(link_curve(f"{level.name} {kind}", kind, t["group"], t["level"], level.latency, bandwidth,
+                                  collective_points(kind, t["group"], t[kind])))
     return out

@@ -10,11 +10,13 @@ Its rate follows ``rate(x) = a * x / (x + knee)``: a small kernel or message pay
     attention    key tokens      FLOPs as the kernel runs     attention(_bwd) * peak, attention_knee
                                  them (4bhs^2d, causal halved; backward 2.5x)
     memory       bytes           bytes (inputs + outputs)     hbm * HBM bandwidth, (none)
-    collectives  message bytes   bus bytes (nccl-tests)       link_efficiency * level bandwidth, p * latency * a
+    collectives  message bytes   bus bytes (nccl-tests)       (see below)
 
-The collective row is the alpha-beta cost of ``symtensor.cost.collectives`` rewritten: a
-collective over ``p`` members of one level takes ``c_a * latency + c_b * m / B``, its bus bandwidth
-is ``c_b * m / t = B * m / (m + p * latency * B)`` (``c_a / c_b = p`` for every kind there).
+The collective row is the alpha-beta cost of ``symtensor.cost.collectives`` rewritten: over ``p``
+members of one level a collective takes ``t = c_a * latency + c_b * m / B`` (B = bandwidth x link
+efficiency; ``alpha_beta`` asks ``collective_time`` for c_a and c_b), and its bus bandwidth
+``F * m / t`` (F = ``BUS_FACTOR``) is ``a * m / (m + knee)`` with ``a = F * B / c_b`` and
+``knee = c_a * latency * a / F`` (a ring within a node: c_a / F = p).
 
 Fits minimise the squared *relative* error of the rates (points span orders of magnitude): for a
 given knee, ``a`` has a closed form; the knee is the best of a log-spaced scan, refined by golden section. A ``Curve`` holds
@@ -107,6 +109,20 @@ def fit_curve(name: str, unit: str, points: list[Point], knee: float | None = No
                 a = c
         best = min((best, math.exp((a + b) / 2)), key=lambda k: _best_a(points, k)[1])
     return Curve(name, unit, tuple(points), _best_a(points, best)[0], best)
+
+
+def alpha_beta(kind: str, p: int, level: int) -> tuple[float, float]:
+    """(c_a, c_b) of ``cost.collectives.collective_time`` for ``p`` members of level ``level``
+    (0: within a node) and no other: t = c_a * latency + c_b * bytes / bandwidth."""
+    from symtensor.cost.collectives import collective_time
+    from symtensor.hardware import Level
+
+    counts = [1] * level + [p]
+
+    def levels(latency: float) -> list:
+        return [Level(name=f"level{i}", fanout=0, bandwidth=1.0, latency=latency) for i in range(level + 1)]
+
+    return collective_time(kind, 0.0, counts, levels(1.0)), collective_time(kind, 1.0, counts, levels(0.0))
 
 
 def gemm_points(rows: list[dict]) -> list[Point]:
