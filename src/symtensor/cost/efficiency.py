@@ -84,7 +84,7 @@ CALIBRATED = A100
 # --fit`` on calibration_h100.csv (NeMo 2 Llama 3.1 8B/70B/405B runs on DGX H100, 17 iteration
 # times); the batched-matmul, HBM and link fractions are A100's (the H100 rows cannot separate
 # them: every run overlaps its communication and uses fused attention).
-H100 = A100.replace(gemm=0.6335, attention=0.6526, attention_bwd=0.6526 * ATTENTION_BWD_RATIO,
+H100 = A100.replace(gemm=0.6208, attention=0.6332, attention_bwd=0.6332 * ATTENTION_BWD_RATIO,
                     source="H100: fitted on shared/data/calibration_h100.csv (NeMo 2 Llama 3.1 on DGX H100); "
                            "see symtensor calibrate")
 

@@ -26,6 +26,12 @@ gather) stays exposed.
                collective per tensor: latency per tensor), prefetched like FSDP, and again for a
                recomputed forward under full recomputation.
 
+What each keeps per parameter (``state_bytes``: weights, gradients, optimizer state): Megatron
+bf16 weights, fp32 main gradients, fp32 master weights + Adam m, v (2 + 4 + 12; Korthikanti et
+al. 2022); FSDP2 with torchtitan's mixed precision keeps the sharded fp32 parameters (the master
+copy), fp32 gradients and Adam m, v (4 + 4 + 8) and gathers bf16 units; DeepSpeed ZeRO as the ZeRO
+paper counts it, 16-bit weights and gradients, fp32 master + m, v (2 + 2 + 12).
+
 Bucket sizes are the engines' defaults: Megatron ``--ddp-bucket-size`` max(40M, 1M x dp)
 parameters (megatron/core/distributed/distributed_data_parallel_config.py); PyTorch DDP
 ``bucket_cap_mb=25``; DeepSpeed ``reduce_bucket_size=5e8`` elements.
@@ -48,15 +54,17 @@ class Engine:
     tp_overlap: bool  # default of TrainConfig.tp_overlap
     keeps_sp_shard: bool  # keeps the sequence-parallel shard of a gathered input for backward
     exposed_param_gather: bool  # ZeRO 1/2: the post-step parameter all-gather is not overlapped
+    # bytes per parameter of the weights, gradients and optimizer state the engine keeps
+    state_bytes: tuple[int, int, int]
 
 
 ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
-                       tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False),
+                       tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, state_bytes=(2, 4, 12)),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
-                    tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False),
+                    tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, state_bytes=(4, 4, 8)),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
-                        tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True),
+                        tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, state_bytes=(2, 2, 12)),
 }
 
 

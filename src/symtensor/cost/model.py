@@ -23,7 +23,7 @@ from symtensor.cost.opcost import (Collective, collectives_time, compute_floor, 
                                    intra_collectives, op_time, output_layout, param_layout, redistribute)
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
-from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
+from symtensor.graph import DTYPE_BYTES, Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
 from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster, Mesh
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 
@@ -133,6 +133,7 @@ class Evaluator:
         self._op_sig = {op.name: sigs.setdefault((op.signature, self.grad_operands[op.name]), len(sigs))
                         for op in graph.ops}
         self.model_flops_per_microstep = model_flops(graph, self.grad_operands)
+        self.param_ops = tuple(op for op in graph.ops if any(self.tensors[t].param for t in op.inputs))
         self._segment_cache: dict = {}
         self._segment_params_cache: dict = {}  # per segment (_Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
@@ -443,7 +444,8 @@ class _Params:
     buckets): one collective per group of replica axes, so latency is paid per unit; an engine
     that gathers each tensor apart (DeepSpeed ZeRO 3) pays it per tensor."""
 
-    def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops=()):
+    def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops=(), waxes: frozenset = frozenset()):
+        self.waxes = waxes  # the plan's tensor-parallel axes (see data_axes)
         self.opt_time = self.other_s = self.grad_bytes = self.unsharded = 0.0
         self.step_bytes: dict[str, float] = {}  # per step, outside the data-parallel group
         self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
@@ -473,8 +475,8 @@ class _Params:
             if t.tie:
                 if t.tie in self.tied:
                     continue
-                target = self.tied[t.tie] = _Params(ev, {}, train)
-            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
+                target = self.tied[t.tie] = _Params(ev, {}, train, waxes=self.waxes)
+            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, data_axes(layout, self.waxes))
             target.add(ev, pc)
             if target is not self:
                 target.close(ev, train)
@@ -511,6 +513,32 @@ class _Params:
         for _, b in self.gathers.items():
             out["all_gather"] = out.get("all_gather", 0.0) + b * calls.get("all_gather", 0)
         return out
+
+
+_DATA_DIMS = frozenset(("b", "s"))
+
+
+def weight_axes(ops, layouts) -> frozenset:
+    """Mesh axes that cut a dim other than batch and sequence of ``ops`` (the ops with
+    parameters, ``Evaluator.param_ops``): the plan's tensor-parallel (and expert, vocabulary)
+    axes."""
+    out: set = set()
+    for op in ops:
+        lay = layouts.get(op.name)
+        if lay is None:
+            continue
+        for d, axes in lay.cuts:
+            if d not in _DATA_DIMS:
+                out.update(axes)
+    return frozenset(out)
+
+
+def data_axes(layout: OpLayout, waxes: frozenset) -> frozenset:
+    """The axes over which a parameter of an op with ``layout`` is data-parallel: those cutting
+    the batch, and those cutting the sequence that are not tensor-parallel axes (context
+    parallelism: Megatron reduces gradients and shards the distributed optimizer over DP x CP,
+    while a sequence-parallel norm weight is all-reduced over the TP axes apart)."""
+    return frozenset(layout.axes_of("b")) | (frozenset(layout.axes_of("s")) - waxes)
 
 
 @dataclass(frozen=True, slots=True)
@@ -553,10 +581,13 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset 
     for a in replicas:
         shard *= ev.mesh[a].size
     z = train.zero
-    full = local * train.param_bytes
-    params = full / (shard if z >= 3 else 1)
-    if not t.trainable:
-        return ParamCost(params, 0.0, 0.0, 0.0, None, None, 0.0, 0.0, full)
+    # FSDP2 shards the parameters at every stage above 0 (ZeRO 1/2 = no resharding after forward)
+    params = local * train.param_bytes / (shard if z >= 3 or (z >= 1 and train.framework == "fsdp2") else 1)
+    # parameters are gathered in the compute dtype (FSDP2 keeps fp32 shards, gathers bf16)
+    gathered = local * min(train.param_bytes, DTYPE_BYTES[ev.dtype])
+    if not t.trainable:  # frozen (LoRA's base weights): sharded at ZeRO 3, so gathered there too
+        gather = (gathered, replicas) if z >= 3 and replicas else None
+        return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered)
     grads = local * train.grad_bytes / (shard if z >= 2 else 1)
     optimizer = local * train.optim_bytes / (shard if z >= 1 else 1)
     moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
@@ -565,9 +596,9 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset 
     reduce = gather = None
     if replicas:
         reduce = ("all_reduce" if z == 0 else "reduce_scatter", gbytes, replicas)
-        gather = (full, replicas) if z >= 1 else None
+        gather = (gathered, replicas) if z >= 1 else None
     other_s = ev.coll_time("all_reduce", gbytes, other) if other else 0.0
-    return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, full)
+    return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, gathered)
 
 
 @dataclass(frozen=True, slots=True)
@@ -589,12 +620,12 @@ def param_terms(ev: "Evaluator", op, layout: OpLayout, train: TrainConfig) -> Pa
     redo = recomputed(op, train.recompute, ev.graph.meta["layers"])
     sync = opt = static = 0.0
     transfers = []
-    data_axes = frozenset(layout.axes_of("b"))
+    data = data_axes(layout, weight_axes((op,), {op.name: layout}))
     for slot, tname in enumerate(op.inputs):
         tensor = ev.tensors[tname]
         if not tensor.param:
             continue
-        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, data_axes)
+        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, data)
         gather_s = ev.coll_time("all_gather", *pc.gather) if pc.gather else 0.0
         reduce_s = ev.coll_time(pc.reduce[0], pc.reduce[1], pc.reduce[2]) if pc.reduce else 0.0
         unit = Unit(1, t.fwd_s, t.bwd_s + (t.fwd_s if redo else 0.0), gather_s, reduce_s,
@@ -608,7 +639,7 @@ def param_terms(ev: "Evaluator", op, layout: OpLayout, train: TrainConfig) -> Pa
         if pc.gather:
             transfers.append(("all_gather", pc.gather[0], pc.gather[1], ex.calls.get("all_gather", 0), tname))
         if pc.other_bytes:
-            other = tuple(sorted(a for a in ev.param_layout(op, layout, slot).partial if a not in data_axes))
+            other = tuple(sorted(a for a in ev.param_layout(op, layout, slot).partial if a not in data))
             transfers.append(("all_reduce", pc.other_bytes, other, 1, tname))
     return ParamTerms(sync, opt, static, tuple(transfers))
 
@@ -713,8 +744,9 @@ class _Accumulator:
         self.stage = ev.stage_of(train)
         self.stages = [_Stage() for _ in range(train.pp)]
         # what a segment's parameters depend on besides their layouts (see _Params)
+        self.waxes = weight_axes(ev.param_ops, layouts)
         self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
-                     train.framework)
+                     train.framework, self.waxes)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
@@ -755,7 +787,7 @@ class _Accumulator:
         key = (sig_id, lay, self.pkey)
         hit = ev._segment_params_cache.get(key)
         if hit is None:
-            hit = ev._segment_params_cache[key] = _Params(ev, self.layouts, self.train, ops)
+            hit = ev._segment_params_cache[key] = _Params(ev, self.layouts, self.train, ops, self.waxes)
         return hit
 
     def static_peak(self) -> float:
@@ -840,8 +872,22 @@ class _Accumulator:
             return min(m, pp) * (1 + (pp - 1) / (pp * v))
         return min(m, pp - s)
 
+    def _gathered_transient(self, st) -> float:
+        """Parameters gathered for compute beyond the resident shards: with per-unit gathers
+        (ZeRO 3; FSDP2 at any stage > 0) the unit being computed and the one prefetched, two
+        of the largest unit; FSDP2 without resharding after forward (ZeRO 1/2) keeps every unit
+        gathered from its forward to its backward."""
+        z, fw = self.train.zero, self.train.framework
+        if z == 3:
+            return 2 * st.unsharded
+        if fw == "fsdp2" and z in (1, 2):
+            return sum(p.unsharded * times for p, times in st.params)
+        return 0.0
+
     def _memory(self):
-        """Per-stage memory; returns the breakdown of the most loaded stage and its peak."""
+        """Per-stage memory (the peak: resident state, activations of the micro-batches in flight,
+        the transient gathered parameters and recompute buffers); returns the breakdown of the
+        most loaded stage and its peak."""
         best, peak = None, -1.0
         for s, st in enumerate(self.stages):
             if self.train.recompute == "full":
@@ -850,10 +896,13 @@ class _Accumulator:
             else:
                 layers_act, transient = sum(st.layer_saved), 0.0
             inflight = self._inflight(s)
+            gathered = self._gathered_transient(st)
             mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
                    "activations": (layers_act + st.other_saved) * inflight, "activations_layers": layers_act * inflight,
-                   "recompute_transient": transient, "layer_state": st.layer_state}
-            total = mem["params"] + mem["grads"] + mem["optimizer"] + mem["activations"] + transient
+                   "recompute_transient": transient, "gathered_params": gathered, "layer_state": st.layer_state}
+            # what does not grow with the micro-batch: the state and the gathered parameters
+            mem["static"] = mem["params"] + mem["grads"] + mem["optimizer"] + gathered
+            total = mem["static"] + mem["activations"] + transient
             mem["total"] = total
             if total > peak:
                 best, peak = mem, total

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from symtensor.cost.engine import ENGINES
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -32,9 +33,9 @@ class TrainConfig:
         layer_split: layers per pipeline stage (uneven splits allowed); default: as even as possible.
         recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
         zero: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded over replicas.
-        param_bytes / grad_bytes / optim_bytes: per parameter; Megatron keeps bf16 weights, fp32
-            main gradients and fp32 master weights + Adam m and v (2 + 4 + 12 = 18 bytes,
-            Korthikanti et al. 2022); the ZeRO paper counts fp16 gradients (2 + 2 + 12).
+        param_bytes / grad_bytes / optim_bytes: per parameter; None: the engine's
+            (``cost.engine.Engine.state_bytes``: Megatron 2 + 4 + 12, FSDP2 4 + 4 + 8,
+            DeepSpeed 2 + 2 + 12).
         framework: the engine whose semantics the step follows (``symtensor.cost.engine``):
             ``megatron`` (Megatron-core + Transformer Engine: distributed optimizer with bucketed
             overlapped gradient reduce and parameter gather; keeps the sequence-parallel shard of
@@ -55,9 +56,9 @@ class TrainConfig:
     layer_split: tuple[int, ...] | None = None
     recompute: str = "none"
     zero: int = 0
-    param_bytes: int = 2
-    grad_bytes: int = 4
-    optim_bytes: int = 12
+    param_bytes: int | None = None
+    grad_bytes: int | None = None
+    optim_bytes: int | None = None
     framework: str = "megatron"
     overlap_grad_reduce: bool = True
     tp_overlap: bool | None = None
@@ -77,6 +78,9 @@ class TrainConfig:
             object.__setattr__(self, "framework", "fsdp2")
         if self.framework not in FRAMEWORKS:
             raise PlanError(f"framework={self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
+        for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"), ENGINES[self.framework].state_bytes):
+            if getattr(self, key) is None:
+                object.__setattr__(self, key, default)
         if self.vpp > 1 and self.pp == 1:
             raise PlanError("virtual pipeline stages (vpp > 1) need pp > 1")
 
