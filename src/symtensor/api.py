@@ -97,27 +97,48 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     return out
 
 
+def _result_band(result: dict):
+    from symtensor.cost.bands import Band
+
+    return Band(*result["step_time_band_s"], result["regime"], result["band_calibrated"])
+
+
 def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str) -> dict:
     """What every prediction states besides its numbers: the engine, the efficiency table and its
     source, and the error band of its regime (``cost.bands``)."""
-    from symtensor.cost.bands import band, regime_of
     from symtensor.cost.efficiency import device_table, efficiency_for
 
-    table = device_table(cluster.device.name)
-    regime = regime_of(zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe, framework=framework)
-    b = band(step_s, table, regime)
-    return {"framework": framework, "efficiency_table": table, "efficiency_source": efficiency_for(cluster).source,
-            "regime": regime, "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated}
+    b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework)
+    return {"framework": framework, "efficiency_table": device_table(cluster.device.name),
+            "efficiency_source": efficiency_for(cluster).source, "regime": b.regime,
+            "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated}
 
 
-def _baseline_entry(step_time, fits, config, report, ref) -> dict:
+def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str):
+    """The error band (``cost.bands.Band``) of a prediction for ``cfg`` on ``cluster``."""
+    from symtensor.cost.bands import band_of
+
+    return band_of(step_s, cluster.device.name, zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe,
+                   framework=framework)
+
+
+def _baseline_entry(step_time, fits, config, report, ref, ctx) -> dict:
+    """A baseline beside the plan; ``ctx`` = (model config, cluster, seq, the plan's band): the
+    verdict says whether the plan is faster, or ties within the model's error."""
+    from symtensor.cost.bands import verdict
+
+    cfg, cluster, seq, plan_band = ctx
     out = {"step_time_s": step_time, "fits": fits, "config": config,
            "mfu": report.mfu, "memory_gib_per_device": report.memory_peak / GIB}
     out["speedup_of_plan"] = step_time / ref if fits else None
+    b = config_band(cfg, cluster, step_time, zero=config.get("zero", 0), seq=seq,
+                    framework=config.get("framework", "megatron"))
+    out["step_time_band_s"] = b.as_list()
+    out["verdict_of_plan"] = verdict(plan_band, b, ref, step_time) if fits else "baseline does not fit"
     return out
 
 
-def baselines(cfg, cluster, global_batch: int, seq: int, plan_step: float) -> dict:
+def baselines(cfg, cluster, global_batch: int, seq: int, plan_step: float, plan_band) -> dict:
     """Megatron recipe, Megatron grid best, FSDP and D-Rec through the same cost model."""
     from symtensor.plan import config_summary
     from symtensor.search.baselines import EvaluatorPool, fsdp, megatron_grid, megatron_recipe
@@ -132,10 +153,12 @@ def baselines(cfg, cluster, global_batch: int, seq: int, plan_step: float) -> di
         if cand is None:
             out[key] = {"step_time_s": None, "fits": False, "config": None, "note": "no valid configuration"}
             continue
+        ctx = (cfg, cluster, seq, plan_band)
         out[key] = _baseline_entry(cand.report.step_time_s, cand.report.fits, cand.config.as_dict(),
-                                   cand.report, plan_step)
+                                   cand.report, plan_step, ctx)
     d = drec_plan(cfg, cluster, global_batch, seq)
-    out["drec"] = _baseline_entry(d.report.step_time_s, d.report.fits, config_summary(d), d.report, plan_step)
+    out["drec"] = _baseline_entry(d.report.step_time_s, d.report.fits, config_summary(d), d.report, plan_step,
+                                  (cfg, cluster, seq, plan_band))
     return out
 
 
@@ -198,8 +221,11 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
                   pipeline_axes=[a.name for a in p.evaluator.pp_axes],
                   layouts={name: axis_names(lay, p.mesh) for name, lay in p.layouts.items()},
                   layer_types=layer_types(p))
+    summary = result["config"]
+    result.update(prediction_terms(cfg, cl, p.report.step_time_s, zero=summary["zero"], seq=seq,
+                                   framework=summary.get("framework", "megatron")))
     if baselines_too:
-        result["baselines"] = baselines(cfg, cl, global_batch, seq, p.report.step_time_s)
+        result["baselines"] = baselines(cfg, cl, global_batch, seq, p.report.step_time_s, _result_band(result))
     if out:
         save_plan(p, out)
         result["plan_file"] = out
@@ -294,7 +320,7 @@ def report(model, cluster: str, devices: int | None = None, nodes: int | None = 
                                          "note": "no valid configuration"}
             continue
         entry = _baseline_entry(b.report.step_time_s, b.report.fits, config_summary(b), b.report,
-                                result["step_time_s"])
+                                result["step_time_s"], (cfg, cl, seq, _result_band(result)))
         entry.update(breakdown=dict(b.report.breakdown), memory_gib={k: v / GIB for k, v in b.report.memory.items()})
         result["baselines"][name] = entry
     spec = f"seq={max(1, seq // 2)}..{seq * 2}" if sweep_spec is None else sweep_spec

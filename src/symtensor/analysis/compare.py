@@ -22,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from symtensor.analysis.terms import op_terms, problem_of
+from symtensor.cost.bands import band_of, verdict
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.plan.summary import axis_names, config_summary, degrees, layer_types
 
@@ -123,14 +124,23 @@ def compare_plans(a, b, label_a=("A", "plan"), label_b=("B", "plan")) -> dict:
     memory = _delta({k: v for k, v in ra.memory.items() if k not in ("activations_layers", "layer_state")},
                     {k: v for k, v in rb.memory.items() if k not in ("activations_layers", "layer_state")})
     ops = op_differences(a, b)
+    band_a, band_b = _band(a), _band(b)
     out = {"a": sa, "b": sb, "config_diff": config_diff,
            "step_time_s": {"a": ra.step_time_s, "b": rb.step_time_s, "delta": rb.step_time_s - ra.step_time_s},
            "speedup_of_a": rb.step_time_s / ra.step_time_s,
+           "step_time_band_s": {"a": band_a.as_list(), "b": band_b.as_list()},
+           "verdict_of_a": verdict(band_a, band_b, ra.step_time_s, rb.step_time_s),
            "breakdown": _delta(ra.breakdown, rb.breakdown), "comm_bytes": _delta(ra.comm_bytes, rb.comm_bytes),
            "memory_bytes": memory, "ops": ops,
            "ops_differing": sum(len(o["ops"]) for o in ops), "notes": notes}
     out["summary"] = summary_line(out)
     return out
+
+
+def _band(p):
+    """The error band of plan ``p``'s predicted step (``cost.bands``)."""
+    return band_of(p.report.step_time_s, p.cluster.device.name, zero=p.train.zero, seq=p.seq,
+                   lora=p.cfg.lora_rank > 0, moe=p.cfg.is_moe, framework=p.train.framework)
 
 
 def op_differences(a, b) -> list[dict]:
@@ -181,5 +191,8 @@ def summary_line(out: dict) -> str:
     ratio = max(out["speedup_of_a"], 1 / out["speedup_of_a"])
     head = (f"{a} and {b} take the same time" if abs(st["delta"]) <= 1e-9 * st["a"]
             else f"{faster} is {ratio:.2f}x faster")
+    if out.get("verdict_of_a") == "tie within model error" and abs(st["delta"]) > 1e-9 * st["a"]:
+        head = (f"{a} and {b} tie within model error ({faster} is predicted {ratio:.2f}x faster, inside "
+                "the calibrated error bands)")
     return (f"{head} ({b} - {a} = {st['delta']:+.4g} s per step" + (f": {moved}" if moved else "")
             + f"); memory {b} - {a} = {mem:+.1f} GiB per device")

@@ -53,6 +53,22 @@ def regime_of(*, zero: int, seq: int, lora: bool, moe: bool, framework: str) -> 
     return "dense 3D"
 
 
+def verdict(a: Band, b: Band, a_s: float, b_s: float) -> str:
+    """How A's prediction compares with B's: a tie when the model cannot tell them apart."""
+    if a.overlaps(b):
+        return "tie within model error"
+    return "faster" if a_s < b_s else "slower"
+
+
+def band_of(step_s: float, device_name: str, *, zero: int, seq: int, lora: bool, moe: bool,
+            framework: str) -> Band:
+    """The band of a prediction for a configuration on a device (its table and regime)."""
+    from symtensor.cost.efficiency import device_table
+
+    regime = regime_of(zero=zero, seq=seq, lora=lora, moe=moe, framework=framework)
+    return band(step_s, device_table(device_name), regime)
+
+
 def band(step_s: float, table: str, regime: str) -> Band:
     """The band of a step of ``step_s`` seconds predicted with device table ``table``.
 
