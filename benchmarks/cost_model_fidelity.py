@@ -3,10 +3,12 @@
     python benchmarks/cost_model_fidelity.py
 
 Writes, under benchmarks/results/:
-    cost_model_fidelity.csv   every calibration row (data/calibration.csv): source, model, metric, config,
-                              measured, predicted, error (relative for relative metrics, points otherwise)
-    cost_model_fidelity.md    the same as a table, then the mean and max |error| per metric against its
-                              tolerance (symtensor.calibration.TOLERANCE)
+    cost_model_fidelity.csv   every calibration row (data/calibration.csv on A100, calibration_h100.csv on
+                              H100): device, regime, source, model, metric, config, measured, predicted,
+                              error (relative for relative metrics, points otherwise)
+    cost_model_fidelity.md    the same as a table, then the mean and max |error| per device and metric
+                              against its tolerance (symtensor.calibration.TOLERANCE), and the residual
+                              range and error band of each regime (symtensor.cost.bands)
     evaluate_speed.md         seconds to cost one full LLaMA-3.1-405B Megatron configuration
                               (tp 8, pp 16, dp 128, sequence parallel, on 16,384 H100s; seq 8192,
                               global batch 2048, micro batch 1): median of 20 runs after one warm-up
@@ -24,12 +26,13 @@ import time
 from pathlib import Path
 
 from symtensor import api, calibration
+from symtensor.cost import bands
 from symtensor.hardware import load_cluster
 from symtensor.models import load_model_config
 from symtensor.search.megatron import ParallelConfig, evaluate_megatron
 
 RESULTS = Path(__file__).resolve().parent / "results"
-FIELDS = ("source", "model", "metric", "config", "measured", "predicted", "error")
+FIELDS = ("device", "regime", "source", "model", "metric", "config", "measured", "predicted", "error")
 RUNS = 20
 
 # the speed case: LLaMA-3.1-405B pretraining layout (Llama 3 paper, arXiv:2407.21783, Table 4)
@@ -39,12 +42,12 @@ SPEED_CONFIG = ParallelConfig(tp=8, pp=16, dp=128, sp=True, micro_batch=1, globa
 
 def _config(fields: dict) -> str:
     """The parallel configuration of a calibration row, in Megatron terms."""
-    keys = ("gpus", "tp", "pp", "dp", "sp", "recompute", "micro_batch", "global_batch", "seq")
+    keys = ("gpus", "tp", "pp", "dp", "cp", "vpp", "sp", "recompute", "micro_batch", "global_batch", "seq")
     return " ".join(f"{k}={fields[k]}" for k in keys if fields.get(k))
 
 
 def fidelity_rows(results) -> list[dict]:
-    return [{"source": r.row.source, "model": r.row.model, "metric": r.row.metric, "config": _config(r.row.fields),
+    return [{"device": r.row.device, "regime": r.row.regime, "source": r.row.source, "model": r.row.model, "metric": r.row.metric, "config": _config(r.row.fields),
              "measured": r.row.measured, "predicted": r.predicted, "error": r.error} for r in results]
 
 
@@ -63,23 +66,47 @@ def _error_text(metric_key: str, error: float) -> str:
 
 def write_markdown(results, path: Path) -> None:
     lines = ["# Cost-model fidelity", "",
-             "Predicted vs published, every row of `data/calibration.csv`; written by",
-             "`python benchmarks/cost_model_fidelity.py`. Errors are relative for times and memory, in points",
+             "Predicted vs published, every row of `data/calibration.csv` (A100: Korthikanti et al. 2022, the",
+             "ZeRO paper) and `data/calibration_h100.csv` (H100: NeMo 2 Llama 3.1 runs); written by",
+             "`python benchmarks/cost_model_fidelity.py`. The efficiency constants were fitted on these rows, one",
+             "table per device (`symtensor calibrate --fit`). Errors are relative for times and memory, in points",
              "for MFU and for activation memory as a % of the baseline.", "",
-             "| model | metric | config | measured | predicted | error | within |",
-             "|---|---|---|---:|---:|---:|:---:|"]
+             "| device | model | metric | config | measured | predicted | error | within |",
+             "|---|---|---|---|---:|---:|---:|:---:|"]
     for r in results:
-        lines.append(f"| {r.row.model} | {r.row.metric} | {_config(r.row.fields)} | {r.row.measured:.4g} | "
+        lines.append(f"| {r.row.device} | {r.row.model} | {r.row.metric} | {_config(r.row.fields)} | {r.row.measured:.4g} | "
                      f"{r.predicted:.4g} | {_error_text(r.metric_key, r.error)} | {'yes' if r.within else '**no**'} |")
     lines += ["", "## Error per metric", "", "| metric | rows | mean abs error | max abs error | tolerance |",
               "|---|---:|---:|---:|---:|"]
     for key, s in calibration.summary(results).items():
-        mode, tol = calibration.TOLERANCE[key]
+        mode, tol = calibration.TOLERANCE[key.split(" ", 1)[1]]
         fmt = (lambda v: f"{100 * v:.2f}%") if mode == "rel" else (lambda v: f"{v:.2f} pt")
         lines.append(f"| {key} | {s['n']} | {fmt(s['mean'])} | {fmt(s['max'])} | {fmt(tol)} |")
     outside = sum(not r.within for r in results)
-    lines += ["", f"{len(results) - outside} of {len(results)} rows within tolerance."]
+    lines += ["", f"{len(results) - outside} of {len(results)} rows within tolerance.", ""]
+    lines += _band_lines(results)
     path.write_text("\n".join(lines) + "\n")
+
+
+def _band_lines(results) -> list[str]:
+    """Residual range of the iteration-time rows per (device, regime): the error band every
+    prediction of that regime carries (symtensor.cost.bands), and the regimes without rows."""
+    lines = ["## Error bands per regime (iteration time)", "",
+             "A prediction's band is the residual range of its regime's rows on its device; a regime without",
+             f"rows takes its device's range widened {bands.EXTRAPOLATION:g}x and is marked extrapolated.", "",
+             "| device | regime | rows | residuals (predicted / measured - 1) | stored band | calibrated |",
+             "|---|---|---:|---|---|:---:|"]
+    for device in calibration.CALIBRATION_FILES:
+        for regime in bands.REGIMES:
+            errs = [r.error for r in results if r.row.device == device and r.row.regime == regime
+                    and r.row.metric == "iteration time (s)"]
+            stored = bands.RESIDUALS.get((device, regime))
+            b = bands.band(1.0, device, regime)
+            band_text = f"step x [{b.low_s:.3f}, {b.high_s:.3f}]"
+            seen = f"{100 * min(errs):+.2f}% .. {100 * max(errs):+.2f}%" if errs else "none"
+            lines.append(f"| {device} | {regime} | {len(errs)} | {seen} | {band_text} | "
+                         f"{'yes' if stored else 'no'} |")
+    return lines
 
 
 def time_evaluation() -> dict:
