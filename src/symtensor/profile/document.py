@@ -172,7 +172,8 @@ def build(result: dict, like: str | None = None) -> tuple[dict, list[Curve]]:
         "best_memory_gbps": _sig(peaks["best_bytes"] / GB),
         "best_bus_gbps": {names[i]: _sig(max(links[(i, k)].a for k in KINDS) / GB) for i in sorted(groups)}}}
     measured |= {name: [_rounded(r) for r in tables[name]] for name in COLUMNS}
-    measured["collectives"] = {names[t["level"]]: {"group": t["group"]} | {k: [_rounded(r) for r in t[k]] for k in KINDS}
+    measured["collectives"] = {names[t["level"]]: {"group": t["group"]} | {k: [_rounded(r) for r in t[k]]
+                                                                           for k in KINDS}
                                for t in tables["collectives"]}
     doc = {"name": f"profiled-{preset or meta['backend']}-{meta['world_size']}",
            "device": {"name": meta["device"], "peak_tflops": peaks["tflops"], "hbm_gbps": _sig(peaks["hbm"] / GB),
@@ -266,8 +267,8 @@ def _rows(rows, columns: dict, where: str) -> list[dict]:
                 not isinstance(value, bool) and isinstance(value, (int, float)) and value > 0
                 and (kind is float or float(value).is_integer()))
             if not ok:
-                raise PlanError(f"{where}[{i}]: {key} must be {'a positive number' if kind in (int, float) else kind.__name__}"
-                                f", got {value!r}")
+                rule = "a positive number" if kind in (int, float) else kind.__name__
+                raise PlanError(f"{where}[{i}]: {key} must be {rule}, got {value!r}")
         if "kernel" in columns and row["kernel"] not in MEMORY_KERNELS:
             raise PlanError(f"{where}[{i}]: kernel {row['kernel']!r} is not one of {', '.join(MEMORY_KERNELS)}")
     return rows

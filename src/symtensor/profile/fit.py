@@ -19,9 +19,9 @@ efficiency; ``alpha_beta`` asks ``collective_time`` for c_a and c_b), and its bu
 ``knee = c_a * latency * a / F`` (a ring within a node: c_a / F = p).
 
 Fits minimise the squared *relative* error of the rates (points span orders of magnitude): for a
-given knee, ``a`` has a closed form; the knee is the best of a log-spaced scan, refined by golden section. A ``Curve`` holds
-the points and the constants, so the fit's residuals and ``symtensor calibrate --cluster`` (the
-file's constants against its own measurements) are one computation.
+given knee, ``a`` has a closed form; the knee is the best of a log-spaced scan, refined by golden
+section. A ``Curve`` holds the points and the constants, so the fit's residuals and ``symtensor
+calibrate --cluster`` (the file's constants against its own measurements) are one computation.
 """
 
 from __future__ import annotations

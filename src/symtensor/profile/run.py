@@ -21,8 +21,8 @@ from symtensor.profile.grid import STEP_MARK
 
 BACKENDS = ("nccl", "gloo")
 MAX_PROCESSES_PER_CORE = 4
-TIMEOUT_S = {True: 300, False: 1200}
-FAILURE_LINES = 40  # of the workers' output, shown when they fail  # --quick / default: the issue's bounds (1 and 5 minutes) with room
+TIMEOUT_S = {True: 300, False: 1200}  # --quick / default: the issue's bounds (1 and 5 minutes) with room
+FAILURE_LINES = 40  # of the workers' output, shown when they fail
 
 
 def cuda_devices() -> int:

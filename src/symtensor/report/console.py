@@ -207,11 +207,15 @@ def run(out: dict, as_json: bool) -> int:
         return _json(out)
     c = _console()
     cfg = out["config"]
-    c.print(f"[bold]{out['model']}[/] on {out['devices']} processes (gloo): "
+    c.print(f"[bold]{out['model']}[/] on {out['devices']} processes ({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
             + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "ep", "sp", "zero")))
-    ok = "[green]match[/]" if out["numerics_ok"] else "[red]differ[/]"
-    c.print(f"losses {['%.6f' % x for x in out['losses']]} vs one process {['%.6f' % x for x in out['reference_losses']]}"
-            f": {ok} (max |loss diff| {out['loss_max_abs_diff']:.2e}, max |param diff| {out['param_max_abs_diff']:.2e})")
+    if out["reference_losses"] is None:  # a GPU run: no single-process reference
+        c.print(f"losses {['%.6f' % x for x in out['losses']]}")
+    else:
+        ok = "[green]match[/]" if out["numerics_ok"] else "[red]differ[/]"
+        c.print(f"losses {['%.6f' % x for x in out['losses']]} vs one process "
+                f"{['%.6f' % x for x in out['reference_losses']]}: {ok} (max |loss diff| {out['loss_max_abs_diff']:.2e}"
+                f", max |param diff| {out['param_max_abs_diff']:.2e})")
     t = Table(title="bytes per device per step: cost model vs measured (TorchDispatchMode)")
     for col in ("collective", "predicted", "measured", ""):
         t.add_column(col, justify="right" if col in ("predicted", "measured") else "left")
@@ -219,4 +223,8 @@ def run(out: dict, as_json: bool) -> int:
         t.add_row(r["kind"], f"{r['predicted_bytes']:,.0f}", f"{r['measured_bytes']:,.0f}",
                   "ok" if r["ok"] else "[red]MISMATCH[/]")
     c.print(t)
+    if "predicted_step_s" in out:
+        c.print(f"step time: measured {out['measured_step_s']:.4f} s (median after the first step), predicted "
+                f"{out['predicted_step_s']:.4f} s on {out['cluster']}; peak memory: measured "
+                f"{out['measured_memory_gib']:.2f} GiB allocated, predicted {out['predicted_memory_gib']:.2f} GiB")
     return 0

@@ -44,10 +44,11 @@ from symtensor.runtime.torch_models import MoE, loss_fn
 EXPERT_PARAMS = ("w_gate", "w_up", "w_down")
 
 
-def build_mesh(spec: RunSpec) -> DeviceMesh:
-    """The CPU DeviceMesh of ``spec`` with named axes (the process group must be initialised)."""
+def build_mesh(spec: RunSpec, device_type: str = "cpu") -> DeviceMesh:
+    """The DeviceMesh of ``spec`` with named axes on ``cpu`` (gloo) or ``cuda`` (NCCL); the process
+    group must be initialised."""
     names, sizes = zip(*spec.mesh)
-    return init_device_mesh("cpu", tuple(sizes), mesh_dim_names=tuple(names))
+    return init_device_mesh(device_type, tuple(sizes), mesh_dim_names=tuple(names))
 
 
 def submesh(mesh: DeviceMesh, axes: tuple[str, ...]) -> DeviceMesh:
@@ -244,11 +245,13 @@ def build_pipeline(model: nn.Module, spec: RunSpec, mesh: DeviceMesh, cfg, local
     mb = local_batch // spec.microbatches
     # static shapes (and requires_grad, which says which gradients travel back), so no metadata
     # is exchanged at run time
-    hidden_mb = torch.empty(mb, spec.seq, cfg.hidden, requires_grad=True)
-    inputs = torch.empty(mb, spec.seq, dtype=torch.long) if stage == 0 else hidden_mb
-    outputs = torch.empty(mb, spec.seq, cfg.vocab, requires_grad=True) if stage == stages - 1 else hidden_mb
-    pipe_stage = PipelineStage(model, stage, stages, torch.device("cpu"), input_args=inputs,
-                               output_args=outputs, group=mesh.get_group(spec.pp_axis))
+    device = next(model.parameters()).device
+    hidden_mb = torch.empty(mb, spec.seq, cfg.hidden, requires_grad=True, device=device)
+    inputs = torch.empty(mb, spec.seq, dtype=torch.long, device=device) if stage == 0 else hidden_mb
+    outputs = (torch.empty(mb, spec.seq, cfg.vocab, requires_grad=True, device=device) if stage == stages - 1
+               else hidden_mb)
+    pipe_stage = PipelineStage(model, stage, stages, device, input_args=inputs, output_args=outputs,
+                               group=mesh.get_group(spec.pp_axis))
     schedule = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}[spec.pp_schedule]
     return schedule(pipe_stage, n_microbatches=spec.microbatches, loss_fn=loss_fn)
 

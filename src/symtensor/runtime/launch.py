@@ -117,10 +117,12 @@ def _worker_env() -> dict[str, str]:
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def worker_command(model: str, spec_file: Path, steps: int, optimizer: str, out: Path, seed: int = 0) -> list[str]:
+def worker_command(model: str, spec_file: Path, steps: int, optimizer: str, out: Path, seed: int = 0,
+                   device: str = "cpu") -> list[str]:
     """The command every rank of a ``WorkerGroup`` runs (ranks come from the environment)."""
     return [sys.executable, "-m", "symtensor.runtime.worker", "--spec", str(spec_file), "--model", str(model),
-            "--steps", str(steps), "--optimizer", optimizer, "--seed", str(seed), "--out", str(out)]
+            "--steps", str(steps), "--optimizer", optimizer, "--seed", str(seed), "--out", str(out),
+            "--device", device]
 
 
 def _failure(codes: list[int], group: WorkerGroup) -> str:
@@ -135,12 +137,13 @@ def _failure(codes: list[int], group: WorkerGroup) -> str:
 
 
 def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, seed: int = 0,
-           timeout_s: float = 300, master_port: int | None = None) -> dict:
-    """Run the worker on ``nproc`` processes and return rank 0's result (with ``state`` loaded).
+           timeout_s: float = 300, master_port: int | None = None, device: str = "cpu") -> dict:
+    """Run the worker on ``nproc`` processes and return rank 0's result (with ``state`` loaded on CPU).
 
     Args:
         timeout_s: how long a rank may stay in one place (``symtensor.runtime.group``).
         master_port: the rendezvous port on 127.0.0.1 (None: a free one).
+        device: ``cpu`` (gloo) or ``cuda`` (NCCL, one GPU per process).
 
     Raises:
         PlanError: a rank failed, stalled or hung (every process is stopped first); the message
@@ -149,7 +152,7 @@ def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, se
     run_dir = Path(tempfile.mkdtemp(prefix="symtensor-run-"))
     spec_file, out = run_dir / "spec.json", run_dir / "result.json"
     spec_file.write_text(json.dumps(spec.to_dict()))
-    cmd = worker_command(model, spec_file, steps, optimizer, out, seed)
+    cmd = worker_command(model, spec_file, steps, optimizer, out, seed, device)
     try:
         for attempt in range(2):
             with WorkerGroup(cmd, nproc, run_dir, timeout_s, master_port, env=_worker_env()) as group:
@@ -158,7 +161,8 @@ def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, se
             # gloo sometimes aborts a worker ("terminate called without an active exception")
             # while processes shut down; rank 0 has then written the complete result, or a
             # second launch succeeds. Any other failure is reported at once.
-            done = out.exists() and Path(json.loads(out.read_text())["state_file"]).exists()
+            state_file = json.loads(out.read_text()).get("state_file") if out.exists() else None  # CPU runs
+            done = out.exists() and (state_file is None or Path(state_file).exists())
             if (done and (aborted or all(c == 0 for c in codes))) or not aborted:
                 break
         if not (done and (aborted or all(c == 0 for c in codes))):
@@ -166,7 +170,8 @@ def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, se
         import torch  # after the workers: they import it meanwhile, on the other cores
 
         result = json.loads(out.read_text())
-        result["state"] = torch.load(result.pop("state_file"))
+        if "state_file" in result:
+            result["state"] = torch.load(result.pop("state_file"))
     except BaseException as exc:  # keep the logs a failure message names, nothing else
         if isinstance(exc, KeyboardInterrupt) or not any(run_dir.glob("rank*.log")):
             shutil.rmtree(run_dir, ignore_errors=True)
@@ -182,7 +187,7 @@ def _max_abs_diff(a: dict, b: dict) -> float:
 
 
 def run_spec(model: str, spec: RunSpec | dict, steps: int = 2, optimizer: str = "sgd", nproc: int | None = None,
-             seed: int = 0, timeout_s: float = 300, master_port: int | None = None) -> dict:
+             seed: int = 0, timeout_s: float = 300, master_port: int | None = None, device: str = "cpu") -> dict:
     """Run ``spec`` on ``nproc`` processes and against one process; compare losses and parameters.
 
     Args:
@@ -194,11 +199,15 @@ def run_spec(model: str, spec: RunSpec | dict, steps: int = 2, optimizer: str = 
         seed: weight and data seed.
         timeout_s: how long a rank may stay in one place before the run is stopped.
         master_port: the rendezvous port on 127.0.0.1 (None: a free one).
+        device: ``cpu`` (gloo), or ``cuda`` (NCCL): there the run is timed and its peak memory
+            kept, and there is no single-process reference (its ``reference_losses`` and
+            differences are None).
 
     Returns:
         ``losses`` and ``reference_losses`` (per step), ``loss_max_abs_diff``,
         ``param_max_abs_diff``, ``comm_bytes`` (``[step][rank] -> {kind: bytes}``), ``comm`` (the
-        full per-step, per-rank records with calls and bytes per mesh axis), ``wall_s``.
+        full per-step, per-rank records with calls and bytes per mesh axis), ``step_times_s``,
+        ``peak_memory_bytes`` (per rank, cuda only), ``wall_s``.
 
     Example:
         >>> spec = RunSpec(mesh={"dp": 2}, dp_axes=("dp",))      # doctest: +SKIP
@@ -213,12 +222,16 @@ def run_spec(model: str, spec: RunSpec | dict, steps: int = 2, optimizer: str = 
     cfg = load_model_config(model)
     check_fits(spec, cfg, nproc)  # before torch is imported or any process starts
     start = time.perf_counter()
-    result = launch(model, spec, steps, optimizer, nproc, seed, timeout_s, master_port)
-    from symtensor.runtime.worker import train_reference
+    result = launch(model, spec, steps, optimizer, nproc, seed, timeout_s, master_port, device)
+    out = {"losses": result["losses"], "reference_losses": None, "loss_max_abs_diff": None,
+           "param_max_abs_diff": None, "comm_bytes": [[rank["bytes"] for rank in step] for step in result["comm"]],
+           "comm": result["comm"], "step_times_s": result["step_times_s"],
+           "peak_memory_bytes": result["peak_memory_bytes"]}
+    if device == "cpu":
+        from symtensor.runtime.worker import train_reference
 
-    reference = train_reference(cfg, spec, steps, optimizer, seed)
-    return {"losses": result["losses"], "reference_losses": reference["losses"],
-            "loss_max_abs_diff": max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])),
-            "param_max_abs_diff": _max_abs_diff(result["state"], reference["state"]),
-            "comm_bytes": [[rank["bytes"] for rank in step] for step in result["comm"]],
-            "comm": result["comm"], "wall_s": time.perf_counter() - start}
+        reference = train_reference(cfg, spec, steps, optimizer, seed)
+        out |= {"reference_losses": reference["losses"],
+                "loss_max_abs_diff": max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])),
+                "param_max_abs_diff": _max_abs_diff(result["state"], reference["state"])}
+    return out | {"wall_s": time.perf_counter() - start}

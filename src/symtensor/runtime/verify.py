@@ -72,11 +72,17 @@ def plan_to_spec(pc: ParallelConfig, experts: bool, attention_only: bool = False
 
 def predicted_bytes(cfg, pc: ParallelConfig, devices: int, attention_only: bool = False) -> dict:
     """Bytes per collective kind per device per step the model predicts, at fp32."""
-    cluster = local_cluster(devices)
+    rep = prediction(cfg, pc, local_cluster(devices), attention_only)
+    return {k: rep.comm_bytes.get(k, 0.0) for k in KINDS}
+
+
+def prediction(cfg, pc: ParallelConfig, cluster, attention_only: bool = False, dtype: str = "fp32"):
+    """The cost report of the runtime's execution of ``pc`` on ``cluster``: fp32 weights and
+    gradients, activations in ``dtype`` (fp32 on CPU, bf16 under the GPU run's autocast)."""
     if cfg.is_moe:
         # the runtime gives every expert room for all tokens (no dropping): capacity c = s
         cfg = cfg.replace(capacity_factor=cfg.experts / cfg.top_k)
-    graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype="fp32", skeleton=True)
+    graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype=dtype, skeleton=True)
     ev = Evaluator(graph, cluster, pp=pc.pp)
     train = pc.train_config().replace(param_bytes=4, grad_bytes=4, framework="torch")
     layouts = megatron_layouts(graph, ev.mesh, pc)
@@ -89,8 +95,7 @@ def predicted_bytes(cfg, pc: ParallelConfig, devices: int, attention_only: bool 
         for op in graph.ops:
             if op.block.split(".")[0] not in ATTENTION_BLOCKS:
                 layouts[op.name] = layouts[op.name].without_axes(tp_axes)
-    rep = ev.evaluate(layouts, train)
-    return {k: rep.comm_bytes.get(k, 0.0) for k in KINDS}
+    return ev.evaluate(layouts, train)
 
 
 def measured_bytes(result: dict) -> dict:
@@ -109,14 +114,22 @@ def measured_bytes(result: dict) -> dict:
 
 def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global_batch: int = 8, seq: int = 16,
         tp: int | None = None, zero: int = 0, ep: int | None = None, pp: int = 1, plan_file: str | None = None,
-        attention_only: bool = False, timeout_s: float = 300, master_port: int | None = None) -> dict:
+        attention_only: bool = False, timeout_s: float = 300, master_port: int | None = None, device: str = "cpu",
+        cluster: str | None = None) -> dict:
     """Run a plan file's configuration, or the fastest runnable one (or the given tp); compare.
 
-    ``timeout_s`` and ``master_port``: see ``symtensor.runtime.launch.launch``."""
+    ``timeout_s`` and ``master_port``: see ``symtensor.runtime.launch.launch``. ``device="cuda"``
+    runs on this machine's GPUs (NCCL, bf16 autocast) and reports the measured step time and peak
+    memory beside the prediction on ``cluster`` (a preset or cluster file; default: the preset of
+    this GPU); bytes are reported there, numerics are checked on CPU only."""
     from symtensor.runtime.launch import run_spec
 
     cfg = load_model_config(model)
-    _small_enough(cfg)
+    if device not in ("cpu", "cuda"):
+        raise PlanError(f"--device {device!r}: use cpu (gloo processes) or cuda (this machine's GPUs, NCCL)")
+    gpu_cluster = _gpu_cluster(cluster, devices) if device == "cuda" else None
+    if device == "cpu":
+        _small_enough(cfg)
     pc = (_from_plan(plan_file, cfg, devices) if plan_file
           else _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp))
     if attention_only:
@@ -125,19 +138,43 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
         pc = ParallelConfig(**{**pc.as_dict(), "sp": False})
     spec = plan_to_spec(pc, cfg.is_moe, attention_only)
     result = run_spec(model, spec, steps=steps, optimizer=optimizer, nproc=devices, timeout_s=timeout_s,
-                      master_port=master_port)
+                      master_port=master_port, device=device)
     predicted, measured = predicted_bytes(cfg, pc, devices, attention_only), measured_bytes(result)
     rows = []
     for kind in KINDS:
         p, m = predicted[kind], measured[kind]
         ok = abs(p - m) <= TOLERANCE * max(p, m) + 1e-9
         rows.append({"kind": kind, "predicted_bytes": p, "measured_bytes": m, "ok": ok})
-    numerics_ok = result["loss_max_abs_diff"] <= (1e-5 if optimizer == "sgd" else 1e-4)
-    return {"model": cfg.name, "devices": devices, "config": pc.as_dict(), "spec": spec.to_dict(),
-            "losses": result["losses"], "reference_losses": result["reference_losses"],
-            "loss_max_abs_diff": result["loss_max_abs_diff"], "param_max_abs_diff": result["param_max_abs_diff"],
-            "numerics_ok": numerics_ok, "bytes": rows, "bytes_ok": all(r["ok"] for r in rows),
-            "wall_s": result["wall_s"]}
+    numerics_ok = None if device == "cuda" else result["loss_max_abs_diff"] <= (1e-5 if optimizer == "sgd" else 1e-4)
+    out = {"model": cfg.name, "devices": devices, "device": device, "config": pc.as_dict(), "spec": spec.to_dict(),
+           "losses": result["losses"], "reference_losses": result["reference_losses"],
+           "loss_max_abs_diff": result["loss_max_abs_diff"], "param_max_abs_diff": result["param_max_abs_diff"],
+           "numerics_ok": numerics_ok, "bytes": rows, "bytes_ok": all(r["ok"] for r in rows),
+           "step_times_s": result["step_times_s"], "wall_s": result["wall_s"]}
+    if gpu_cluster is not None:
+        rep = prediction(cfg, pc, gpu_cluster, attention_only, dtype="bf16")
+        timed = result["step_times_s"][1:] or result["step_times_s"]  # the first step warms up NCCL and the allocator
+        out |= {"cluster": gpu_cluster.name, "predicted_step_s": rep.step_time_s,
+                "measured_step_s": sorted(timed)[len(timed) // 2], "predicted_memory_gib": rep.memory_peak / 2**30,
+                "measured_memory_gib": max(result["peak_memory_bytes"]) / 2**30}
+    return out
+
+
+def _gpu_cluster(spec: str | None, devices: int):
+    """The cluster a GPU run is predicted on, checked before any process starts."""
+    import torch
+
+    from symtensor.hardware import load_cluster
+    from symtensor.profile.document import preset_for
+
+    gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if devices > gpus:
+        raise PlanError(f"--device cuda --devices {devices}: torch sees {gpus} GPU(s) on this machine")
+    spec = spec or preset_for(torch.cuda.get_device_name(0), None)
+    if spec is None:
+        raise PlanError(f"no cluster preset is a {torch.cuda.get_device_name(0)}: give --cluster FILE for the "
+                        "prediction (symtensor profile --out FILE measures one)")
+    return load_cluster(spec, devices=devices)
 
 
 def _from_plan(path: str, cfg, devices: int) -> ParallelConfig:

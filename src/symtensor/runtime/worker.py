@@ -5,6 +5,7 @@ Launch (``symtensor.runtime.launch.run_spec`` does this for you)::
     OMP_NUM_THREADS=1 torchrun --standalone --nproc-per-node 4 -m symtensor.runtime.worker \\
         --spec spec.json --model tiny-llama --steps 2 --optimizer sgd --out result.json
 
+On GPUs (NCCL, one GPU per process, bf16 autocast; timed, no reference), add ``--device cuda``.
 ``symtensor run`` starts the same module itself (``symtensor.runtime.group``: one process group,
 a rendezvous on 127.0.0.1, heartbeats) with the environment torchrun would set.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import time
 from pathlib import Path
 
 import torch
@@ -66,17 +68,22 @@ def local_slice(x: torch.Tensor, spec: RunSpec, coords: dict[str, int]) -> torch
     return x[start:start + per]
 
 
-def _mean_loss(loss: torch.Tensor | None) -> float:
+def _mean_loss(loss: torch.Tensor | None, device: torch.device) -> float:
     """The global mean loss from the ranks that own one (each the mean of an equal-sized slice)."""
-    pair = torch.tensor([0.0, 0.0], dtype=torch.float64)
+    pair = torch.tensor([0.0, 0.0], dtype=torch.float64, device=device)
     if loss is not None:
         pair += torch.tensor([loss.item(), 1.0], dtype=torch.float64)
     dist.all_reduce(pair)
     return (pair[0] / pair[1]).item()
 
 
-def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0, on_phase=None) -> dict | None:
+def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0, on_phase=None,
+                   device: str = "cpu") -> dict | None:
     """Train ``steps`` steps of ``spec`` on this torchrun rank; the result on rank 0, else None.
+
+    On ``cuda`` (NCCL) the steps run under bf16 autocast (fp32 weights, as mixed-precision training
+    holds them), each step is timed between device synchronisations and the peak memory of every
+    rank is kept; the parameters are not gathered (no single-process reference on GPUs).
 
     Args:
         cfg: the model config.
@@ -85,6 +92,7 @@ def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0
         optimizer: ``sgd`` or ``adamw``.
         seed: weight and data seed.
         on_phase: called with where the rank is (``step 2: optimizer``), for its heartbeat.
+        device: ``cpu`` or ``cuda`` (this rank's GPU, ``LOCAL_RANK``).
     """
     from symtensor.runtime.apply import axis_of_group, build_mesh, parallelize
 
@@ -93,36 +101,49 @@ def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0
     from symtensor.runtime.commcount import CommCounter
 
     check_fits(spec, cfg, dist.get_world_size())
-    mesh = build_mesh(spec)
+    here = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
+    mesh = build_mesh(spec, device)
     coords = {axis: mesh.get_local_rank(axis) for axis, _ in spec.mesh}
-    ids, labels = (local_slice(t, spec, coords) for t in synthetic_batch(cfg, spec, seed))
-    run = parallelize(build_torch_model(cfg, seed), spec, mesh, cfg, local_batch=ids.shape[0])
+    ids, labels = (local_slice(t, spec, coords).to(here) for t in synthetic_batch(cfg, spec, seed))
+    run = parallelize(build_torch_model(cfg, seed).to(here), spec, mesh, cfg, local_batch=ids.shape[0])
     opt = make_optimizer(run.model.parameters(), optimizer)
     groups = axis_of_group(mesh, spec)
-    losses, comm = [], []
+    losses, comm, step_s = [], [], []
     for step in range(1, steps + 1):
+        _synchronize(here)
+        start = time.perf_counter()
         with CommCounter(groups) as counter:  # one training step: forward, backward, optimizer
             on_phase(f"step {step}: forward and backward")
-            loss = run.forward_backward(ids, labels)
+            with torch.autocast("cuda", dtype=torch.bfloat16, enabled=here.type == "cuda"):
+                loss = run.forward_backward(ids, labels)
             on_phase(f"step {step}: gradient synchronisation")
             run.sync_gradients()
             on_phase(f"step {step}: optimizer")
             opt.step()
             opt.zero_grad()
+        _synchronize(here)
+        step_s.append(time.perf_counter() - start)
         on_phase(f"step {step}: loss")
-        losses.append(_mean_loss(loss))
+        losses.append(_mean_loss(loss, here))
         comm.append(counter.summary())
     on_phase("gathering the final parameters")
-    state = run.full_state()
-    all_comm = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
-    dist.gather_object(comm, all_comm, dst=0)
+    state = run.full_state() if here.type == "cpu" else None
+    peak = torch.cuda.max_memory_allocated(here) if here.type == "cuda" else None
+    every = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
+    dist.gather_object((comm, peak), every, dst=0)
     if dist.get_rank() != 0:
         return None
-    return {"model": cfg.name, "spec": spec.to_dict(), "steps": steps, "optimizer": optimizer, "seed": seed,
-            "world_size": dist.get_world_size(), "losses": losses,
-            # comm[step][rank] = {"bytes": {kind: n}, "calls": {...}, "bytes_by_axis": {...}}
-            "comm": [[all_comm[r][s] for r in range(len(all_comm))] for s in range(steps)],
-            "checksums": checksums(state), "state": state}
+    out = {"model": cfg.name, "spec": spec.to_dict(), "steps": steps, "optimizer": optimizer, "seed": seed,
+           "world_size": dist.get_world_size(), "losses": losses, "device": here.type, "step_times_s": step_s,
+           # comm[step][rank] = {"bytes": {kind: n}, "calls": {...}, "bytes_by_axis": {...}}
+           "comm": [[every[r][0][s] for r in range(len(every))] for s in range(steps)],
+           "peak_memory_bytes": [rank[1] for rank in every] if here.type == "cuda" else None}
+    return out | ({"checksums": checksums(state), "state": state} if state is not None else {})
+
+
+def _synchronize(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
 
 
 def train_reference(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0) -> dict:
@@ -155,25 +176,30 @@ def checksums(state: dict[str, torch.Tensor]) -> dict[str, list[float]]:
 
 
 def _write(result: dict, out: Path) -> None:
-    state_path = out.with_suffix(".pt")
-    torch.save(result.pop("state"), state_path)
-    result["state_file"] = str(state_path)
+    if "state" in result:  # a CPU run's gathered parameters, for the comparison with one process
+        state_path = out.with_suffix(".pt")
+        torch.save(result.pop("state"), state_path)
+        result["state_file"] = str(state_path)
     out.write_text(json.dumps(result, indent=1))
 
 
-def _init_process_group() -> None:
-    """gloo over the launcher's rendezvous: rank 0 serves the TCPStore on the socket the launcher
-    bound to 127.0.0.1 (``symtensor.runtime.group``); under torchrun, its environment."""
+def _init_process_group(device: str = "cpu") -> None:
+    """gloo (``cpu``) or NCCL (``cuda``, this rank's GPU: ``LOCAL_RANK``) over the launcher's
+    rendezvous: rank 0 serves the TCPStore on the socket the launcher bound to 127.0.0.1
+    (``symtensor.runtime.group``); under torchrun, its environment."""
     import os
 
+    backend = "nccl" if device == "cuda" else "gloo"
+    if device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
     if ENV_DIR not in os.environ:  # torchrun
-        dist.init_process_group("gloo")
+        dist.init_process_group(backend)
         return
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     fd = int(os.environ[ENV_FD]) if rank == 0 else None
     store = dist.TCPStore(LOOPBACK, int(os.environ["MASTER_PORT"]), world, is_master=rank == 0,
                           master_listen_fd=fd, wait_for_workers=False)
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=world)
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world)
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -184,6 +210,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", required=True, help="result JSON (rank 0 writes it)")
+    parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
     parser.add_argument("--reference", action="store_true",
                         help="run train_reference in this one process instead (no torchrun)")
     args = parser.parse_args(argv)
@@ -195,9 +222,9 @@ def main(argv: list[str] | None = None) -> None:
         return
     beat = Heartbeat.from_env().start()
     beat.at("startup: rendezvous")
-    _init_process_group()
+    _init_process_group(args.device)
     try:
-        result = train_parallel(cfg, spec, args.steps, args.optimizer, args.seed, on_phase=beat.at)
+        result = train_parallel(cfg, spec, args.steps, args.optimizer, args.seed, on_phase=beat.at, device=args.device)
         if result is not None:
             beat.at("writing the result")
             _write(result, Path(args.out))
