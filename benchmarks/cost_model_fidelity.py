@@ -93,7 +93,8 @@ def _band_lines(results) -> list[str]:
     prediction of that regime carries (symtensor.cost.bands), and the regimes without rows."""
     lines = ["## Error bands per regime (iteration time)", "",
              "A prediction's band is the residual range of its regime's rows on its device; a regime without",
-             f"rows takes its device's range widened {bands.EXTRAPOLATION:g}x and is marked extrapolated.", "",
+             f"rows takes {100 * bands.UNCALIBRATED[0]:+.0f}% .. {100 * bands.UNCALIBRATED[1]:+.0f}% and is marked "
+             "extrapolated (symtensor.cost.bands).", "",
              "| device | regime | rows | residuals (predicted / measured - 1) | stored band | calibrated |",
              "|---|---|---:|---|---|:---:|"]
     for device in calibration.CALIBRATION_FILES:
