@@ -9,8 +9,7 @@ What comes in: command-line options (``cli_args``), model configs (``hf_config``
     booleans         real booleans; the string "false" is refused, never read as true
     names            strings of at most MAX_NAME characters; mesh-level names are identifiers
     files            regular files of at most MAX_FILE_BYTES, UTF-8 text; YAML whose aliases
-                     expand to at most MAX_YAML_NODES nodes (no alias bomb); JSON without NaN or
-                     Infinity
+                     expand to at most MAX_YAML_NODES nodes (no alias bomb)
 
 Each refusal is one ``PlanError`` line: what (the value), where (the option, or the file and its
 key), the rule, and the fix.
@@ -158,20 +157,17 @@ def read_text(path, what: str, missing_hint: str = "") -> str:
         raise PlanError(f"{what} {path} is not UTF-8 text (a binary file?)") from None
 
 
-def _no_constant(name: str):
-    raise ValueError(f"{name} is not a JSON number; write a finite number")
-
-
 def read_json(path, what: str, missing_hint: str = ""):
-    """The JSON in ``path`` (read by ``read_text``); NaN and Infinity are refused."""
+    """The JSON in ``path`` (read by ``read_text``); NaN and Infinity parse, and the typed checks of
+    the values that are used refuse them."""
     text = read_text(path, what, missing_hint)
     try:
-        return json.loads(text, parse_constant=_no_constant)
+        return json.loads(text)
     except json.JSONDecodeError as exc:
         raise PlanError(f"{what} {path}: cannot parse: not valid JSON ({exc.msg} at line {exc.lineno})") from None
     except RecursionError:
         raise PlanError(f"{what} {path}: nested too deeply to be a config") from None
-    except ValueError as exc:  # NaN/Infinity, or an integer of more than 4,300 digits
+    except ValueError as exc:  # an integer of more than 4,300 digits
         raise PlanError(f"{what} {path}: cannot parse: not valid JSON ({str(exc).splitlines()[0]})") from None
 
 
@@ -306,7 +302,7 @@ def _typed(value, annotation: str, what: str):
         if not isinstance(value, list) or len(value) > MAX_LAYERS:
             raise PlanError(f"{what} must be a list, got {_show(value)}")
         item = kind[len("tuple["):].split(",")[0].strip()
-        return [_typed(v, item, f"{what}[{i}]") for i, v in enumerate(value)]
+        return tuple(_typed(v, item, f"{what}[{i}]") for i, v in enumerate(value))
     if isinstance(value, (dict, list)):
         raise PlanError(f"{what} must be a single value, got {_show(value)}")
     return value
@@ -368,11 +364,9 @@ def _plan_cluster(c, where: str) -> None:
         number(lv["latency"], f"{here}.latency", HARDWARE_MAX_SI["latency"], positive=False)
 
 
-def plan_file(data, path) -> dict:
-    """The structure and value types of a plan file (``plan/io.py`` then rebuilds and re-costs it).
-
-    Returns the ``model`` and ``train`` objects, typed, for ``ModelConfig``/``TrainConfig``.
-    """
+def plan_file(data, path):
+    """The structure and value types of a plan file; its ModelConfig and TrainConfig (``plan/io.py``
+    then rebuilds the rest and re-costs it)."""
     from symtensor.cost import TrainConfig
     from symtensor.models import ModelConfig
 
@@ -401,7 +395,10 @@ def plan_file(data, path) -> dict:
     for key in ("config", "predicted"):
         if key in data and not isinstance(data[key], dict):
             raise PlanError(f"{where}: {key} must be an object")
-    return {"model": model, "train": train}
+    try:
+        return ModelConfig(**model), TrainConfig(**train)
+    except PlanError as exc:
+        raise PlanError(f"{where}: {exc}") from None
 
 
 def same_model(planned, given, where: str) -> None:
@@ -437,6 +434,8 @@ def cli_args(args) -> None:
             raise PlanError(f"{label}: the value is empty; give a preset name or a file")
     if command == "sweep":
         _sweep_args(args)
+    if command == "report" and args.sweep not in (None, "none"):
+        _report_sweep(args.sweep)
     for dest, hi in _CLI_SIZES.items():
         value = getattr(args, dest, None)
         if value is not None and not (command == "sweep" and dest in _SWEEP_SIZES):
@@ -460,6 +459,21 @@ def _run_args(args) -> None:
         number(args.timeout, "--timeout", MAX_TIMEOUT_S, fix="; give seconds, e.g. --timeout 300")
     if args.master_port is not None:
         integer(args.master_port, "--master-port", hi=65535, fix="; give a free TCP port, or omit it")
+
+
+def _report_sweep(spec: str) -> None:
+    """``report --sweep PARAM=RANGE`` checked before the plan search that precedes the sweep."""
+    from symtensor.analysis.sweep import parse_range
+
+    param, _, rng = spec.partition("=")
+    if param not in _SWEEP_SIZES or not rng:
+        raise PlanError(f"--sweep {spec}: expected PARAM=RANGE with PARAM one of {', '.join(_SWEEP_SIZES)} "
+                        "(e.g. seq=2048..32768), or none")
+    values = parse_range(rng, f"--sweep {param}")
+    if len(values) > MAX_SWEEP_POINTS:
+        raise PlanError(f"--sweep {spec}: {len(values)} points, above the limit of {MAX_SWEEP_POINTS}")
+    for v in values:
+        integer(v, f"--sweep {param}", hi=_CLI_SIZES[param])
 
 
 def _sweep_args(args) -> None:

@@ -17,11 +17,13 @@ import dataclasses
 import json
 from pathlib import Path
 
+from symtensor import validate
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.errors import PlanError, read_json
 from symtensor.hardware import Cluster, Device, Level
 from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig, build_graph
+from symtensor.output import write_atomic
 from symtensor.plan.summary import axis_names, config_summary
 
 FORMAT = "symtensor-plan/1"
@@ -48,7 +50,7 @@ def plan_to_dict(plan) -> dict:
 
 
 def save_plan(plan, path: str | Path) -> None:
-    Path(path).write_text(json.dumps(plan_to_dict(plan), indent=1, default=list))
+    write_atomic(path, json.dumps(plan_to_dict(plan), indent=1, default=list), "plan file")
 
 
 def _need(data: dict, keys, where: str) -> None:
@@ -71,9 +73,7 @@ def load_plan(path: str | Path):
         raise PlanError(f"plan file {p}: unknown key(s) {sorted(unknown)}")
     if data["format"] != FORMAT:
         raise PlanError(f"plan file {p}: format {data['format']!r}, expected {FORMAT!r}")
-    model = dict(data["model"])
-    model["lora_targets"] = tuple(model.get("lora_targets", ()))
-    cfg = ModelConfig(**model)
+    cfg, train = validate.plan_file(data, p)  # every key typed and in range; the full model dims
     c = data["cluster"]
     _need(c, ("name", "devices", "device", "levels"), "cluster")
     dev = Device(name=c["device"]["name"], peak_flops=dict(c["device"]["peak_flops"]),
@@ -81,10 +81,6 @@ def load_plan(path: str | Path):
     levels = tuple(Level(name=lv["name"], fanout=int(lv["fanout"]), bandwidth=float(lv["bandwidth"]),
                          latency=float(lv["latency"])) for lv in c["levels"])
     cluster = Cluster(name=c["name"], device=dev, levels=levels, n_devices=int(c["devices"]))
-    tr = dict(data["train"])
-    if tr.get("layer_split") is not None:
-        tr["layer_split"] = tuple(tr["layer_split"])
-    train = TrainConfig(**tr)
     graph = build_graph(cfg, micro_batch=train.graph_batch, seq=int(data["seq"]), skeleton=True)
     ev = Evaluator(graph, cluster, pp=train.pp)
     names = {a.name: i for i, a in enumerate(ev.mesh)}

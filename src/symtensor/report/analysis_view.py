@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from symtensor.output import shown  # names, paths and messages from users: text, never markup
 from symtensor.report.plan_view import _spans
 
 GIB = 2**30
@@ -24,7 +25,7 @@ def compact_cuts(cuts: dict, sizes: dict) -> str:
 def _header(console, out: dict) -> None:
     cfg = out["config"]
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in out["mesh"])
-    console.print(f"[bold]{out['model']}[/] on {out['devices']} x {out['cluster']} (mesh {mesh})")
+    console.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} x {shown(out['cluster'])} (mesh {mesh})")
     console.print("plan: " + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "sp", "zero",
                                                                   "recompute", "micro_steps", "vpp"))
                   + f"   step {out['step_time_s']:.3f} s")
@@ -110,14 +111,14 @@ def print_compare(console, out: dict) -> None:
     for side in ("a", "b"):
         s = out[side]
         cfg = s["config"]
-        console.print(f"[bold]{side.upper()}[/]: {s['label']} ({s['source']}): "
+        console.print(f"[bold]{side.upper()}[/]: {shown(s['label'])} ({s['source']}): "
                       + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute",
                                                            "micro_steps"))
                       + f"  step {s['step_time_s']:.3f} s, {s['memory_gib_per_device']:.1f} GiB, "
                       + ("fits" if s["fits"] else "[red]does not fit[/]"))
-    console.print(f"[bold]{out['summary']}[/]")
+    console.print(f"[bold]{shown(out['summary'])}[/]")
     for note in out["notes"]:
-        console.print(f"[yellow]{note}[/]")
+        console.print(f"[yellow]{shown(note)}[/]")
     t = Table(title="step time by component (seconds)")
     for col in ("component", "A", "B", "B - A"):
         t.add_column(col, justify="left" if col == "component" else "right")
@@ -153,14 +154,14 @@ def print_compare(console, out: dict) -> None:
 
 def print_sweep(console, out: dict) -> None:
     param = out["param"]
-    console.print(f"[bold]{out['model']}[/] on {out['cluster']}: plans across {param} "
+    console.print(f"[bold]{shown(out['model'])}[/] on {shown(out['cluster'])}: plans across {param} "
                   f"({len(out['points'])} points, {len(out['breakpoints'])} breakpoints)")
     t = Table(title="one plan per point (* = per-op heterogeneous layouts)")
     for col in (param, "devices", "global batch", "step s", "tokens/s", "MFU", "memory GiB", "fits", "plan"):
         t.add_column(col, justify="left" if col == "plan" else "right")
     for p in out["points"]:
         if "error" in p:
-            t.add_row(str(p["value"]), "", "", "", "", "", "", "", f"[red]{p['error']}[/]")
+            t.add_row(str(p["value"]), "", "", "", "", "", "", "", f"[red]{shown(p['error'])}[/]")
             continue
         t.add_row(str(p["value"]), str(p["devices"]), str(p["global_batch"]), f"{p['step_time_s']:.3f}",
                   f"{p['tokens_per_s']:,.0f}", f"{100 * p['mfu']:.1f}%", f"{p['memory_gib_per_device']:.1f}",
@@ -169,4 +170,4 @@ def print_sweep(console, out: dict) -> None:
     if not out["breakpoints"]:
         console.print("no breakpoint: the same parallel choices throughout")
     for i, b in enumerate(out["breakpoints"], 1):
-        console.print(f"[bold]breakpoint {i}[/] ({b['reason']}): {b['explanation']}")
+        console.print(f"[bold]breakpoint {i}[/] ({b['reason']}): {shown(b['explanation'])}")

@@ -7,6 +7,8 @@ import json
 from rich.console import Console
 from rich.table import Table
 
+from symtensor.output import shown  # names and paths from users: printed as text, never as markup
+
 GIB = 2**30
 
 
@@ -68,7 +70,7 @@ def clusters(presets: dict, as_json: bool) -> int:
 def graph(out: dict, as_json: bool) -> int:
     if as_json:
         return _json(out)
-    t = Table(title=f"{out['model']}: training graph (micro batch {out['micro_batch']}, seq {out['seq']})",
+    t = Table(title=f"{shown(out['model'])}: training graph (micro batch {out['micro_batch']}, seq {out['seq']})",
               show_header=False)
     t.add_column("what")
     t.add_column("value", justify="right")
@@ -100,7 +102,7 @@ def evaluation(out: dict, as_json: bool) -> int:
         return _json(out)
     c = _console()
     cfg = out["config"]
-    c.print(f"[bold]{out['model']}[/] on {out['devices']} x {out['cluster']}: "
+    c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} x {shown(out['cluster'])}: "
             + " ".join(f"{k}={v}" for k, v in cfg.items()))
     c.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
             f"{out['model_tflops_per_device']:.1f} TFLOP/s/device   MFU {100 * out['mfu']:.1f}%")
@@ -168,12 +170,12 @@ def html_report(out: dict, as_json: bool) -> int:
         return _json(out)
     c = _console()
     p = out["plan"]
-    c.print(f"[bold]{p['model']}[/] on {p['devices']} x {p['cluster']}: step {p['step_time_s']:.3f} s, "
+    c.print(f"[bold]{shown(p['model'])}[/] on {p['devices']} x {shown(p['cluster'])}: step {p['step_time_s']:.3f} s, "
             f"MFU {100 * p['mfu']:.1f}%, {p['memory_gib_per_device']:.1f} GiB per device")
     if out.get("sweep"):
         c.print(f"sweep over {out['sweep']['param']}: {len(out['sweep']['points'])} points, "
                 f"{len(out['sweep']['breakpoints'])} breakpoints")
-    c.print(f"report written to {out['html']}")
+    c.print(f"report written to {shown(out['html'])}")
     return 0
 
 

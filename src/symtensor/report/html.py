@@ -198,6 +198,7 @@ def render(data: dict) -> str:
 
 
 def write(path: str | Path, data: dict) -> Path:
-    path = Path(path)
-    path.write_text(render(data), encoding="utf-8")
-    return path
+    """The page, written atomically (a temporary file renamed over ``path``; no symbolic link)."""
+    from symtensor.output import write_atomic
+
+    return write_atomic(path, render(data), "--html")

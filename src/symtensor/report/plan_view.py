@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from symtensor.output import shown
 from symtensor.report.console import _breakdown_table
 
 
@@ -29,7 +30,7 @@ def _spans(spans: list[str]) -> str:
 def print_plan(console, out: dict) -> None:
     cfg = out["config"]
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in out["mesh"])
-    console.print(f"[bold]{out['model']}[/] on {out['devices']} x {out['cluster']} (mesh {mesh}"
+    console.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} x {shown(out['cluster'])} (mesh {mesh}"
                   f"{', pipeline over ' + ', '.join(out['pipeline_axes']) if out['pipeline_axes'] else ''})")
     console.print(f"plan: tp={cfg['tp']} pp={cfg['pp']} dp={cfg['dp']} cp={cfg['cp']} ep={cfg['ep']} "
                   f"sp={cfg['sp']} zero={cfg['zero']} recompute={cfg['recompute']} micro_batch={cfg['micro_batch']} "
@@ -42,7 +43,7 @@ def print_plan(console, out: dict) -> None:
                   f"{fits} (" + ", ".join(f"{k} {v:.1f}" for k, v in out["memory_gib"].items()
                                           if v and k in ("params", "grads", "optimizer", "activations")) + " GiB)")
     for note in out["notes"]:
-        console.print(f"[red]{note}[/]")
+        console.print(f"[red]{shown(note)}[/]")
     t = Table(title="layouts per layer type (dim: mesh axes)")
     for col in ("layers", "op", "kind", "cuts", "dp", "tp", "cp", "ep"):
         t.add_column(col)
@@ -72,4 +73,4 @@ def print_plan(console, out: dict) -> None:
                       str(v["fits"]), speed, desc)
         console.print(b)
     if out.get("plan_file"):
-        console.print(f"plan written to {out['plan_file']}")
+        console.print(f"plan written to {shown(out['plan_file'])}")
