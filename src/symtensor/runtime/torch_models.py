@@ -47,8 +47,9 @@ class RMSNorm(nn.Module):
 def rope(x_BSND: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
     """Rotary position embedding (rotate-half form) over the sequence positions 0..S-1."""
     seq, dim = x_BSND.shape[1], x_BSND.shape[-1]
-    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32) / dim)
-    angles_SD = torch.outer(torch.arange(seq, dtype=torch.float32), inv_freq).repeat(1, 2)
+    device = x_BSND.device
+    inv_freq = base ** (-torch.arange(0, dim, 2, dtype=torch.float32, device=device) / dim)
+    angles_SD = torch.outer(torch.arange(seq, dtype=torch.float32, device=device), inv_freq).repeat(1, 2)
     cos, sin = angles_SD.cos()[:, None, :], angles_SD.sin()[:, None, :]
     x1, x2 = x_BSND.chunk(2, dim=-1)
     return x_BSND * cos + torch.cat((-x2, x1), dim=-1) * sin
@@ -161,7 +162,7 @@ class MoE(nn.Module):
         onehot_TKE = F.one_hot(expert_TK, experts)
         rank_in_expert = (onehot_TKE.flatten(0, 1).cumsum(0).view_as(onehot_TKE) - 1) * onehot_TKE
         slot_TK = expert_TK * tokens + rank_in_expert.sum(-1)
-        token_TK = torch.arange(tokens).unsqueeze(1).expand_as(slot_TK)
+        token_TK = torch.arange(tokens, device=x_TH.device).unsqueeze(1).expand_as(slot_TK)
         x_slots = x_TH.new_zeros(experts * tokens, h).index_copy(0, slot_TK.flatten(), x_TH[token_TK.flatten()])
         y_slots = self.experts(x_slots.view(experts, tokens, h)).reshape(-1, h)
         y_TKH = y_slots[slot_TK.flatten()].view(tokens, self.top_k, h)
