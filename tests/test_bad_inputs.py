@@ -413,6 +413,11 @@ CASES += [
     ("cluster-directory", ["plan", "tiny-llama", C, "{dir}", "--devices", "8"], ["is a directory"]),
     ("cluster-big", ["plan", "tiny-llama", C, "{big}", "--devices", "8"], ["above the limit of 8,388,608"]),
     ("cluster-alias-bomb-plan", ["plan", "tiny-llama", C, "{alias-bomb.yaml}", "--devices", "8"], ["aliases"]),
+    ("clusters-show-dev-zero", ["clusters", "--show", "/dev/zero"], ["not a regular file"]),
+    ("clusters-show-alias-bomb", ["clusters", "--show", "{alias-bomb.yaml}"], ["aliases"]),
+    ("clusters-show-nan", ["clusters", "--show", "{nan-bandwidth.json}"], ["bandwidth_gbps", "finite"]),
+    ("calibrate-cluster-inf", ["calibrate", "--cluster", "{inf-peak.yaml}"], ["peak_tflops", "finite"]),
+    ("calibrate-cluster-binary", ["calibrate", "--cluster", "{binary.yaml}"], ["binary file"]),
     ("cluster-nan-sweep", ["sweep", "tiny-llama", C, "{nan-bandwidth.json}", "--devices", "8", "--seq", "16..64"],
      ["finite"]),
 ]
@@ -554,7 +559,8 @@ def test_the_catalogue_is_large_and_distinct():
     """At least 150 distinct bad inputs (the issue's bar), across every command."""
     assert len({json.dumps(c[1]) for c in CASES}) == len(CASES) >= 150
     commands = {c[1][0] for c in CASES if c[1]}
-    assert commands >= {"plan", "evaluate", "graph", "explain", "export", "compare", "run", "report", "sweep"}
+    assert commands >= {"plan", "evaluate", "graph", "explain", "export", "compare", "run", "report", "sweep",
+                        "clusters", "calibrate"}
 
 
 def _fill(text: str, files: dict) -> str:

@@ -62,7 +62,12 @@ _IDENTIFIER = re.compile(r"[A-Za-z][A-Za-z0-9_-]{0,63}")
 
 
 def _show(value) -> str:
-    """A value as a message shows it: repr, control characters escaped, long values cut."""
+    """A value as a message shows it: repr, control characters escaped, long values cut; a
+    container by its size only (its repr may be huge: a YAML alias bomb)."""
+    if isinstance(value, (list, tuple, dict, set)):
+        return f"a {type(value).__name__} of {len(value)} items"
+    if isinstance(value, str) and len(value) > 80:
+        value = value[:80]
     text = repr(value) if not isinstance(value, (int, float)) or isinstance(value, bool) else str(value)
     text = text.encode("unicode_escape").decode("ascii") if not text.isprintable() else text
     return text if len(text) <= 80 else text[:77] + "..."

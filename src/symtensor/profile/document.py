@@ -12,7 +12,6 @@ residuals ``symtensor calibrate --cluster`` prints.
 
 from __future__ import annotations
 
-import json
 import os
 import tempfile
 from pathlib import Path
@@ -240,15 +239,9 @@ def write(doc: dict, path: str, force: bool = False) -> Path:
 
 def read(path: str) -> dict:
     """A cluster file's document, checked by the loader's schema."""
-    import yaml
+    from symtensor.validate import read_mapping
 
-    p = Path(path)
-    if not p.is_file():
-        raise PlanError(f"cluster file {path} does not exist")
-    try:
-        doc = yaml.safe_load(p.read_text()) if p.suffix in (".yaml", ".yml") else json.loads(p.read_text())
-    except Exception as exc:  # noqa: BLE001 - any parse error becomes one line
-        raise PlanError(f"cluster file {path}: cannot parse ({str(exc).splitlines()[0]})") from None
+    doc = read_mapping(path, "cluster file")  # size-limited; YAML aliases bounded
     cluster_from_dict(doc, 1, path)
     return doc
 
