@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from contextlib import contextmanager
 
 from rich.console import Console
 from rich.table import Table
@@ -179,29 +180,29 @@ def html_report(out: dict, as_json: bool) -> int:
     return 0
 
 
+@contextmanager
+def progress_bar(enabled: bool, first: str):
+    """A context manager yielding ``on_step(done, total, what)`` that drives a progress bar on
+    stderr (None when ``enabled`` is false, e.g. stderr is not a terminal); ``first`` is shown
+    until the first step."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    if not enabled:
+        yield None
+        return
+    columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
+    with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
+        task = progress.add_task(first, total=None)
+        yield lambda done, total, what: progress.update(task, total=total, completed=done, description=what)
+
+
+@contextmanager
 def sweep_progress(enabled: bool):
     """A context manager yielding ``on_point(index, total, point)`` that drives a progress bar on
     stderr (None when ``enabled`` is false, e.g. stderr is not a terminal)."""
-    from contextlib import contextmanager
-
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    @contextmanager
-    def bar():
-        if not enabled:
-            yield None
-            return
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=Console(stderr=True), transient=True) as progress:
-            task = progress.add_task("searching plans", total=None)
-
-            def on_point(i, n, point):
-                done = point.get("layout") or "no plan"
-                progress.update(task, total=n, completed=i, description=f"{point['value']}: {done}")
-
-            yield on_point
-
-    return bar()
+    with progress_bar(enabled, "searching plans") as on_step:
+        yield None if on_step is None else (
+            lambda i, n, point: on_step(i, n, f"{point['value']}: {point.get('layout') or 'no plan'}"))
 
 
 def run(out: dict, as_json: bool) -> int:

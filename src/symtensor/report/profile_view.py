@@ -2,32 +2,16 @@
 
 from __future__ import annotations
 
-from contextlib import contextmanager
-
-from rich.console import Console
 from rich.table import Table
 
-from symtensor.report.console import _console, _json, _si
+from symtensor.report.console import _console, _json, _si, progress_bar
 
 POOR_FIT = 0.25  # a curve whose mean |error| exceeds this is shown in red: its law misses the device
 
 
 def progress(enabled: bool):
-    """A context manager yielding ``on_step(done, total, what)`` that drives a progress bar on
-    stderr (None when ``enabled`` is false, e.g. stderr is not a terminal)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    @contextmanager
-    def bar():
-        if not enabled:
-            yield None
-            return
-        columns = (TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn())
-        with Progress(*columns, console=Console(stderr=True), transient=True) as bar_:
-            task = bar_.add_task("starting the processes", total=None)
-            yield lambda done, total, what: bar_.update(task, total=total, completed=done, description=what)
-
-    return bar()
+    """``on_step(done, total, what)`` for a profile's progress bar on stderr (None when not ``enabled``)."""
+    return progress_bar(enabled, "starting the processes")
 
 
 def _curve_table(summaries: list[dict], title: str) -> Table:
