@@ -27,7 +27,6 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
-import os
 import re
 import stat
 from pathlib import Path
@@ -313,30 +312,31 @@ def _typed(value, annotation: str, what: str):
     return value
 
 
-def _fields(data, cls, where: str, required=()) -> dict:
-    """A JSON object read as a dataclass's fields: known keys only, each of its field's type."""
+def keys(data, where: str, required: tuple, optional: tuple = (), fix: str = "") -> dict:
+    """A mapping with every ``required`` key and no key outside ``required + optional``."""
     if not isinstance(data, dict):
-        raise PlanError(f"{where} must be an object, got {_show(data)}")
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
-    unknown = sorted(set(data) - set(types))
-    if unknown:
-        raise PlanError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(types)}")
+        raise PlanError(f"{where}: expected a mapping, got {_show(data)}")
     missing = [k for k in required if k not in data]
     if missing:
-        raise PlanError(f"{where} lacks {', '.join(missing)}; write the plan again with symtensor plan --out")
-    return {k: _typed(v, types[k], f"{where}.{k}") for k, v in data.items()}
-
-
-def _keys(data, where: str, required: tuple, optional: tuple = ()) -> dict:
-    if not isinstance(data, dict):
-        raise PlanError(f"{where} must be an object, got {_show(data)}")
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise PlanError(f"{where} lacks {', '.join(missing)}; write the plan again with symtensor plan --out")
-    unknown = sorted(set(data) - set(required) - set(optional))
+        raise PlanError(f"{where}: missing key(s) {', '.join(missing)}{fix}")
+    unknown = sorted(set(data) - set(required) - set(optional), key=str)
     if unknown:
         raise PlanError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(required + optional)}")
     return data
+
+
+_REPLAN = "; write the plan again with symtensor plan --out"
+
+
+def _keys(data, where: str, required: tuple, optional: tuple = ()) -> dict:
+    return keys(data, where, required, optional, _REPLAN)
+
+
+def _fields(data, cls, where: str, required=()) -> dict:
+    """A JSON object read as a dataclass's fields: known keys only, each of its field's type."""
+    types = {f.name: f.type for f in dataclasses.fields(cls)}
+    _keys(data, where, tuple(required), tuple(k for k in types if k not in required))
+    return {k: _typed(v, types[k], f"{where}.{k}") for k, v in data.items()}
 
 
 # the model dimensions a plan file must carry in full (run --plan and explain compare them)

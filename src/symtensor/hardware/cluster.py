@@ -209,15 +209,7 @@ def _from_file(path: Path, n_devices: int) -> Cluster:
 
 def _mapping(data, where: str, required: tuple, optional: tuple = ()) -> dict:
     """Check a mapping strictly: every required key present, no unknown key."""
-    if not isinstance(data, dict):
-        raise PlanError(f"{where}: expected a mapping")
-    missing = [k for k in required if k not in data]
-    if missing:
-        raise PlanError(f"{where}: missing key(s) {', '.join(missing)}")
-    unknown = set(data) - set(required) - set(optional)
-    if unknown:
-        raise PlanError(f"{where}: unknown key(s) {sorted(unknown)}; allowed: {', '.join(required + optional)}")
-    return data
+    return validate.keys(data, where, required, optional)
 
 
 def _number(data: dict, key: str, where: str, positive: bool = True, unit: str = "") -> float:
