@@ -22,8 +22,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from symtensor.cost.model import param_terms
-from symtensor.cost.opcost import collectives_time, intra_collectives
+from symtensor.cost import terms as cost_terms
 from symtensor.layout import REPLICATED, OpLayout
 
 TIME_TERMS = ("compute_s", "intra_s", "grad_sync_s", "optimizer_s", "redistribution_s")
@@ -92,18 +91,17 @@ def op_terms(problem, op, layout: OpLayout, neighbours: dict[str, OpLayout]) -> 
         neighbours: layouts of the other ops (missing ones are replicated).
     """
     ev, train = problem.ev, problem.train
-    w, m, redo = problem.weight[op.name], train.micro_steps, problem.redo(op)
-    t = ev.op_time(op, layout)
-    compute = w * m * (t.fwd_s + t.bwd_s + (t.fwd_s if redo else 0.0))
-    transfers: list[Transfer] = []
-    intra = intra_collectives(op, layout, ev.mesh)
-    calls = w * m * (2 if redo else 1)
-    intra_s = calls * collectives_time(intra, ev.mesh, ev.levels, ev.eff) if intra else 0.0
-    transfers += [Transfer(c.kind, c.nbytes, c.axes, calls, "inside the op (loss statistics)") for c in intra]
-    params = param_terms(ev, op, layout, train)
+    w, m = problem.weight[op.name], train.micro_steps
+    terms = cost_terms.op_cost(ev, op, layout, train)
+    compute = w * m * terms.compute_s
+    calls = w * m * terms.intra_calls
+    intra_s = w * m * terms.intra_s
+    transfers: list[Transfer] = [Transfer(c.kind, c.nbytes, c.axes, calls, "inside the op (loss statistics)")
+                                 for c in terms.intra]
+    params = terms.params
     sync, opt, static = w * params.sync_s, w * params.opt_s, params.static_bytes
-    transfers += [Transfer(kind, nbytes, axes, w * calls, f"gradient sync of {tname}")
-                  for kind, nbytes, axes, calls, tname in params.transfers]
+    transfers += [Transfer(kind, nbytes, axes, w * calls_, f"gradient sync of {tname}")
+                  for kind, nbytes, axes, calls_, tname in params.transfers]
     redis = 0.0
     for e, other, is_src in problem.links[op.name]:
         nb = neighbours.get(other, REPLICATED)
@@ -119,23 +117,20 @@ def edge_terms(problem, e, lu: OpLayout, lv: OpLayout, other: str) -> tuple[floa
     the seconds equal ``Problem.edge_cost``."""
     ev = problem.ev
     k = e.weight * problem.train.micro_steps
-    fwd_times = 2 if problem.redo(e.dst) else 1
+    redo = problem.redo(e.dst)
     src = ev.out_layout(e.src, lu, e.src_slot, partial=True)
     dst = ev.in_layout(e.dst, lv, e.dst_slot)
-    fwd_s, fwd_c = ev.edge(src, dst, e.tensor)
-    seconds = fwd_s * fwd_times
-    moved = [Transfer(c.kind, c.nbytes, c.axes, k * fwd_times, f"with {other} ({e.tensor}, forward)")
-             for c in fwd_c]
-    if ev.needs_grad(e.tensor):
-        gsrc = ev.in_layout(e.dst, lv, e.dst_slot, grad=True)
-        gdst = ev.out_layout(e.src, lu, e.src_slot, partial=False)
-        bwd_s, bwd_c = ev.edge(gsrc, gdst, e.tensor)
-        seconds += bwd_s
-        moved += [Transfer(c.kind, c.nbytes, c.axes, k, f"with {other} ({e.tensor}, backward)") for c in bwd_c]
-    return k * seconds, moved
+    grad = ev.needs_grad(e.tensor)
+    gsrc = ev.in_layout(e.dst, lv, e.dst_slot, grad=True) if grad else None
+    gdst = ev.out_layout(e.src, lu, e.src_slot, partial=False) if grad else None
+    fwd_s, fwd_c, bwd_s, bwd_c = cost_terms.edge_terms(ev, e.tensor, src, dst, gsrc, gdst)
+    fwd_times = 2 if redo else 1
+    moved = [Transfer(c.kind, c.nbytes, c.axes, k * fwd_times, f"with {other} ({e.tensor}, forward)") for c in fwd_c]
+    moved += [Transfer(c.kind, c.nbytes, c.axes, k, f"with {other} ({e.tensor}, backward)") for c in bwd_c]
+    return k * cost_terms.edge_seconds(fwd_s, bwd_s, redo), moved
 
 
 def saved_bytes(problem, op, layout: OpLayout) -> float:
     """Activation bytes one micro-batch of this op keeps for backward on one device (the search's
-    estimate, ``Problem.saved_bytes``)."""
-    return problem.saved_bytes(op, layout)
+    estimate, ``cost.terms.saved_bytes``)."""
+    return cost_terms.saved_bytes(problem.ev, op, layout, problem.train)

@@ -601,49 +601,6 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset 
     return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, gathered)
 
 
-@dataclass(frozen=True, slots=True)
-class ParamTerms:
-    """The parameters of one op under one layout, per step: the op-local estimate of their
-    exposed synchronisation (the engine's overlap rules with the op's own compute to hide behind,
-    without the unit-level ends: the first gather and the last bucket), the optimizer step, the
-    resident bytes, and the collectives as (kind, bytes, axes, calls per step, tensor)."""
-
-    sync_s: float
-    opt_s: float
-    static_bytes: float
-    transfers: tuple
-
-
-def param_terms(ev: "Evaluator", op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
-    """What the search and ``explain`` charge an op for its parameters (see ``ParamTerms``)."""
-    t = ev.op_time(op, layout)
-    redo = recomputed(op, train.recompute, ev.graph.meta["layers"])
-    sync = opt = static = 0.0
-    transfers = []
-    data = data_axes(layout, weight_axes((op,), {op.name: layout}))
-    for slot, tname in enumerate(op.inputs):
-        tensor = ev.tensors[tname]
-        if not tensor.param:
-            continue
-        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, data)
-        gather_s = ev.coll_time("all_gather", *pc.gather) if pc.gather else 0.0
-        reduce_s = ev.coll_time(pc.reduce[0], pc.reduce[1], pc.reduce[2]) if pc.reduce else 0.0
-        unit = Unit(1, t.fwd_s, t.bwd_s + (t.fwd_s if redo else 0.0), gather_s, reduce_s,
-                    pc.reduce[1] if pc.reduce else 0.0)
-        ex = exposure([unit], train, ends=False)
-        sync += ex.seconds + pc.other_s
-        opt += pc.opt_time
-        static += pc.params + pc.grads + pc.optimizer
-        if pc.reduce:
-            transfers.append((pc.reduce[0], pc.reduce[1], pc.reduce[2], ex.calls.get(pc.reduce[0], 0), tname))
-        if pc.gather:
-            transfers.append(("all_gather", pc.gather[0], pc.gather[1], ex.calls.get("all_gather", 0), tname))
-        if pc.other_bytes:
-            other = tuple(sorted(a for a in ev.param_layout(op, layout, slot).partial if a not in data))
-            transfers.append(("all_reduce", pc.other_bytes, other, 1, tname))
-    return ParamTerms(sync, opt, static, tuple(transfers))
-
-
 class _Stage:
     """Sums of the segments on one pipeline stage, and its units in layer order (the engine's
     overlap works unit by unit)."""

@@ -1,0 +1,128 @@
+"""One record of named cost terms per op and layout: what the search and ``explain`` charge an op.
+
+The evaluator (``cost.model``) composes a step from the same pieces (``Evaluator.op_time``,
+``Evaluator.edge``, ``param_cost``); this module is the op-local view of them that the search's
+decomposed objective (``search.partition.Problem``) and ``symtensor explain``
+(``analysis.terms``) both read, so the rule for an op's compute, its in-op communication, its
+parameters, its saved activations and its redistributions is written once:
+
+    compute_s      forward + backward (+ the forward again when recomputed), per micro-batch
+    intra_s        collectives inside the op (vocab-parallel loss statistics), per micro-batch
+    params         ParamTerms: exposed synchronisation, optimizer step, resident bytes, per step
+    saved_bytes    activations kept for backward, per micro-batch (the search's estimate)
+    edge_terms     a redistribution's forward and backward collectives, per micro-batch
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from symtensor.cost.engine import Unit, exposure
+from symtensor.cost.model import data_axes, recomputed, weight_axes
+from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
+from symtensor.graph import op_saves
+from symtensor.layout import OpLayout
+
+
+@dataclass(frozen=True, slots=True)
+class ParamTerms:
+    """The parameters of one op under one layout, per step: the op-local estimate of their
+    exposed synchronisation (the engine's overlap rules with the op's own compute to hide behind,
+    without the unit-level ends: the first gather and the last bucket), the optimizer step, the
+    resident bytes, and the collectives as (kind, bytes, axes, calls per step, tensor)."""
+
+    sync_s: float
+    opt_s: float
+    static_bytes: float
+    transfers: tuple
+
+
+def param_terms(ev: "Evaluator", op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
+    """What the search and ``explain`` charge an op for its parameters (see ``ParamTerms``)."""
+    t = ev.op_time(op, layout)
+    redo = recomputed(op, train.recompute, ev.graph.meta["layers"])
+    sync = opt = static = 0.0
+    transfers = []
+    data = data_axes(layout, weight_axes((op,), {op.name: layout}))
+    for slot, tname in enumerate(op.inputs):
+        tensor = ev.tensors[tname]
+        if not tensor.param:
+            continue
+        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, data)
+        gather_s = ev.coll_time("all_gather", *pc.gather) if pc.gather else 0.0
+        reduce_s = ev.coll_time(pc.reduce[0], pc.reduce[1], pc.reduce[2]) if pc.reduce else 0.0
+        unit = Unit(1, t.fwd_s, t.bwd_s + (t.fwd_s if redo else 0.0), gather_s, reduce_s,
+                    pc.reduce[1] if pc.reduce else 0.0)
+        ex = exposure([unit], train, ends=False)
+        sync += ex.seconds + pc.other_s
+        opt += pc.opt_time
+        static += pc.params + pc.grads + pc.optimizer
+        if pc.reduce:
+            transfers.append((pc.reduce[0], pc.reduce[1], pc.reduce[2], ex.calls.get(pc.reduce[0], 0), tname))
+        if pc.gather:
+            transfers.append(("all_gather", pc.gather[0], pc.gather[1], ex.calls.get("all_gather", 0), tname))
+        if pc.other_bytes:
+            other = tuple(sorted(a for a in ev.param_layout(op, layout, slot).partial if a not in data))
+            transfers.append(("all_reduce", pc.other_bytes, other, 1, tname))
+    return ParamTerms(sync, opt, static, tuple(transfers))
+
+
+@dataclass(frozen=True, slots=True)
+class OpCost:
+    """The op-local terms of one op under one layout (see the module docstring)."""
+
+    compute_s: float
+    intra_s: float
+    intra: tuple  # the in-op collectives (``opcost.Collective``), run ``intra_calls`` times per micro-batch
+    intra_calls: int
+    params: ParamTerms
+
+    @property
+    def per_microbatch_s(self) -> float:
+        return self.compute_s + self.intra_s
+
+    @property
+    def per_step_s(self) -> float:
+        return self.params.sync_s + self.params.opt_s
+
+
+def op_cost(ev, op, layout: OpLayout, train) -> OpCost:
+    """The op's terms under ``train`` (its recomputation, engine and ZeRO stage)."""
+    redo = recomputed(op, train.recompute, ev.graph.meta["layers"])
+    t = ev.op_time(op, layout)
+    compute = t.fwd_s + t.bwd_s + (t.fwd_s if redo else 0.0)
+    intra = intra_collectives(op, layout, ev.mesh)
+    calls = 2 if redo else 1
+    intra_s = collectives_time(intra, ev.mesh, ev.levels, ev.eff) * calls if intra else 0.0
+    return OpCost(compute, intra_s, intra, calls, param_terms(ev, op, layout, train))
+
+
+def saved_bytes(ev, op, layout: OpLayout, train) -> float:
+    """Activation bytes one micro-batch of this op keeps for backward on one device (the search's
+    estimate: recomputed ops keep nothing; tensors saved by several ops count for each)."""
+    if recomputed(op, train.recompute, ev.graph.meta["layers"]) and (train.recompute == "full" or op.attr("core")):
+        return 0.0
+    saved = 0.0
+    for slot_name in op_saves(op):
+        io, idx = slot_name[:-1], int(slot_name[-1])
+        tname = op.inputs[idx] if io == "in" else op.outputs[idx]
+        if ev.tensors[tname].param:
+            continue
+        view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
+        saved += ev.tensors[tname].nbytes / view.factor(ev.mesh)
+    return saved + extra_saved_bytes(op, layout, ev.mesh)
+
+
+def edge_terms(ev, tensor: str, src, dst, gsrc=None, gdst=None) -> tuple:
+    """One micro-batch of a redistribution of ``tensor``: the producer's placement ``src`` into
+    the consumer's ``dst`` forward, and the gradient's ``gsrc`` into ``gdst`` backward (None: no
+    gradient). Returns (forward seconds, its collectives, backward seconds, its collectives); a
+    recomputed consumer pays the forward twice (``edge_seconds``)."""
+    fwd_s, fwd_c = ev.edge(src, dst, tensor)
+    bwd_s, bwd_c = ev.edge(gsrc, gdst, tensor) if gsrc is not None else (0.0, ())
+    return fwd_s, fwd_c, bwd_s, bwd_c
+
+
+def edge_seconds(fwd_s: float, bwd_s: float, redo: bool) -> float:
+    """Seconds of an edge per micro-batch: its forward (again for a recomputed consumer) and backward."""
+    return fwd_s * (2 if redo else 1) + bwd_s
