@@ -168,11 +168,11 @@ def read_json(path, what: str, missing_hint: str = ""):
     try:
         return json.loads(text)
     except json.JSONDecodeError as exc:
-        raise PlanError(f"{what} {path}: cannot parse: not valid JSON ({exc.msg} at line {exc.lineno})") from None
+        raise PlanError(f"{what} {path}: not valid JSON, cannot parse ({exc.msg} at line {exc.lineno})") from None
     except RecursionError:
         raise PlanError(f"{what} {path}: nested too deeply to be a config") from None
     except ValueError as exc:  # an integer of more than 4,300 digits
-        raise PlanError(f"{what} {path}: cannot parse: not valid JSON ({str(exc).splitlines()[0]})") from None
+        raise PlanError(f"{what} {path}: not valid JSON, cannot parse ({str(exc).splitlines()[0]})") from None
 
 
 def _expanded_size(node, memo: dict) -> int:
