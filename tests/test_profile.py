@@ -135,7 +135,7 @@ def test_bad_requests_fail_before_any_process(kwargs, match, tmp_path):
 def test_unwritable_or_existing_out(tmp_path):
     (tmp_path / "file").write_text("")
     (tmp_path / "old.yaml").write_text("")
-    for out, match in ((tmp_path / "file" / "c.yaml", "cannot write in"),
+    for out, match in ((tmp_path / "file" / "c.yaml", "does not exist; create it first"),
                        (tmp_path / "old.yaml", "exists; give --force"), (tmp_path / "c.json", "name it \\*.yaml")):
         with pytest.raises(PlanError, match=match):
             check_request(str(out), 2, "gloo", False, None, None)

@@ -12,8 +12,6 @@ residuals ``symtensor calibrate --cluster`` prints.
 
 from __future__ import annotations
 
-import os
-import tempfile
 from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean
@@ -198,16 +196,13 @@ HEADER = """\
 
 def check_writable(path: str, force: bool) -> Path:
     """``path`` as a writable new cluster file (or an existing one with ``force``)."""
-    out = Path(path)
-    if out.suffix not in (".yaml", ".yml"):
+    from symtensor.output import target
+
+    if Path(path).suffix not in (".yaml", ".yml"):
         raise PlanError(f"--out {path}: a cluster file is YAML; name it *.yaml")
+    out = target(path, "--out", force)
     if out.exists() and not force:
         raise PlanError(f"--out {path} exists; give --force to overwrite it")
-    if out.is_dir():
-        raise PlanError(f"--out {path} is a directory")
-    folder = out.parent if str(out.parent) else Path(".")
-    if not folder.is_dir() or not os.access(folder, os.W_OK):
-        raise PlanError(f"--out {path}: cannot write in {folder} (no such directory, or no permission)")
     return out
 
 
@@ -228,20 +223,16 @@ def _yaml(doc: dict) -> str:
 
 def write(doc: dict, path: str, force: bool = False) -> Path:
     """Write ``doc`` as YAML, atomically (an interrupted write leaves no partial file)."""
-    out = check_writable(path, force)
-    text = HEADER + _yaml(doc)
-    fd, tmp = tempfile.mkstemp(dir=out.parent if str(out.parent) else ".", prefix=".profile-", suffix=".yaml")
-    with os.fdopen(fd, "w") as f:
-        f.write(text)
-    os.replace(tmp, out)
-    return out
+    from symtensor.output import write_atomic
+
+    return write_atomic(check_writable(path, force), HEADER + _yaml(doc), "cluster file")
 
 
 def read(path: str) -> dict:
     """A cluster file's document, checked by the loader's schema."""
     from symtensor.validate import read_mapping
 
-    doc = read_mapping(path, "cluster file")  # size-limited; YAML aliases bounded
+    doc = read_mapping(path, "cluster file")
     cluster_from_dict(doc, 1, path)
     return doc
 
