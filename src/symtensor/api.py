@@ -138,13 +138,14 @@ def _baseline_entry(step_time, fits, config, report, ref, ctx) -> dict:
     return out
 
 
-def baselines(cfg, cluster, global_batch: int, seq: int, plan_step: float, plan_band) -> dict:
-    """Megatron recipe, Megatron grid best, FSDP and D-Rec through the same cost model."""
+def baselines(cfg, cluster, global_batch: int, seq: int, plan_step: float, plan_band,
+              framework: str = "megatron") -> dict:
+    """Megatron recipe, Megatron grid best, FSDP and D-Rec through the same cost model and engine."""
     from symtensor.plan import config_summary
     from symtensor.search.baselines import EvaluatorPool, fsdp, megatron_grid, megatron_recipe
     from symtensor.search.planner import drec_plan
 
-    pool = EvaluatorPool(cfg, cluster, seq)
+    pool = EvaluatorPool(cfg, cluster, seq, framework=framework)
     active = params_active(cfg, build_graph(cfg, micro_batch=1, seq=min(seq, 128)))
     out = {}
     for key, cand in (("megatron_recipe", megatron_recipe(pool, global_batch, active)),
@@ -195,9 +196,11 @@ def torch_model(spec: str):
 
 def plan(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
          global_batch=None, seq=None, space: str = "symtensor", baselines_too: bool = True, overrides=None,
-         out: str | None = None, capture: bool = False, torch: str | None = None) -> dict:
-    """Search the best plan; the JSON of ``symtensor plan``. With ``capture`` the graph is the
-    model's own PyTorch forward, captured by torch.export, instead of the builders'."""
+         out: str | None = None, capture: bool = False, torch: str | None = None,
+         framework: str = "megatron") -> dict:
+    """Search the best plan under ``framework``'s engine semantics; the JSON of ``symtensor plan``.
+    With ``capture`` the graph is the model's own PyTorch forward, captured by torch.export,
+    instead of the builders'."""
     from symtensor.plan import config_summary, layer_types, save_plan
     from symtensor.plan.summary import axis_names
     from symtensor.search.planner import search
@@ -211,7 +214,7 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
         factory = captured_graphs(model, seq, overrides) if capture else None
     global_batch = global_batch or default_global_batch(seq)
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory)
+    p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory, framework=framework)
     result = p.report.as_dict()
     result.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, space=space,
                   captured=bool(capture or torch),
@@ -225,7 +228,8 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
     result.update(prediction_terms(cfg, cl, p.report.step_time_s, zero=summary["zero"], seq=seq,
                                    framework=summary.get("framework", "megatron")))
     if baselines_too:
-        result["baselines"] = baselines(cfg, cl, global_batch, seq, p.report.step_time_s, _result_band(result))
+        result["baselines"] = baselines(cfg, cl, global_batch, seq, p.report.step_time_s, _result_band(result),
+                                        framework)
     if out:
         save_plan(p, out)
         result["plan_file"] = out

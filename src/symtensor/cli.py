@@ -46,6 +46,11 @@ def _cluster_args(p: argparse.ArgumentParser, required=True) -> None:
     g.add_argument("--devices", type=int)
 
 
+def _framework_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--framework", default="megatron", choices=("megatron", "fsdp2", "deepspeed"),
+                   help="the engine whose semantics the costs follow (overlap, gathers, buckets); default megatron")
+
+
 def _search_args(p: argparse.ArgumentParser) -> None:
     """The options of a plan search, shared by plan, sweep and report."""
     p.add_argument("--micro-batch", type=_micro, default="auto")
@@ -92,11 +97,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
     p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
     p.add_argument("--micro-batch", type=_micro, default="auto")
+    _framework_arg(p)
     p = sub.add_parser("plan", help="search the best plan (default: LLaMA-3-8B on 64 H100)")
     _model_args(p, model_required=False)
     _cluster_args(p, required=False)
     _search_args(p)
     p.add_argument("--no-baselines", action="store_true", help="skip the baseline searches")
+    _framework_arg(p)
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
     p.add_argument("--force", action="store_true", help="write --out through a symbolic link")
     p.add_argument("--capture", action="store_true",
@@ -210,9 +217,9 @@ def _dispatch(args) -> int:
     if args.command == "calibrate":
         from symtensor import calibration
 
-        eff = calibration.fit() if args.fit else calibration.CALIBRATED
-        results = calibration.predict(eff=eff)
-        code = report.calibration(results, calibration.summary(results), eff, args.json)
+        effs = {d: calibration.fit(d) for d in calibration.TABLES} if args.fit else dict(calibration.TABLES)
+        results = calibration.predict(effs=effs)
+        code = report.calibration(results, calibration.summary(results), effs, args.json)
         return code if all(r.within for r in results) else 1
     from symtensor import api
 
@@ -224,7 +231,7 @@ def _dispatch(args) -> int:
         out = api.evaluate(args.model, args.cluster, devices=args.devices, nodes=args.nodes, tp=args.tp, pp=args.pp,
                            dp=args.dp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero, recompute=args.recompute,
                            micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
-                           overrides=args.set)
+                           overrides=args.set, framework=args.framework)
         return report.evaluation(out, args.json)
     if args.command == "plan":
         devices = DEFAULT_DEVICES if args.devices is None and args.nodes is None else args.devices
@@ -232,7 +239,7 @@ def _dispatch(args) -> int:
             out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                            global_batch=args.global_batch, seq=args.seq, space=args.space,
                            baselines_too=not args.no_baselines, overrides=args.set, out=args.out,
-                           capture=args.capture, torch=args.torch)
+                           capture=args.capture, torch=args.torch, framework=args.framework)
         return report.plan(out, args.json)
     if args.command in ("explain", "compare", "sweep", "report"):
         return _dispatch_analysis(args)

@@ -73,4 +73,4 @@ def config_summary(plan) -> dict:
             "zero": train.zero, "recompute": train.recompute,
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
-            "micro_steps": train.micro_steps, "heterogeneous": len(signatures) > 1}
+            "micro_steps": train.micro_steps, "heterogeneous": len(signatures) > 1, "framework": train.framework}

@@ -107,32 +107,46 @@ def evaluation(out: dict, as_json: bool) -> int:
             + " ".join(f"{k}={v}" for k, v in cfg.items()))
     c.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
             f"{out['model_tflops_per_device']:.1f} TFLOP/s/device   MFU {100 * out['mfu']:.1f}%")
+    if "step_time_band_s" in out:
+        c.print(prediction_line(out), markup=False)
     fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
     c.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: {fits}")
     c.print(_breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
     return 0
 
 
-def calibration(results, summary: dict, eff, as_json: bool) -> int:
-    rows = [{"source": r.row.source, "model": r.row.model, "metric": r.row.metric, "tp": r.row.fields["tp"],
+def prediction_line(out: dict) -> str:
+    """The engine, the efficiency table and the error band of a prediction, in one line."""
+    lo, hi = out["step_time_band_s"]
+    how = "calibrated" if out["band_calibrated"] else "extrapolated: no calibration runs of this regime"
+    return (f"engine {out['framework']}, {out['efficiency_table']} efficiencies; band {lo:.3f}-{hi:.3f} s "
+            f"({out['regime']}, {how})")
+
+
+def calibration(results, summary: dict, effs: dict, as_json: bool) -> int:
+    rows = [{"device": r.row.device, "source": r.row.source, "model": r.row.model, "metric": r.row.metric,
+             "gpus": r.row.fields["gpus"], "tp": r.row.fields["tp"], "cp": r.row.fields.get("cp", ""),
              "pp": r.row.fields["pp"], "dp": r.row.fields["dp"], "sp": r.row.fields["sp"],
              "recompute": r.row.fields["recompute"], "measured": r.row.measured, "predicted": r.predicted,
              "error": r.error, "within_tolerance": r.within} for r in results]
     if as_json:
-        return _json({"rows": rows, "summary": summary, "efficiency": {
-            k: getattr(eff, k) for k in ("gemm", "bmm", "attention", "hbm", "link", "dp_overlap")}})
-    t = Table(title="Calibration: predicted vs published (shared/data/calibration.csv)")
-    for col in ("model", "metric", "t/p/d", "sp", "recompute", "measured", "predicted", "error"):
+        return _json({"rows": rows, "summary": summary, "efficiency": {device: {
+            k: getattr(eff, k) for k in ("gemm", "bmm", "attention", "attention_bwd", "hbm", "link", "link_gather")}
+            for device, eff in effs.items()}})
+    t = Table(title="Calibration: predicted vs published (shared/data/calibration.csv, calibration_h100.csv)")
+    for col in ("device", "model", "metric", "gpus", "t/p/d", "sp", "recompute", "measured", "predicted", "error"):
         t.add_column(col, justify="right" if col in ("measured", "predicted", "error") else "left")
     for r in rows:
         err = f"{100 * r['error']:+.1f}%" if abs(r["error"]) < 1 and "%" not in r["metric"] else f"{r['error']:+.2f}"
         style = "" if r["within_tolerance"] else "red"
-        t.add_row(r["model"], r["metric"][:44], f"{r['tp']}/{r['pp']}/{r['dp']}", r["sp"], r["recompute"][:9],
+        t.add_row(r["device"], r["model"], r["metric"][:44], r["gpus"], f"{r['tp']}/{r['pp']}/{r['dp']}", r["sp"],
+                  r["recompute"][:9],
                   f"{r['measured']:.3f}", f"{r['predicted']:.3f}", err, style=style)
     c = _console()
     c.print(t)
     for k, v in summary.items():
-        c.print(f"{k}: mean |error| {v['mean']:.4g}, max {v['max']:.4g} (tolerance {v['tolerance']}, n={v['n']})")
+        c.print(f"{k}: mean |error| {v['mean']:.4g}, max {v['max']:.4g} (tolerance {v['tolerance']}, n={v['n']})",
+                markup=False)
     return 0
 
 
@@ -210,7 +224,7 @@ def run(out: dict, as_json: bool) -> int:
         return _json(out)
     c = _console()
     cfg = out["config"]
-    c.print(f"[bold]{out['model']}[/] on {out['devices']} processes ({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
+    c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} processes ({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
             + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "ep", "sp", "zero")))
     if out["reference_losses"] is None:  # a GPU run: no single-process reference
         c.print(f"losses {['%.6f' % x for x in out['losses']]}")

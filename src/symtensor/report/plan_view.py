@@ -38,6 +38,10 @@ def print_plan(console, out: dict) -> None:
                   + ("  [yellow](heterogeneous: ops differ)[/]" if cfg["heterogeneous"] else ""))
     console.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {100 * out['mfu']:.1f}%   found in {out['search_time_s'] * 1000:.0f} ms")
+    if "step_time_band_s" in out:
+        from symtensor.report.console import prediction_line
+
+        console.print(prediction_line(out), markup=False)
     fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
     console.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: "
                   f"{fits} (" + ", ".join(f"{k} {v:.1f}" for k, v in out["memory_gib"].items()
@@ -69,6 +73,8 @@ def print_plan(console, out: dict) -> None:
             desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "recompute", "zero", "micro_batch")
                             if k in c)
             speed = f"{v['speedup_of_plan']:.2f}x" if v["speedup_of_plan"] else "-"
+            if v.get("verdict_of_plan") == "tie within model error":
+                speed += " (tie within model error)"
             b.add_row(name, f"{v['step_time_s']:.3f}", f"{100 * v['mfu']:.1f}%", f"{v['memory_gib_per_device']:.1f}",
                       str(v["fits"]), speed, desc)
         console.print(b)
