@@ -245,10 +245,15 @@ def _dispatch(args) -> int:
         return _dispatch_analysis(args)
     if args.command == "export":
         from symtensor.export import export
+        from symtensor.export.formats import engine_note
         from symtensor.plan import load_plan
 
-        out = export(load_plan(args.plan), args.to)
+        plan = load_plan(args.plan)
+        out = export(plan, args.to)
         print(" \\\n  ".join(out) if args.to == "megatron" else json.dumps(out, indent=2))
+        note = engine_note(plan, args.to)
+        if note and args.to == "megatron":
+            print(f"note: {note}", file=sys.stderr)
         return 0
     if args.command == "run":
         from symtensor.runtime.verify import run

@@ -100,7 +100,24 @@ def dtensor_plan(plan) -> dict:
             "expert_parallel_degree": c["ep"], "context_parallel": c["cp"] > 1}
 
 
+# the engine whose semantics (cost.engine) each export format runs under
+ENGINE_OF = {"megatron": "megatron", "torchtitan": "fsdp2", "dtensor": "fsdp2"}
+
+
+def engine_note(plan, to: str) -> str | None:
+    """A note when the plan was costed under another engine than the one the format runs."""
+    want, got = ENGINE_OF[to], plan.train.framework
+    if want == got:
+        return None
+    return (f"this plan was costed with {got} semantics; {to} runs {want}: its step time may differ, re-plan "
+            f"with --framework {want} for a prediction of that run")
+
+
 def export(plan, to: str):
     if to not in FORMATS:
         raise PlanError(f"unknown export format {to!r}; use one of {', '.join(FORMATS)}")
-    return {"megatron": megatron_args, "torchtitan": torchtitan_config, "dtensor": dtensor_plan}[to](plan)
+    out = {"megatron": megatron_args, "torchtitan": torchtitan_config, "dtensor": dtensor_plan}[to](plan)
+    note = engine_note(plan, to)
+    if note and isinstance(out, dict):
+        out["_engine_note"] = note
+    return out
