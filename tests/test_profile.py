@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import re
 
 import pytest
@@ -275,3 +276,25 @@ def _cmdline(proc) -> str:
         return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+TORCHRUN_TAIL = """W1201 .../torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 1 closing signal SIGTERM
+Traceback (most recent call last):
+torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
+============================================================"""
+
+
+@pytest.mark.parametrize("workers, shown", [
+    ("worker.py: error: argument --dtype: invalid choice: 'int4'", "invalid choice: 'int4'"),
+    ("[rank1]: Traceback (most recent call last):\n[rank1]: torch.OutOfMemoryError: CUDA out of memory",
+     "OutOfMemoryError: CUDA out of memory"),
+], ids=["argparse", "traceback"])
+def test_failed_workers_are_one_line_with_their_log(workers, shown):
+    """The workers' own last error, not torchrun's report of their exit; everything in the log."""
+    from symtensor.profile.run import _failure
+
+    line = _failure(1, workers + "\n" + TORCHRUN_TAIL)
+    assert "\n" not in line and shown in line and "=====" not in line
+    log = line.rsplit("their output: ", 1)[1]
+    assert open(log).read().startswith(workers)
+    os.unlink(log)

@@ -22,7 +22,6 @@ from symtensor.profile.grid import STEP_MARK
 BACKENDS = ("nccl", "gloo")
 MAX_PROCESSES_PER_CORE = 4
 TIMEOUT_S = {True: 300, False: 1200}  # --quick / default: the issue's bounds (1 and 5 minutes) with room
-FAILURE_LINES = 40  # of the workers' output, shown when they fail
 
 
 def cuda_devices() -> int:
@@ -106,8 +105,23 @@ def profile(out: str, devices: int | None = None, backend: str | None = None, qu
         raise PlanError(f"interrupted: the profile's processes were stopped and {out} was not written") from None
     written = Path(out).exists() and Path(out).stat().st_mtime >= start - 1
     if not written or (code != 0 and GLOO_TEARDOWN_ABORT not in output):
-        lines = output.splitlines()
-        tail = "\n".join(([x for x in lines if x.startswith("[rank")] or lines)[-FAILURE_LINES:])  # the workers' own
-        raise RuntimeError(f"the profile's workers exited with {code}: {' '.join(cmd)}\n{tail}")
+        raise PlanError(_failure(code, output))
     return {"out": str(out), "wall_s": time.time() - start, "devices": devices, "backend": backend,
             "cluster": read(out), "curves": [c.summary() for c in curves(out)]}
+
+
+def _failure(code: int, output: str) -> str:
+    """One line: the workers' last error line, and the log that keeps all their output."""
+    import tempfile
+
+    from symtensor.output import printable
+
+    fd, log = tempfile.mkstemp(prefix="symtensor-profile-", suffix=".log")
+    with os.fdopen(fd, "w") as f:
+        f.write(output)
+    lines = output.strip().splitlines() or ["no output"]
+    # the workers' own lines come before torchrun's report of their exit
+    own = next((i for i, x in enumerate(lines) if "torch/distributed/elastic" in x), len(lines))
+    errors = [x for x in lines[:own] if "rror" in x]
+    last = printable(errors[-1] if errors else lines[-1])[:300]
+    return f"the profile's workers failed (torchrun exited with {code}): {last}; their output: {log}"
