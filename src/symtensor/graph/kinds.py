@@ -7,7 +7,9 @@ for symbols (this is how the cost model is symbolic and fast at once).
 Kinds:
     linear        Y = X . W with one parameter W (dense, QKV, MLP, router, expert GEMMs, LoRA)
     bmm           batched matmul of two activations (unfused attention scores and context)
-    attention     fused (Flash) attention: Q[b,s,n,d], K/V[b,t,g,d] -> O[b,s,n,d]; GQA via g
+    attention     fused (Flash) attention: Q[b,s,n,d], K/V[b,t,g,d] -> O[b,s,n,d]; GQA via g;
+                  V[b,t,g,w] -> O[b,s,n,w] when the value head dim w differs (MLA); attr
+                  ``window``: sliding-window keys per query; a 4th input [n]: attention sinks
     norm          RMSNorm / LayerNorm over one dim (attr ``axis``), with a weight
     softmax       softmax over one dim (attr ``axis``)
     elementwise   activation, SwiGLU gate, residual add, dropout, cast (attr ``fn``)
@@ -84,11 +86,28 @@ def _matmul_flops(sizes, attrs):
     return 2 * _prod(sizes)
 
 
+def _keys_per_query(t, window):
+    """Keys a query attends to: all ``t``, or at most ``window`` (sliding-window attention)."""
+    if not window:
+        return t
+    if isinstance(t, (int, float)):
+        return min(window, t)
+    import sympy  # a symbolic size (analysis/formula.py)
+
+    return sympy.Min(window, t)
+
+
 def _attention_flops(sizes, attrs, executed=True):
-    # QK^T and PV: 2 * 2*b*n*s*t*d; causal kernels skip the masked half.
-    full = 4 * sizes["b"] * sizes["n"] * sizes["s"] * sizes["t"] * sizes["d"]
+    # QK^T over the query/key head dim d and PV over the value head dim w (MLA; else w = d):
+    # 2*b*n*s*keys*(d + w), keys = t or, with a sliding window (attr ``window``), min(window, t).
+    # Causal kernels skip the masked pairs: with k keys per query out of t, on average a query
+    # sees k*(1 - k/(2t)) of them (t/2 without a window; about the window when it is short).
+    t = sizes["t"]
+    keys = _keys_per_query(t, attrs.get("window"))
+    head = sizes["d"] if "w" not in sizes else (sizes["d"] + sizes["w"]) / 2
+    full = 4 * sizes["b"] * sizes["n"] * sizes["s"] * keys * head
     if executed and attrs.get("causal", True):
-        return full / 2
+        return full * (1 - keys / (2 * t))
     return full
 
 
@@ -106,7 +125,7 @@ register(Kind(
     "attention", _attention_flops, bwd_ratio=None, bwd_fixed=2.5, saves=("in0", "in1", "in2", "out0"),
     # log-sum-exp statistics in fp32, one per query row and head
     extra_saved_bytes=lambda sizes, attrs: 4 * sizes["b"] * sizes["s"] * sizes["n"],
-    no_cut=lambda op: {"t", "d", "g"},
+    no_cut=lambda op: {"t", "d", "g", "w"},
 ))
 register(Kind("norm", lambda sizes, attrs: 4 * _prod(sizes), bwd_fixed=2.0, bwd_ratio=None, memory_bound=True,
               saves=("in0",), no_cut=_axis_no_cut))

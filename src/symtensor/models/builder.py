@@ -1,10 +1,21 @@
-"""Build the training graph of a transformer (GPT, LLaMA/Qwen2, Mixtral MoE, LoRA) for one micro-batch.
+"""Build the training graph of a transformer for one micro-batch: GPT, LLaMA/Qwen2/Qwen3, MoE
+(Mixtral, Qwen-MoE, DeepSeek-V3, GPT-OSS), LoRA.
 
 Every layer's operators are in the graph (126 layers for LLaMA-3.1-405B), so per-layer plans stay
 possible; identical layers share op signatures, which the cost model and search exploit.
 
 Shapes (dim legend in ``symtensor.graph.ir``): activations are ``[b, s, h]``; Q is ``[b, s, n, d]``,
-K/V ``[b, s, g, d]``; expert slots ``[e, b, c, h]`` with capacity ``c`` per sequence.
+K/V ``[b, s, g, d]``; expert slots ``[e, b, c, h]`` with capacity ``c`` per sequence. MLA
+(multi-head latent attention) adds ``l`` (a compressed width: ``q_latent`` or ``kv_latent``),
+``k`` and ``j`` (the non-rotary and rotary parts of a query/key head, ``d = k + j``) and ``w`` (the
+value head dim): K is ``[b, s, g, d]`` = ``[b, s, g, k]`` projected up per head from ``[b, s, l]``,
+beside one ``[b, s, j]`` rotary key shared by every head; V and the output run over ``w``.
+
+The MoE layer, as Megatron-LM's alltoall token dispatcher runs it: the router (a linear), top-k
+with the score function (``softmax``, memory-bound), the permutation of the tokens into expert
+slots (``moe_dispatch``, memory-bound), the experts' batched GEMMs, the weighted unpermutation
+(``moe_combine``, memory-bound); the permuted buffers ``[e, b, c, h]`` / ``[e, b, c, f]`` are saved
+for backward by the GEMMs and the activation that read them. A shared expert is a dense MLP beside.
 """
 
 from __future__ import annotations
@@ -87,9 +98,9 @@ class _Builder:
 
     def elementwise(self, name, fn, inputs, dims, sizes, out_name=None, saves=(), in_dims=None, flops=1, **attrs):
         out = self.act(out_name or name, tuple(sizes[d] for d in dims), dims)
-        self.op(name, "elementwise", {d: sizes[d] for d in dict.fromkeys(sum(in_dims or [dims] * len(inputs), ()))},
-                inputs, in_dims or [dims] * len(inputs), [out], [dims], fn=fn, saves=saves,
-                flops_per_element=flops, **attrs)
+        in_dims = in_dims or [dims] * len(inputs)
+        self.op(name, "elementwise", {d: sizes[d] for d in dict.fromkeys(sum(in_dims, ()) + dims)},
+                inputs, in_dims, [out], [dims], fn=fn, saves=saves, flops_per_element=flops, **attrs)
         return out
 
     def dropout(self, name, x, dims, sizes):
@@ -97,15 +108,15 @@ class _Builder:
             return x
         return self.elementwise(name, "dropout", [x], dims, sizes)
 
-    def norm(self, name, x, sizes):
+    def norm(self, name, x, sizes, dims=("b", "s", "h"), axis="h"):
+        """The model's norm over ``axis`` of ``x`` (``dims``), with a weight (and a bias for LayerNorm)."""
         cfg = self.cfg
-        bsh = ("b", "s", "h")
-        inputs, in_dims = [x, self.param(f"{name}.weight", (cfg.hidden,), ("h",))], [bsh, ("h",)]
+        inputs, in_dims = [x, self.param(f"{name}.weight", (sizes[axis],), (axis,))], [dims, (axis,)]
         if cfg.norm == "layernorm":
-            inputs.append(self.param(f"{name}.bias", (cfg.hidden,), ("h",)))
-            in_dims.append(("h",))
-        y = self.act(name, (self.b, self.s, cfg.hidden), bsh)
-        return self.op(name, "norm", {d: sizes[d] for d in bsh}, inputs, in_dims, [y], [bsh], axis="h", fn=cfg.norm)
+            inputs.append(self.param(f"{name}.bias", (sizes[axis],), (axis,)))
+            in_dims.append((axis,))
+        y = self.act(name, tuple(sizes[d] for d in dims), dims)
+        return self.op(name, "norm", {d: sizes[d] for d in dims}, inputs, in_dims, [y], [dims], axis=axis, fn=cfg.norm)
 
     # -- blocks --------------------------------------------------------------------------------
     def embedding(self):
@@ -131,56 +142,106 @@ class _Builder:
 
     def attention(self, x, sizes):
         cfg = self.cfg
-        bsh = ("b", "s", "h")
+        bsh, bsnd = ("b", "s", "h"), ("b", "s", "n", "d")
         xn = self.norm("attn_norm", x, sizes)
-        qkv_bias = cfg.bias or cfg.qkv_bias
-        q = self.linear("q_proj", xn, bsh, ("b", "s", "n", "d"), sizes, ("h", "n", "d"), "q", bias=qkv_bias)
-        k = self.linear("k_proj", xn, bsh, ("b", "s", "g", "d"), sizes, ("h", "g", "d"), "k", bias=qkv_bias)
-        v = self.linear("v_proj", xn, bsh, ("b", "s", "g", "d"), sizes, ("h", "g", "d"), "v", bias=qkv_bias)
-        bsnd = ("b", "s", "n", "d")
-        if not cfg.learned_pos:
-            # rotary position embedding on Q and K (memory-bound elementwise; backward needs no input)
-            q = self.elementwise("q_rope", "rope", [q], bsnd, sizes, flops=6)
-            k = self.elementwise("k_rope", "rope", [k], ("b", "s", "g", "d"), sizes, flops=6)
+        q, k, v = self.mla_qkv(xn, sizes) if cfg.kv_latent else self.qkv(xn, sizes)
+        vd = "w" if cfg.kv_latent else "d"  # the value head dim
+        o_dims = ("b", "s", "n", vd)
         if cfg.attention == "flash":
-            o = self.act("core", (self.b, self.s, cfg.heads, cfg.head_dim), bsnd)
-            self.op("core", "attention", {k_: sizes[k_] for k_ in ("b", "s", "t", "n", "g", "d")}, [q, k, v],
-                    [bsnd, ("b", "t", "g", "d"), ("b", "t", "g", "d")], [o], [bsnd], causal=True,
-                    linked=(("n", "g"),))
+            o = self.act("core", tuple(sizes[d] for d in o_dims), o_dims)
+            inputs, in_dims = [q, k, v], [bsnd, ("b", "t", "g", "d"), ("b", "t", "g", vd)]
+            if cfg.sinks:  # one learned logit per head joins each softmax row
+                inputs.append(self.param("sinks", (cfg.heads,), ("n",)))
+                in_dims.append(("n",))
+            window = {"window": cfg.window} if cfg.is_window_layer(self.layer) else {}
+            core_dims = ("b", "s", "t", "n", "g", "d") + (("w",) if cfg.kv_latent else ())
+            self.op("core", "attention", {k_: sizes[k_] for k_ in core_dims}, inputs, in_dims, [o], [o_dims],
+                    causal=True, linked=(("n", "g"),), **window)
         else:
-            if cfg.kv_heads != cfg.heads:
-                raise PlanError(f"model {cfg.name}: attention=unfused needs kv_heads == heads; use attention=flash")
-            bnst = ("b", "n", "s", "t")
-            sc_sizes = {k_: sizes[k_] for k_ in ("b", "n", "s", "t", "d")}
-            scores = self.act("scores", (self.b, cfg.heads, self.s, self.s), bnst)
-            self.op("scores", "bmm", sc_sizes, [q, k], [bsnd, ("b", "t", "n", "d")], [scores], [bnst], core=True)
-            probs = self.act("probs", (self.b, cfg.heads, self.s, self.s), bnst)
-            self.op("softmax", "softmax", {k_: sizes[k_] for k_ in bnst}, [scores], [bnst], [probs], [bnst], axis="t",
-                    core=True)
-            if cfg.dropout:
-                probs = self.elementwise("attn_dropout", "dropout", [probs], bnst, sizes, core=True)
-            o = self.act("core", (self.b, self.s, cfg.heads, cfg.head_dim), bsnd)
-            self.op("context", "bmm", sc_sizes, [probs, v], [bnst, ("b", "t", "n", "d")], [o], [bsnd], core=True)
-        y = self.linear("o_proj", o, bsnd, bsh, sizes, ("n", "d", "h"), "o", bias=cfg.bias)
+            o = self.unfused_core(q, k, v, sizes)
+        y = self.linear("o_proj", o, o_dims, bsh, sizes, ("n", vd, "h"), "o", bias=cfg.bias)
         y = self.dropout("attn_out_dropout", y, bsh, sizes)
         return self.elementwise("attn_residual", "add", [x, y], bsh, sizes)
 
-    def dense_mlp(self, x, sizes):
+    def qkv(self, xn, sizes):
+        """Q [b, s, n, d] and K, V [b, s, g, d] projected from the normed hidden state."""
+        cfg = self.cfg
+        bsh, bsnd, bsgd = ("b", "s", "h"), ("b", "s", "n", "d"), ("b", "s", "g", "d")
+        qkv_bias = cfg.bias or cfg.qkv_bias
+        q = self.linear("q_proj", xn, bsh, bsnd, sizes, ("h", "n", "d"), "q", bias=qkv_bias)
+        k = self.linear("k_proj", xn, bsh, bsgd, sizes, ("h", "g", "d"), "k", bias=qkv_bias)
+        v = self.linear("v_proj", xn, bsh, bsgd, sizes, ("h", "g", "d"), "v", bias=qkv_bias)
+        if cfg.qk_norm:  # Qwen3: RMSNorm over each head of Q and K, before the rotation
+            q = self.norm("q_norm", q, sizes, bsnd, "d")
+            k = self.norm("k_norm", k, sizes, bsgd, "d")
+        if not cfg.learned_pos:
+            # rotary position embedding on Q and K (memory-bound elementwise; backward needs no input)
+            q = self.elementwise("q_rope", "rope", [q], bsnd, sizes, flops=6)
+            k = self.elementwise("k_rope", "rope", [k], bsgd, sizes, flops=6)
+        return q, k, v
+
+    def mla_qkv(self, xn, sizes):
+        """Multi-head latent attention (DeepSeek-V2/V3): Q projected up from a q_latent-wide
+        compression (or from hidden); K's non-rotary part and V projected up per head from one
+        kv_latent-wide compression; K's rotary part one rope_dim-wide projection that every head
+        shares, joined to each head's. The projections are plain linears: they cost as such."""
+        cfg = self.cfg
+        bsh, bsl, bsnd = ("b", "s", "h"), ("b", "s", "l"), ("b", "s", "n", "d")
+        if cfg.q_latent:
+            qsz = sizes | {"l": cfg.q_latent}
+            cq = self.linear("q_down", xn, bsh, bsl, qsz, ("h", "l"))
+            cq = self.norm("q_norm", cq, qsz, bsl, "l")
+            q = self.linear("q_proj", cq, bsl, bsnd, qsz, ("l", "n", "d"), "q")
+        else:
+            q = self.linear("q_proj", xn, bsh, bsnd, sizes, ("h", "n", "d"), "q")
+        q = self.elementwise("q_rope", "rope", [q], bsnd, sizes, flops=6)
+        ksz = sizes | {"l": cfg.kv_latent, "k": cfg.head_dim - cfg.rope_dim, "j": cfg.rope_dim}
+        ckv = self.linear("kv_down", xn, bsh, bsl, ksz, ("h", "l"))
+        ckv = self.norm("kv_norm", ckv, ksz, bsl, "l")
+        k_nope = self.linear("k_proj", ckv, bsl, ("b", "s", "g", "k"), ksz, ("l", "g", "k"), "k")
+        v = self.linear("v_proj", ckv, bsl, ("b", "s", "g", "w"), ksz, ("l", "g", "w"), "v")
+        k_pe = self.linear("k_rope_proj", xn, bsh, ("b", "s", "j"), ksz, ("h", "j"))
+        k_pe = self.elementwise("k_rope", "rope", [k_pe], ("b", "s", "j"), ksz, flops=6)
+        # a copy: no FLOPs, the bytes of its operands (memory-bound)
+        k = self.elementwise("k_concat", "concat", [k_nope, k_pe], ("b", "s", "g", "d"), ksz,
+                             in_dims=[("b", "s", "g", "k"), ("b", "s", "j")], flops=0)
+        return q, k, v
+
+    def unfused_core(self, q, k, v, sizes):
+        """Scores, softmax (dropout) and context as separate ops: the 2022 Megatron graph."""
+        cfg = self.cfg
+        bsnd, bnst = ("b", "s", "n", "d"), ("b", "n", "s", "t")
+        if cfg.kv_heads != cfg.heads:
+            raise PlanError(f"model {cfg.name}: attention=unfused needs kv_heads == heads; use attention=flash")
+        sc_sizes = {k_: sizes[k_] for k_ in ("b", "n", "s", "t", "d")}
+        scores = self.act("scores", (self.b, cfg.heads, self.s, self.s), bnst)
+        self.op("scores", "bmm", sc_sizes, [q, k], [bsnd, ("b", "t", "n", "d")], [scores], [bnst], core=True)
+        probs = self.act("probs", (self.b, cfg.heads, self.s, self.s), bnst)
+        self.op("softmax", "softmax", {k_: sizes[k_] for k_ in bnst}, [scores], [bnst], [probs], [bnst], axis="t",
+                core=True)
+        if cfg.dropout:
+            probs = self.elementwise("attn_dropout", "dropout", [probs], bnst, sizes, core=True)
+        o = self.act("core", (self.b, self.s, cfg.heads, cfg.head_dim), bsnd)
+        self.op("context", "bmm", sc_sizes, [probs, v], [bnst, ("b", "t", "n", "d")], [o], [bsnd], core=True)
+        return o
+
+    def dense_mlp(self, x, sizes, prefix=""):
+        """The MLP of a dense layer, or (``prefix`` ``shared_expert.``) an MoE layer's shared expert."""
         cfg = self.cfg
         bsh, bsf = ("b", "s", "h"), ("b", "s", "f")
         if cfg.mlp == "swiglu":
-            gt = self.linear("gate_proj", x, bsh, bsf, sizes, ("h", "f"), "gate")
-            up = self.linear("up_proj", x, bsh, bsf, sizes, ("h", "f"), "up")
-            a = self.elementwise("act", "swiglu", [gt, up], bsf, sizes, saves=("in0", "in1"), flops=4)
+            gt = self.linear(f"{prefix}gate_proj", x, bsh, bsf, sizes, ("h", "f"), "gate", bias=cfg.bias)
+            up = self.linear(f"{prefix}up_proj", x, bsh, bsf, sizes, ("h", "f"), "up", bias=cfg.bias)
+            a = self.elementwise(f"{prefix}act", "swiglu", [gt, up], bsf, sizes, saves=("in0", "in1"), flops=4)
         else:
-            a1 = self.linear("up_proj", x, bsh, bsf, sizes, ("h", "f"), "up", bias=cfg.bias)
-            a = self.elementwise("act", cfg.mlp, [a1], bsf, sizes, saves=("in0",), flops=8)
-        return self.linear("down_proj", a, bsf, bsh, sizes, ("f", "h"), "down", bias=cfg.bias)
+            a1 = self.linear(f"{prefix}up_proj", x, bsh, bsf, sizes, ("h", "f"), "up", bias=cfg.bias)
+            a = self.elementwise(f"{prefix}act", cfg.mlp, [a1], bsf, sizes, saves=("in0",), flops=8)
+        return self.linear(f"{prefix}down_proj", a, bsf, bsh, sizes, ("f", "h"), "down", bias=cfg.bias)
 
     def moe_mlp(self, x, sizes):
         cfg = self.cfg
         bsh, bse, ebch, ebcf = ("b", "s", "h"), ("b", "s", "e"), ("e", "b", "c", "h"), ("e", "b", "c", "f")
-        logits = self.linear("router", x, bsh, bse, sizes, ("h", "e"))
+        logits = self.linear("router", x, bsh, bse, sizes, ("h", "e"), bias=cfg.bias)
         gates = self.act("gates", (self.b, self.s, cfg.experts), bse, dtype="fp32")
         self.op("topk", "softmax", {k_: sizes[k_] for k_ in bse}, [logits], [bse], [gates], [bse], axis="e")
         xe = self.act("dispatch", (cfg.experts, self.b, sizes["c"], cfg.hidden), ebch)
@@ -188,24 +249,31 @@ class _Builder:
         self.op("dispatch", "moe_dispatch", {k_: sizes[k_] for k_ in ("b", "s", "e", "c", "h")}, [x, gates],
                 [bsh, bse], [xe], [ebch], carry=(("s", "c"),))
         esz = {k_: sizes[k_] for k_ in ("e", "b", "c", "h")} | {"f": cfg.moe_ffn}
-        gt = self.linear("experts.gate_proj", xe, ebch, ebcf, esz, ("e", "h", "f"), "gate")
-        up = self.linear("experts.up_proj", xe, ebch, ebcf, esz, ("e", "h", "f"), "up")
+        gt = self.linear("experts.gate_proj", xe, ebch, ebcf, esz, ("e", "h", "f"), "gate", bias=cfg.bias)
+        up = self.linear("experts.up_proj", xe, ebch, ebcf, esz, ("e", "h", "f"), "up", bias=cfg.bias)
         a = self.elementwise("experts.act", "swiglu", [gt, up], ebcf, esz, saves=("in0", "in1"), flops=4)
-        ye = self.linear("experts.down_proj", a, ebcf, ebch, esz, ("e", "f", "h"), "down")
+        ye = self.linear("experts.down_proj", a, ebcf, ebch, esz, ("e", "f", "h"), "down", bias=cfg.bias)
         y = self.act("combine", (self.b, self.s, cfg.hidden), bsh)
-        return self.op("combine", "moe_combine", {k_: sizes[k_] for k_ in ("e", "b", "c", "s", "h")}, [ye, gates],
-                       [ebch, bse], [y], [bsh], carry=(("c", "s"),))
+        y = self.op("combine", "moe_combine", {k_: sizes[k_] for k_ in ("e", "b", "c", "s", "h")}, [ye, gates],
+                    [ebch, bse], [y], [bsh], carry=(("c", "s"),))
+        if not cfg.shared_ffn:
+            return y
+        ys = self.dense_mlp(x, sizes | {"f": cfg.shared_ffn}, prefix="shared_expert.")
+        if cfg.shared_gate:  # Qwen2-MoE: sigmoid(x . w) scales the shared expert, per token
+            g = self.linear("shared_expert_gate", x, bsh, ("b", "s"), sizes, ("h",))
+            ys = self.elementwise("shared_expert_scale", "sigmoid_mul", [ys, g], bsh, sizes,
+                                  in_dims=[bsh, ("b", "s")], saves=("in0", "in1"), flops=5)
+        return self.elementwise("shared_expert_add", "add", [y, ys], bsh, sizes)
 
     def layer_block(self, i, x):
         cfg = self.cfg
         self.layer, self.prefix = i, f"layers.{i}"
         sizes = {"b": self.b, "s": self.s, "t": self.s, "h": cfg.hidden, "n": cfg.heads, "g": cfg.kv_heads,
-                 "d": cfg.head_dim, "f": cfg.ffn, "e": cfg.experts,
+                 "d": cfg.head_dim, "w": cfg.v_head_dim, "f": cfg.ffn, "e": cfg.experts,
                  "c": max(1, math.ceil(cfg.capacity_factor * cfg.top_k * self.s / cfg.experts))}
         x = self.attention(x, sizes)
         xn = self.norm("mlp_norm", x, sizes)
-        moe = cfg.is_moe and i >= cfg.dense_layers
-        y = self.moe_mlp(xn, sizes) if moe else self.dense_mlp(xn, sizes)
+        y = self.moe_mlp(xn, sizes) if cfg.is_moe_layer(i) else self.dense_mlp(xn, sizes)
         y = self.dropout("mlp_dropout", y, ("b", "s", "h"), sizes)
         return self.elementwise("mlp_residual", "add", [x, y], ("b", "s", "h"), sizes)
 
@@ -225,9 +293,10 @@ class _Builder:
 
 def layer_runs(cfg: ModelConfig) -> list[tuple[int, int]]:
     """(first layer, run length) of each run of identical layers; the first and the last layer are
-    runs of their own (they meet the embedding and the LM head), dense and MoE layers differ."""
+    runs of their own (they meet the embedding and the LM head), dense and MoE layers differ, and
+    so do windowed and full attention."""
     def kind(i):
-        return (i == 0, i == cfg.layers - 1, cfg.is_moe and i >= cfg.dense_layers)
+        return (i == 0, i == cfg.layers - 1, cfg.is_moe_layer(i), cfg.is_window_layer(i))
 
     runs: list[tuple[int, int]] = []
     for i in range(cfg.layers):
@@ -277,9 +346,13 @@ def build_model(spec, micro_batch: int = 1, seq: int | None = None, overrides=No
 
 
 def params_active(cfg: ModelConfig, graph: Graph) -> int:
-    """Parameters a token passes through: for MoE, top_k of the experts of each MoE layer."""
+    """Parameters a token passes through: for MoE, top_k of the routed experts of each MoE layer
+    (shared experts and routers count whole), and the input embedding table unless the model's
+    publisher leaves it out (``cfg.active_with_embedding``; a tied table stays: it is the LM head)."""
     total = graph.params_total()
     if not cfg.is_moe:
         return total
     expert = sum(t.numel for t in graph.params() if ".experts." in t.name)
-    return total - expert + expert * cfg.top_k // cfg.experts
+    active = total - expert + expert * cfg.top_k // cfg.experts
+    table = graph.tensors["embed.word.weight"]
+    return active if cfg.active_with_embedding or table.tie else active - table.numel

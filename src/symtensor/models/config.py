@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean, read_json
-from symtensor.validate import hf_config, model_config
+from symtensor.validate import MAX_SEQ, MAX_WIDTH, integer, model_config
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -32,15 +32,34 @@ class ModelConfig:
         moe_ffn: per-expert MLP width, default ``ffn``.
         dense_layers: the first ``dense_layers`` layers of an MoE model are dense.
         capacity_factor: expert capacity = capacity_factor * top_k * tokens / experts.
+        moe_layers: the MoE layers when not every layer from ``dense_layers`` on is one (Qwen's
+            ``decoder_sparse_step`` and ``mlp_only_layers``); empty: all of them.
+        shared_ffn: MLP width of the shared expert every token passes through in an MoE layer
+            (DeepSeek: n_shared_experts * moe_ffn; Qwen2-MoE); 0: none.
+        shared_gate: the shared expert's output is scaled by a learned sigmoid gate (Qwen2-MoE).
         mlp: ``swiglu`` (3 matrices), ``gelu`` or ``relu2`` (2 matrices).
         norm: ``rmsnorm`` or ``layernorm``.
         tied: input embedding and LM head share one table.
         learned_pos: learned position embeddings (GPT) instead of RoPE.
-        bias: biases on every linear (GPT); ``qkv_bias`` only on Q/K/V (Qwen2).
+        bias: biases on every attention and MLP linear (GPT; GPT-OSS's attention, router and
+            experts); ``qkv_bias`` only on Q/K/V (Qwen2).
+        qk_norm: RMSNorm over the head dim of Q and K (Qwen3).
+        kv_latent: multi-head latent attention (MLA, DeepSeek-V2/V3): K and V are projected up from
+            a ``kv_latent``-wide compression of the hidden state; 0: plain attention.
+        q_latent: MLA only: Q too is projected up from a ``q_latent``-wide compression; 0: from hidden.
+        rope_dim: MLA only: the rotary part of each query/key head (``head_dim`` counts it), whose
+            key part is one ``rope_dim``-wide projection shared by every head.
+        v_head_dim: per-head width of V and of the attention output; default ``head_dim``.
+        window: sliding-window attention: each query attends to at most ``window`` keys; 0: none.
+        window_layers: the layers with the window (GPT-OSS: every other); empty: all of them.
+        sinks: attention sinks, a learned logit per head added to each softmax (GPT-OSS).
         attention: ``flash`` (fused, O(s) memory) or ``unfused`` (scores materialised, 2022 Megatron).
         dropout: dropout after attention probabilities, attention output and MLP output.
         lora_rank: LoRA rank (0 = full training); base weights are then frozen.
         lora_targets: projections that get LoRA adapters (q, k, v, o, gate, up, down).
+        active_with_embedding: the input embedding table counts among the active parameters, as
+            Mistral and Qwen count them; DeepSeek and OpenAI leave it out (a lookup, no matmul).
+            Changes no graph, only ``params_active``.
         source: where the numbers come from.
     """
 
@@ -58,6 +77,9 @@ class ModelConfig:
     top_k: int = 1
     moe_ffn: int = 0
     dense_layers: int = 0
+    moe_layers: tuple[int, ...] = ()
+    shared_ffn: int = 0
+    shared_gate: bool = False
     capacity_factor: float = 1.0
     mlp: str = "swiglu"
     norm: str = "rmsnorm"
@@ -65,10 +87,19 @@ class ModelConfig:
     learned_pos: bool = False
     bias: bool = False
     qkv_bias: bool = False
+    qk_norm: bool = False
+    kv_latent: int = 0
+    q_latent: int = 0
+    rope_dim: int = 0
+    v_head_dim: int = 0
+    window: int = 0
+    window_layers: tuple[int, ...] = ()
+    sinks: bool = False
     attention: str = "flash"
     dropout: bool = False
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
+    active_with_embedding: bool = field(default=True, compare=False)
     source: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -85,6 +116,8 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if not self.moe_ffn:
             object.__setattr__(self, "moe_ffn", self.ffn)
+        if not self.v_head_dim:
+            object.__setattr__(self, "v_head_dim", self.head_dim)
         self.validate()
 
     def validate(self) -> None:
@@ -112,6 +145,47 @@ class ModelConfig:
         bad = set(self.lora_targets) - {"q", "k", "v", "o", "gate", "up", "down"}
         if bad:
             raise PlanError(f"model {self.name}: unknown lora target(s) {sorted(bad)}; use q, k, v, o, gate, up, down")
+        self._validate_moe()
+        self._validate_attention()
+
+    def _validate_moe(self) -> None:
+        where = f"model {self.name}"
+        integer(self.shared_ffn, f"{where}: shared_ffn", lo=0, hi=MAX_WIDTH)
+        _layer_list(self.moe_layers, f"{where}: moe_layers", self.dense_layers, self.layers)
+        if not self.is_moe and (self.moe_layers or self.shared_ffn):
+            raise PlanError(f"{where}: moe_layers and shared_ffn need experts > 1, got experts={self.experts}")
+        if self.shared_gate and not self.shared_ffn:
+            raise PlanError(f"{where}: shared_gate gates the shared expert; set shared_ffn too")
+
+    def _validate_attention(self) -> None:
+        where = f"model {self.name}"
+        for key, hi in (("kv_latent", MAX_WIDTH), ("q_latent", MAX_WIDTH), ("rope_dim", MAX_WIDTH),
+                        ("v_head_dim", MAX_WIDTH), ("window", MAX_SEQ)):
+            integer(getattr(self, key), f"{where}: {key}", lo=0, hi=hi)
+        _layer_list(self.window_layers, f"{where}: window_layers", 0, self.layers)
+        if self.window_layers and not self.window:
+            raise PlanError(f"{where}: window_layers needs window > 0 (the keys each query attends to)")
+        if self.kv_latent:
+            if self.kv_heads != self.heads:
+                raise PlanError(f"{where}: MLA (kv_latent > 0) projects K and V per head: kv_heads must equal heads "
+                                f"({self.heads}), got {self.kv_heads}")
+            if not 0 < self.rope_dim < self.head_dim:
+                raise PlanError(f"{where}: MLA needs 0 < rope_dim < head_dim (head_dim = the non-rotary part + "
+                                f"rope_dim), got rope_dim={self.rope_dim}, head_dim={self.head_dim}")
+        elif self.q_latent or self.rope_dim or self.v_head_dim != self.head_dim:
+            raise PlanError(f"{where}: q_latent, rope_dim and v_head_dim != head_dim describe MLA; set kv_latent too")
+        fused = ("kv_latent", "window", "sinks")
+        if self.attention == "unfused" and any(getattr(self, k) for k in fused):
+            raise PlanError(f"{where}: attention=unfused is the 2022 Megatron graph of plain attention; "
+                            f"{', '.join(k for k in fused if getattr(self, k))} need attention=flash")
+
+    def is_moe_layer(self, i: int) -> bool:
+        """Layer ``i`` has routed experts (otherwise a dense MLP)."""
+        return self.is_moe and i >= self.dense_layers and (not self.moe_layers or i in self.moe_layers)
+
+    def is_window_layer(self, i: int) -> bool:
+        """Layer ``i`` attends through the sliding window."""
+        return bool(self.window) and (not self.window_layers or i in self.window_layers)
 
     @property
     def is_moe(self) -> bool:
@@ -121,9 +195,20 @@ class ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
+def _layer_list(layers, what: str, lo: int, hi: int) -> None:
+    """A tuple of distinct layer indices in [lo, hi)."""
+    if not isinstance(layers, tuple):
+        raise PlanError(f"{what} must be a tuple of layer indices, got {type(layers).__name__}")
+    for i in layers:
+        integer(i, what, lo=lo, hi=hi - 1, fix=f"; list layers in [{lo}, {hi - 1}]")
+    if len(set(layers)) != len(layers):
+        raise PlanError(f"{what} lists a layer twice: {layers}")
+
+
 _NEMO = "NVIDIA NeMo llama.py configs mirroring HF config.json (shared/data/model_configs.csv)"
 _GPT3 = "GPT-3 paper (Brown et al. 2020) Table 2.1 (shared/data/model_configs.csv)"
 _KORTH = "Korthikanti et al. 2022 (arXiv:2205.05198) Table 3 (shared/data/calibration.csv)"
+_QWEN3 = "Qwen3-MoE HF config.json (shared/data/model_configs.csv)"
 _GPT = dict(family="gpt", mlp="gelu", norm="layernorm", tied=True, learned_pos=True, bias=True, max_context=2048,
             vocab=50257)
 
@@ -166,6 +251,24 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
                 experts=8, top_k=2, max_context=32768, source="Mixtral HF config.json (shared/data/model_configs.csv)"),
     ModelConfig(name="mixtral-8x22b", layers=56, hidden=6144, heads=48, kv_heads=8, ffn=16384, vocab=32768,
                 experts=8, top_k=2, max_context=65536, source="Mixtral HF config.json (shared/data/model_configs.csv)"),
+    # every layer MoE; Q/K norms; head_dim 128 != hidden / heads; ffn is per expert
+    ModelConfig(name="qwen3-30b-a3b", layers=48, hidden=2048, heads=32, kv_heads=4, head_dim=128, ffn=768,
+                vocab=151936, experts=128, top_k=8, qk_norm=True, max_context=40960, source=_QWEN3),
+    ModelConfig(name="qwen3-235b-a22b", layers=94, hidden=4096, heads=64, kv_heads=4, head_dim=128, ffn=1536,
+                vocab=151936, experts=128, top_k=8, qk_norm=True, max_context=40960, source=_QWEN3),
+    # MLA (head_dim 192 = 128 + 64 rotary, V 128); 3 dense layers, then 256 routed experts + 1 shared.
+    # The main model: the multi-token-prediction module (num_nextn_predict_layers=1) is left out,
+    # as in the published 671B; "37B activated" leaves the input embedding out
+    ModelConfig(name="deepseek-v3", layers=61, hidden=7168, heads=128, head_dim=192, v_head_dim=128, rope_dim=64,
+                q_latent=1536, kv_latent=512, ffn=18432, moe_ffn=2048, shared_ffn=2048, dense_layers=3,
+                experts=256, top_k=8, vocab=129280, max_context=163840, active_with_embedding=False,
+                source="DeepSeek-V3 HF config.json; DeepSeek-V3 report arXiv:2412.19437 (shared/data/model_configs.csv)"),
+    # a 128-token window on every other layer (from layer 0), attention sinks, biases on attention,
+    # router and experts; OpenAI's "5.1B active" leaves the input embedding out
+    ModelConfig(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
+                vocab=201088, experts=128, top_k=4, bias=True, sinks=True, window=128,
+                window_layers=tuple(range(0, 36, 2)), max_context=131072, active_with_embedding=False,
+                source="gpt-oss HF config.json; OpenAI gpt-oss model card (shared/data/model_configs.csv)"),
     ModelConfig(name="tiny-llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, max_context=128,
                 source="debug model for end-to-end runs on CPU"),
     ModelConfig(name="tiny-mixtral", layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, experts=4, top_k=2,
@@ -190,7 +293,8 @@ def _coerce(cfg: ModelConfig, key: str, raw: str):
         if isinstance(current, float):
             return float(raw)
         if isinstance(current, tuple):
-            return tuple(x for x in raw.split(",") if x)
+            items = tuple(x.strip() for x in raw.split(",") if x.strip())
+            return tuple(int(x) for x in items) if fields[key].type == "tuple[int, ...]" else items
     except ValueError:
         raise PlanError(f"--set {key}={raw}: expected a {type(current).__name__} value") from None
     return raw
@@ -211,47 +315,18 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, str] | list[str] | No
     changes = {k: _coerce(cfg, k, str(v)) for k, v in overrides.items()}
     # fields derived from others follow them unless they were set apart from their default
     derived = {"kv_heads": cfg.kv_heads == cfg.heads, "head_dim": cfg.head_dim * cfg.heads == cfg.hidden,
-               "moe_ffn": cfg.moe_ffn == cfg.ffn}
+               "moe_ffn": cfg.moe_ffn == cfg.ffn, "v_head_dim": cfg.v_head_dim == cfg.head_dim}
     for key, follows in derived.items():
         if follows and key not in changes:
             changes[key] = 0  # recomputed in __post_init__
     return cfg.replace(**changes)
 
 
-_HF_LLAMA_KEYS = ("num_hidden_layers", "hidden_size", "num_attention_heads", "intermediate_size", "vocab_size")
-_HF_GPT2_KEYS = ("n_layer", "n_embd", "n_head", "vocab_size")
-
-
-def _need(data: dict, keys, path) -> None:
-    missing = [k for k in keys if k not in data]
-    if missing:
-        raise PlanError(f"{path}: missing key(s) {', '.join(missing)} in config.json; add them "
-                        "(GPT-2 needs n_layer n_embd n_head vocab_size; LLaMA/Qwen2/Mixtral need "
-                        "num_hidden_layers hidden_size num_attention_heads intermediate_size vocab_size)")
-
-
 def from_hf_dict(data: dict, name: str = "hf-model", path: str = "config.json") -> ModelConfig:
-    """Read a Hugging Face style config (GPT-2 keys or LLaMA/Qwen2/Mixtral keys)."""
-    hf_config(data, path)  # types and ranges of every key read below
-    if "n_layer" in data or "n_embd" in data:
-        _need(data, _HF_GPT2_KEYS, path)
-        hidden = data["n_embd"]
-        return ModelConfig(name=name, family="gpt", mlp="gelu", norm="layernorm", tied=True, learned_pos=True,
-                           bias=True, layers=data["n_layer"], hidden=hidden, heads=data["n_head"],
-                           ffn=data.get("n_inner") or 4 * hidden, vocab=data["vocab_size"],
-                           max_context=data.get("n_positions", 1024), source=path)
-    _need(data, _HF_LLAMA_KEYS, path)
-    experts = data.get("num_local_experts", 1) or 1
-    act = data.get("hidden_act", "silu")
-    heads = data["num_attention_heads"]
-    return ModelConfig(
-        name=name, family="llama", layers=data["num_hidden_layers"], hidden=data["hidden_size"], heads=heads,
-        kv_heads=data.get("num_key_value_heads") or heads, head_dim=data.get("head_dim") or 0,
-        ffn=data["intermediate_size"], vocab=data["vocab_size"],
-        max_context=data.get("max_position_embeddings", 4096), experts=experts,
-        top_k=data.get("num_experts_per_tok", 1) if experts > 1 else 1,
-        mlp="swiglu" if act in ("silu", "swish") else "gelu", tied=bool(data.get("tie_word_embeddings", False)),
-        qkv_bias=bool(data.get("attention_bias", False)) or data.get("model_type") == "qwen2", source=path)
+    """Read a Hugging Face config.json (see ``symtensor.models.hf_config``)."""
+    from symtensor.models.hf_config import read_hf_config  # it builds ModelConfigs: imported late
+
+    return read_hf_config(data, name, path)
 
 
 def load_model_config(spec: str | Path, overrides=None) -> ModelConfig:
