@@ -211,7 +211,9 @@ def test_plan_uses_the_profiled_curves(profiled, tmp_path, capsys):
     doc = read(str(profiled))
     assert main(["plan", "llama3-8b", "--cluster", str(profiled), "--devices", "4", "--json",
                  "--no-baselines"]) == 0
-    capsys.readouterr()
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["efficiency_source"] == doc["efficiency"]["source"].strip()
+    assert planned["efficiency_source"].startswith("measured by symtensor profile")
     plain = _variant(doc, tmp_path / "plain.yaml", strip=True)
     assert efficiency_for(load_cluster(str(profiled), devices=4)).gemm == doc["efficiency"]["gemm"]
     kw = dict(devices=4, tp=4, pp=1, dp=1, micro_batch=1, global_batch=8, seq=2048)
