@@ -8,12 +8,14 @@ import copy
 import json
 import os
 import re
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
 from symtensor.cli import main
 from symtensor.cost.collectives import collective_time
+from symtensor.cost.opcost import attention_shape_factor
 from symtensor.cost.efficiency import efficiency_for
 from symtensor.errors import PlanError
 from symtensor.hardware import PRESETS, Level, load_cluster
@@ -33,12 +35,13 @@ def _gemm_s(flops: float, a: float) -> float:
 
 def synthetic(device: str = "CPU test", gemm: float = 0.8, groups=((0, 4), (1, 2))) -> dict:
     """Measurements that follow the fitted laws exactly (as symtensor.profile.worker.measure returns)."""
-    att = [{"batch": 1, "heads": 8, "seq": s, "head_dim": 128, "causal": c} for s in (256, 1024, 4096) for c in
-           (False, True)]
-    for r in att:
-        flops = 4 * r["heads"] * r["seq"] ** 2 * 128 * (0.5 if r["causal"] else 1)
-        r["fwd_seconds"] = flops / (0.5 * PEAK * r["seq"] / (r["seq"] + ATT_KNEE))
-        r["bwd_seconds"] = 2.5 * flops / (0.4 * PEAK * r["seq"] / (r["seq"] + ATT_KNEE))
+    att = [{"batch": 1, "heads": 8, "seq": s, "head_dim": d, "causal": c} for s in (256, 1024, 4096) for d in (64, 128)
+           for c in (False, True)]
+    for r in att:  # the planner's law: (FLOPs + gemm knee) / (peak x fraction x shape factor)
+        flops = 4 * r["heads"] * r["seq"] ** 2 * r["head_dim"] * (0.5 if r["causal"] else 1) + KNEE
+        shape = attention_shape_factor({"t": r["seq"], "d": r["head_dim"]}, SimpleNamespace(attention_knee=ATT_KNEE))
+        r["fwd_seconds"] = flops / (0.5 * PEAK * shape)
+        r["bwd_seconds"] = 2.5 * flops / (0.4 * PEAK * shape)
     collectives = []
     for level, p in groups:
         bw, lat = LINK[level]

@@ -42,20 +42,21 @@ def preset_for(device_name: str, like: str | None) -> str | None:
     return next((preset for key, preset in PRESET_DEVICES if key in device_name), None)
 
 
-def compute_points(tables: dict) -> dict[str, tuple[str, str, list[Point]]]:
-    """Per efficiency field: the curve's name, its rate unit and its points."""
+def compute_points(tables: dict, gemm_knee: float) -> dict[str, tuple[str, str, list[Point]]]:
+    """Per efficiency field: the curve's name, its rate unit and its points (attention's charge
+    the GEMM knee, as the cost model does)."""
     att = tables["attention"]
     return {"gemm": ("gemm", "FLOP/s", gemm_points(tables["gemm"])),
             "bmm": ("bmm", "FLOP/s", bmm_points(tables["bmm"])),
-            "attention": ("attention forward", "FLOP/s", attention_points(att, backward=False)),
-            "attention_bwd": ("attention backward", "FLOP/s", attention_points(att, backward=True)),
+            "attention": ("attention forward", "FLOP/s", attention_points(att, False, gemm_knee)),
+            "attention_bwd": ("attention backward", "FLOP/s", attention_points(att, True, gemm_knee)),
             "hbm": ("memory-bound", "B/s", memory_points(tables["memory"]))}
 
 
 def compute_curves(tables: dict) -> dict[str, Curve]:
     """Fitted compute and memory curves (rates in absolute units), keyed by efficiency field."""
-    pts = compute_points(tables)
-    gemm = fit_curve(*pts["gemm"])
+    gemm = fit_curve("gemm", "FLOP/s", gemm_points(tables["gemm"]))
+    pts = compute_points(tables, gemm.knee)
     fwd = fit_curve(*pts["attention"])
     # the cost model charges a batched product the GEMM knee, and memory-bound kernels
     # bytes / (HBM bandwidth x hbm) without a size curve
@@ -300,7 +301,7 @@ def curves(path: str) -> list[Curve]:
     knees = {"gemm": eff.gemm_knee, "bmm": eff.gemm_knee, "attention": eff.attention_knee,
              "attention_bwd": eff.attention_knee, "hbm": 0.0}
     out = [Curve(name, unit, tuple(points), getattr(eff, k) * (hbm if k == "hbm" else peak), knees[k])
-           for k, (name, unit, points) in compute_points(tables).items()]
+           for k, (name, unit, points) in compute_points(tables, eff.gemm_knee).items()]
     for t in tables["collectives"]:
         level = cluster.levels[t["level"]]
         for kind in KINDS:

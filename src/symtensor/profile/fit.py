@@ -138,17 +138,28 @@ def bmm_points(rows: list[dict]) -> list[Point]:
     return out
 
 
-def attention_flops(r: dict, backward: bool) -> float:
-    """FLOPs as a fused kernel runs them: QK^T and PV, causal kernels skip the masked half; the
-    backward runs 2.5x the forward (graph.kinds counts the same)."""
-    flops = 4 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["head_dim"] * (0.5 if r["causal"] else 1)
-    return flops * (2.5 if backward else 1)
+def attention_flops(r: dict) -> float:
+    """Forward FLOPs as a fused kernel runs them: QK^T and PV, causal kernels skip the masked half
+    (graph.kinds counts the same; the backward runs 2.5x these)."""
+    return 4 * r["batch"] * r["heads"] * r["seq"] ** 2 * r["head_dim"] * (0.5 if r["causal"] else 1)
 
 
-def attention_points(rows: list[dict], backward: bool) -> list[Point]:
-    key = "bwd_seconds" if backward else "fwd_seconds"
-    return [Point(f"s{r['seq']} d{r['head_dim']}{' causal' if r['causal'] else ''}", r["seq"],
-                  attention_flops(r, backward), r[key]) for r in rows]
+def attention_points(rows: list[dict], backward: bool, gemm_knee: float = 0.0) -> list[Point]:
+    """Points whose rate is ``attention(_bwd) * peak * seq / (seq + attention_knee)``: the cost model
+    (``cost.opcost``) charges an attention kernel ``(FLOPs + gemm_knee) / rate`` at a rate that also
+    scales with its head-dim factor, so the work is divided by that factor."""
+    from types import SimpleNamespace
+
+    from symtensor.cost.opcost import attention_shape_factor
+
+    no_seq = SimpleNamespace(attention_knee=0.0)  # the head-dim part of the shape factor alone
+    key, times = ("bwd_seconds", 2.5) if backward else ("fwd_seconds", 1.0)
+    out = []
+    for r in rows:
+        head_dim = attention_shape_factor({"t": r["seq"], "d": r["head_dim"]}, no_seq)
+        work = (attention_flops(r) + gemm_knee) * times / head_dim
+        out.append(Point(f"s{r['seq']} d{r['head_dim']}{' causal' if r['causal'] else ''}", r["seq"], work, r[key]))
+    return out
 
 
 def memory_points(rows: list[dict]) -> list[Point]:
