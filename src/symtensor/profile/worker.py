@@ -33,7 +33,8 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from symtensor.profile.document import build, write
+from symtensor.errors import PlanError
+from symtensor.profile.document import build, check_writable, write
 from symtensor.profile.fit import median
 from symtensor.profile.grid import KINDS, STEP_MARK, Grid, grid_for
 
@@ -209,7 +210,8 @@ def environment(backend: str, device: torch.device, dtype: str) -> dict:
     """Provenance: date, device name, software versions."""
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
-        nccl = ".".join(map(str, torch.cuda.nccl.version())) if backend == "nccl" else None
+        version = torch.cuda.nccl.version() if backend == "nccl" else None  # a tuple (older torch: an int)
+        nccl = ".".join(map(str, version)) if isinstance(version, tuple) else version and str(version)
     else:
         name = _cpu_name()
         nccl = None
@@ -292,6 +294,10 @@ def main(argv: list[str] | None = None) -> None:
     dist.init_process_group(args.backend)
     try:
         per_node = args.ranks_per_node or int(os.environ.get("LOCAL_WORLD_SIZE", dist.get_world_size()))
+        if dist.get_world_size() % per_node:
+            raise PlanError(f"--ranks-per-node {per_node} does not divide the {dist.get_world_size()} ranks")
+        if dist.get_rank() == 0:  # before minutes of measuring (symtensor profile checked it already)
+            check_writable(args.out, args.force)
         dtype = args.dtype or ("bf16" if args.backend == "nccl" else "fp32")
         result = measure(args.backend, args.quick, per_node, dtype)
         if result is not None:
