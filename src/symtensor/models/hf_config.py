@@ -116,7 +116,7 @@ class _Keys:
         bad = sorted(k for k, v in self.data.items() if _MOE_LOOKING.search(k) and k not in self.read
                      and k not in _NEUTRAL and v not in (None, 0, False, [], {}))
         if bad:
-            family = f"model_type {model_type}" if model_type else "a config.json without model_type"
+            family = f"model_type {model_type}" if model_type else "no model_type"
             raise PlanError(f"{self.path}: {family}: key(s) {', '.join(bad)} not understood (they would change the "
                             f"experts); give the model_type whose reader knows them ({', '.join(_MOE)})")
 
