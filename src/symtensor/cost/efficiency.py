@@ -21,6 +21,11 @@ class Efficiency:
         bmm: batched matmul of two activations (unfused attention scores and context).
         attention: fused FlashAttention kernels, fraction of peak FLOP/s (forward).
         attention_bwd: the same for the backward kernels (0: equal to ``attention``).
+        attention_sdpa: forward fraction of PyTorch's ``scaled_dot_product_attention`` flash
+            backend (FlashAttention-2), the kernel FSDP2/DeepSpeed stacks run, where ``attention``
+            is Transformer Engine's fused (cuDNN) attention of the Megatron stack (0: the same).
+        eager_elementwise: memory-bound ops run as eager PyTorch composites (several kernels, each
+            a pass over the tensor: ``opcost.EAGER_PASSES``) rather than fused kernels.
         attention_knee: key/value tokens at which fused attention reaches half of its
             long-sequence efficiency (short sequences leave the tensor cores idle); 0: none.
         hbm: achievable fraction of HBM bandwidth for memory-bound kernels.
@@ -43,6 +48,8 @@ class Efficiency:
     gemm_knee: float = 0.0
     attention_bwd: float = 0.0
     attention_knee: float = 0.0
+    attention_sdpa: float = 0.0
+    eager_elementwise: bool = False
     link_all_to_all: float = 0.0
     link_half_bytes: float = 0.0
     source: str = field(default="", compare=False)
@@ -74,7 +81,7 @@ ATTENTION_KNEE_TOKENS = 340.0
 # A knee of 1e10 FLOPs is ~40 us of a kernel at A100 speed: launch and wave-quantisation loss.
 # Those runs used unfused attention, so A100 fused attention is FlashAttention-2's published
 # forward fraction (73% of peak at head dim 128, long sequences; Dao 2023), not fitted.
-A100 = Efficiency(gemm=0.784, bmm=0.3417, attention=0.73, attention_bwd=0.73 * ATTENTION_BWD_RATIO,
+A100 = Efficiency(gemm=0.784, bmm=0.3417, attention=0.73, attention_bwd=0.73 * ATTENTION_BWD_RATIO, attention_sdpa=0.73,
                   attention_knee=ATTENTION_KNEE_TOKENS, hbm=0.882, link=0.8194, link_gather=0.7872,
                   gemm_knee=1e10,
                   source="A100: fitted on shared/data/calibration.csv (Korthikanti et al. 2022); see symtensor calibrate")
@@ -84,7 +91,10 @@ CALIBRATED = A100
 # --fit`` on calibration_h100.csv (NeMo 2 Llama 3.1 8B/70B/405B runs on DGX H100, 17 iteration
 # times); the batched-matmul, HBM and link fractions are A100's (the H100 rows cannot separate
 # them: every run overlaps its communication and uses fused attention).
-H100 = A100.replace(gemm=0.6208, attention=0.6332, attention_bwd=0.6332 * ATTENTION_BWD_RATIO,
+# On H100 PyTorch's SDPA runs FlashAttention-2, which reaches ~35% of the BF16 peak forward
+# (~350 TFLOP/s at head dim 128; Shah et al. 2024, FlashAttention-3, Fig. 5), against the fused
+# attention Transformer Engine runs in the NeMo rows.
+H100 = A100.replace(gemm=0.6208, attention=0.6332, attention_bwd=0.6332 * ATTENTION_BWD_RATIO, attention_sdpa=0.35,
                     source="H100: fitted on shared/data/calibration_h100.csv (NeMo 2 Llama 3.1 on DGX H100); "
                            "see symtensor calibrate")
 
@@ -98,12 +108,20 @@ def device_table(device_name: str) -> str:
     return next((k for k in TABLES if k in name), "A100")
 
 
-def efficiency_for(cluster) -> Efficiency:
+# engines whose kernels are PyTorch's own (SDPA attention, eager elementwise composites)
+PYTORCH_KERNELS = ("fsdp2", "deepspeed")
+
+
+def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:
     """The efficiency table of ``cluster``: the fields its cluster file sets (``Cluster.efficiency``,
     e.g. measured by ``symtensor profile``) over else the calibrated table of its device (other devices reuse the A100 fractions, a
-    documented transfer). ``cluster`` may also be a device name."""
+    documented transfer), with the kernels of ``framework``'s stack (``PYTORCH_KERNELS``: SDPA
+    attention and eager elementwise ops). ``cluster`` may also be a device name."""
     name = cluster if isinstance(cluster, str) else cluster.device.name
     base = TABLES[device_table(name)]
+    if framework in PYTORCH_KERNELS:
+        sdpa = base.attention_sdpa or base.attention
+        base = base.replace(attention=sdpa, attention_bwd=sdpa * ATTENTION_BWD_RATIO, eager_elementwise=True)
     own = dict(getattr(cluster, "efficiency", ()) or ())
     if own:
         return base.replace(**own, source=getattr(cluster, "efficiency_source", "") or "cluster file")

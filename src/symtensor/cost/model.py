@@ -107,11 +107,12 @@ class Evaluator:
     """
 
     def __init__(self, graph: Graph, cluster: Cluster, pp: int = 1, eff: Efficiency | None = None,
-                 shared: dict | None = None):
+                 shared: dict | None = None, framework: str = "megatron"):
         self.graph, self.cluster, self.pp = graph, cluster, pp
         self.mesh, self.pp_axes = split_mesh(cluster, pp)
         self.levels = cluster.levels
-        self.eff = eff or efficiency_for(cluster)
+        self.framework = framework  # the engine whose kernels ``eff`` describes
+        self.eff = eff or efficiency_for(cluster, framework)
         self.producer = graph.producers()
         self.consumers = graph.consumers()
         self.tensors = graph.tensors
@@ -269,6 +270,9 @@ class Evaluator:
     def evaluate(self, layouts: dict[str, OpLayout], train: TrainConfig, check: bool = True) -> CostReport:
         if train.pp != self.pp:
             raise PlanError(f"evaluator built for pp={self.pp}, configuration has pp={train.pp}")
+        if train.framework != self.framework:
+            raise PlanError(f"evaluator built for the {self.framework} engine's kernels, configuration runs "
+                            f"{train.framework}")
         if train.graph_batch != self.graph.meta["micro_batch"]:
             raise PlanError(f"graph built for {self.graph.meta['micro_batch']} sequences per micro-step, "
                             f"configuration has {train.graph_batch}")

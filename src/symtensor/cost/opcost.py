@@ -46,6 +46,8 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
     hbm = device.hbm_bandwidth * eff.hbm
     if kind.memory_bound:
+        if eff.eager_elementwise:
+            nbytes *= eager_passes(op)
         fwd = nbytes / hbm
         bwd = kind.bwd_fixed * 2 * nbytes / hbm if kind.bwd_fixed else 0.0
         return OpTime(fwd, bwd, flops)
@@ -55,6 +57,19 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
     bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
         if bwd_flops else 0.0
     return OpTime(fwd, bwd, flops)
+
+
+# Passes over the tensor of an eager PyTorch composite, against one for a fused kernel: RMSNorm
+# as x * rsqrt(mean(x^2) + eps) * w (torch.nn.RMSNorm's composite: square, mean, rsqrt-multiply,
+# weight-multiply), RoPE as torchtitan's complex rotation (upcast, complex multiply, downcast),
+# SwiGLU as silu(x1) * x3 (two kernels: 5 tensor reads/writes for a fused kernel's 3). LayerNorm,
+# residual adds and GeLU are single ATen kernels already.
+EAGER_PASSES = {("norm", "rmsnorm"): 3.0, ("elementwise", "rope"): 3.0, ("elementwise", "swiglu"): 5 / 3}
+
+
+def eager_passes(op) -> float:
+    """How many times an eager PyTorch stack moves a memory-bound op's bytes (see EAGER_PASSES)."""
+    return EAGER_PASSES.get((op.kind, op.attr("fn")), 1.0)
 
 
 # Fused attention's efficiency falls at short key sequences and small head dims (FlashAttention-2,
