@@ -235,6 +235,12 @@ def test_model_config_checks(base, changes, match):
 def test_set_reads_layer_lists():
     cfg = apply_overrides(PRESETS["gpt-oss-120b"], ["window=256", "window_layers=1,3"])
     assert (cfg.window, cfg.window_layers) == (256, (1, 3))
+    # fewer layers keep the pattern of the first ones
+    assert apply_overrides(PRESETS["gpt-oss-120b"], ["layers=5"]).window_layers == (0, 2, 4)
+    sparse = PRESETS["qwen3-30b-a3b"].replace(moe_layers=(3, 5))
+    assert apply_overrides(sparse, ["layers=5"]).moe_layers == (3,)
+    with pytest.raises(PlanError, match=r"--set layers=3: none of moe_layers \(3, 5\) is below 3; set moe_layers"):
+        apply_overrides(sparse, ["layers=3"])
 
 
 # -- graph content --------------------------------------------------------------------------------

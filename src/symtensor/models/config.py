@@ -319,7 +319,23 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, str] | list[str] | No
     for key, follows in derived.items():
         if follows and key not in changes:
             changes[key] = 0  # recomputed in __post_init__
+    if isinstance(changes.get("layers"), int):
+        changes.update(_cut_layer_lists(cfg, changes))
     return cfg.replace(**changes)
+
+
+def _cut_layer_lists(cfg: ModelConfig, changes: dict) -> dict:
+    """``--set layers=N``: a model cut to its first N layers keeps their MoE and window pattern."""
+    depth, kept = changes["layers"], {}
+    for key in ("moe_layers", "window_layers"):
+        listed = getattr(cfg, key)
+        cut = tuple(i for i in listed if i < depth)
+        if key in changes or cut == listed:
+            continue
+        if not cut:  # an empty list means every layer
+            raise PlanError(f"--set layers={depth}: none of {key} {listed} is below {depth}; set {key} too")
+        kept[key] = cut
+    return kept
 
 
 def from_hf_dict(data: dict, name: str = "hf-model", path: str = "config.json") -> ModelConfig:
