@@ -200,8 +200,10 @@ GRAPH_70B = build_graph(PRESETS["llama2-70b"], micro_batch=2, seq=128, skeleton=
     (GRAPH_7B, "layers.0.q_proj", {"f": (1,)}, MESH_24, r"layout cuts dim 'f', which is not one of its dims"),
     (GRAPH_7B, "layers.0.q_proj", {"b": (7,)}, MESH_24, r"names mesh axis 7, but the mesh has 4 axes"),
     (GRAPH_70B, "layers.0.core", {"n": (0, 1, 2, 3)}, MESH_32, r"linked dim g=8 is not divisible by its cut 16"),
+    (GRAPH_7B, "layers.0.q_proj", {"h": (1,), "n": (2,)}, MESH_24,
+     r"cuts both the weight's reduction dim\(s\) \['h'\] and output dim\(s\) \['n'\]; cut one of them"),
 ], ids=["not-dividing", "attention-head-dim", "attention-key-seq", "norm-axis", "axis-twice", "axis-twice-same-dim",
-        "unknown-dim", "axis-out-of-range", "linked-kv-heads"])
+        "unknown-dim", "axis-out-of-range", "linked-kv-heads", "matmul-reduction-and-output"])
 def test_illegal_layout_refused(graph, op, cuts, mesh, match):
     op = next(o for o in graph.ops if o.name == op)
     with pytest.raises(PlanError, match=match):
@@ -359,3 +361,21 @@ def test_comm_bytes_key_names():
     rep = _evaluate("mixtral-tp2-ep4")
     assert set(rep.comm_bytes) <= set(KINDS)
     assert rep.breakdown["ep_comm"] > 0 and rep.comm_bytes["all_to_all"] > 0
+
+
+@PROPERTY
+@given(op=st.sampled_from([o.name for o in GRAPH_7B.ops if o.layer == 0]),
+       cuts=st.dictionaries(st.sampled_from("bsthngdfv"), st.lists(st.integers(0, 3), max_size=2), max_size=3))
+def test_one_legality_rule(op, cuts):
+    """The search's ``legal`` and plan files' ``check_layout`` are one rule: a hand-edited plan file
+    once loaded ``{h: 0, n: 1}`` on q_proj, a layout the search refused."""
+    from symtensor.search.partition import legal
+
+    op = next(o for o in GRAPH_7B.ops if o.name == op)
+    lay = OpLayout.of(cuts)
+    try:
+        check_layout(op, lay, MESH_24)
+        accepted = True
+    except PlanError:
+        accepted = False
+    assert accepted == legal(op, lay, MESH_24)

@@ -302,7 +302,9 @@ class _Recording(Problem):
 
 
 class _Direct(Problem):
-    """Costs of its own (the same ones): the search memoises them by uid, not by orbit."""
+    """The same costs, declared position-dependent: the search memoises them by uid, not by orbit."""
+
+    SYMMETRIC_COSTS = False
 
     def _op_terms(self, op, layout):
         return super()._op_terms(op, layout)

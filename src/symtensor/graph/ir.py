@@ -109,10 +109,10 @@ class Op:
     def dim_sizes(self) -> dict[str, int]:
         return self._sizes
 
-    @property
-    def reduced_dims(self) -> tuple[str, ...]:
-        produced = {d for dims in self.out_dims for d in dims}
-        return tuple(d for d, _ in self.dims if d not in produced)
+    def output_slot(self, tname: str) -> int:
+        """The output slot that holds tensor ``tname`` (0 for a stand-in producer, which holds
+        none: a repeated skeleton layer's input comes from its own previous copy)."""
+        return self.outputs.index(tname) if tname in self.outputs else 0
 
     def attr(self, key: str, default=None):
         return self._attrs.get(key, default)

@@ -20,12 +20,14 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from symtensor.cost import RECOMPUTE, CostReport, Evaluator
+from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.model import MEMORY_HEADROOM
 from symtensor.errors import PlanError
 from symtensor.hardware import Cluster
+from symtensor.layout import OpLayout
 from symtensor.models import ModelConfig, build_graph
-from symtensor.search.megatron import ParallelConfig, megatron_layouts
+from symtensor.search.megatron import ParallelConfig, megatron_layouts, op_roles
+from symtensor.search.partition import Problem
 
 MICRO_BATCHES = (1, 2, 4, 8)
 
@@ -47,10 +49,12 @@ class Candidate:
 class EvaluatorPool:
     """Evaluators (skeleton graph + cluster + pp) shared by all configurations of one search."""
 
-    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None):
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None, framework: str = "megatron"):
         """``graph_factory(graph_batch)`` supplies the graphs (a captured model); default: the
-        builders' skeleton graphs of ``cfg``."""
+        builders' skeleton graphs of ``cfg``. ``framework``: the engine every configuration of
+        this search is costed under (``cost.engine``)."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
+        self.framework = framework
         self.graph_factory = graph_factory
         self._evs: dict = {}
         self._shared: dict = {}  # pp -> the caches its evaluators share (see Evaluator)
@@ -59,6 +63,11 @@ class EvaluatorPool:
         self._param_sums = None
         self._recomputations = None
         self._grids: dict = {}  # global batch -> grid_points
+        self._roles: dict = {}  # graph batch -> megatron.op_roles of its graph
+        self._memos: dict = {}  # (graph batch, pp) -> the tables its problems share (see Problem)
+        # the search's layouts are one family (see OpLayout): equal layouts are one object, and
+        # what is derived from them is memoised once for every evaluator
+        self.family = OpLayout.family()
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         key = (graph_batch, pp)
@@ -71,8 +80,15 @@ class EvaluatorPool:
                     else build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True,
                                      validate=not self._graphs))
             # the evaluators of one pipeline depth share one mesh, and their batch-free caches
-            self._evs[key] = Evaluator(graph, self.cluster, pp=pp, shared=self._shared.setdefault(pp, {}))
+            self._evs[key] = Evaluator(graph, self.cluster, pp=pp, shared=self._shared.setdefault(pp, {}),
+                                       framework=self.framework)
         return self._evs[key]
+
+    def problem(self, train: TrainConfig, lam: float = 0.0) -> Problem:
+        """The per-op problem of ``train`` (its graph batch and pipeline depth) with memory weight
+        ``lam``; the problems of one evaluator share the tables that do not depend on ``lam``."""
+        key = (train.graph_batch, train.pp)
+        return Problem(self.get(*key), train, lam, memo=self._memos.setdefault(key, {("root",): self.family}))
 
     def grid(self, global_batch: int) -> list[dict]:
         """``grid_points`` of this model and cluster, enumerated once per search (the seeds, their
@@ -107,7 +123,10 @@ class EvaluatorPool:
             ev = self.get(pc.micro_batch * pc.dp, pc.pp)
             if len(self._layouts) > 64:
                 self._layouts.clear()
-            hit = self._layouts[key] = (ev, megatron_layouts(ev.graph, ev.mesh, pc))
+            roles = self._roles.get(pc.micro_batch * pc.dp)
+            if roles is None:
+                roles = self._roles[pc.micro_batch * pc.dp] = op_roles(ev.graph)
+            hit = self._layouts[key] = (ev, megatron_layouts(ev.graph, ev.mesh, pc, roles, self.family))
         return hit
 
     def evaluate(self, pc: ParallelConfig) -> Candidate:
@@ -175,14 +194,14 @@ def _divisors(n: int) -> list[int]:
 
 def _try(pool: EvaluatorPool, **kw) -> Candidate | None:
     try:
-        return pool.evaluate(ParallelConfig(**kw))
+        return pool.evaluate(ParallelConfig(**{**kw, "framework": pool.framework}))
     except PlanError:
         return None
 
 
 def _static_fits(pool: EvaluatorPool, base: dict) -> bool:
     try:
-        return pool.static_fits(ParallelConfig(**base))
+        return pool.static_fits(ParallelConfig(**{**base, "framework": pool.framework}))
     except PlanError:
         return False
 

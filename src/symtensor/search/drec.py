@@ -11,6 +11,8 @@ from symtensor.search.partition import Problem, partition
 class DrecProblem(Problem):
     """D-Rec's element-count costs in place of seconds."""
 
+    SYMMETRIC_COSTS = False  # D-Rec's costs read the positions of mesh axes (outermost first)
+
     def _op_cost(self, op, layout):
         return self.weight[op.name] * drec.op_cost(op, layout, self.ev.mesh)
 

@@ -18,10 +18,11 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass
 
 from symtensor.cost import Evaluator, TrainConfig
+from symtensor.cost.train import chunks_fit
 from symtensor.errors import PlanError
 from symtensor.graph import Graph
 from symtensor.hardware import Cluster
-from symtensor.layout import OpLayout
+from symtensor.layout import REPLICATED, OpLayout
 from symtensor.models import ModelConfig, build_graph
 
 
@@ -41,6 +42,7 @@ class ParallelConfig:
     global_batch: int = 1
     seq: int = 2048
     vpp: int = 1
+    framework: str = "megatron"  # the engine whose semantics the costs follow (cost/engine.py)
 
     def as_dict(self) -> dict:
         return asdict(self)
@@ -78,14 +80,14 @@ class ParallelConfig:
             raise PlanError(f"ep={self.ep} must divide dp={self.dp} (expert parallelism is carved from data parallelism)")
         if self.pp > cfg.layers:
             raise PlanError(f"pp={self.pp} exceeds the {cfg.layers} layers")
-        if self.vpp > 1 and cfg.layers % (self.pp * self.vpp):
+        if self.vpp > 1 and not chunks_fit(cfg.layers, self.pp, self.vpp):
             raise PlanError(f"{cfg.layers} layers do not split into pp*vpp = {self.pp * self.vpp} chunks")
         if self.tp == 1 and self.sp:
             raise PlanError("sequence parallelism (--sp) needs tp > 1")
 
     def train_config(self) -> TrainConfig:
         return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps(), pp=self.pp,
-                           vpp=self.vpp, recompute=self.recompute, zero=self.zero)
+                           vpp=self.vpp, recompute=self.recompute, zero=self.zero, framework=self.framework)
 
 
 def _take(mesh, free: list[int], degree: int, what: str) -> tuple[int, ...]:
@@ -115,7 +117,7 @@ _COLUMN = {"q_proj": "n", "k_proj": "g", "v_proj": "g", "gate_proj": "f", "up_pr
 _ROW = {"o_proj": ("n", "d"), "down_proj": ("f",)}
 
 
-def _tp_dim(op) -> str | None:
+def tp_dim(op) -> str | None:
     """The dim Megatron's tensor parallelism cuts in this op, or None (replicated / sequence)."""
     block = op.block.split(".")
     leaf = block[-1]
@@ -149,31 +151,35 @@ def expert_op(op) -> bool:
     return op.kind in ("linear", "elementwise") and any(d and d[0] == "e" for d in op.in_dims)
 
 
-_ROLES: dict = {}
-
-
-def _roles(op) -> tuple:
-    """(expert op, its sequence dim, the tensor-parallel dim, whether sequence parallelism cuts it,
-    whether it has a batch dim); memoised per op shape and place, as every grid point asks."""
-    key = (op.kind, op.block, op.in_dims, op.out_dims)
-    hit = _ROLES.get(key)
-    if hit is None:
+def op_roles(graph: Graph) -> dict[str, tuple]:
+    """Per op, what ``megatron_layouts`` reads of it: (expert op, its sequence dim, the
+    tensor-parallel dim, whether sequence parallelism cuts it, whether it has a batch dim).
+    Fixed by the graph: ``EvaluatorPool`` keeps one per graph, as every grid point asks."""
+    roles = {}
+    for op in graph.ops:
         sizes = op.dim_sizes
         expert = expert_op(op)
         seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
-        tdim = _tp_dim(op)
+        tdim = tp_dim(op)
         tdim = tdim if tdim in sizes else None
         sp = "s" in sizes and op.kind in ("norm", "elementwise") and not expert
-        hit = _ROLES[key] = (expert, seq_dim if seq_dim in sizes else None, tdim, sp, "b" in sizes)
-    return hit
+        roles[op.name] = (expert, seq_dim if seq_dim in sizes else None, tdim, sp, "b" in sizes)
+    return roles
 
 
-def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig) -> dict[str, OpLayout]:
-    """Per-op layouts of a Megatron configuration on the stage mesh."""
+def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None = None,
+                     family: OpLayout = REPLICATED) -> dict[str, OpLayout]:
+    """Per-op layouts of a Megatron configuration on the stage mesh.
+
+    Args:
+        roles: ``op_roles(graph)``, when the caller keeps it.
+        family: a layout whose family the layouts join (``OpLayout.family``; a search's).
+    """
     ax = assign_axes(mesh, pc)
+    roles = op_roles(graph) if roles is None else roles
     layouts = {}
     for op in graph.ops:
-        expert, seq_dim, tdim, sp, batch = _roles(op)
+        expert, seq_dim, tdim, sp, batch = roles[op.name]
         cuts: dict[str, tuple[int, ...]] = {}
         if batch:
             cuts["b"] = ax["edp"] if expert else ax["dp"]
@@ -185,7 +191,7 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig) -> dict[str, OpLayo
             cuts[tdim] = ax["tp"]
         elif ax["tp"] and pc.sp and sp:
             cuts["s"] = cuts.get("s", ()) + ax["tp"]
-        layouts[op.name] = OpLayout.of(cuts)
+        layouts[op.name] = family.relative(cuts)
     return layouts
 
 
@@ -193,6 +199,6 @@ def evaluate_megatron(cfg: ModelConfig, cluster: Cluster, pc: ParallelConfig, gr
     """Cost a Megatron configuration with the SymTensor model; returns (report, layouts, evaluator)."""
     pc.validate(cfg, cluster.n_devices)
     graph = graph or build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, skeleton=True)
-    ev = Evaluator(graph, cluster, pp=pc.pp)
+    ev = Evaluator(graph, cluster, pp=pc.pp, framework=pc.framework)
     layouts = megatron_layouts(graph, ev.mesh, pc)
     return ev.evaluate(layouts, pc.train_config()), layouts, ev

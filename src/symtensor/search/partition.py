@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from operator import attrgetter, or_
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.model import _out_slot, recomputed
-from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
-from symtensor.graph import layer_repeat, op_no_cut, op_saves
-from symtensor.layout import REPLICATED, OpLayout, cut_factor, linked_layout
+from symtensor.cost.model import recomputed
+from symtensor.cost.terms import edge_seconds, edge_terms, op_cost, saved_bytes
+from symtensor.graph import layer_repeat, op_no_cut
+from symtensor.layout import REPLICATED, OpLayout, cut_factor, linked_layout, matmul_roles, refusal
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,9 +44,22 @@ class Edge:
 
 
 class Problem:
-    """Op and edge costs in seconds for one outer point; memoised."""
+    """Op and edge costs in seconds for one outer point; memoised.
 
-    def __init__(self, ev: Evaluator, train: TrainConfig, lam: float = 0.0):
+    Args:
+        ev: the evaluator of the point's graph and stage mesh.
+        train: the point's training configuration.
+        lam: the memory weight, seconds per byte.
+        memo: the tables shared by the problems of one evaluator (``EvaluatorPool.problem`` passes
+            its own; a fresh one when None): what does not depend on the memory weight.
+    """
+
+    # Costs that read only the levels and sizes of mesh axes, never their positions, may be shared
+    # by the orbits of layouts under the mesh's symmetry (see ``_symmetry``); a subclass whose
+    # costs read positions (D-Rec's) sets this False and its tables are keyed by layout uids.
+    SYMMETRIC_COSTS = True
+
+    def __init__(self, ev: Evaluator, train: TrainConfig, lam: float = 0.0, memo: dict | None = None):
         self.ev, self.train, self.lam = ev, train, lam
         g = ev.graph
         self.layers = g.meta["layers"]
@@ -62,8 +75,6 @@ class Problem:
             self.nbrs[e.dst.name].append(e)
         m, v = train.micro_steps, train.vpp
         self.inflight = min(m, pp) * (1 + (pp - 1) / (pp * v)) if v > 1 else min(m, pp)
-        overlap = ev.eff.dp_overlap if train.dp_overlap is None else train.dp_overlap
-        self.exposed = 1 - overlap
         # per op: (edge, the other op's name, whether this op is the producer)
         self.links = {op.name: [(e, (e.dst if e.src is op else e.src).name, e.src is op) for e in self.nbrs[op.name]]
                       for op in self.ops}
@@ -75,9 +86,9 @@ class Problem:
         self.edge_class = {id(e): eclasses.setdefault(
             (self.op_class[e.src.name], e.src_slot, self.op_class[e.dst.name], e.dst_slot, e.weight), len(eclasses))
             for e in self.edges}
-        self._init_memos()
+        self._init_memos({} if memo is None else memo)
 
-    def _init_memos(self):
+    def _init_memos(self, shared: dict):
         """Memo tables, keyed by layout uids (plain ints, see ``symtensor.layout``): the search asks
         each of them tens of thousands of times.
 
@@ -90,13 +101,15 @@ class Problem:
         ``_symmetry``): a miss of this problem's uid table computes a cost only for a new orbit.
         """
         ev, train = self.ev, self.train
-        shared = ev.__dict__.setdefault("_search_memo", {}) if hasattr(ev, "__dict__") else {}
         self._op_memo, self._legal_memo, self._cand_memo, self._move_memo = {}, {}, {}, {}
         per_class: dict = {}
         for name, c in self.op_class.items():
             # uid -> cost, uid -> legal, (uid, axis) -> [layouts], uid -> (layouts one move away)
             memos = per_class.setdefault(c, ({}, {}, {}, {}))
             self._op_memo[name], self._legal_memo[name], self._cand_memo[name], self._move_memo[name] = memos
+        # the replicated layout the recursion starts from: this evaluator's own, so that what is
+        # derived from it (memoised on the layout) is shared by its problems and dies with them
+        self.root = shared.setdefault(("root",), OpLayout.family())
         self._template_memo = {op.name: {} for op in self.ops}  # (uid, axis, kind) -> layout
         self._template_dims = {op.name: {} for op in self.ops}  # kind -> dim or None
         # (terms, saved bytes) by orbit id (by uid for a subclass; see _symmetry), per cost class:
@@ -139,11 +152,9 @@ class Problem:
         self._orbits = orbits
         # orbit id -> legal, per op signature (all that ``legal`` reads of an op)
         self._legal_shared = {op.name: shared.setdefault(("legal", op.signature), {}) for op in self.ops}
-        cls = type(self)
-        own_ops = cls._op_terms is Problem._op_terms and cls._saved_bytes is Problem._saved_bytes
-        self._op_key = orbits.op if own_ops else _uid
-        own_edges = cls._edge_cost is Problem._edge_cost
-        self._edge_key = orbits.edge if own_edges and orbits.symmetric else _uid_pair
+        symmetric = self.SYMMETRIC_COSTS
+        self._op_key = orbits.op if symmetric else _uid
+        self._edge_key = orbits.edge if symmetric and orbits.symmetric else _uid_pair
 
     def _edges(self) -> list[Edge]:
         """Producer -> consumer edges; an input of a repeated skeleton layer also comes, for all but
@@ -168,10 +179,11 @@ class Problem:
                     if twin is not None and r > 1:
                         out.append(Edge(twin, 0, v, slot, t, w * (r - 1) / r))
                     w = w / r
-                out.append(Edge(u, _out_slot(u, t), v, slot, t, w))
+                out.append(Edge(u, u.output_slot(t), v, slot, t, w))
         return out
 
     def legal(self, op, layout: OpLayout) -> bool:
+        """``legal`` (the one legality rule), memoised: the search asks it for every move."""
         memo = self._legal_memo[op.name]
         hit = memo.get(layout.uid)
         if hit is None:  # legality reads dim sizes and axis sizes only: one per orbit
@@ -194,7 +206,7 @@ class Problem:
         memo = self._move_memo[op.name]
         hit = memo.get(layout.uid)
         if hit is None:
-            hit = memo[layout.uid] = tuple(_moves(op, layout, self.ev.mesh, self.legal))
+            hit = memo[layout.uid] = tuple(_moves(self, op, layout))
         return hit
 
     def template_cut(self, op, base: OpLayout, axis: int, kind: str) -> OpLayout:
@@ -234,21 +246,8 @@ class Problem:
     def _op_terms(self, op, layout: OpLayout) -> tuple[float, float, float]:
         """(seconds per micro-batch, seconds per step, static bytes): the op's cost without the
         memory weight."""
-        ev, train = self.ev, self.train
-        redo = self.redo(op)
-        t = ev.op_time(op, layout)
-        per_mb = t.fwd_s + t.bwd_s + (t.fwd_s if redo else 0.0)
-        intra = intra_collectives(op, layout, ev.mesh)
-        if intra:
-            per_mb += collectives_time(intra, ev.mesh, ev.levels, ev.eff) * (2 if redo else 1)
-        per_step, static = 0.0, 0.0
-        for slot, tname in enumerate(op.inputs):
-            tensor = ev.tensors[tname]
-            if tensor.param:
-                pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, frozenset(layout.axes_of("b")))
-                per_step += self.exposed * pc.sync_s + pc.opt_time
-                static += pc.params + pc.grads + pc.optimizer
-        return per_mb, per_step, static
+        terms = op_cost(self.ev, op, layout, self.train)
+        return terms.per_microbatch_s, terms.per_step_s, terms.params.static_bytes
 
     def saved_bytes(self, op, layout: OpLayout) -> float:
         """Activation bytes one micro-batch of this op keeps for backward on one device (the search's
@@ -260,18 +259,7 @@ class Problem:
         return hit
 
     def _saved_bytes(self, op, layout: OpLayout) -> float:
-        ev, train = self.ev, self.train
-        if self.redo(op) and (train.recompute == "full" or op.attr("core")):
-            return 0.0
-        saved = 0.0
-        for slot_name in op_saves(op):
-            io, idx = slot_name[:-1], int(slot_name[-1])
-            tname = op.inputs[idx] if io == "in" else op.outputs[idx]
-            if ev.tensors[tname].param:
-                continue
-            view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
-            saved += ev.tensors[tname].nbytes / view.factor(ev.mesh)
-        return saved + extra_saved_bytes(op, layout, ev.mesh)
+        return saved_bytes(self.ev, op, layout, self.train)
 
     def edge_cost(self, e: Edge, lu: OpLayout, lv: OpLayout) -> float:
         row = self._edge_memo[id(e)].get(lu.uid)
@@ -292,14 +280,10 @@ class Problem:
     def _edge_cost(self, e: Edge, lu: OpLayout, lv: OpLayout) -> float:
         """Seconds of one micro-batch of one layer: the forward redistribution (twice under
         recomputation) and the backward one of the gradient."""
-        ev = self.ev
         src, gdst = self._view(e, lu, True)
         dst, gsrc = self._view(e, lv, False)
-        fwd = ev.edge(src, dst, e.tensor)[0]
-        bwd = 0.0
-        if gsrc is not None:
-            bwd = ev.edge(gsrc, gdst, e.tensor)[0]
-        return fwd * (2 if self.redo(e.dst) else 1) + bwd
+        fwd, _, bwd, _ = edge_terms(self.ev, e.tensor, src, dst, gsrc, gdst)
+        return edge_seconds(fwd, bwd, self.redo(e.dst))
 
     def _view(self, e: Edge, layout: OpLayout, producer: bool):
         """How ``e``'s tensor is placed by its producer (``producer``) or its consumer with
@@ -413,22 +397,17 @@ class _Orbits:
         return tuple(sorted(map(or_, u, v)))
 
 
-def _matmul_roles(op):
-    """(reduction dims, output dims) of a linear op's weight; never cut both in one op."""
-    if op.kind != "linear":
-        return set(), set()
-    x, w, y = set(op.in_dims[0]), set(op.in_dims[1]), set(op.out_dims[0])
-    return (w & x) - y, (w & y) - x
-
-
 def candidates(op, layout: OpLayout, axis: int, mesh):
-    """Legal layouts after this axis: the current one (no cut) and one more cut of each dim."""
+    """Legal layouts after this axis: the current one (no cut) and one more cut of each dim.
+
+    The rules of ``legal`` are built in (no layout is built to be refused), except that linked
+    and carried dims are never cut on their own: they follow their source."""
     yield layout
     size = mesh[axis].size
     full = linked_layout(op, layout)
     sizes = op.dim_sizes
     forbidden = op_no_cut(op)
-    reduce_dims, out_dims = _matmul_roles(op)
+    reduce_dims, out_dims = matmul_roles(op)
     cut = {d for d, _ in full.cuts}
     links = dict(op.attr("linked", ()) + op.attr("carry", ()))
     for d, n in op.dims:
@@ -458,7 +437,7 @@ def partition(problem: Problem, order: str = "topological", refine: bool = True,
             which lets memory pressure put tensor parallelism on the fast links.
     """
     ev = problem.ev
-    layouts = {op.name: REPLICATED for op in problem.ops}
+    layouts = {op.name: problem.root for op in problem.ops}
     axes = range(len(ev.mesh)) if levels == "outer" else reversed(range(len(ev.mesh)))
     for axis in axes:
         if order == "weight":
@@ -491,7 +470,7 @@ TEMPLATES = ("data", "tensor", "context", "expert")
 
 
 def _template_dim(op, kind: str) -> str | None:
-    from symtensor.search.megatron import _tp_dim, expert_op
+    from symtensor.search.megatron import expert_op, tp_dim
 
     sizes = op.dim_sizes
     expert = expert_op(op)
@@ -503,7 +482,7 @@ def _template_dim(op, kind: str) -> str | None:
         return "s" if "s" in sizes else None
     if kind == "expert":
         return "e" if expert else ("b" if "b" in sizes else None)
-    tdim = _tp_dim(op)  # Megatron's tensor (+ sequence) parallel cut
+    tdim = tp_dim(op)  # Megatron's tensor (+ sequence) parallel cut
     if tdim and tdim in sizes:
         return tdim
     if op.kind in ("norm", "elementwise") and "s" in sizes and not expert:
@@ -533,31 +512,18 @@ def _best(problem: Problem, op, base: OpLayout, axis: int, layouts, decided) -> 
 
 
 def legal(op, layout: OpLayout, mesh) -> bool:
-    """Whether every cut divides its dim, no forbidden dim is cut and a matmul does not cut both
-    its weight's reduction and output dims (the rules ``candidates`` builds in)."""
-    full = linked_layout(op, layout)
-    forbidden = op_no_cut(op)
-    seen = set()
-    for d, axes in layout.cuts:
-        if d in forbidden or seen & set(axes):
-            return False
-        seen.update(axes)
-    sizes = op.dim_sizes
-    for d, _ in full.cuts:
-        if sizes[d] % cut_factor(full, d, mesh):
-            return False
-    reduce_dims, out_dims = _matmul_roles(op)
-    cut = {d for d, _ in layout.cuts}
-    return not (cut & reduce_dims and cut & out_dims)
+    """Whether ``layout`` is legal for ``op`` (``symtensor.layout.refusal`` gives the reason)."""
+    return refusal(op, layout, mesh) is None
 
 
-def _moves(op, layout: OpLayout, mesh, is_legal):
+def _moves(problem: Problem, op, layout: OpLayout):
     """Layouts one axis away: an axis moved to another dim, dropped, or a free axis added."""
+    mesh, is_legal = problem.ev.mesh, problem.legal
     dims = [d for d, _ in op.dims if d not in dict(op.attr("linked", ()) + op.attr("carry", ())).values()]
     current = layout.as_dict()
     for a in range(len(mesh)):
         here = next((d for d, ax in current.items() if a in ax), None)
-        base = layout.without_axes({a}) if here else layout
+        base = layout.without_axes((a,)) if here else layout
         if here:
             yield base
         for d in dims:
@@ -650,7 +616,7 @@ def refine_blocks(problem: Problem, layouts: dict[str, OpLayout], rounds: int = 
             current = local(ops, edges, layouts)
             for axis in range(len(problem.ev.mesh)):
                 # trials only move this axis: they all start from the block without it
-                bases = [(op, layouts[op.name].without_axes({axis})) for op in ops]
+                bases = [(op, layouts[op.name].without_axes((axis,))) for op in ops]
                 for kind in TEMPLATES + ("none",):
                     moved = {op.name: template_cut(op, base, axis, kind) for op, base in bases}
                     if all(lay.uid == layouts[name].uid for name, lay in moved.items()):

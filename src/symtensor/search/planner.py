@@ -98,10 +98,10 @@ class _Search:
 
     def problem(self, pp: int, m: int, lam: float, recompute: str = "none", zero: int = 1) -> Problem:
         """The per-op problem of one partition (counted)."""
-        ev = self.evaluator(self.global_batch // m, pp)
-        train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, recompute=recompute, zero=zero)
+        train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, recompute=recompute, zero=zero,
+                            framework=self.pool.framework)
         self.partitions += 1
-        return Problem(ev, train, lam)
+        return self.pool.problem(train, lam)
 
     def absorb(self, other: "_Search") -> None:
         """Take the plans of a search run beside this one (its fastest and its smallest) and its
@@ -170,7 +170,7 @@ class _Search:
             plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
             if seen is not None:
                 mem = plan.report.memory
-                state = mem["params"] + mem["grads"] + mem["optimizer"]
+                state = mem["static"]
                 seen[(rc, zero)] = (gbatch, state, plan.report.memory_peak - state)
             if plan.report.fits:
                 for vpp in vpps:
@@ -194,7 +194,8 @@ class _Search:
         return out
 
     def _train(self, pp, m, vpp, rc, zero) -> TrainConfig:
-        return TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero)
+        return TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero,
+                           framework=self.pool.framework)
 
     def _cost(self, ev, layouts, pp, m, vpp, rc, zero) -> Plan:
         train = self._train(pp, m, vpp, rc, zero)
@@ -222,10 +223,7 @@ def _factor(layout: OpLayout, dim: str, mesh) -> int:
 
 def rollback(layouts: dict[str, OpLayout], k: int) -> dict[str, OpLayout]:
     """Drop the cuts on the first ``k`` mesh axes (they become pipeline stages) and re-index."""
-    out = {}
-    for name, lay in layouts.items():
-        out[name] = OpLayout.of({d: tuple(a - k for a in ax if a >= k) for d, ax in lay.cuts})
-    return out
+    return {name: lay.without_outer(k) for name, lay in layouts.items()}
 
 
 def _rollback_axes(cluster: Cluster, pp: int) -> int | None:
@@ -243,8 +241,10 @@ SMALL_CLUSTER = 16  # and so are clusters of at most this many devices
 
 
 def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
-           order: str = "topological", space: str = "symtensor", graph_factory=None) -> Plan:
-    """The SymTensor plan: the fastest predicted step that fits in memory.
+           order: str = "topological", space: str = "symtensor", graph_factory=None,
+           framework: str = "megatron") -> Plan:
+    """The SymTensor plan: the fastest predicted step that fits in memory, costed under
+    ``framework``'s engine semantics (``cost.engine``).
 
     Args:
         space: ``symtensor`` (per-op layouts) or ``megatron`` (Megatron-expressible plans only,
@@ -252,7 +252,7 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         graph_factory: graphs per micro-step batch for a captured model (``frontends``).
     """
     with _collector_paused():
-        return _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory)
+        return _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework)
 
 
 @contextmanager
@@ -269,9 +269,9 @@ def _collector_paused():
             gc.enable()
 
 
-def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory) -> Plan:
+def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework) -> Plan:
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq, graph_factory)
+    pool = EvaluatorPool(cfg, cluster, seq, graph_factory, framework)
     s = _Search(pool, global_batch, micro_batch, order)
     if space == "megatron":
         seed, points = megatron_grid(pool, global_batch, micro_batch)
@@ -291,7 +291,7 @@ def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_fa
     if base is None and s.best is not None:
         # the child refines the best seed while this process partitions its stage mesh
         seed = s.best
-        with Background(lambda: _portable(_refine_plan(seed)), fork=fork) as job:
+        with Background(lambda: _portable(_refine_plan(s.pool, seed)), fork=fork) as job:
             _partitions(s, base)
             _adopt(s, job.result())
         seed.refined = True
@@ -616,12 +616,12 @@ def _pressed(plan: Plan | None) -> bool:
     return plan is None or plan.train.recompute != "none"
 
 
-def _refine_plan(plan: Plan) -> list[Plan]:
+def _refine_plan(pool: EvaluatorPool, plan: Plan) -> list[Plan]:
     """Per-op local search around ``plan`` (with a memory weight too when it needs recomputation
     or does not fit): the plans it leads to, costed by the full model."""
     rep, out = plan.report, []
     for lam in (0.0, rep.step_time_s / rep.capacity) if _pressed(plan) or not rep.fits else (0.0,):
-        problem = Problem(plan.evaluator, plan.train, lam)
+        problem = pool.problem(plan.train, lam)
         layouts = refine(problem, refine_blocks(problem, plan.layouts))
         if layouts != plan.layouts:
             out.append(Plan(plan.cfg, plan.cluster, plan.train, plan.seq, layouts,
@@ -635,7 +635,7 @@ def _refine(s: "_Search", plan: Plan | None) -> None:
     if plan is None or plan.refined:
         return
     plan.refined = True
-    for better in _refine_plan(plan):
+    for better in _refine_plan(s.pool, plan):
         s.offer(better)
 
 
