@@ -94,7 +94,7 @@ def compute_formula(ev, op, layout: OpLayout) -> dict:
         bwd_flops = flops * ratio
         peak = peak_bwd = _sym("P") * _sym(eta)
         if op.kind == "attention":  # separate backward fraction; both scaled by the shape factor
-            shape = attention_shape_factor(op.dim_sizes, ev.eff)
+            shape = attention_shape_factor(op.dim_sizes, ev.eff, op.attr("window"))
             values.update(eta_attention=ev.eff.attention * shape, eta_attention_bwd=ev.eff.attention_bwd * shape)
             peak_bwd = _sym("P") * _sym("eta_attention_bwd")
         fwd = _Roofline((flops + _sym("K")) / peak, hbm_time)

@@ -9,6 +9,7 @@ an :class:`~symtensor.cost.efficiency.Efficiency`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from symtensor.cost.collectives import collective_time, level_counts
@@ -80,9 +81,12 @@ ATTENTION_HEAD_DIM_KNEE = 32.0
 ATTENTION_REF_HEAD_DIM = 128.0
 
 
-def attention_shape_factor(sizes, eff) -> float:
-    """Fused attention's efficiency relative to its long-sequence, head-dim-128 value."""
+def attention_shape_factor(sizes, eff, window=None) -> float:
+    """Fused attention's efficiency relative to its long-sequence, head-dim-128 value; with a
+    sliding ``window`` the keys a query block reads are at most the window."""
     t, d = sizes["t"], sizes["d"]
+    if window and t > window:
+        t = window
     seq = t / (t + eff.attention_knee) if eff.attention_knee else 1.0
     ref = ATTENTION_REF_HEAD_DIM / (ATTENTION_REF_HEAD_DIM + ATTENTION_HEAD_DIM_KNEE)
     return seq * (d / (d + ATTENTION_HEAD_DIM_KNEE)) / ref
@@ -95,10 +99,26 @@ def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype) -> tuple[f
     bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
     peak = device.flops(dtype)
     if op.kind == "attention":
-        shape = attention_shape_factor(sizes, eff)
+        shape = attention_shape_factor(sizes, eff, op.attr("window"))
         return flops, bwd_flops, peak * eff.attention * shape, peak * eff.attention_bwd * shape
-    rate = peak * (eff.bmm if op.kind == "bmm" else eff.gemm)
+    rate = peak * (eff.bmm if op.kind == "bmm" else eff.gemm) * grouped_tile_factor(op, sizes)
     return flops, bwd_flops, rate, rate
+
+
+# Grouped expert GEMMs tile each expert's tokens in blocks of GEMM_TILE_ROWS rows (CUTLASS and
+# cuBLAS grouped GEMMs on A100/H100 use 128-row tiles): an expert with c tokens fills
+# c / (128 * ceil(c / 128)) of its tiles' rows.
+GEMM_TILE_ROWS = 128
+
+
+def grouped_tile_factor(op, sizes) -> float:
+    """The fraction of a grouped expert GEMM's tile rows that hold tokens (1 for other ops)."""
+    if op.kind != "linear" or len(op.in_dims) < 2 or "e" not in op.in_dims[0] or "e" not in op.in_dims[1]:
+        return 1.0
+    c = sizes.get("c")
+    if not c:
+        return 1.0
+    return c / (GEMM_TILE_ROWS * math.ceil(c / GEMM_TILE_ROWS))
 
 
 def compute_floor(op, device, eff, grad_operands: int, dtype="bf16") -> tuple[float, float]:
