@@ -23,7 +23,7 @@ from types import SimpleNamespace
 
 import sympy as sp
 
-from symtensor.cost.opcost import attention_shape_factor
+from symtensor.cost.opcost import attention_shape_factor, grouped_tile_factor, local_sizes
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
@@ -84,6 +84,8 @@ def compute_formula(ev, op, layout: OpLayout) -> dict:
     eta = f"eta_{_EFF_FIELD.get(op.kind, 'gemm')}"
     values.update(P=ev.cluster.device.flops(ev.dtype), H=ev.cluster.device.hbm_bandwidth, eta_hbm=ev.eff.hbm,
                   K=ev.eff.gemm_knee, **{eta: getattr(ev.eff, _EFF_FIELD.get(op.kind, "gemm"))})
+    # a grouped expert GEMM's efficiency includes its tile fill (opcost.grouped_tile_factor)
+    values[eta] *= grouped_tile_factor(op, local_sizes(op, layout, ev.mesh))
     hbm_time = nbytes / (_sym("H") * _sym("eta_hbm"))
     if kind.memory_bound:
         fwd = _Roofline(hbm_time)
