@@ -369,3 +369,10 @@ def test_capture_hf_refuses_what_its_configs_lack(name, lacking):
 
     with pytest.raises(PlanError, match=rf"configs, which lack {lacking}; plan the builder's graph"):
         to_hf_config(PRESETS[name])
+
+
+def test_value_head_dim_follows_head_dim():
+    """Regression: replace(head_dim=16) on a plain model kept a filled-in v_head_dim of 64 and was
+    refused as a half-described MLA."""
+    cfg = PRESETS["gpt3-125m"].replace(head_dim=16)
+    assert cfg.value_dim == 16 and PRESETS["deepseek-v3"].value_dim == 128

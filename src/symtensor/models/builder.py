@@ -269,7 +269,7 @@ class _Builder:
         cfg = self.cfg
         self.layer, self.prefix = i, f"layers.{i}"
         sizes = {"b": self.b, "s": self.s, "t": self.s, "h": cfg.hidden, "n": cfg.heads, "g": cfg.kv_heads,
-                 "d": cfg.head_dim, "w": cfg.v_head_dim, "f": cfg.ffn, "e": cfg.experts,
+                 "d": cfg.head_dim, "w": cfg.value_dim, "f": cfg.ffn, "e": cfg.experts,
                  "c": max(1, math.ceil(cfg.capacity_factor * cfg.top_k * self.s / cfg.experts))}
         x = self.attention(x, sizes)
         xn = self.norm("mlp_norm", x, sizes)

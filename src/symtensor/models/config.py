@@ -49,7 +49,8 @@ class ModelConfig:
         q_latent: MLA only: Q too is projected up from a ``q_latent``-wide compression; 0: from hidden.
         rope_dim: MLA only: the rotary part of each query/key head (``head_dim`` counts it), whose
             key part is one ``rope_dim``-wide projection shared by every head.
-        v_head_dim: per-head width of V and of the attention output; default ``head_dim``.
+        v_head_dim: MLA only: per-head width of V and of the attention output; 0: ``head_dim``
+            (``value_dim`` reads it).
         window: sliding-window attention: each query attends to at most ``window`` keys; 0: none.
         window_layers: the layers with the window (GPT-OSS: every other); empty: all of them.
         sinks: attention sinks, a learned logit per head added to each softmax (GPT-OSS).
@@ -116,8 +117,6 @@ class ModelConfig:
             object.__setattr__(self, "head_dim", self.hidden // self.heads)
         if not self.moe_ffn:
             object.__setattr__(self, "moe_ffn", self.ffn)
-        if not self.v_head_dim:
-            object.__setattr__(self, "v_head_dim", self.head_dim)
         self.validate()
 
     def validate(self) -> None:
@@ -172,12 +171,17 @@ class ModelConfig:
             if not 0 < self.rope_dim < self.head_dim:
                 raise PlanError(f"{where}: MLA needs 0 < rope_dim < head_dim (head_dim = the non-rotary part + "
                                 f"rope_dim), got rope_dim={self.rope_dim}, head_dim={self.head_dim}")
-        elif self.q_latent or self.rope_dim or self.v_head_dim != self.head_dim:
+        elif self.q_latent or self.rope_dim or self.value_dim != self.head_dim:
             raise PlanError(f"{where}: q_latent, rope_dim and v_head_dim != head_dim describe MLA; set kv_latent too")
         fused = ("kv_latent", "window", "sinks")
         if self.attention == "unfused" and any(getattr(self, k) for k in fused):
             raise PlanError(f"{where}: attention=unfused is the 2022 Megatron graph of plain attention; "
                             f"{', '.join(k for k in fused if getattr(self, k))} need attention=flash")
+
+    @property
+    def value_dim(self) -> int:
+        """Per-head width of V and of the attention output."""
+        return self.v_head_dim or self.head_dim
 
     def is_moe_layer(self, i: int) -> bool:
         """Layer ``i`` has routed experts (otherwise a dense MLP)."""
@@ -315,7 +319,7 @@ def apply_overrides(cfg: ModelConfig, overrides: dict[str, str] | list[str] | No
     changes = {k: _coerce(cfg, k, str(v)) for k, v in overrides.items()}
     # fields derived from others follow them unless they were set apart from their default
     derived = {"kv_heads": cfg.kv_heads == cfg.heads, "head_dim": cfg.head_dim * cfg.heads == cfg.hidden,
-               "moe_ffn": cfg.moe_ffn == cfg.ffn, "v_head_dim": cfg.v_head_dim == cfg.head_dim}
+               "moe_ffn": cfg.moe_ffn == cfg.ffn}
     for key, follows in derived.items():
         if follows and key not in changes:
             changes[key] = 0  # recomputed in __post_init__
