@@ -25,18 +25,17 @@ def main() -> int:
         g = capture_hf("llama2-7b", micro_batch=1, seq=4096)
         times.append(time.perf_counter() - t)
     t = time.perf_counter()
-    captured = api.plan("llama2-7b", "dgx-h100", devices=64, global_batch=1024, seq=4096, baselines_too=False,
-                        capture=True)
+    captured = api.plan("llama2-7b", "dgx-h100", devices=64, global_batch=1024, seq=4096, capture=True)
     plan_s = time.perf_counter() - t
-    zoo = api.plan("llama2-7b", "dgx-h100", devices=64, global_batch=1024, seq=4096, baselines_too=False)
+    zoo = api.plan("llama2-7b", "dgx-h100", devices=64, global_batch=1024, seq=4096)
     lines = ["# Capture speed (this 2-core machine, wall seconds)", "",
              f"- capture_hf LLaMA-2-7B (fake tensors, seq 4096): median {statistics.median(times):.1f} s "
              f"(runs: {', '.join(f'{x:.1f}' for x in times)}); {g.params_total() / 1e9:.3f}B parameters, "
              f"{len(g.ops)} operators; goal 30 s",
-             f"- plan --capture on 64 H100 (capture + search): {plan_s:.1f} s; step {captured['step_time_s']:.3f} s "
-             f"vs {zoo['step_time_s']:.3f} s for the built-in graph "
-             f"({100 * (captured['step_time_s'] / zoo['step_time_s'] - 1):+.2f}%)",
-             f"- configurations: captured {captured['config']}, built-in {zoo['config']}"]
+             f"- plan --capture on 64 H100 (capture + search): {plan_s:.1f} s; step {captured.report.step_time_s:.3f} s "
+             f"vs {zoo.report.step_time_s:.3f} s for the built-in graph "
+             f"({100 * (captured.report.step_time_s / zoo.report.step_time_s - 1):+.2f}%)",
+             f"- configurations: captured {captured.config}, built-in {zoo.config}"]
     write_results("capture_speed", lines)
     return 0
 

@@ -27,9 +27,9 @@ from pathlib import Path
 
 from symtensor import api, calibration
 from symtensor.cost import bands
-from symtensor.hardware import load_cluster
+from symtensor.hardware import GIB, load_cluster
 from symtensor.models import load_model_config
-from symtensor.search.megatron import ParallelConfig, evaluate_megatron
+from symtensor.search.megatron import ParallelConfig, megatron_plan
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ("device", "regime", "source", "model", "metric", "config", "measured", "predicted", "error")
@@ -127,10 +127,10 @@ def time_evaluation() -> dict:
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    report = evaluate_megatron(cfg, cluster, pc)[0]
-    return {"evaluate_megatron_s": median_seconds(lambda: evaluate_megatron(cfg, cluster, pc)),
+    report = megatron_plan(cfg, cluster, pc).report
+    return {"megatron_plan_s": median_seconds(lambda: megatron_plan(cfg, cluster, pc)),
             "api_evaluate_s": median_seconds(lambda: api.evaluate(SPEED_MODEL, SPEED_CLUSTER, **api_args)),
-            "step_time_s": report.step_time_s, "mfu": report.mfu, "memory_gib": report.memory_peak / 2**30,
+            "step_time_s": report.step_time_s, "mfu": report.mfu, "memory_gib": report.memory_peak / GIB,
             "fits": report.fits}
 
 
@@ -144,7 +144,7 @@ def write_speed(speed: dict, path: Path) -> None:
              f"One full evaluation of {SPEED_MODEL} on {SPEED_DEVICES:,} x {SPEED_CLUSTER}: {config}.",
              f"Median of {RUNS} runs after one warm-up (`time.perf_counter`), one process.", "",
              "| entry point | median seconds |", "|---|---:|",
-             f"| `evaluate_megatron(...)`: skeleton graph, layouts, cost | {speed['evaluate_megatron_s']:.4f} |",
+             f"| `megatron_plan(...)`: skeleton graph, layouts, cost | {speed['megatron_plan_s']:.4f} |",
              f"| `api.evaluate(...)`: also loads model and cluster, builds the JSON | {speed['api_evaluate_s']:.4f} |",
              "", verdict, "",
              f"Machine: {platform.machine()}, Python {platform.python_version()}, {platform.platform()}."]
@@ -161,7 +161,7 @@ def main() -> int:
     outside = [r for r in results if not r.within]
     for key, s in calibration.summary(results).items():
         print(f"{key}: mean |error| {s['mean']:.4g}, max {s['max']:.4g} (tolerance {s['tolerance']}, n={s['n']})")
-    print(f"evaluate_megatron {SPEED_MODEL} on {SPEED_DEVICES} devices: median {speed['evaluate_megatron_s']:.4f} s")
+    print(f"megatron_plan {SPEED_MODEL} on {SPEED_DEVICES} devices: median {speed['megatron_plan_s']:.4f} s")
     print(f"{len(results) - len(outside)} of {len(results)} calibration rows within tolerance; wrote {RESULTS}")
     return 1 if outside else 0
 

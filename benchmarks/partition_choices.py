@@ -17,9 +17,9 @@ import sys
 import time
 
 from symtensor.cost import TrainConfig
-from symtensor.hardware import load_cluster
+from symtensor.hardware import GIB, load_cluster
 from symtensor.models import load_model_config
-from symtensor.search.baselines import EvaluatorPool
+from symtensor.search.pool import EvaluatorPool
 from symtensor.search.megatron import ParallelConfig
 from symtensor.search.partition import Problem, partition, refine, refine_blocks
 
@@ -60,7 +60,7 @@ def run(label, name, cluster, devices, gb, seq, m, weight):
         rep = ev.evaluate(layouts, train, check=True)
         rows.append({"scenario": label, "memory_weight": weight, "levels": levels, "order": order,
                      "objective": problem.total(layouts), "step_time_s": rep.step_time_s,
-                     "memory_gib": rep.memory_peak / 2**30, "fits": rep.fits, "cpu_s": cpu})
+                     "memory_gib": rep.memory_peak / GIB, "fits": rep.fits, "cpu_s": cpu})
     best = min(r["objective"] for r in rows)
     for r in rows:
         r["objective_vs_best"] = r["objective"] / best

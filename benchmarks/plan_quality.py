@@ -12,9 +12,8 @@ from __future__ import annotations
 import sys
 
 from symtensor.hardware import load_cluster
-from symtensor.models import build_graph, load_model_config, params_active
-from symtensor.search.baselines import EvaluatorPool, fsdp, megatron_grid, megatron_recipe
-from symtensor.search.planner import drec_plan, search
+from symtensor.models import load_model_config
+from symtensor.search import baseline_plans, search
 
 from results_files import write_results
 
@@ -43,33 +42,26 @@ def run(label, name, overrides, cluster, devices, gb, seq):
     cfg = load_model_config(name).replace(**overrides)
     cl = load_cluster(cluster, devices=devices)
     plan = search(cfg, cl, gb, seq)
-    pool = EvaluatorPool(cfg, cl, seq)
-    active = params_active(cfg, build_graph(cfg, micro_batch=1, seq=128))
-    base = {"megatron_recipe": megatron_recipe(pool, gb, active), "megatron_grid_best": megatron_grid(pool, gb)[0],
-            "fsdp": fsdp(pool, gb)}
-    drec = drec_plan(cfg, cl, gb, seq)
+    base = baseline_plans(cfg, cl, gb, seq)
     row = {"scenario": label, "model": cfg.name + (" (LoRA)" if cfg.lora_rank else ""), "cluster": cluster,
            "devices": devices, "seq": seq, "global_batch": gb, "search_s": round(plan.search_time_s, 3),
            "symtensor_step_s": plan.report.step_time_s, "symtensor_mfu": plan.report.mfu,
            "symtensor_fits": plan.report.fits, "symtensor_config": _cfg(plan)}
-    for key, cand in base.items():
-        ok = cand is not None and cand.report.fits
-        row[f"{key}_step_s"] = cand.report.step_time_s if ok else None
-        row[f"speedup_vs_{key}"] = cand.report.step_time_s / plan.report.step_time_s if ok else None
-        row[f"{key}_config"] = _pc(cand.config) if cand is not None else ""
-    row["drec_step_s"] = drec.report.step_time_s if drec.report.fits else None
-    row["speedup_vs_drec"] = drec.report.step_time_s / plan.report.step_time_s if drec.report.fits else None
+    for key, b in base.items():
+        ok = b is not None and b.report.fits
+        row[f"{key}_step_s"] = b.report.step_time_s if ok else None
+        row[f"speedup_vs_{key}"] = b.report.step_time_s / plan.report.step_time_s if ok else None
+        if key != "drec":
+            row[f"{key}_config"] = _pc(b.config) if b is not None else ""
     return row
 
 
-def _pc(pc) -> str:
-    return f"tp{pc.tp} pp{pc.pp} dp{pc.dp} cp{pc.cp} ep{pc.ep} mb{pc.micro_batch} {pc.recompute} vpp{pc.vpp}"
+def _pc(c: dict) -> str:
+    return f"tp{c['tp']} pp{c['pp']} dp{c['dp']} cp{c['cp']} ep{c['ep']} mb{c['micro_batch']} {c['recompute']} vpp{c['vpp']}"
 
 
 def _cfg(plan) -> str:
-    from symtensor.plan import config_summary
-
-    c = config_summary(plan)
+    c = plan.config
     het = " heterogeneous" if c["heterogeneous"] else ""
     return (f"tp{c['tp']} pp{c['pp']} dp{c['dp']} cp{c['cp']} ep{c['ep']} mb{c['micro_batch']} {c['recompute']} "
             f"zero{c['zero']} vpp{c['vpp']}{het}")

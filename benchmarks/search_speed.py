@@ -24,7 +24,7 @@ from symtensor.cost import Evaluator, TrainConfig
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config
 from symtensor.search.partition import Problem, solve
-from symtensor.search.planner import search
+from symtensor.search import search
 
 from results_files import write_results
 

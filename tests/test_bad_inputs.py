@@ -145,7 +145,7 @@ def _plan_template(tmp: Path) -> dict:
     from symtensor.hardware import load_cluster
     from symtensor.models import PRESETS
     from symtensor.plan import save_plan
-    from symtensor.search.planner import search
+    from symtensor.search import search
 
     path = tmp / "good-plan.json"
     save_plan(search(PRESETS["tiny-llama"], load_cluster("dgx-h100", devices=8), 16, 16, space="megatron"), path)

@@ -13,6 +13,7 @@ pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
 from symtensor import api  # noqa: E402
+from symtensor.plan.document import plan_json  # noqa: E402
 
 
 def _cuts(result):
@@ -31,9 +32,9 @@ def _cuts(result):
     ("llama2-7b", 64, 1024, 4096),
 ], ids=["llama2-7b-64"])
 def test_captured_model_plans_like_the_zoo(model, devices, global_batch, seq):
-    zoo = api.plan(model, "dgx-h100", devices=devices, global_batch=global_batch, seq=seq, baselines_too=False)
-    captured = api.plan(model, "dgx-h100", devices=devices, global_batch=global_batch, seq=seq,
-                        baselines_too=False, capture=True)
+    zoo = plan_json(api.plan(model, "dgx-h100", devices=devices, global_batch=global_batch, seq=seq))
+    captured = plan_json(api.plan(model, "dgx-h100", devices=devices, global_batch=global_batch, seq=seq,
+                                  capture=True), captured=True)
     keys = ("tp", "pp", "dp", "cp", "ep", "zero", "recompute", "micro_steps", "vpp")
     assert {k: captured["config"][k] for k in keys} == {k: zoo["config"][k] for k in keys}
     assert captured["step_time_s"] == pytest.approx(zoo["step_time_s"], rel=0.02)

@@ -26,7 +26,7 @@ from symtensor.hardware import PRESETS as CLUSTERS
 from symtensor.hardware import load_cluster
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 from symtensor.models import PRESETS, ModelConfig, build_graph
-from symtensor.search.megatron import ParallelConfig, evaluate_megatron
+from symtensor.search.megatron import ParallelConfig, megatron_plan
 
 PROPERTY = settings(max_examples=25, deadline=None, database=None)
 
@@ -176,7 +176,7 @@ def test_zero_stages_shrink_model_state(model, dp, micro_batch):
     state = []
     for zero in (0, 1, 2, 3):
         pc = ParallelConfig(dp=dp, zero=zero, micro_batch=micro_batch, global_batch=2 * dp * micro_batch, seq=64)
-        mem = evaluate_megatron(PRESETS[model], cluster, pc)[0].memory
+        mem = megatron_plan(PRESETS[model], cluster, pc).report.memory
         state.append(mem["params"] + mem["grads"] + mem["optimizer"])
     assert state[3] <= state[2] <= state[1] <= state[0]
     assert state[3] < state[0]
@@ -253,7 +253,7 @@ CONFIGS = {
 def _evaluate(name):
     model, devices, pc = CONFIGS[name]
     cfg = PRESETS[model].replace(layers=4) if name == "tp2-sp-pp2-vpp2" else PRESETS[model]
-    return evaluate_megatron(cfg, load_cluster("dgx-h100", devices=devices), pc)[0]
+    return megatron_plan(cfg, load_cluster("dgx-h100", devices=devices), pc).report
 
 
 # the category of an edge's collective comes from the op kind (model._CATEGORY_BY_KIND, default
@@ -287,7 +287,7 @@ def test_step_is_the_sum_of_its_parts(name):
 
 def _tp_report(cfg, tp, dp, sp, micro_batch, global_batch, seq):
     pc = ParallelConfig(tp=tp, dp=dp, sp=sp, micro_batch=micro_batch, global_batch=global_batch, seq=seq)
-    rep = evaluate_megatron(cfg, load_cluster("dgx-h100", devices=tp * dp), pc)[0]
+    rep = megatron_plan(cfg, load_cluster("dgx-h100", devices=tp * dp), pc).report
     return rep, pc.micro_steps()
 
 

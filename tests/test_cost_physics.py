@@ -15,13 +15,14 @@ from symtensor.cost.train import TrainConfig
 from symtensor.hardware import load_cluster
 from symtensor.layout import REPLICATED
 from symtensor.models import build_graph, load_model_config
+from symtensor.plan.document import evaluation_json
 
 
 def _step(model="llama3-8b", devices=64, **kw):
     kw.setdefault("global_batch", 512)
     kw.setdefault("seq", 8192)
     kw.setdefault("micro_batch", 1)
-    return api.evaluate(model, "dgx-h100", devices=devices, **kw)
+    return evaluation_json(api.evaluate(model, "dgx-h100", devices=devices, **kw))
 
 
 def test_zero3_step_stops_falling_when_gathers_exceed_compute():

@@ -45,8 +45,9 @@ def test_explain_json_lists_every_axis_and_marks_the_plans_cut(capsys, plan_file
     assert [a["name"] for a in out["mesh"]] == [a.name for a in plan.mesh]
     blocks = {lt["block"] for lt in out["layer_types"]}
     assert {"q_proj", "core", "down_proj", "lm_head", "embed.word"} <= blocks
+    layouts = plan.op_layouts()
     for lt in out["layer_types"]:
-        final = plan.layouts[lt["op"]]
+        final = layouts[lt["op"]]
         assert len(lt["levels"]) == len(plan.mesh)
         assert set(lt["terms"]) >= {"compute_s", "communication_s", "redistribution_s", "memory_bytes", "time_s"}
         for k, lv in enumerate(lt["levels"]):
@@ -66,21 +67,23 @@ def test_explain_json_lists_every_axis_and_marks_the_plans_cut(capsys, plan_file
 def test_terms_split_the_search_objective(plan):
     """With no memory weight, an op's terms add up to the search's op cost plus its edge costs."""
     problem = problem_of(plan)
+    layouts = plan.op_layouts()
     for op in plan.graph.ops:
-        lay = plan.layouts.get(op.name, REPLICATED)
-        t = op_terms(problem, op, lay, plan.layouts)
+        lay = layouts.get(op.name, REPLICATED)
+        t = op_terms(problem, op, lay, layouts)
         expected = problem.op_cost(op, lay)
         for e, other, is_src in problem.links[op.name]:
-            nb = plan.layouts.get(other, REPLICATED)
+            nb = layouts.get(other, REPLICATED)
             expected += problem.edge_cost(e, lay, nb) if is_src else problem.edge_cost(e, nb, lay)
         assert t.time_s == pytest.approx(expected, rel=1e-9, abs=1e-15), op.name
         assert all(getattr(t, k) >= 0 for k in TIME_TERMS)
 
 
 def test_formulas_evaluate_to_the_cost_models_numbers(plan):
-    ev = plan.evaluator
+    ev = plan.evaluator()
+    layouts = plan.op_layouts()
     for op in plan.graph.ops:
-        lay = plan.layouts[op.name]
+        lay = layouts[op.name]
         f = compute_formula(ev, op, lay)
         t = ev.op_time(op, lay)
         assert f["value_fwd_s"] == pytest.approx(t.fwd_s, rel=1e-9), op.name

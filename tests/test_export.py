@@ -10,7 +10,7 @@ from symtensor.export import dtensor_plan, export, megatron_args, torchtitan_con
 from symtensor.hardware import load_cluster
 from symtensor.models import PRESETS
 from symtensor.plan import config_summary
-from symtensor.search.planner import search
+from symtensor.search import search
 
 
 @pytest.fixture(scope="module")

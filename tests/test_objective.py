@@ -6,7 +6,7 @@ import pytest
 
 from symtensor import api
 from symtensor.models.config import PRESETS
-from symtensor.plan import load_plan
+from symtensor.plan import load_plan, save_plan
 
 MODELS = sorted(name for name in PRESETS if not name.startswith("tiny"))
 SCALES = (8, 64, 512)
@@ -16,8 +16,8 @@ SCALES = (8, 64, 512)
 @pytest.mark.parametrize("model", MODELS)
 def test_search_objective_equals_evaluate(model, devices, tmp_path):
     path = tmp_path / "plan.json"
-    out = api.plan(model, "dgx-h100", devices=devices, global_batch=devices * 2, seq=2048,
-                   baselines_too=False, out=str(path))
+    plan = api.plan(model, "dgx-h100", devices=devices, global_batch=devices * 2, seq=2048)
+    save_plan(plan, path)
     again = load_plan(path)
-    assert again.report.step_time_s == pytest.approx(out["step_time_s"], rel=1e-9)
-    assert again.report.memory_peak / 2**30 == pytest.approx(out["memory_gib_per_device"], rel=1e-9)
+    assert again.report.step_time_s == pytest.approx(plan.report.step_time_s, rel=1e-9)
+    assert again.report.memory_peak == pytest.approx(plan.report.memory_peak, rel=1e-9)

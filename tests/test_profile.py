@@ -220,7 +220,7 @@ def test_plan_uses_the_profiled_curves(profiled, tmp_path, capsys):
     plain = _variant(doc, tmp_path / "plain.yaml", strip=True)
     assert efficiency_for(load_cluster(str(profiled), devices=4)).gemm == doc["efficiency"]["gemm"]
     kw = dict(devices=4, tp=4, pp=1, dp=1, micro_batch=1, global_batch=8, seq=2048)
-    measured, default = (api.evaluate("llama3-8b", c, **kw)["breakdown"] for c in (str(profiled), plain))
+    measured, default = (api.evaluate("llama3-8b", c, **kw).report.breakdown for c in (str(profiled), plain))
     assert measured["compute"] != default["compute"] and measured["tp_comm"] != default["tp_comm"]
 
 
@@ -236,7 +236,7 @@ def test_compute_scales_by_the_measured_gemm_fraction(profiled, tmp_path):
              "measured": _variant(doc, tmp_path / "g.yaml", strip=True, efficiency={"gemm": g}),
              "half": _variant(doc, tmp_path / "h.yaml", strip=True, efficiency={"gemm": g / 2})}
     kw = dict(devices=4, tp=1, pp=1, dp=4, micro_batch=1, global_batch=8, seq=2048)
-    t = {k: api.evaluate("llama3-8b", f, **kw)["breakdown"]["compute"] for k, f in files.items()}
+    t = {k: api.evaluate("llama3-8b", f, **kw).report.breakdown["compute"] for k, f in files.items()}
     g_default = efficiency_for(load_cluster(files["default"], devices=4)).gemm
     gemm_time_default = (t["half"] - t["measured"]) * g / g_default  # L
     assert t["measured"] - t["default"] == pytest.approx(gemm_time_default * (g_default / g - 1), rel=1e-6)
@@ -252,12 +252,12 @@ def test_communication_follows_the_measured_link_efficiencies(profiled, tmp_path
     files = {"measured": _variant(doc, tmp_path / "m.yaml", latency_us=0),
              "default": _variant(doc, tmp_path / "d.yaml", strip=True, latency_us=0)}
     kw = dict(devices=2, tp=2, pp=1, dp=1, micro_batch=1, global_batch=8, seq=2048)  # one intra-node pair
-    out = {k: api.evaluate("llama3-8b", f, **kw) for k, f in files.items()}
-    wire = out["measured"]["comm_bytes_per_device"]
+    out = {k: api.evaluate("llama3-8b", f, **kw).report for k, f in files.items()}
+    wire = out["measured"].comm_bytes
     measured = dict(load_cluster(files["measured"], devices=2).levels[0].link_efficiency)
     default = efficiency_for(load_cluster(files["default"], devices=2))
     expected = sum(b / measured[k] for k, b in wire.items()) / sum(b / default.link_for(k) for k, b in wire.items())
-    ratio = out["measured"]["breakdown"]["tp_comm"] / out["default"]["breakdown"]["tp_comm"]
+    ratio = out["measured"].breakdown["tp_comm"] / out["default"].breakdown["tp_comm"]
     assert ratio == pytest.approx(expected, rel=1e-3)
 
 

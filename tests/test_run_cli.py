@@ -38,7 +38,7 @@ def test_run_refuses_a_plan_for_another_world_size(tmp_path, capsys):
     from symtensor.hardware import load_cluster
     from symtensor.models import PRESETS
     from symtensor.plan import save_plan
-    from symtensor.search.planner import search
+    from symtensor.search import search
 
     plan = search(PRESETS["tiny-llama"], load_cluster("dgx-h100", devices=8), 16, 16, space="megatron")
     path = tmp_path / "plan.json"

@@ -1,4 +1,5 @@
-"""The library's entry points: what each command computes, as plain values (no printing).
+"""The library's entry points: what each command computes, as values (no printing). Plans are
+``symtensor.plan.Plan`` objects, which ``symtensor.plan.document`` writes as the commands' JSON.
 
     >>> from symtensor.api import graph_summary
     >>> graph_summary("tiny-llama", micro_batch=1, seq=16)["layers"]
@@ -9,12 +10,12 @@ from __future__ import annotations
 
 from collections import Counter
 
-from symtensor.cost import GIB
 from symtensor.errors import PlanError
 from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config, params_active
-from symtensor.search.megatron import ParallelConfig, evaluate_megatron
+from symtensor.plan import Plan
+from symtensor.search.megatron import ParallelConfig, megatron_plan
 
 TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
 
@@ -59,7 +60,7 @@ def _best_micro_batch(cfg, cluster, pc: ParallelConfig) -> ParallelConfig:
     for mb in [d for d in range(1, min(per_replica, 64) + 1) if per_replica % d == 0]:
         trial = ParallelConfig(**{**pc.as_dict(), "micro_batch": mb})
         try:
-            rep = evaluate_megatron(cfg, cluster, trial)[0]
+            rep = megatron_plan(cfg, cluster, trial).report
         except PlanError:
             continue
         key = (not rep.fits, rep.step_time_s)
@@ -72,9 +73,9 @@ def _best_micro_batch(cfg, cluster, pc: ParallelConfig) -> ParallelConfig:
 
 def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
              cp=1, ep=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
-             vpp=1, overrides=None, framework: str = "megatron") -> dict:
-    """Cost a Megatron-style configuration under ``framework``'s engine semantics; the JSON of
-    ``symtensor evaluate``."""
+             vpp=1, overrides=None, framework: str = "megatron") -> Plan:
+    """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
+    (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``)."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     seq = seq or default_seq(cfg)
@@ -90,77 +91,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     pc.validate(cfg, cl.n_devices)
     if micro_batch == "auto":
         pc = _best_micro_batch(cfg, cl, pc)
-    report = evaluate_megatron(cfg, cl, pc)[0]
-    out = report.as_dict()
-    out.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, config=pc.as_dict())
-    out.update(prediction_terms(cfg, cl, report.step_time_s, zero=pc.zero, seq=seq, framework=framework))
-    return out
-
-
-def _result_band(result: dict):
-    from symtensor.cost.bands import Band
-
-    return Band(*result["step_time_band_s"], result["regime"], result["band_calibrated"])
-
-
-def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str) -> dict:
-    """What every prediction states besides its numbers: the engine, the efficiency table and its
-    source, and the error band of its regime (``cost.bands``)."""
-    from symtensor.cost.efficiency import device_table, efficiency_for
-
-    b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework)
-    return {"framework": framework, "efficiency_table": device_table(cluster.device.name),
-            "efficiency_source": efficiency_for(cluster).source, "regime": b.regime,
-            "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated}
-
-
-def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str):
-    """The error band (``cost.bands.Band``) of a prediction for ``cfg`` on ``cluster``."""
-    from symtensor.cost.bands import band_of
-
-    return band_of(step_s, cluster.device.name, zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe,
-                   framework=framework)
-
-
-def _baseline_entry(step_time, fits, config, report, ref, ctx) -> dict:
-    """A baseline beside the plan; ``ctx`` = (model config, cluster, seq, the plan's band): the
-    verdict says whether the plan is faster, or ties within the model's error."""
-    from symtensor.cost.bands import verdict
-
-    cfg, cluster, seq, plan_band = ctx
-    out = {"step_time_s": step_time, "fits": fits, "config": config,
-           "mfu": report.mfu, "memory_gib_per_device": report.memory_peak / GIB}
-    out["speedup_of_plan"] = step_time / ref if fits else None
-    b = config_band(cfg, cluster, step_time, zero=config.get("zero", 0), seq=seq,
-                    framework=config.get("framework", "megatron"))
-    out["step_time_band_s"] = b.as_list()
-    out["verdict_of_plan"] = verdict(plan_band, b, ref, step_time) if fits else "baseline does not fit"
-    return out
-
-
-def baselines(cfg, cluster, global_batch: int, seq: int, plan_step: float, plan_band,
-              framework: str = "megatron") -> dict:
-    """Megatron recipe, Megatron grid best, FSDP and D-Rec through the same cost model and engine."""
-    from symtensor.plan import config_summary
-    from symtensor.search.baselines import EvaluatorPool, fsdp, megatron_grid, megatron_recipe
-    from symtensor.search.planner import drec_plan
-
-    pool = EvaluatorPool(cfg, cluster, seq, framework=framework)
-    active = params_active(cfg, build_graph(cfg, micro_batch=1, seq=min(seq, 128)))
-    out = {}
-    for key, cand in (("megatron_recipe", megatron_recipe(pool, global_batch, active)),
-                      ("megatron_grid_best", megatron_grid(pool, global_batch)[0]),
-                      ("fsdp", fsdp(pool, global_batch))):
-        if cand is None:
-            out[key] = {"step_time_s": None, "fits": False, "config": None, "note": "no valid configuration"}
-            continue
-        ctx = (cfg, cluster, seq, plan_band)
-        out[key] = _baseline_entry(cand.report.step_time_s, cand.report.fits, cand.config.as_dict(),
-                                   cand.report, plan_step, ctx)
-    d = drec_plan(cfg, cluster, global_batch, seq)
-    out["drec"] = _baseline_entry(d.report.step_time_s, d.report.fits, config_summary(d), d.report, plan_step,
-                                  (cfg, cluster, seq, plan_band))
-    return out
+    return megatron_plan(cfg, cl, pc)
 
 
 def captured_graphs(model, seq: int, overrides=None):
@@ -178,11 +109,11 @@ def torch_model(spec: str):
     """``package.module:factory`` returning (a Hugging Face style nn.Module, example inputs): its
     ModelConfig (from ``module.config``), sequence length and a graph factory over batch sizes."""
     from symtensor.frontends import capture_hf
-    from symtensor.frontends.hf import _call_factory
+    from symtensor.frontends.hf import call_factory
     from symtensor.graph import rescale_dim
     from symtensor.models import from_hf_dict
 
-    module, _ = _call_factory(spec)
+    module, _ = call_factory(spec)
     config = getattr(module, "config", None)
     if config is None or not hasattr(config, "to_dict"):
         raise PlanError(f"{spec}: --torch plans modules with a Hugging Face config (module.config); for any other "
@@ -195,15 +126,12 @@ def torch_model(spec: str):
 
 
 def plan(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
-         global_batch=None, seq=None, space: str = "symtensor", baselines_too: bool = True, overrides=None,
-         out: str | None = None, capture: bool = False, torch: str | None = None,
-         framework: str = "megatron") -> dict:
-    """Search the best plan under ``framework``'s engine semantics; the JSON of ``symtensor plan``.
-    With ``capture`` the graph is the model's own PyTorch forward, captured by torch.export,
-    instead of the builders'."""
-    from symtensor.plan import config_summary, layer_types, save_plan
-    from symtensor.plan.summary import axis_names
-    from symtensor.search.planner import search
+         global_batch=None, seq=None, space: str = "symtensor", overrides=None, capture: bool = False,
+         torch: str | None = None, framework: str = "megatron") -> Plan:
+    """Search the best plan under ``framework``'s engine semantics (``plan.document.plan_json`` is
+    the JSON of ``symtensor plan``). With ``capture`` the graph is the model's own PyTorch forward,
+    captured by torch.export, instead of the builders'; ``torch``: a module factory to capture."""
+    from symtensor.search import search
 
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     if torch:
@@ -214,30 +142,15 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
         factory = captured_graphs(model, seq, overrides) if capture else None
     global_batch = global_batch or default_global_batch(seq)
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory, framework=framework)
-    result = p.report.as_dict()
-    result.update(model=cfg.name, cluster=cl.name, devices=cl.n_devices, space=space,
-                  captured=bool(capture or torch),
-                  search_time_s=p.search_time_s, search_phases_s=p.search_phases_s,
-                  evaluations=p.evaluations, partitions=p.partitions, config=config_summary(p), notes=p.notes,
-                  mesh=[{"name": a.name, "size": a.size, "level": cl.levels[a.level].name} for a in p.mesh],
-                  pipeline_axes=[a.name for a in p.evaluator.pp_axes],
-                  layouts={name: axis_names(lay, p.mesh) for name, lay in p.layouts.items()},
-                  layer_types=layer_types(p))
-    summary = result["config"]
-    result.update(prediction_terms(cfg, cl, p.report.step_time_s, zero=summary["zero"], seq=seq,
-                                   framework=summary.get("framework", "megatron")))
-    if baselines_too:
-        result["baselines"] = baselines(cfg, cl, global_batch, seq, p.report.step_time_s, _result_band(result),
-                                        framework)
-    if out:
-        save_plan(p, out)
-        result["plan_file"] = out
-    return result
+    return search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory, framework=framework)
 
 
-def memory_gib(report) -> float:
-    return report.memory_peak / GIB
+def baselines(p: Plan) -> dict[str, Plan | None]:
+    """The Megatron recipe, the Megatron grid best, FSDP and D-Rec for ``p``'s model, cluster,
+    batch, sequence and engine (None where one has no valid configuration)."""
+    from symtensor.search import baseline_plans
+
+    return baseline_plans(p.model, p.cluster, p.train.global_batch, p.seq, p.engine)
 
 
 def explain(plan_file: str, op: str | None = None, formulas: bool = False) -> dict:
@@ -300,11 +213,8 @@ def report(model, cluster: str, devices: int | None = None, nodes: int | None = 
         sweep_spec: ``PARAM=RANGE`` (``seq=2048..32768``, ``devices=8..64``), ``none``, or None for
             the sequence from half to twice the plan's.
     """
-    import tempfile
-
-    from symtensor.analysis.compare import baseline_plans
     from symtensor.analysis.explain import explain_plan
-    from symtensor.plan import config_summary, load_plan
+    from symtensor.plan.document import plan_json
     from symtensor.report.html import write
 
     cfg = load_model_config(model, overrides)
@@ -312,21 +222,9 @@ def report(model, cluster: str, devices: int | None = None, nodes: int | None = 
     seq = seq or default_seq(cfg)
     fixed_batch = global_batch
     global_batch = global_batch or default_global_batch(seq)
-    with tempfile.TemporaryDirectory() as tmp:
-        result = plan(model, cluster, devices=devices, nodes=nodes, micro_batch=micro_batch, global_batch=global_batch,
-                      seq=seq, space=space, baselines_too=False, overrides=overrides, out=f"{tmp}/plan.json")
-        searched = load_plan(f"{tmp}/plan.json")
-    result.pop("plan_file", None)
-    result["baselines"] = {}
-    for name, b in baseline_plans(cfg, cl, global_batch, seq).items():
-        if b is None:
-            result["baselines"][name] = {"step_time_s": None, "fits": False, "config": None,
-                                         "note": "no valid configuration"}
-            continue
-        entry = _baseline_entry(b.report.step_time_s, b.report.fits, config_summary(b), b.report,
-                                result["step_time_s"], (cfg, cl, seq, _result_band(result)))
-        entry.update(breakdown=dict(b.report.breakdown), memory_gib={k: v / GIB for k, v in b.report.memory.items()})
-        result["baselines"][name] = entry
+    searched = plan(model, cluster, devices=devices, nodes=nodes, micro_batch=micro_batch, global_batch=global_batch,
+                    seq=seq, space=space, overrides=overrides)
+    result = plan_json(searched, baselines(searched), space=space, detail=True)
     spec = f"seq={max(1, seq // 2)}..{seq * 2}" if sweep_spec is None else sweep_spec
     swept = None
     if spec != "none":

@@ -222,6 +222,7 @@ def _dispatch(args) -> int:
         code = report.calibration(results, calibration.summary(results), effs, args.json)
         return code if all(r.within for r in results) else 1
     from symtensor import api
+    from symtensor.plan.document import evaluation_json
 
     if args.command == "graph":
         out = api.graph_summary(args.model, micro_batch=args.micro_batch, seq=args.seq,
@@ -232,15 +233,9 @@ def _dispatch(args) -> int:
                            dp=args.dp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero, recompute=args.recompute,
                            micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
                            overrides=args.set, framework=args.framework)
-        return report.evaluation(out, args.json)
+        return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
-        devices = DEFAULT_DEVICES if args.devices is None and args.nodes is None else args.devices
-        with _busy("searching the plan and the baselines"):
-            out = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
-                           global_batch=args.global_batch, seq=args.seq, space=args.space,
-                           baselines_too=not args.no_baselines, overrides=args.set, out=args.out,
-                           capture=args.capture, torch=args.torch, framework=args.framework)
-        return report.plan(out, args.json)
+        return _plan(args)
     if args.command in ("explain", "compare", "sweep", "report"):
         return _dispatch_analysis(args)
     if args.command == "export":
@@ -265,6 +260,25 @@ def _dispatch(args) -> int:
         report.run(out, args.json)
         return 0 if args.device == "cuda" or (out["numerics_ok"] and out["bytes_ok"]) else 1
     raise AssertionError(args.command)
+
+
+def _plan(args) -> int:
+    """symtensor plan: search, the baselines beside it, the JSON, the plan file."""
+    from symtensor import api, report
+    from symtensor.plan import save_plan
+    from symtensor.plan.document import plan_json
+
+    devices = DEFAULT_DEVICES if args.devices is None and args.nodes is None else args.devices
+    with _busy("searching the plan and the baselines"):
+        plan = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
+                        global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,
+                        capture=args.capture, torch=args.torch, framework=args.framework)
+        base = None if args.no_baselines else api.baselines(plan)
+    out = plan_json(plan, base, space=args.space, captured=bool(args.capture or args.torch))
+    if args.out:
+        save_plan(plan, args.out)
+        out["plan_file"] = args.out
+    return report.plan(out, args.json)
 
 
 def _dispatch_analysis(args) -> int:
@@ -313,10 +327,6 @@ def _busy(what: str):
     from rich.console import Console
 
     return Console(stderr=True).status(what)
-
-
-def dump_json(obj) -> None:
-    print(json.dumps(obj, indent=2, default=str))
 
 
 if __name__ == "__main__":

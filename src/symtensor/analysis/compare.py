@@ -1,6 +1,6 @@
 """Two plans side by side: where they differ and what each difference costs or saves.
 
-Either side is a plan (``search.planner.Plan``) or a baseline rebuilt on the other side's model,
+Either side is a plan (``plan.Plan``) or a baseline rebuilt on the other side's model,
 cluster, sequence and batch: ``megatron_recipe``, ``megatron_grid_best``, ``fsdp`` or ``drec``
 (the same searches ``symtensor plan`` reports, through the same cost model).
 
@@ -24,38 +24,11 @@ from pathlib import Path
 from symtensor.analysis.terms import op_terms, problem_of
 from symtensor.cost.bands import band_of, verdict
 from symtensor.errors import PlanError, did_you_mean
-from symtensor.plan.summary import axis_names, config_summary, degrees, layer_types
-
-BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp", "drec")
+from symtensor.hardware import GIB
+from symtensor.plan.summary import degrees, layer_types
+from symtensor.search import BASELINES, baseline_plans
 CONFIG_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro_batch", "micro_steps", "vpp",
                "heterogeneous")
-
-
-def baseline_plans(cfg, cluster, global_batch: int, seq: int, names=BASELINES) -> dict:
-    """The named baselines as plans (None where a baseline has no valid configuration)."""
-    from symtensor.models import build_graph, params_active
-    from symtensor.search.baselines import EvaluatorPool, fsdp, megatron_grid, megatron_recipe
-    from symtensor.search.planner import Plan, drec_plan
-
-    pool = EvaluatorPool(cfg, cluster, seq)
-    out = {}
-    for name in names:
-        if name == "drec":
-            out[name] = drec_plan(cfg, cluster, global_batch, seq)
-            continue
-        if name == "megatron_recipe":
-            active = params_active(cfg, build_graph(cfg, micro_batch=1, seq=min(seq, 128)))
-            cand = megatron_recipe(pool, global_batch, active)
-        elif name == "megatron_grid_best":
-            cand = megatron_grid(pool, global_batch)[0]
-        elif name == "fsdp":
-            cand = fsdp(pool, global_batch)
-        else:
-            raise PlanError(f"unknown baseline {name!r}." + did_you_mean(name, BASELINES))
-        pc = cand.config if cand is not None else None
-        out[name] = None if cand is None else Plan(cfg, cluster, pc.train_config(), seq, cand.layouts, cand.report,
-                                                   pool.get(pc.micro_batch * pc.dp, pc.pp))
-    return out
 
 
 def resolve(spec: str, other=None):
@@ -66,9 +39,10 @@ def resolve(spec: str, other=None):
     if spec in BASELINES:
         if other is None:
             raise PlanError(f"{spec} is a baseline: compare it with a plan file, e.g. symtensor compare plan.json {spec}")
-        plan = baseline_plans(other.cfg, other.cluster, other.train.global_batch, other.seq, (spec,))[spec]
+        plan = baseline_plans(other.model, other.cluster, other.train.global_batch, other.seq, other.engine,
+                              (spec,))[spec]
         if plan is None:
-            raise PlanError(f"baseline {spec} has no valid configuration for {other.cfg.name} on "
+            raise PlanError(f"baseline {spec} has no valid configuration for {other.model.name} on "
                             f"{other.cluster.n_devices} devices")
         return spec, plan, "baseline"
     if not Path(spec).exists():
@@ -91,10 +65,10 @@ def compare_specs(a: str, b: str) -> dict:
 
 def _side(plan, label: str, source: str) -> dict:
     rep = plan.report
-    return {"label": label, "source": source, "model": plan.cfg.name, "cluster": plan.cluster.name,
+    return {"label": label, "source": source, "model": plan.model.name, "cluster": plan.cluster.name,
             "devices": plan.cluster.n_devices, "seq": plan.seq, "global_batch": plan.train.global_batch,
-            "config": config_summary(plan), "step_time_s": rep.step_time_s, "tokens_per_s": rep.tokens_per_s,
-            "mfu": rep.mfu, "memory_gib_per_device": rep.memory_peak / 2**30, "fits": rep.fits,
+            "config": plan.config, "step_time_s": rep.step_time_s, "tokens_per_s": rep.tokens_per_s,
+            "mfu": rep.mfu, "memory_gib_per_device": rep.memory_peak / GIB, "fits": rep.fits,
             "mesh": [{"name": a.name, "size": a.size} for a in plan.mesh]}
 
 
@@ -107,12 +81,12 @@ def compare_plans(a, b, label_a=("A", "plan"), label_b=("B", "plan")) -> dict:
     """Where plans ``a`` and ``b`` differ and what it costs; every delta is B - A.
 
     Args:
-        a, b: ``search.planner.Plan`` of the same model on the same number of devices.
+        a, b: ``plan.Plan`` of the same model on the same number of devices.
         label_a, label_b: (label, source) of each side, for the output.
     """
-    if a.cfg.name != b.cfg.name or a.cluster.n_devices != b.cluster.n_devices:
-        raise PlanError(f"compare needs plans of one model on one device count: A is {a.cfg.name} on "
-                        f"{a.cluster.n_devices} devices, B is {b.cfg.name} on {b.cluster.n_devices}")
+    if a.model.name != b.model.name or a.cluster.n_devices != b.cluster.n_devices:
+        raise PlanError(f"compare needs plans of one model on one device count: A is {a.model.name} on "
+                        f"{a.cluster.n_devices} devices, B is {b.model.name} on {b.cluster.n_devices}")
     ra, rb = a.report, b.report
     sa, sb = _side(a, *label_a), _side(b, *label_b)
     notes = []
@@ -140,12 +114,13 @@ def compare_plans(a, b, label_a=("A", "plan"), label_b=("B", "plan")) -> dict:
 def _band(p):
     """The error band of plan ``p``'s predicted step (``cost.bands``)."""
     return band_of(p.report.step_time_s, p.cluster.device.name, zero=p.train.zero, seq=p.seq,
-                   lora=p.cfg.lora_rank > 0, moe=p.cfg.is_moe, framework=p.train.framework)
+                   lora=p.model.lora_rank > 0, moe=p.model.is_moe, framework=p.engine)
 
 
 def op_differences(a, b) -> list[dict]:
     """Per layer type whose cuts differ (by mesh-axis names): both layouts and B - A of its terms."""
     pa, pb = problem_of(a), problem_of(b)
+    la, lb = a.op_layouts(), b.op_layouts()
     ops_a = {o.name: o for o in a.graph.ops}
     ops_b = {o.name: o for o in b.graph.ops}
     spans = {r["op"]: r["layers"] for r in layer_types(a)}
@@ -153,7 +128,7 @@ def op_differences(a, b) -> list[dict]:
     for name, op in ops_a.items():
         if name not in ops_b or name not in a.layouts or name not in b.layouts:
             continue
-        ca, cb = axis_names(a.layouts[name], a.mesh), axis_names(b.layouts[name], b.mesh)
+        ca, cb = a.layouts[name], b.layouts[name]
         if _key(ca) == _key(cb):
             continue
         key = (op.block, _key(ca), _key(cb))
@@ -161,14 +136,14 @@ def op_differences(a, b) -> list[dict]:
     out = []
     for (block, _, _), names in groups.items():
         rep = max(names, key=lambda n: pa.weight[n])
-        ta = op_terms(pa, ops_a[rep], a.layouts[rep], a.layouts).as_dict()
-        tb = op_terms(pb, ops_b[rep], b.layouts[rep], b.layouts).as_dict()
+        ta = op_terms(pa, ops_a[rep], la[rep], la).as_dict()
+        tb = op_terms(pb, ops_b[rep], lb[rep], lb).as_dict()
         delta = {k: tb[k] - ta[k] for k in ("time_s", "compute_s", "communication_s", "redistribution_s",
                                              "optimizer_s", "memory_bytes")}
         delta["comm_bytes"] = sum(tb["comm_bytes"].values()) - sum(ta["comm_bytes"].values())
         out.append({"block": block, "kind": ops_a[rep].kind, "op": rep, "ops": names,
                     "layers": [spans.get(n, "") for n in names],
-                    "a_cuts": axis_names(a.layouts[rep], a.mesh), "b_cuts": axis_names(b.layouts[rep], b.mesh),
+                    "a_cuts": _lists(a.layouts[rep]), "b_cuts": _lists(b.layouts[rep]),
                     "a_degrees": degrees(ops_a[rep], a.layouts[rep], a.mesh),
                     "b_degrees": degrees(ops_b[rep], b.layouts[rep], b.mesh),
                     "a_terms": ta, "b_terms": tb, "delta": delta})
@@ -180,13 +155,17 @@ def _key(cuts: dict) -> tuple:
     return tuple(sorted((d, tuple(ax)) for d, ax in cuts.items()))
 
 
+def _lists(cuts: dict) -> dict[str, list[str]]:
+    return {d: list(ax) for d, ax in cuts.items()}
+
+
 def summary_line(out: dict) -> str:
     """One sentence: which is faster, by how much, the components that differ most, and memory."""
     st = out["step_time_s"]
     a, b = out["a"]["label"], out["b"]["label"]
     terms = sorted(out["breakdown"].items(), key=lambda kv: -abs(kv[1]["delta"]))
     moved = ", ".join(f"{k} {v['delta']:+.3f} s" for k, v in terms[:3] if abs(v["delta"]) > 1e-6)
-    mem = out["memory_bytes"].get("total", {"delta": 0.0})["delta"] / 2**30
+    mem = out["memory_bytes"].get("total", {"delta": 0.0})["delta"] / GIB
     faster = a if st["delta"] > 0 else b
     ratio = max(out["speedup_of_a"], 1 / out["speedup_of_a"])
     head = (f"{a} and {b} take the same time" if abs(st["delta"]) <= 1e-9 * st["a"]

@@ -24,8 +24,9 @@ from __future__ import annotations
 from symtensor.analysis.formula import collective_formula, compute_formula, memory_formula
 from symtensor.analysis.terms import TIME_TERMS, OpTerms, op_terms, problem_of
 from symtensor.errors import PlanError, did_you_mean
+from symtensor.hardware import GIB
 from symtensor.layout import REPLICATED, OpLayout
-from symtensor.plan.summary import axis_names, config_summary, degrees, layer_types
+from symtensor.plan.summary import axis_names, degrees, layer_types
 
 # What cutting each dim means, in the words of the parallelisms (graph/ir.py legend).
 MEANING = {"b": "data", "s": "sequence/context", "t": "key sequence", "c": "context (expert slots)",
@@ -45,7 +46,7 @@ def dim_on_axis(layout: OpLayout, axis: int) -> str | None:
 
 
 def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
-    """Explain every layer type of ``plan`` (a ``search.planner.Plan``), or the ops named ``op``.
+    """Explain every layer type of ``plan`` (a ``plan.Plan``), or the ops named ``op``.
 
     Args:
         plan: a searched or loaded plan (``plan.io.load_plan``).
@@ -58,15 +59,16 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
         'b'
     """
     problem = problem_of(plan)
+    layouts = plan.op_layouts()
     groups = _groups(plan, problem)
     if op is not None:
         groups = _select(groups, op, plan)
     return {
-        "model": plan.cfg.name, "cluster": plan.cluster.name, "devices": plan.cluster.n_devices,
-        "config": config_summary(plan), "step_time_s": plan.report.step_time_s,
+        "model": plan.model.name, "cluster": plan.cluster.name, "devices": plan.cluster.n_devices,
+        "config": plan.config, "step_time_s": plan.report.step_time_s,
         "mesh": [{"name": a.name, "size": a.size, "level": plan.cluster.levels[a.level].name} for a in plan.mesh],
         "units": "seconds per training step over the layers an op stands for; bytes per device",
-        "layer_types": [explain_op(problem, plan, rep, ops, spans, formulas) for rep, ops, spans in groups],
+        "layer_types": [explain_op(problem, plan, layouts, rep, ops, spans, formulas) for rep, ops, spans in groups],
     }
 
 
@@ -92,29 +94,30 @@ def _select(groups: list[tuple], name: str, plan) -> list[tuple]:
     chosen = [g for g in groups if g[0].block == name]
     if not chosen:
         blocks = sorted({g[0].block for g in groups})
-        raise PlanError(f"no op or block {name!r} in the plan of {plan.cfg.name}." + did_you_mean(name, blocks))
+        raise PlanError(f"no op or block {name!r} in the plan of {plan.model.name}." + did_you_mean(name, blocks))
     return chosen
 
 
-def explain_op(problem, plan, op, ops=None, spans=None, formulas: bool = False) -> dict:
-    """One layer type: the final layout's terms and, per mesh axis, the candidates and the winner."""
+def explain_op(problem, plan, layouts, op, ops=None, spans=None, formulas: bool = False) -> dict:
+    """One layer type: the final layout's terms and, per mesh axis, the candidates and the winner
+    (``layouts``: the plan's, by mesh position, ``Plan.op_layouts``)."""
     mesh = plan.mesh
-    final = plan.layouts.get(op.name, REPLICATED)
-    terms = op_terms(problem, op, final, plan.layouts)
+    final = layouts.get(op.name, REPLICATED)
+    terms = op_terms(problem, op, final, layouts)
     out = {"op": op.name, "block": op.block, "kind": op.kind, "layers": spans or [], "ops": ops or [op.name],
-           "cuts": axis_names(final, mesh), **degrees(op, final, mesh), "terms": terms.as_dict(),
-           "transfers": _transfers(terms, mesh),
-           "levels": [_level(problem, plan, op, final, k) for k in range(len(mesh))]}
+           "cuts": axis_names(final, mesh), **degrees(op, plan.layouts.get(op.name, {}), mesh),
+           "terms": terms.as_dict(), "transfers": _transfers(terms, mesh),
+           "levels": [_level(problem, plan, layouts, op, final, k) for k in range(len(mesh))]}
     if formulas:
         out["formulas"] = op_formulas(problem.ev, op, final, terms)
     return out
 
 
-def _level(problem, plan, op, final: OpLayout, k: int) -> dict:
+def _level(problem, plan, layouts, op, final: OpLayout, k: int) -> dict:
     mesh, n = plan.mesh, len(plan.mesh)
     base = final.without_axes(set(range(k, n)))
     later = set(range(k + 1, n))
-    nbrs = {other: plan.layouts.get(other, REPLICATED).without_axes(later) for _, other, _ in problem.links[op.name]}
+    nbrs = {other: layouts.get(other, REPLICATED).without_axes(later) for _, other, _ in problem.links[op.name]}
     chosen = dim_on_axis(final, k)
     rows, seen = [], set()
     for cand in problem.candidates(op, base, k):
@@ -158,7 +161,7 @@ def verdict(chosen, chosen_terms: OpTerms, cheapest, cheapest_terms: OpTerms, ru
     extra = chosen_terms.time_s - cheapest_terms.time_s
     saved = cheapest_terms.memory_bytes - chosen_terms.memory_bytes
     if saved > 0:
-        return (f"{meaning(chosen)}: {extra:+.4g} s against {meaning(cheapest)}, but saves {saved / 2**30:.2f} GiB "
+        return (f"{meaning(chosen)}: {extra:+.4g} s against {meaning(cheapest)}, but saves {saved / GIB:.2f} GiB "
                 "per device (memory pressure)")
     return (f"{meaning(chosen)}: {extra:+.4g} s against {meaning(cheapest)} for this op alone; a coordinated move "
             "(whole-level template, Megatron seed or final refinement) chose it for the plan as a whole")

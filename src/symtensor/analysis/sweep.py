@@ -19,11 +19,11 @@ from __future__ import annotations
 from itertools import pairwise
 
 from symtensor.errors import PlanError
+from symtensor.hardware import GIB, MEMORY_HEADROOM
 
 BREAK_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "vpp")
 DEGREE_WORDS = {"tp": "tensor parallel", "cp": "context parallel", "dp": "data parallel", "pp": "pipeline parallel",
                 "ep": "expert parallel", "vpp": "virtual pipeline stages"}
-GIB = 2**30
 
 
 def parse_range(text, flag: str) -> list[int] | None:
@@ -104,8 +104,8 @@ def _choices(config: dict) -> tuple:
 
 def _point(cfg, cluster: str, g: dict, micro_batch, space: str) -> dict:
     from symtensor.hardware import load_cluster
-    from symtensor.plan import config_summary, layer_types
-    from symtensor.search.planner import search
+    from symtensor.plan import layer_types
+    from symtensor.search import search
 
     base = {"value": g["value"], "seq": g["seq"], "global_batch": g["global_batch"]}
     try:
@@ -114,7 +114,7 @@ def _point(cfg, cluster: str, g: dict, micro_batch, space: str) -> dict:
     except PlanError as exc:
         return {**base, "devices": g.get("devices"), "error": str(exc)}
     rep = plan.report.as_dict()
-    config = config_summary(plan)
+    config = plan.config
     return {**base, "devices": cl.n_devices, "step_time_s": rep["step_time_s"], "tokens_per_s": rep["tokens_per_s"],
             "mfu": rep["mfu"], "memory_gib_per_device": rep["memory_gib_per_device"],
             "capacity_gib": rep["capacity_gib"], "fits": rep["fits"], "breakdown": rep["breakdown"],
@@ -163,7 +163,7 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
     fastest micro batch that fits, else the smallest): its step, memory and fit, or why it is
     impossible there."""
     from symtensor.hardware import load_cluster
-    from symtensor.search.megatron import ParallelConfig, evaluate_megatron
+    from symtensor.search.megatron import ParallelConfig, megatron_plan
 
     cl = load_cluster(cluster, devices=point["devices"])
     n = cl.n_devices
@@ -177,7 +177,7 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
                             zero=config["zero"], recompute=config["recompute"], micro_batch=mb,
                             global_batch=point["global_batch"], seq=point["seq"], vpp=config["vpp"])
         try:
-            rep = evaluate_megatron(cfg, cl, pc)[0]
+            rep = megatron_plan(cfg, cl, pc).report
         except PlanError as exc:
             error = error or str(exc)
             continue
@@ -189,7 +189,8 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
     _, pc, rep = best
     out = rep.as_dict()
     return {"valid": True, "micro_batch": pc.micro_batch, "step_time_s": out["step_time_s"],
-            "memory_gib_per_device": out["memory_gib_per_device"], "usable_gib": 0.9 * out["capacity_gib"],
+            "memory_gib_per_device": out["memory_gib_per_device"],
+            "usable_gib": MEMORY_HEADROOM * out["capacity_gib"],
             "fits": out["fits"], "breakdown": out["breakdown"]}
 
 

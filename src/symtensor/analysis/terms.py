@@ -78,7 +78,7 @@ def problem_of(plan):
     """The search's decomposed objective for a plan's outer point (memory weight 0)."""
     from symtensor.search.partition import Problem
 
-    return Problem(plan.evaluator, plan.train, 0.0)
+    return Problem(plan.evaluator(), plan.train, 0.0)
 
 
 def op_terms(problem, op, layout: OpLayout, neighbours: dict[str, OpLayout]) -> OpTerms:

@@ -91,14 +91,3 @@ def _larger(a, b):
         import sympy
 
         return sympy.Max(a, b)
-
-
-def wire_bytes(kind: str, nbytes, group: int):
-    """Bytes one device sends for a collective (ring/pairwise algorithms), for reporting."""
-    if group <= 1:
-        return 0
-    if kind == "all_reduce":
-        return 2 * (group - 1) / group * nbytes
-    if kind == "send_recv":
-        return nbytes
-    return (group - 1) / group * nbytes

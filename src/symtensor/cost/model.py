@@ -114,7 +114,6 @@ class Evaluator:
         self.framework = framework  # the engine whose kernels ``eff`` describes
         self.eff = eff or efficiency_for(cluster, framework)
         self.producer = graph.producers()
-        self.consumers = graph.consumers()
         self.tensors = graph.tensors
         self.dtype = graph.meta.get("dtype", "bf16")
         self._op_cache: dict = {}  # (equal-op id, layout uid) -> OpTime

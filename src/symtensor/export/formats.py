@@ -10,13 +10,13 @@ DTensor plan is data (module name -> parallel style), which ``symtensor.runtime.
 from __future__ import annotations
 
 from symtensor.errors import PlanError
-from symtensor.plan.summary import config_summary, layer_types
+from symtensor.plan.summary import layer_types
 
 FORMATS = ("megatron", "torchtitan", "dtensor")
 
 
 def _check_expressible(plan, engine: str) -> dict:
-    c = config_summary(plan)
+    c = plan.config
     if c["heterogeneous"]:
         rows = layer_types(plan)
         ref = next(r for r in rows if r["kind"] == "attention" or r["kind"] == "bmm")
@@ -31,7 +31,7 @@ def _check_expressible(plan, engine: str) -> dict:
 def megatron_args(plan) -> list[str]:
     """Megatron-LM (megatron-core) command-line arguments for the plan."""
     c = _check_expressible(plan, "Megatron-LM")
-    cfg = plan.cfg
+    cfg = plan.model
     args = [f"--tensor-model-parallel-size {c['tp']}", f"--pipeline-model-parallel-size {c['pp']}",
             f"--context-parallel-size {c['cp']}", f"--micro-batch-size {c['micro_batch']}",
             f"--global-batch-size {c['global_batch']}", f"--seq-length {c['seq']}",
@@ -88,7 +88,7 @@ def dtensor_plan(plan) -> dict:
     styles = {}
     if c["tp"] > 1:
         styles.update({k: "ColwiseParallel" if v == "colwise" else "RowwiseParallel" for k, v in ATTN_TP.items()})
-        if not plan.cfg.is_moe:
+        if not plan.model.is_moe:
             styles.update({k: "ColwiseParallel" if v == "colwise" else "RowwiseParallel" for k, v in MLP_TP.items()})
         styles.update({"embed": "RowwiseParallel", "lm_head": "ColwiseParallel"})
         if c["sp"]:

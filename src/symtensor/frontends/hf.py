@@ -56,7 +56,7 @@ def capture_hf(config_or_path, micro_batch: int = 1, seq: int | None = None, *, 
     from symtensor.frontends.capture import capture_module, import_torch
 
     if isinstance(config_or_path, str) and _is_factory(config_or_path):
-        module, inputs = _call_factory(config_or_path)
+        module, inputs = call_factory(config_or_path)
         return capture_module(module, inputs, name=name or config_or_path)
     for key, value in (("micro_batch", micro_batch), ("seq", seq if seq is not None else 1)):
         if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
@@ -201,7 +201,7 @@ def _is_factory(spec: str) -> bool:
     return bool(_FACTORY.fullmatch(spec)) and not Path(spec).exists()
 
 
-def _call_factory(spec: str):
+def call_factory(spec: str):
     """Import ``package.module``, call ``factory()``: it must return ``(module, example_inputs)``."""
     module_name, attr = spec.split(":", 1)
     try:

@@ -164,13 +164,6 @@ class Graph:
     def producers(self) -> dict[str, Op]:
         return {t: op for op in self.ops for t in op.outputs}
 
-    def consumers(self) -> dict[str, list[tuple[Op, int]]]:
-        out: dict[str, list[tuple[Op, int]]] = {}
-        for op in self.ops:
-            for i, t in enumerate(op.inputs):
-                out.setdefault(t, []).append((op, i))
-        return out
-
     def layer_ops(self, layer: int) -> list[Op]:
         return [op for op in self.ops if op.layer == layer]
 

@@ -62,6 +62,10 @@ class Mesh(tuple):
             n *= self[a].size
         return n
 
+    def size_of(self, names) -> int:
+        """Devices spanned by the axes called ``names``."""
+        return self.size(self.position(n) for n in names)
+
     def position(self, name: str) -> int:
         """The position of the axis called ``name``; a PlanError lists the mesh's names otherwise."""
         for i, a in enumerate(self):
@@ -93,3 +97,9 @@ class Mesh(tuple):
             ax = self[a]
             counts[ax.level] *= ax.size
         return counts
+
+
+def divisors(n: int) -> list[int]:
+    """The divisors of ``n``, ascending (pairs up to the square root: device counts reach 10^5)."""
+    small = [d for d in range(1, int(n**0.5) + 1) if n % d == 0]
+    return small + [n // d for d in reversed(small) if d * d != n]

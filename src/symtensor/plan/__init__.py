@@ -1,6 +1,7 @@
-"""Plans as data: summaries in Megatron's words, JSON plan files."""
+"""The plan: the one plan value (``Plan``), its summaries in Megatron's words, plan files (JSON)."""
 
 from symtensor.plan.io import load_plan, plan_to_dict, save_plan
+from symtensor.plan.plan import Plan
 from symtensor.plan.summary import config_summary, degrees, layer_types
 
-__all__ = ["config_summary", "degrees", "layer_types", "load_plan", "plan_to_dict", "save_plan"]
+__all__ = ["Plan", "config_summary", "degrees", "layer_types", "load_plan", "plan_to_dict", "save_plan"]

@@ -24,17 +24,18 @@ from symtensor.hardware import Cluster, Device, Level
 from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig, build_graph
 from symtensor.output import write_atomic
-from symtensor.plan.summary import axis_names, config_summary
+from symtensor.plan.plan import Plan
 
 FORMAT = "symtensor-plan/1"
 KEYS = {"format", "model", "cluster", "train", "seq", "mesh", "layouts", "config", "predicted"}
 
 
-def plan_to_dict(plan) -> dict:
+def plan_to_dict(plan: Plan) -> dict:
+    """The plan file's content (see the module docstring)."""
     cl = plan.cluster
     return {
         "format": FORMAT,
-        "model": {f.name: getattr(plan.cfg, f.name) for f in dataclasses.fields(ModelConfig)},
+        "model": {f.name: getattr(plan.model, f.name) for f in dataclasses.fields(ModelConfig)},
         "cluster": {"name": cl.name, "devices": cl.n_devices,
                     "device": {"name": cl.device.name, "peak_flops": cl.device.peak_flops,
                                "hbm_bandwidth": cl.device.hbm_bandwidth, "memory": cl.device.memory},
@@ -43,13 +44,13 @@ def plan_to_dict(plan) -> dict:
         "train": {f.name: getattr(plan.train, f.name) for f in dataclasses.fields(TrainConfig)},
         "seq": plan.seq,
         "mesh": [{"name": a.name, "size": a.size, "level": a.level} for a in plan.mesh],
-        "layouts": {name: axis_names(lay, plan.mesh) for name, lay in plan.layouts.items()},
-        "config": config_summary(plan),
+        "layouts": {name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},
+        "config": plan.config,
         "predicted": plan.report.as_dict(),
     }
 
 
-def save_plan(plan, path: str | Path) -> None:
+def save_plan(plan: Plan, path: str | Path) -> None:
     write_atomic(path, json.dumps(plan_to_dict(plan), indent=1, default=list), "plan file")
 
 
@@ -61,10 +62,9 @@ def _need(data: dict, keys, where: str) -> None:
         raise PlanError(f"plan file: {where} lacks {', '.join(missing)}")
 
 
-def load_plan(path: str | Path):
-    """Read and validate a plan file; returns a ``search.planner.Plan`` re-costed by the model."""
-    from symtensor.search.planner import Plan
-
+def load_plan(path: str | Path) -> Plan:
+    """Read and validate a plan file; returns the Plan re-costed by the model (every layout
+    checked by the one legality rule, ``layout.refusal``)."""
     p = Path(path)
     data = read_json(p, "plan file", f"; write one with symtensor plan ... --out {p}")
     _need(data, KEYS - {"config", "predicted"}, "the top level")
@@ -82,22 +82,21 @@ def load_plan(path: str | Path):
                          latency=float(lv["latency"])) for lv in c["levels"])
     cluster = Cluster(name=c["name"], device=dev, levels=levels, n_devices=int(c["devices"]))
     graph = build_graph(cfg, micro_batch=train.graph_batch, seq=int(data["seq"]), skeleton=True)
-    ev = Evaluator(graph, cluster, pp=train.pp)
-    names = {a.name: i for i, a in enumerate(ev.mesh)}
+    ev = Evaluator(graph, cluster, pp=train.pp, framework=train.framework)
     mesh_names = [m["name"] for m in data["mesh"]]
-    if mesh_names != list(names):
-        raise PlanError(f"plan file {p}: mesh {mesh_names} does not match the cluster's stage mesh {list(names)} "
-                        f"for {cluster.n_devices} devices and pp={train.pp}")
+    if mesh_names != list(ev.mesh.names):
+        raise PlanError(f"plan file {p}: mesh {mesh_names} does not match the cluster's stage mesh "
+                        f"{list(ev.mesh.names)} for {cluster.n_devices} devices and pp={train.pp}")
     ops = {op.name: op for op in graph.ops}
     layouts = {}
     for name, cuts in data["layouts"].items():
         if name not in ops:
             raise PlanError(f"plan file {p}: op {name!r} is not in the graph of {cfg.name}")
         try:
-            lay = OpLayout.of({d: tuple(names[a] for a in axes) for d, axes in cuts.items()})
-        except KeyError as exc:
-            raise PlanError(f"plan file {p}: op {name}: unknown mesh axis {exc.args[0]!r}") from None
+            lay = OpLayout.from_names(cuts, ev.mesh)
+        except PlanError as exc:
+            raise PlanError(f"plan file {p}: op {name}: {exc}") from None
         check_layout(ops[name], lay, ev.mesh)
         layouts[name] = lay
     report = ev.evaluate(layouts, train)
-    return Plan(cfg, cluster, train, int(data["seq"]), layouts, report, ev)
+    return Plan.of(cfg, cluster, train, int(data["seq"]), graph, ev.mesh, ev.pp_axes, layouts, report)

@@ -11,25 +11,28 @@ A SymTensor plan cuts iteration dims per op; Megatron's vocabulary is derived fr
 from __future__ import annotations
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
+# the keys of a Megatron-LM configuration (``search.megatron.ParallelConfig``'s fields)
+MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq", "vpp",
+                 "framework")
 
 
 def axis_names(layout, mesh) -> dict[str, list[str]]:
+    """An ``OpLayout``'s cuts (mesh positions) by axis names, as the JSON lists them."""
     return {d: [mesh[a].name for a in axes] for d, axes in layout.cuts}
 
 
-def _factor(layout, dims, mesh) -> int:
+def _factor(cuts: dict, dims, mesh) -> int:
+    """Devices that cut any of ``dims`` in ``cuts`` (dim -> axis names)."""
     f = 1
-    for d, axes in layout.cuts:
-        if d in dims:
-            for a in axes:
-                f *= mesh[a].size
+    for d in dims:
+        f *= mesh.size_of(cuts.get(d, ()))
     return f
 
 
-def degrees(op, layout, mesh) -> dict[str, int]:
-    """Effective parallel degrees of one op."""
-    return {"dp": _factor(layout, ("b",), mesh), "cp": _factor(layout, ("s", "c"), mesh),
-            "tp": _factor(layout, MODEL_DIMS, mesh), "ep": _factor(layout, ("e",), mesh)}
+def degrees(op, cuts: dict, mesh) -> dict[str, int]:
+    """Effective parallel degrees of one op whose cuts are ``cuts`` (dim -> axis names)."""
+    return {"dp": _factor(cuts, ("b",), mesh), "cp": _factor(cuts, ("s", "c"), mesh),
+            "tp": _factor(cuts, MODEL_DIMS, mesh), "ep": _factor(cuts, ("e",), mesh)}
 
 
 def layer_types(plan) -> list[dict]:
@@ -38,13 +41,13 @@ def layer_types(plan) -> list[dict]:
     repeat = g.meta.get("repeat", {})
     rows = []
     for op in g.ops:
-        lay = plan.layouts.get(op.name)
-        if lay is None:
+        cuts = plan.layouts.get(op.name)
+        if cuts is None:
             continue
         first = op.layer
         rows.append({"op": op.name, "block": op.block, "kind": op.kind,
                      "layers": _layer_span(first, repeat.get(first, 1), g.meta["layers"]),
-                     "cuts": axis_names(lay, mesh), **degrees(op, lay, mesh)})
+                     "cuts": {d: list(names) for d, names in cuts.items()}, **degrees(op, cuts, mesh)})
     return rows
 
 
@@ -62,7 +65,7 @@ def config_summary(plan) -> dict:
     g, mesh, train = plan.graph, plan.mesh, plan.train
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
     core = next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
-    deg = degrees(core, plan.layouts.get(core.name), mesh)
+    deg = degrees(core, plan.layouts.get(core.name, {}), mesh)
     experts = [op for op in ops if op.kind == "linear" and op.in_dims[0][:1] == ("e",)]
     ep = degrees(experts[0], plan.layouts[experts[0].name], mesh)["ep"] if experts else 1
     norms = [op for op in ops if op.kind == "norm"]
@@ -74,3 +77,10 @@ def config_summary(plan) -> dict:
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": len(signatures) > 1, "framework": train.framework}
+
+
+def megatron_summary(plan) -> dict:
+    """The Megatron-LM configuration of a plan (``config_summary`` without what Megatron has no
+    argument for): the ``config`` of a Megatron configuration's JSON."""
+    c = config_summary(plan)
+    return {k: c[k] for k in MEGATRON_KEYS}

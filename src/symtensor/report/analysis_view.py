@@ -4,10 +4,9 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from symtensor.hardware import GIB
 from symtensor.output import shown  # names, paths and messages from users: text, never markup
-from symtensor.report.plan_view import _spans
-
-GIB = 2**30
+from symtensor.report.plan_view import layer_spans
 
 
 def compact_cuts(cuts: dict, sizes: dict) -> str:
@@ -50,7 +49,7 @@ def print_explain(console, out: dict, full: bool) -> None:
         t.add_column(col, justify="right" if col not in ("op", "layers", "cuts") else "left", overflow="fold")
     for lt in out["layer_types"]:
         m = lt["terms"]
-        t.add_row(lt["block"], _spans(lt["layers"]), compact_cuts(lt["cuts"], sizes), *(str(lt[k]) for k in ("dp", "tp", "cp", "ep")),
+        t.add_row(lt["block"], layer_spans(lt["layers"]), compact_cuts(lt["cuts"], sizes), *(str(lt[k]) for k in ("dp", "tp", "cp", "ep")),
                   f"{m['compute_s']:.4f}", f"{m['communication_s']:.4f}", f"{m['redistribution_s']:.4f}",
                   f"{m['memory_bytes'] / GIB:.2f}")
     console.print(t)
@@ -71,7 +70,7 @@ def print_explain(console, out: dict, full: bool) -> None:
 
 
 def print_candidates(console, lt: dict) -> None:
-    t = Table(title=f"{lt['op']} ({lt['kind']}, layers {_spans(lt['layers'])}): candidates per mesh axis")
+    t = Table(title=f"{lt['op']} ({lt['kind']}, layers {layer_spans(lt['layers'])}): candidates per mesh axis")
     for col in ("axis", "cut", "compute s", "comm s", "redistr. s", "total s", "memory GiB", ""):
         t.add_column(col, justify="left" if col in ("axis", "cut", "") else "right")
     for lv in lt["levels"]:
@@ -145,7 +144,7 @@ def print_compare(console, out: dict) -> None:
     sb = {a["name"]: a["size"] for a in out["b"]["mesh"]}
     for r in out["ops"]:
         d = r["delta"]
-        o.add_row(r["block"], _spans(r["layers"]),
+        o.add_row(r["block"], layer_spans(r["layers"]),
                   f"A {compact_cuts(r['a_cuts'], sa)}\nB {compact_cuts(r['b_cuts'], sb)}",
                   f"{d['time_s']:+.3f}", f"{d['compute_s']:+.3f}", f"{d['communication_s']:+.3f}",
                   f"{d['redistribution_s']:+.3f}", _gib(d["memory_bytes"]))

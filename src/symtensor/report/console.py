@@ -8,9 +8,8 @@ from contextlib import contextmanager
 from rich.console import Console
 from rich.table import Table
 
+from symtensor.hardware import GIB
 from symtensor.output import shown  # names and paths from users: printed as text, never as markup
-
-GIB = 2**30
 
 
 def _console() -> Console:
@@ -87,7 +86,7 @@ def graph(out: dict, as_json: bool) -> int:
     return 0
 
 
-def _breakdown_table(title: str, breakdown: dict, total: float) -> Table:
+def breakdown_table(title: str, breakdown: dict, total: float) -> Table:
     t = Table(title=title)
     t.add_column("component")
     t.add_column("seconds", justify="right")
@@ -111,7 +110,7 @@ def evaluation(out: dict, as_json: bool) -> int:
         c.print(prediction_line(out), markup=False)
     fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
     c.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: {fits}")
-    c.print(_breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
+    c.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
     return 0
 
 

@@ -14,8 +14,9 @@ from __future__ import annotations
 import html
 from pathlib import Path
 
+from symtensor.hardware import MEMORY_HEADROOM
 from symtensor.report import plots
-from symtensor.report.plan_view import _spans
+from symtensor.report.plan_view import layer_spans
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1280px;
@@ -117,7 +118,7 @@ def memory_section(p: dict) -> str:
     rows = [[e["label"]] + [f"{e['memory_gib'].get(k, 0.0):.2f}" for k in parts] + [f"{e['memory_gib_per_device']:.2f}"]
             for e in entries]
     return ("<section id='memory'><h2>Memory per device</h2>"
-            + _figure(plots.memory_plot(entries, cap, 0.9 * cap), "memory",
+            + _figure(plots.memory_plot(entries, cap, MEMORY_HEADROOM * cap), "memory",
                       f"Peak stage memory by part; capacity {cap:.0f} GiB, usable 90% (allocator headroom).")
             + table(["plan"] + list(parts) + ["total"], rows, set(range(1, 7)), "GiB per device") + "</section>")
 
@@ -126,7 +127,7 @@ def layout_section(p: dict, layers: int) -> str:
     groups: dict = {}
     for r in p["layer_types"]:
         groups.setdefault((r["block"], r["kind"], _cuts(r["cuts"])), (r, []))[1].append(r["layers"])
-    rows = [[_spans(spans), block, kind, cuts, r["dp"], r["tp"], r["cp"], r["ep"]]
+    rows = [[layer_spans(spans), block, kind, cuts, r["dp"], r["tp"], r["cp"], r["ep"]]
             for (block, kind, cuts), (r, spans) in groups.items()]
     return ("<section id='layouts'><h2>Layouts</h2>"
             + _figure(plots.layout_map(p["layer_types"], layers), "layout-map",
@@ -149,7 +150,7 @@ def why_section(ex: dict) -> str:
             margin = f" ({runner['cut'] or 'none'} {runner['time_s'] - best['time_s']:+.3g} s)" if runner else ""
             style = "" if lv["chosen"] == lv["cheapest"] else " class='bad'"
             cells.append(f"<td title='{_e(lv['verdict'])}'{style}>{_e((lv['chosen'] or '-') + margin)}</td>")
-        body.append(f"<tr><td>{_e(lt['block'])}</td><td>{_e(_spans(lt['layers']))}</td>{''.join(cells)}</tr>")
+        body.append(f"<tr><td>{_e(lt['block'])}</td><td>{_e(layer_spans(lt['layers']))}</td>{''.join(cells)}</tr>")
     head = "".join(f"<th>{_e(h)}</th>" for h in ["op", "layers"] + axes)
     return ("<section id='why'><h2>Why these cuts</h2><p>Per layer type (rows) and mesh axis (columns, outermost "
             "first): the dim the plan cuts on that axis and, in brackets, the next best candidate and how many "

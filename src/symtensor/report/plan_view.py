@@ -5,14 +5,14 @@ from __future__ import annotations
 from rich.table import Table
 
 from symtensor.output import shown
-from symtensor.report.console import _breakdown_table
+from symtensor.report.console import breakdown_table
 
 
 def _cuts(c: dict) -> str:
     return " ".join(f"{d}:{'x'.join(axes)}" for d, axes in sorted(c.items())) or "replicated"
 
 
-def _spans(spans: list[str]) -> str:
+def layer_spans(spans: list[str]) -> str:
     """'0', '1-30', '31' -> '0-31' when they are contiguous layer ranges."""
     nums = []
     for sp in spans:
@@ -56,9 +56,9 @@ def print_plan(console, out: dict) -> None:
         key = (row["block"], row["kind"], _cuts(row["cuts"]))
         groups.setdefault(key, (row, []))[1].append(row["layers"])
     for (block, kind, cuts), (row, spans) in groups.items():
-        t.add_row(_spans(spans), block, kind, cuts, str(row["dp"]), str(row["tp"]), str(row["cp"]), str(row["ep"]))
+        t.add_row(layer_spans(spans), block, kind, cuts, str(row["dp"]), str(row["tp"]), str(row["cp"]), str(row["ep"]))
     console.print(t)
-    console.print(_breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
+    console.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
     if "baselines" in out:
         b = Table(title="baselines (same cost model)")
         for col in ("baseline", "step s", "MFU", "memory GiB", "fits", "SymTensor speedup", "config"):

@@ -17,6 +17,8 @@ import matplotlib
 import matplotlib.patches
 from matplotlib.figure import Figure
 
+from symtensor.hardware import MEMORY_HEADROOM
+
 # one color per step-time component and memory part, the same in every plot
 COMPONENT_COLORS = {"compute": "#4e79a7", "recompute": "#a0cbe8", "tp_comm": "#f28e2b", "cp_comm": "#ffbe7d",
                     "ep_comm": "#59a14f", "dp_comm": "#e15759", "pp_comm": "#b07aa1", "pp_bubble": "#d4a6c8",
@@ -140,7 +142,7 @@ def sweep_plot(sweep: dict) -> str:
     ax1.legend(fontsize=7, loc="upper left")
     ax2.plot(xs, [p["memory_gib_per_device"] for p in pts], "o-", color="#59a14f", label="memory per device")
     ax2.axhline(pts[0]["capacity_gib"], color="black", lw=1.5, label="capacity")
-    ax2.axhline(0.9 * pts[0]["capacity_gib"], color="black", lw=1, ls="--", label="usable")
+    ax2.axhline(MEMORY_HEADROOM * pts[0]["capacity_gib"], color="black", lw=1, ls="--", label="usable")
     ax2.set_ylabel("GiB per device")
     ax2.set_ylim(0, max(pts[0]["capacity_gib"], max(p["memory_gib_per_device"] for p in pts)) * 1.12)
     ax2.set_title("Memory across the sweep")

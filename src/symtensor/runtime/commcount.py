@@ -34,7 +34,7 @@ Example:
 from __future__ import annotations
 
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable
 
 import torch
 import torch.distributed as dist
@@ -154,11 +154,3 @@ class CommCounter(TorchDispatchMode):
         """A JSON-ready record: bytes and calls per kind, bytes per ``kind@axis``."""
         return {"bytes": dict(sorted(self.bytes.items())), "calls": dict(sorted(self.calls.items())),
                 "bytes_by_axis": {f"{k}@{a}": n for (k, a), n in sorted(self.bytes_by_axis.items())}}
-
-
-def total_bytes(summaries: Iterable[dict]) -> dict[str, int]:
-    """Sum the ``bytes`` of several ``CommCounter.summary()`` records, per kind."""
-    total: Counter = Counter()
-    for record in summaries:
-        total.update(record["bytes"])
-    return dict(sorted(total.items()))

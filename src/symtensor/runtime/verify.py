@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from symtensor.cost import Evaluator
 from symtensor.errors import PlanError
+from symtensor.hardware import GIB
 from symtensor.models import build_graph, load_model_config
 from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
 from symtensor.search.megatron import ParallelConfig, assign_axes, megatron_layouts
@@ -83,8 +84,8 @@ def prediction(cfg, pc: ParallelConfig, cluster, attention_only: bool = False, d
         # the runtime gives every expert room for all tokens (no dropping): capacity c = s
         cfg = cfg.replace(capacity_factor=cfg.experts / cfg.top_k)
     graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype=dtype, skeleton=True)
-    ev = Evaluator(graph, cluster, pp=pc.pp)
-    train = pc.train_config().replace(param_bytes=4, grad_bytes=4, framework="torch")
+    train = pc.train_config().replace(param_bytes=4, grad_bytes=4, framework="fsdp2")
+    ev = Evaluator(graph, cluster, pp=pc.pp, framework=train.framework)
     layouts = megatron_layouts(graph, ev.mesh, pc)
     # the runtime gathers the logits for the loss instead of a vocabulary-parallel cross-entropy
     for op in graph.ops:
@@ -155,8 +156,8 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
         rep = prediction(cfg, pc, gpu_cluster, attention_only, dtype="bf16")
         timed = result["step_times_s"][1:] or result["step_times_s"]  # the first step warms up NCCL and the allocator
         out |= {"cluster": gpu_cluster.name, "predicted_step_s": rep.step_time_s,
-                "measured_step_s": sorted(timed)[len(timed) // 2], "predicted_memory_gib": rep.memory_peak / 2**30,
-                "measured_memory_gib": max(result["peak_memory_bytes"]) / 2**30}
+                "measured_step_s": sorted(timed)[len(timed) // 2], "predicted_memory_gib": rep.memory_peak / GIB,
+                "measured_memory_gib": max(result["peak_memory_bytes"]) / GIB}
     return out
 
 
@@ -179,28 +180,25 @@ def _gpu_cluster(spec: str | None, devices: int):
 
 def _from_plan(path: str, cfg, devices: int) -> ParallelConfig:
     """The Megatron-style configuration of a plan file; refused when the runtime cannot run it."""
-    from symtensor.plan import config_summary, load_plan
-
+    from symtensor.plan import load_plan
+    from symtensor.search.megatron import megatron_config
     from symtensor.validate import same_model
 
     plan = load_plan(path)
-    if plan.cfg.name != cfg.name:
-        raise PlanError(f"plan {path} is for model {plan.cfg.name}, not {cfg.name}")
-    same_model(plan.cfg, cfg, f"plan {path}")
+    if plan.model.name != cfg.name:
+        raise PlanError(f"plan {path} is for model {plan.model.name}, not {cfg.name}")
+    same_model(plan.model, cfg, f"plan {path}")
     if plan.cluster.n_devices != devices:
         raise PlanError(f"plan {path} is for {plan.cluster.n_devices} devices, not --devices {devices}")
-    c = config_summary(plan)
-    if c["heterogeneous"]:
+    if plan.config["heterogeneous"]:
         raise PlanError(f"plan {path} gives different ops different cuts; the runtime runs Megatron-style plans "
                         "(plan with --space megatron)")
-    return ParallelConfig(tp=c["tp"], pp=c["pp"], dp=c["dp"], cp=c["cp"], ep=c["ep"], sp=c["sp"], zero=c["zero"],
-                          recompute=c["recompute"], micro_batch=c["micro_batch"], global_batch=c["global_batch"],
-                          seq=c["seq"], vpp=c["vpp"])
+    return megatron_config(plan)
 
 
 def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConfig:
     """The runnable configuration the model predicts fastest (or the one asked for)."""
-    from symtensor.search.megatron import evaluate_megatron
+    from symtensor.search.megatron import megatron_plan
 
     cluster = local_cluster(devices)
     best = None
@@ -220,7 +218,7 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
                 mb = 1 if pp > 1 else global_batch // dp
                 pc = ParallelConfig(tp=t, pp=pp, dp=dp, ep=e, sp=t > 1 and not cfg.is_moe,
                                     zero=zero if dp > 1 else 0, micro_batch=mb, global_batch=global_batch, seq=seq)
-                rep = evaluate_megatron(cfg, cluster, pc)[0]
+                rep = megatron_plan(cfg, cluster, pc).report
             except PlanError:
                 continue
             if best is None or rep.step_time_s < best[0]:

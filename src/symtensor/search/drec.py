@@ -4,8 +4,15 @@ defaults), then costed with the full SymTensor model, pipeline depths by rollbac
 
 from __future__ import annotations
 
-from symtensor.cost import drec
+import time
+
+from symtensor.cost import TrainConfig, drec
+from symtensor.hardware import Cluster
+from symtensor.models import ModelConfig
+from symtensor.plan.plan import Plan
+from symtensor.search.outer import OuterSearch, finish, rollback
 from symtensor.search.partition import Problem, partition
+from symtensor.search.pool import EvaluatorPool
 
 
 class DrecProblem(Problem):
@@ -29,3 +36,20 @@ class DrecProblem(Problem):
 def drec_layouts(ev, train):
     """Layouts D-Rec chooses for one graph and mesh."""
     return partition(DrecProblem(ev, train), order="reverse", refine=False, templates=False)
+
+
+def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int) -> Plan:
+    """The D-Rec baseline: D-Rec's layouts (unitless costs, same recursion), pipeline depths by
+    rollback, micro-batches / recomputation / ZeRO costed by the full model."""
+    t0 = time.perf_counter()
+    pool = EvaluatorPool(cfg, cluster, seq)
+    s = OuterSearch(pool, global_batch)
+    steps1 = s.micro_steps(1)
+    m0 = max([m for m in steps1 if global_batch // m >= cluster.n_devices] or [steps1[0]])
+    ev = pool.get(global_batch // m0, 1)
+    base = drec_layouts(ev, TrainConfig(global_batch=global_batch, micro_steps=m0))
+    for pp in s.pipeline_depths():
+        k = cluster.mesh().outer_axes_for(pp)
+        if k is not None:
+            s.consider_batches(rollback(base, k), pp)
+    return finish(s, t0)

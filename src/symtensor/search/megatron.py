@@ -1,7 +1,8 @@
 """Megatron-LM configurations as layouts: (tp, pp, dp, cp, ep, sp, zero, recompute, micro batch, vpp).
 
 A Megatron configuration is one point of SymTensor's space: every op gets the cuts Megatron's
-modules apply. Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp with
+modules apply (``megatron_layouts``; ``megatron_plan`` makes it a Plan, ``grid_points`` enumerates
+the space). Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp with
 ep carved from its innermost part; pp slowest), which puts tensor parallelism inside a node.
 
     op family                         cut by tp axes                   by dp / cp axes
@@ -15,20 +16,25 @@ ep carved from its innermost part; pp slowest), which puts tensor parallelism in
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, fields
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.train import chunks_fit
 from symtensor.errors import PlanError
 from symtensor.graph import Graph
-from symtensor.hardware import Cluster
+from symtensor.hardware import Cluster, divisors
 from symtensor.layout import REPLICATED, OpLayout
 from symtensor.models import ModelConfig, build_graph
+from symtensor.plan.plan import Plan
+from symtensor.plan.summary import MEGATRON_KEYS
+
+MICRO_BATCHES = (1, 2, 4, 8)  # the micro-batch sizes the Megatron grid tries
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:
-    """A Megatron-style configuration (the ``config`` block of every JSON output)."""
+    """A Megatron-LM configuration: the engine's own arguments (``megatron_plan`` builds the Plan
+    of one, ``megatron_config`` reads one back from a plan; the runtime runs one)."""
 
     tp: int = 1
     pp: int = 1
@@ -86,8 +92,12 @@ class ParallelConfig:
             raise PlanError("sequence parallelism (--sp) needs tp > 1")
 
     def train_config(self) -> TrainConfig:
+        """The training configuration the cost model reads."""
         return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps(), pp=self.pp,
                            vpp=self.vpp, recompute=self.recompute, zero=self.zero, framework=self.framework)
+
+
+assert tuple(f.name for f in fields(ParallelConfig)) == MEGATRON_KEYS  # one list of Megatron's arguments
 
 
 def _take(mesh, free: list[int], degree: int, what: str) -> tuple[int, ...]:
@@ -195,10 +205,46 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None 
     return layouts
 
 
-def evaluate_megatron(cfg: ModelConfig, cluster: Cluster, pc: ParallelConfig, graph: Graph | None = None):
-    """Cost a Megatron configuration with the SymTensor model; returns (report, layouts, evaluator)."""
-    pc.validate(cfg, cluster.n_devices)
-    graph = graph or build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, skeleton=True)
+def megatron_plan(model: ModelConfig, cluster: Cluster, config: ParallelConfig | None = None,
+                  graph: Graph | None = None, **fields) -> Plan:
+    """The plan of a Megatron-style configuration, costed by the SymTensor model: the Megatron
+    constructor of a Plan.
+
+    Args:
+        config: the configuration; or give its fields as keywords (``tp=2, dp=4, ...``).
+        graph: the graph of one micro-step (default: the builders' skeleton graph).
+
+    A configuration that Megatron cannot run on this model and cluster is a PlanError naming the
+    rule (``ParallelConfig.validate``, then the layout check).
+    """
+    pc = config if config is not None else ParallelConfig(**fields)
+    pc.validate(model, cluster.n_devices)
+    graph = graph or build_graph(model, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, skeleton=True)
     ev = Evaluator(graph, cluster, pp=pc.pp, framework=pc.framework)
     layouts = megatron_layouts(graph, ev.mesh, pc)
-    return ev.evaluate(layouts, pc.train_config()), layouts, ev
+    train = pc.train_config()
+    return Plan.of(model, cluster, train, pc.seq, graph, ev.mesh, ev.pp_axes, layouts, ev.evaluate(layouts, train))
+
+
+def megatron_config(plan: Plan) -> ParallelConfig:
+    """The Megatron configuration of a plan whose ops agree on one (``plan.config``); a PlanError
+    names the rule when they do not."""
+    c = plan.config
+    if c["heterogeneous"]:
+        raise PlanError("this plan gives different ops different cuts; a Megatron configuration cuts every layer "
+                        "alike (plan with --space megatron)")
+    return ParallelConfig(**{k: c[k] for k in MEGATRON_KEYS})
+
+
+def grid_points(cfg: ModelConfig, n: int, node: int, global_batch: int, seq: int):
+    """Every (tp, pp, cp, dp, ep, micro batch) point of the Megatron space on n devices (``node``
+    devices per node: tensor parallelism stays inside one)."""
+    for tp in [t for t in divisors(min(node, n)) if not (cfg.heads % t or cfg.kv_heads % t or cfg.ffn % t)]:
+        for pp in [p for p in divisors(n // tp) if p <= cfg.layers]:
+            for cp in [c for c in divisors(n // (tp * pp)) if seq % (c * tp) == 0 and c <= 32]:
+                dp = n // (tp * pp * cp)
+                eps = [e for e in divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
+                for ep in eps:
+                    for mb in [m for m in MICRO_BATCHES if global_batch % (m * dp) == 0]:
+                        yield dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0,
+                                   micro_batch=mb, global_batch=global_batch, seq=seq)

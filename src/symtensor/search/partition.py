@@ -112,7 +112,7 @@ class Problem:
         self.root = shared.setdefault(("root",), OpLayout.family())
         self._template_memo = {op.name: {} for op in self.ops}  # (uid, axis, kind) -> layout
         self._template_dims = {op.name: {} for op in self.ops}  # kind -> dim or None
-        # (terms, saved bytes) by orbit id (by uid for a subclass; see _symmetry), per cost class:
+        # (terms, saved bytes) by orbit id (by uid for position-dependent costs; see _symmetry), per cost class:
         # the same op in every layer of the skeleton shares them
         kind = type(self).__name__
         cls = _cost_classes(ev, shared)
@@ -134,7 +134,7 @@ class Problem:
         self._symmetry(shared)
 
     def _symmetry(self, shared: dict):
-        """Keys of the shared tables: orbits of layouts under the symmetry of the mesh (``_Orbits``).
+        """Keys of the shared tables: orbits of layouts under the symmetry of the mesh (``Orbits``).
 
         Axes of one level and size are interchangeable: the model never reads an axis's label,
         only its level and size, and per tensor axis the set of axes cutting it. Every size it
@@ -142,14 +142,15 @@ class Problem:
         a count of members per level, and its float sums run in an order fixed by the graph, never
         by the axes. So an op's terms, saved bytes and legality are bit-identical for a layout and
         any relabelling of its interchangeable axes (64 H100s: 3! x 3! relabellings), and an
-        edge's cost for a pair of layouts and the same relabelling of both. A subclass with costs
-        of its own (D-Rec's read axis positions) keeps uids, and so do edges on a mesh without
-        two interchangeable axes (their orbits are single pairs, and uid pairs cost less).
+        edge's cost for a pair of layouts and the same relabelling of both. A subclass whose costs
+        read axis positions (D-Rec's) says so (``SYMMETRIC_COSTS = False``) and keeps uids, and so
+        do edges on a mesh without two interchangeable axes (their orbits are single pairs, and
+        uid pairs cost less).
         """
         orbits = shared.get(("orbits",))
         if orbits is None:
-            orbits = shared[("orbits",)] = _Orbits(self.ev)
-        self._orbits = orbits
+            orbits = shared[("orbits",)] = Orbits(self.ev)
+        self.orbits = orbits
         # orbit id -> legal, per op signature (all that ``legal`` reads of an op)
         self._legal_shared = {op.name: shared.setdefault(("legal", op.signature), {}) for op in self.ops}
         symmetric = self.SYMMETRIC_COSTS
@@ -187,7 +188,7 @@ class Problem:
         memo = self._legal_memo[op.name]
         hit = memo.get(layout.uid)
         if hit is None:  # legality reads dim sizes and axis sizes only: one per orbit
-            shared, key = self._legal_shared[op.name], self._orbits.op(layout)
+            shared, key = self._legal_shared[op.name], self.orbits.op(layout)
             hit = shared.get(key)
             if hit is None:
                 hit = shared[key] = legal(op, layout, self.ev.mesh)
@@ -344,7 +345,7 @@ def _uid_pair(lu: OpLayout, lv: OpLayout) -> tuple[int, int]:
     return lu.uid, lv.uid
 
 
-class _Orbits:
+class Orbits:
     """Names of the orbits of layouts under relabellings of interchangeable mesh axes (same level,
     same size), for one evaluator (see ``Problem._symmetry``).
 

@@ -1,0 +1,99 @@
+"""A plan as the JSON the commands print: ``symtensor plan --json`` and ``symtensor evaluate --json``.
+
+The library returns ``Plan`` values (``symtensor.api``); this module writes them out, with what
+every prediction states besides its numbers (the engine, the efficiency table and the error band
+of its regime, ``cost.bands``) and the baselines beside a searched plan.
+"""
+
+from __future__ import annotations
+
+from symtensor.hardware import GIB
+from symtensor.plan.plan import Plan
+from symtensor.plan.summary import layer_types, megatron_summary
+
+# the baselines that are Megatron configurations report their Megatron arguments as ``config``
+MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
+
+
+def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str) -> dict:
+    """What every prediction states besides its numbers: the engine, the efficiency table and its
+    source, and the error band of its regime (``cost.bands``)."""
+    from symtensor.cost.efficiency import device_table, efficiency_for
+
+    b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework)
+    table = "measured (cluster file)" if cluster.efficiency else device_table(cluster.device.name)
+    return {"framework": framework, "efficiency_table": table,
+            "efficiency_source": efficiency_for(cluster).source, "regime": b.regime,
+            "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated}
+
+
+def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str):
+    """The error band (``cost.bands.Band``) of a prediction for ``cfg`` on ``cluster``."""
+    from symtensor.cost.bands import band_of
+
+    return band_of(step_s, cluster.device.name, zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe,
+                   framework=framework)
+
+
+def evaluation_json(plan: Plan) -> dict:
+    """The JSON of ``symtensor evaluate``: a Megatron configuration's plan."""
+    out = plan.report.as_dict()
+    out.update(model=plan.model.name, cluster=plan.cluster.name, devices=plan.cluster.n_devices,
+               config=megatron_summary(plan))
+    out.update(prediction_terms(plan.model, plan.cluster, plan.report.step_time_s, zero=plan.train.zero,
+                                seq=plan.seq, framework=plan.engine))
+    return out
+
+
+def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symtensor", captured: bool = False,
+              detail: bool = False) -> dict:
+    """The JSON of ``symtensor plan``; ``baselines`` (``api.baselines``) adds their block, with
+    each baseline's breakdown and memory when ``detail``."""
+    cl = plan.cluster
+    result = plan.report.as_dict()
+    config = plan.config
+    result.update(model=plan.model.name, cluster=cl.name, devices=cl.n_devices, space=space, captured=captured,
+                  search_time_s=plan.search_time_s, search_phases_s=dict(plan.search_phases_s),
+                  evaluations=plan.evaluations, partitions=plan.partitions, config=config, notes=list(plan.notes),
+                  mesh=[{"name": a.name, "size": a.size, "level": cl.levels[a.level].name} for a in plan.mesh],
+                  pipeline_axes=list(plan.pipeline.names),
+                  layouts={name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},
+                  layer_types=layer_types(plan))
+    result.update(prediction_terms(plan.model, cl, plan.report.step_time_s, zero=config["zero"], seq=plan.seq,
+                                   framework=config.get("framework", "megatron")))
+    if baselines is not None:
+        result["baselines"] = baselines_json(plan, baselines, _band(result), detail)
+    return result
+
+
+def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False) -> dict:
+    """Each baseline beside ``plan``: its step time, fit, configuration, MFU, memory, the plan's
+    speedup over it and whether that speedup is within the model's error (``cost.bands``)."""
+    from symtensor.cost.bands import verdict
+
+    ref, out = plan.report.step_time_s, {}
+    for name, b in baselines.items():
+        if b is None:
+            out[name] = {"step_time_s": None, "fits": False, "config": None, "note": "no valid configuration"}
+            continue
+        rep = b.report
+        config = megatron_summary(b) if name in MEGATRON_BASELINES else b.config
+        entry = {"step_time_s": rep.step_time_s, "fits": rep.fits, "config": config, "mfu": rep.mfu,
+                 "memory_gib_per_device": rep.memory_peak / GIB}
+        entry["speedup_of_plan"] = rep.step_time_s / ref if rep.fits else None
+        band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=config.get("zero", 0), seq=plan.seq,
+                           framework=config.get("framework", "megatron"))
+        entry["step_time_band_s"] = band.as_list()
+        entry["verdict_of_plan"] = verdict(plan_band, band, ref, rep.step_time_s) if rep.fits else \
+            "baseline does not fit"
+        if detail:
+            entry.update(breakdown=dict(rep.breakdown), memory_gib={k: v / GIB for k, v in rep.memory.items()})
+        out[name] = entry
+    return out
+
+
+def _band(result: dict):
+    """The band a plan's JSON states (``prediction_terms``), as a ``cost.bands.Band``."""
+    from symtensor.cost.bands import Band
+
+    return Band(*result["step_time_band_s"], result["regime"], result["band_calibrated"])

@@ -1,0 +1,286 @@
+"""The outer search (steps 1-5 of ``search.planner``): pipeline depth, micro-batches,
+recomputation, ZeRO stage and the memory weight around the recursive partitioner.
+
+    OuterSearch.consider_batches  the micro-batch counts worth costing for some layouts
+    OuterSearch.consider          their recomputation / ZeRO / virtual-stage variants, cheapest
+                                  first, with branch and bound on the best step time
+    partitions                    the partitions and their memory-weight rounds (steps 1-4)
+    rollbacks, rollback           pipeline depths from a whole-mesh partition (spec 3.3-7)
+    refine_plan, refine_best      the per-op local search around a point (step 5)
+    finish                        the result as a Plan, with the search's notes
+"""
+
+from __future__ import annotations
+
+import time
+
+from symtensor.cost import Evaluator, TrainConfig
+from symtensor.errors import PlanError
+from symtensor.hardware import GIB, MEMORY_HEADROOM, Mesh, divisors
+from symtensor.layout import REPLICATED, OpLayout, refusal
+from symtensor.plan.plan import Plan
+from symtensor.search.partition import Problem, refine, refine_blocks, solve
+from symtensor.search.pool import Costed, EvaluatorPool
+
+class OuterSearch:
+    """The outer enumeration of one search: it costs variants of layouts with the full model and
+    keeps the fastest point that fits (``best``) and, while nothing fits, the smallest
+    (``least_memory``); ``refined`` holds the ids of points the per-op local search has run from
+    or produced."""
+
+    def __init__(self, pool: EvaluatorPool, global_batch: int, micro_batch=None, order: str = "topological"):
+        self.pool, self.cfg, self.cluster, self.seq = pool, pool.cfg, pool.cluster, pool.seq
+        self.global_batch, self.micro_batch, self.order = global_batch, micro_batch, order
+        self.best: Costed | None = None
+        self.least_memory: Costed | None = None
+        self.refined: set[int] = set()
+        self.evaluations = self.partitions = 0
+        self.phases: dict = {}
+        self._floors: dict = {}  # recomputation -> Evaluator.step_floor (the same for every evaluator)
+
+    def evaluator(self, graph_batch: int, pp: int) -> Evaluator:
+        return self.pool.get(graph_batch, pp)
+
+    def pipeline_depths(self) -> list[int]:
+        n, layers = self.cluster.n_devices, self.cfg.layers
+        return [p for p in divisors(n) if p <= layers]
+
+    def micro_steps(self, pp: int) -> list[int]:
+        """Micro-batches per step: at least pp (to fill the pipeline), dividing the global batch."""
+        gb = self.global_batch
+        out = [m for m in divisors(gb) if m >= pp]
+        if self.micro_batch is not None:
+            out = [m for m in out if (gb // m) % self.micro_batch == 0]
+        return out
+
+    def partition(self, pp: int, m: int, lam: float, recompute: str = "none", zero: int = 1) -> dict:
+        return solve(self.problem(pp, m, lam, recompute, zero), order=self.order)
+
+    def problem(self, pp: int, m: int, lam: float, recompute: str = "none", zero: int = 1) -> Problem:
+        """The per-op problem of one partition (counted)."""
+        train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, recompute=recompute, zero=zero,
+                            framework=self.pool.framework)
+        self.partitions += 1
+        return self.pool.problem(train, lam)
+
+    def absorb(self, other: "OuterSearch") -> None:
+        """Take the plans of a search run beside this one (its fastest and its smallest) and its
+        count of evaluations."""
+        offered = [p for p in (other.best, other.least_memory) if p is not None]
+        self.evaluations += other.evaluations - len(offered)
+        for plan in offered:
+            self.offer(plan)
+
+    def consider_batches(self, layouts: dict, pp: int) -> None:
+        """Micro-batches for these layouts: every cut of the batch must divide the micro-step batch.
+        Without pipelining, the fewest micro-batches that fit (large micro-batches amortise
+        latencies); with it, the most (the bubble shrinks as (p-1)/m)."""
+        # (the cut is sized on the cluster's whole mesh, also for layouts of a pipeline's stage mesh)
+        mesh = self.cluster.mesh()
+        bcut = max((mesh.size(a for a in lay.axes_of("b") if a < len(mesh)) for lay in layouts.values()), default=1)
+        ms = [m for m in self.micro_steps(pp) if (self.global_batch // m) % bcut == 0]
+        if pp > 1:
+            for m in ms[::-1][:2]:
+                self.consider(layouts, pp, m)
+            return
+        # the five fewest micro-batch counts (large micro-batches amortise latencies) and the most
+        # (the least memory), the most first: a variant's memory at a larger micro-batch follows
+        # from a smaller one (see consider)
+        seen: dict = {}
+        for m in sorted(dict.fromkeys(ms[:5] + ms[-1:]), reverse=True):
+            self.consider(layouts, pp, m, seen)
+
+    def consider(self, layouts: dict, pp: int, m: int, seen: dict | None = None) -> bool:
+        """Cost the recomputation / ZeRO / virtual-stage variants of ``layouts`` at (pp, m);
+        True when one fits.
+
+        ``seen`` (no pipeline only): per (recomputation, ZeRO stage) costed at another micro-step
+        batch, that batch, its parameters + gradients + optimizer state and the rest of its peak;
+        updated. With one micro-batch in flight the rest is activations, which scale with the
+        batch (tested), so a variant whose peak at this batch follows to be over the capacity is
+        not costed, and when no variant is left no graph is built for this batch."""
+        gbatch = self.global_batch // m
+        bound = self.best.report.step_time_s if self.best is not None else float("inf")
+        usable = self.cluster.device.memory * MEMORY_HEADROOM * (1 + 1e-9)
+        variants = [v for v in self._variants(bound) if seen is None or v not in seen
+                    or seen[v][1] + gbatch / seen[v][0] * seen[v][2] <= usable]
+        if not variants:
+            return False
+        ev = self.evaluator(gbatch, pp)
+        if any(refusal(op, layouts.get(op.name, REPLICATED), ev.mesh) for op in ev.graph.ops):
+            return False  # a cut no longer divides at this micro-batch size
+        vpps = [v for v in (2, 3, 4) if pp > 1 and self.cfg.layers % (pp * v) == 0]
+        # cheapest first: recomputation and deeper ZeRO stages only cost time, so the first variant
+        # that fits is the fastest of its row (ZeRO-1 has ZeRO-0's time and less memory), and once
+        # a variant is no faster than the best plan, none after it can be (branch and bound);
+        # a ZeRO stage whose parameters and optimizer state alone overflow is not tried
+        statics: dict = {}  # ZeRO stage -> whether its parameters and optimizer state fit
+        for rc, zero in variants:
+            if rc not in self._floors:
+                self._floors[rc] = ev.step_floor(self._train(pp, m, 1, rc, zero))
+            if self._floors[rc] * (1 - 1e-9) >= bound:
+                return False  # no plan with this recomputation (or a heavier one) can be faster
+            if self.best is not None:  # (while nothing fits, the least memory is wanted too)
+                if zero not in statics:
+                    statics[zero] = ev.static_fits(layouts, self._train(pp, m, 1, "none", zero))
+                if not statics[zero]:
+                    continue
+            plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
+            if seen is not None:
+                mem = plan.report.memory
+                state = mem["static"]
+                seen[(rc, zero)] = (gbatch, state, plan.report.memory_peak - state)
+            if plan.report.fits:
+                for vpp in vpps:
+                    self._cost(ev, layouts, pp, m, vpp, rc, zero)
+                return True
+            if plan.report.step_time_s >= bound:
+                return False
+        return False
+
+    def _variants(self, bound: float) -> list[tuple[str, int]]:
+        """(recomputation, ZeRO stage) pairs in the order ``consider`` costs them, up to the first
+        recomputation whose step floor (``Evaluator.step_floor``: FLOPs at the best rate over all
+        devices, the same for every layout, micro-batch count and pipeline) cannot beat ``bound``;
+        a floor not yet known (no evaluator of this search has computed it) does not stop."""
+        out = []
+        for rc in self.pool.recomputations():
+            floor = self._floors.get(rc)
+            if floor is not None and floor * (1 - 1e-9) >= bound:
+                break
+            out += [(rc, zero) for zero in (1, 2, 3)]
+        return out
+
+    def _train(self, pp, m, vpp, rc, zero) -> TrainConfig:
+        return TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero,
+                           framework=self.pool.framework)
+
+    def _cost(self, ev, layouts, pp, m, vpp, rc, zero) -> Costed:
+        train = self._train(pp, m, vpp, rc, zero)
+        return self.offer(Costed(train, layouts, ev.evaluate(layouts, train, check=False)))
+
+    def offer(self, plan: Costed) -> Costed:
+        """Keep ``plan`` if it is the fastest that fits (or, while nothing fits, the smallest)."""
+        self.evaluations += 1
+        rep = plan.report
+        if rep.fits:
+            if self.best is None or rep.step_time_s < self.best.report.step_time_s:
+                self.best = plan
+        elif self.least_memory is None or rep.memory_peak < self.least_memory.report.memory_peak:
+            self.least_memory = plan
+        return plan
+
+
+def rollback(layouts: dict[str, OpLayout], k: int) -> dict[str, OpLayout]:
+    """Drop the cuts on the first ``k`` mesh axes (they become pipeline stages) and re-index."""
+    return {name: lay.without_outer(k) for name, lay in layouts.items()}
+
+
+def nominal_steps(s: OuterSearch) -> int:
+    """Micro-batches of the whole-mesh partition: one sequence per device per micro-step when the
+    batch allows it."""
+    steps1 = s.micro_steps(1)
+    if not steps1:
+        raise PlanError(f"global batch {s.global_batch} has no micro-batch split compatible with --micro-batch "
+                        f"{s.micro_batch}")
+    return max([m for m in steps1 if s.global_batch // m >= s.cluster.n_devices] or [steps1[0]])
+
+
+FULL_MESH = 128  # clusters up to this size partition the whole mesh and roll pipelines back
+
+
+def partitions(s: OuterSearch, base: dict | None = None) -> None:
+    """Steps 1-4 of ``search.planner`` (``base``: the whole-mesh partition at lambda 0, when
+    already computed and rolled back). On clusters larger than ``FULL_MESH`` whose best
+    Megatron seed pipelines, the partition runs on that seed's stage mesh at its micro-batches
+    instead: the outer axes would become pipeline stages anyway, and deciding them first costs
+    more than half of the search there."""
+    n = s.cluster.n_devices
+    m0 = nominal_steps(s)
+    seed = s.best
+    staged = seed is not None and seed.train.pp > 1 and n > FULL_MESH
+    lam, attempt = 0.0, 0
+    while attempt < 6:
+        if staged:
+            s.consider_batches(s.partition(seed.train.pp, seed.train.micro_steps, lam), seed.train.pp)
+        elif attempt > 0 or base is None:  # (``base`` was rolled back already)
+            rollbacks(s, s.partition(1, m0, lam))
+        attempt += 1
+        # memory pressure (nothing fits, or only with recomputation): weigh memory in the
+        # partition, in seconds per byte, more each round; one round when something fits
+        if not pressed(s.best) or attempt >= (6 if s.best is None else 2):
+            break
+        ref = (s.best or s.least_memory).report
+        lam = (ref.step_time_s / ref.capacity) * (4.0 ** attempt)
+
+
+def rollbacks(s: OuterSearch, base: dict) -> None:
+    """Pipeline depths from a whole-mesh partition: the outermost axes become stages."""
+    for pp in s.pipeline_depths():
+        if s.best is not None and pp > 2 and s.best.train.pp < pp // 2:
+            break  # the last depth did not help: deeper pipelines will not either
+        k = s.cluster.mesh().outer_axes_for(pp)
+        if k is None:
+            continue
+        s.consider_batches(rollback(base, k), pp)
+
+
+def pressed(plan: Costed | None) -> bool:
+    """Nothing fits, or only with recomputation: memory is worth trading time for. (ZeRO-3
+    alone does not count: its gathers often cost less than the larger micro-batches it allows
+    save, and on the plan-quality scenarios a memory-weighted round never improved such plans.)"""
+    return plan is None or plan.train.recompute != "none"
+
+
+def refine_plan(pool: EvaluatorPool, plan: Costed) -> list[Costed]:
+    """Per-op local search around ``plan`` (with a memory weight too when it needs recomputation
+    or does not fit): the plans it leads to, costed by the full model."""
+    rep, out = plan.report, []
+    for lam in (0.0, rep.step_time_s / rep.capacity) if pressed(plan) or not rep.fits else (0.0,):
+        problem = pool.problem(plan.train, lam)
+        layouts = refine(problem, refine_blocks(problem, plan.layouts))
+        if layouts != plan.layouts:
+            out.append(Costed(plan.train, layouts, problem.ev.evaluate(layouts, plan.train, check=False)))
+    return out
+
+
+def refine_best(s: OuterSearch, plan: Costed | None) -> None:
+    """Refine ``plan`` unless it is None or was refined (or came from a refinement) already."""
+    if plan is None or id(plan) in s.refined:
+        return
+    s.refined.add(id(plan))
+    for better in refine_plan(s.pool, plan):
+        s.refined.add(id(s.offer(better)))
+
+
+def finish(s: OuterSearch, t0: float) -> Plan:
+    """The search's result as a Plan: its best point (the least memory when nothing fits), with
+    the search's account and notes."""
+    best = s.best or s.least_memory
+    if best is None:
+        raise PlanError(f"no valid plan for {s.cfg.name} on {s.cluster.n_devices} devices; check the batch and the "
+                        "device count")
+    ev = s.pool.get(best.train.graph_batch, best.train.pp)
+    notes = []
+    idle = _idle_axes(best, ev)
+    if idle:
+        notes.append(
+            f"mesh axes {', '.join(a.name for a in idle)} (x{idle.size()}) cut no matmul: those devices repeat "
+            f"work; a global batch or sequence divisible by {idle.size()} more would let the plan use them")
+    if s.best is None:
+        rep = best.report
+        notes.append(
+            f"nothing fits: the least memory any plan reached is {rep.memory_peak / GIB:.1f} GiB per device "
+            f"against {MEMORY_HEADROOM * rep.capacity / GIB:.1f} GiB usable; use more devices, a smaller "
+            "micro-batch or sequence, or a device with more memory")
+    return s.pool.plan(best, notes=notes, search_time_s=time.perf_counter() - t0, search_phases_s=dict(s.phases),
+                       evaluations=s.evaluations, partitions=s.partitions)
+
+
+def _idle_axes(plan: Costed, ev) -> Mesh:
+    """Stage-mesh axes that no linear or attention op cuts (replicated compute)."""
+    used = set()
+    for op in ev.graph.ops:
+        if op.kind in ("linear", "attention", "bmm"):
+            used |= plan.layouts[op.name].used_axes()
+    return Mesh(a for i, a in enumerate(ev.mesh) if i not in used)

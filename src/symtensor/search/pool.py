@@ -1,0 +1,206 @@
+"""The search's shared state and its working record of a costed point.
+
+``EvaluatorPool`` owns every cache of one search (see its docstring); nothing is cached at module
+level. ``Costed`` is how the search holds a point it has costed: a training configuration,
+layouts by mesh position on the stage mesh of its evaluator, and the cost report. A point leaves
+the search as a ``plan.Plan`` (``EvaluatorPool.plan``), which names mesh axes instead.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
+from symtensor.errors import PlanError
+from symtensor.hardware import MEMORY_HEADROOM, Cluster
+from symtensor.layout import OpLayout
+from symtensor.memo import Memo
+from symtensor.models import ModelConfig, build_graph
+from symtensor.plan.plan import Plan
+from symtensor.search.megatron import ParallelConfig, grid_points, megatron_layouts, op_roles
+from symtensor.search.partition import Problem
+
+
+@dataclass(frozen=True, slots=True)
+class Costed:
+    """A point the search costed: ``layouts`` by mesh position on the stage mesh of the pool's
+    evaluator for ``train`` (graph batch, pipeline depth); ``megatron``: the Megatron
+    configuration it was built from, if any. Crosses process boundaries (no evaluator in it)."""
+
+    train: TrainConfig
+    layouts: dict[str, OpLayout]
+    report: CostReport
+    megatron: ParallelConfig | None = None
+
+    @property
+    def key(self):
+        """Sort key: plans that fit first, then the fastest (the least memory when none fits)."""
+        return (not self.report.fits, self.report.step_time_s if self.report.fits else self.report.memory_peak)
+
+
+class EvaluatorPool:
+    """What one search shares: its evaluators (a skeleton graph per micro-step batch, one per
+    pipeline depth) and every cache of the search (the evaluators' own, the per-op problems'
+    tables, the layout family, the Megatron grid and layouts). It lives as long as the search."""
+
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None, framework: str = "megatron"):
+        """``graph_factory(graph_batch)`` supplies the graphs (a captured model); default: the
+        builders' skeleton graphs of ``cfg``. ``framework``: the engine every configuration of
+        this search is costed under (``cost.engine``)."""
+        self.cfg, self.cluster, self.seq = cfg, cluster, seq
+        self.framework = framework
+        self.graph_factory = graph_factory
+        self._param_sums = None
+        self._recomputations = None
+        # the search's layouts are one family (see OpLayout): equal layouts are one object, and
+        # what is derived from them is memoised once for every evaluator
+        self.family = OpLayout.family()
+        self._graphs = Memo(self._graph)  # graph batch -> the graph of one micro-step
+        self._shared = Memo(lambda pp: {})  # pp -> the caches its evaluators share (see Evaluator)
+        self._evs = Memo(self._evaluator)  # (graph batch, pp) -> Evaluator
+        self._memos = Memo(lambda key: {("root",): self.family})  # (graph batch, pp) -> Problem tables
+        self._grids = Memo(self._grid)  # global batch -> grid_points
+        self._roles = Memo(lambda batch: op_roles(self._graphs[batch]))  # graph batch -> megatron.op_roles
+        # (graph batch, pp, tp, cp, dp, ep, sp) -> Megatron layouts: the last few, as the variants of
+        # one point (recomputation, ZeRO, virtual stages) share them
+        self._layouts = Memo(self._megatron_layouts, limit=65)
+
+    def _graph(self, graph_batch: int):
+        # the builders' graphs differ only in the batch size: validate the first one
+        if self.graph_factory is not None:
+            return self.graph_factory(graph_batch)
+        return build_graph(self.cfg, micro_batch=graph_batch, seq=self.seq, skeleton=True, validate=not self._graphs)
+
+    def _evaluator(self, key) -> Evaluator:
+        graph_batch, pp = key
+        # pipeline depths share the graph of one micro-step batch; the evaluators of one pipeline
+        # depth share one mesh, and their batch-free caches
+        return Evaluator(self._graphs[graph_batch], self.cluster, pp=pp, shared=self._shared[pp],
+                         framework=self.framework)
+
+    def _grid(self, global_batch: int) -> list[dict]:
+        n = self.cluster.n_devices
+        node = self.cluster.levels[0].fanout or n
+        return list(grid_points(self.cfg, n, node, global_batch, self.seq))
+
+    def _megatron_layouts(self, key) -> dict:
+        graph_batch, pp, tp, cp, dp, ep, sp = key
+        ev = self.get(graph_batch, pp)
+        degrees = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp)  # all the layouts read
+        return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family)
+
+    def get(self, graph_batch: int, pp: int) -> Evaluator:
+        """The evaluator of one micro-step batch and pipeline depth."""
+        return self._evs[(graph_batch, pp)]
+
+    def problem(self, train: TrainConfig, lam: float = 0.0) -> Problem:
+        """The per-op problem of ``train`` (its graph batch and pipeline depth) with memory weight
+        ``lam``; the problems of one evaluator share the tables that do not depend on ``lam``."""
+        key = (train.graph_batch, train.pp)
+        return Problem(self.get(*key), train, lam, memo=self._memos[key])
+
+    def grid(self, global_batch: int) -> list[dict]:
+        """``grid_points`` of this model and cluster, enumerated once per search (the seeds, their
+        split between two processes and the exhaustive grid all read it)."""
+        return self._grids[global_batch]
+
+    def recomputations(self) -> tuple[str, ...]:
+        """The recomputation modes worth costing. Selective recomputation re-runs the attention
+        core's unfused ops (marked ``core``); with a fused attention kernel there are none, and a
+        selective plan costs and holds exactly what the same plan without recomputation does, so
+        it is left out (the fastest plan is unchanged: equal plans keep the first)."""
+        if self._recomputations is None:
+            if not self._graphs:
+                return RECOMPUTE  # (no graph yet: nothing known, nothing left out)
+            graph = next(iter(self._graphs.values()))
+            core = any(op.attr("core") for op in graph.ops)
+            self._recomputations = RECOMPUTE if core else tuple(rc for rc in RECOMPUTE if rc != "selective")
+        return self._recomputations
+
+    def layouts(self, pc: ParallelConfig) -> tuple[Evaluator, dict]:
+        """The evaluator and Megatron layouts of ``pc`` (validated)."""
+        pc.validate(self.cfg, self.cluster.n_devices)
+        batch = pc.micro_batch * pc.dp
+        return self.get(batch, pc.pp), self._layouts[(batch, pc.pp, pc.tp, pc.cp, pc.dp, pc.ep, pc.sp)]
+
+    def evaluate(self, pc: ParallelConfig, check: bool = False) -> Costed:
+        """Cost a Megatron configuration (its layouts are legal by construction; ``check`` checks
+        them anyway, for a configuration a user gave)."""
+        ev, layouts = self.layouts(pc)
+        return Costed(pc.train_config(), layouts, ev.evaluate(layouts, pc.train_config(), check=check), pc)
+
+    def try_config(self, **config) -> Costed | None:
+        """``evaluate`` of the Megatron configuration ``config`` under this pool's engine; None
+        when it is not a valid configuration."""
+        try:
+            return self.evaluate(ParallelConfig(**{**config, "framework": self.framework}))
+        except PlanError:
+            return None
+
+    def may_fit(self, **config) -> bool:
+        """``static_fits`` of the Megatron configuration ``config``; False when it is invalid."""
+        try:
+            return self.static_fits(ParallelConfig(**{**config, "framework": self.framework}))
+        except PlanError:
+            return False
+
+    def plan(self, costed: Costed, **search) -> Plan:
+        """The Plan of a point costed in this search (the one place a search's working record
+        becomes a Plan: layouts by position become layouts by axis name); ``search``: the
+        search's notes and account (``Plan``)."""
+        ev = self.get(costed.train.graph_batch, costed.train.pp)
+        return Plan.of(self.cfg, self.cluster, costed.train, self.seq, ev.graph, ev.mesh, ev.pp_axes, costed.layouts,
+                       costed.report, **search)
+
+    def static_fits(self, pc: ParallelConfig) -> bool:
+        """False only when parameters, gradients and optimizer state alone overflow a device (so
+        no variant of ``pc`` fits): an arithmetic lower bound refuses most such points before
+        any graph is built, the exact sum (``Evaluator.static_fits``) the rest. True means "may
+        fit": the evaluation decides."""
+        usable = self.cluster.device.memory * MEMORY_HEADROOM
+        bound = self.static_lower_bound(pc)
+        if bound > usable:
+            return False
+        if bound < usable / 2:
+            return True  # far from the capacity the exact sum rarely refuses: leave it to the evaluation
+        ev, layouts = self.layouts(pc)
+        return ev.static_fits(layouts, pc.train_config())
+
+    def static_lower_bound(self, pc: ParallelConfig) -> float:
+        """Bytes of parameters, gradients and optimizer state on the most loaded device, from
+        below: every weight divided by tp (norms are not, in fact), expert weights by ep too,
+        the total spread evenly over the pp stages (the most loaded stage holds at least that),
+        ZeRO sharding over dp x cp (Megatron's distributed optimizer; the cost model shards
+        over dp only)."""
+        if self._param_sums is None:
+            self._param_sums = _param_sums(self.get(1, 1).graph)
+        train = pc.train_config()
+        total = 0.0
+        z = train.zero
+        for (expert, trainable), numel in self._param_sums.items():
+            shard = pc.dp * pc.cp // (pc.ep if expert else 1) or 1
+            per = train.param_bytes / (shard if z >= 3 else 1)
+            if trainable:
+                per += train.grad_bytes / (shard if z >= 2 else 1) + train.optim_bytes / (shard if z >= 1 else 1)
+            total += numel * per / (pc.tp * (pc.ep if expert else 1))
+        return total / pc.pp
+
+
+def _param_sums(graph) -> dict:
+    """Parameter elements of the whole model by (expert weight, trainable); tied weights once,
+    skeleton layers times the layers they stand for."""
+    from symtensor.graph import layer_repeat
+
+    sums: dict = {}
+    seen = set()
+    for op in graph.ops:
+        for slot, tname in enumerate(op.inputs):
+            t = graph.tensors[tname]
+            if not t.param or (t.tie or t.name) in seen:
+                continue
+            seen.add(t.tie or t.name)
+            expert = any(d and d[0] == "e" for d in op.in_dims[slot])
+            key = (expert, t.trainable)
+            sums[key] = sums.get(key, 0) + t.numel * layer_repeat(graph, op.layer)
+    return sums
+

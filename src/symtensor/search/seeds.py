@@ -1,0 +1,180 @@
+"""Megatron-expressible seeds of the search (step 0 of ``search.planner``): SymTensor's space
+contains Megatron's, so the search starts from the best Megatron configurations and cannot lose
+to the grid.
+
+    seed_plan        whether the seeds are the whole grid (small grids and clusters) or a scan
+    structured_seeds the grid with exact branch and bound, or the scan (``_Chain`` stops a chain)
+    fastest_fitting  a point's cheapest recomputation that fits (branch and bound on step time)
+    grid_descent     hill-climbing on the grid from the best seed
+    seed_phase       the best and the least-memory seed of a (part of the) scan, and its count
+"""
+
+from __future__ import annotations
+
+from symtensor.hardware import divisors
+from symtensor.search.baselines import megatron_grid
+from symtensor.search.pool import Costed, EvaluatorPool
+
+SMALL_GRID = 64  # grids with at most this many points are seeded exhaustively,
+SMALL_CLUSTER = 16  # and so are clusters of at most this many devices
+
+
+def seed_plan(pool: EvaluatorPool, global_batch: int) -> tuple[bool, list[int], list[dict]]:
+    """Whether the seeds are the exhaustive grid, the tensor-parallel degrees of the scan and the
+    grid's points."""
+    points = pool.grid(global_batch)
+    exhaustive = len(points) <= SMALL_GRID or pool.cluster.n_devices <= SMALL_CLUSTER
+    return exhaustive, sorted({p["tp"] for p in points}), points
+
+
+def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | None, tps=None):
+    """Megatron-expressible starting points: the whole grid (exact branch and bound) on small
+    clusters. Elsewhere a scan that treats the step time as unimodal along each axis of the grid:
+    tensor-parallel degrees ascending, per degree context-parallel degrees ascending, per degree
+    pipeline depths ascending and (MoE) expert-parallel degrees ascending, each chain stopped once a
+    point that fits without recomputation is no faster than the one before (``_Chain``). Points
+    already slower than the fastest seed of their tp are only costed once (recomputation only adds
+    time). ``tps``: the degrees to scan; a call depends on nothing else, so the scan can be
+    split between two processes, which give the same seeds as one."""
+    cfg, n = pool.cfg, pool.cluster.n_devices
+    exhaustive, all_tps, points = seed_plan(pool, global_batch)
+    if exhaustive:
+        best, _ = megatron_grid(pool, global_batch, micro_batch)
+        if best is not None:
+            yield best
+        return
+    mb = micro_batch or 1
+    tp_chain = _Chain()
+    for tp in all_tps if tps is None else tps:
+        bound = float("inf")  # the fastest seed of this tp that fits so far
+        cp_chain = _Chain()
+        for cp in sorted({p["cp"] for p in points if p["tp"] == tp}):
+            pp_chain = _Chain()
+            for pp in [p for p in divisors(n // (tp * cp)) if p <= cfg.layers]:
+                dp = n // (tp * cp * pp)
+                if global_batch % (mb * dp):
+                    continue
+                eps = [e for e in divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
+                vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
+                found, ep_chain = None, _Chain()
+                for ep in eps:
+                    base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0,
+                                micro_batch=mb, global_batch=global_batch, seq=pool.seq)
+                    cand, score = fastest_fitting(pool, dict(base, vpp=vpp), bound)
+                    if vpp > 1 and (cand is None or cand.megatron.recompute != "none"):
+                        # interleaving holds more micro-batches in flight: without it, recomputation
+                        # may be unnecessary
+                        plain, pscore = fastest_fitting(pool, dict(base, vpp=1), min(bound, score or bound))
+                        if plain is not None:
+                            cand, score = plain, pscore
+                    if cand is not None:
+                        bound = min(bound, score)
+                        if found is None or score < found.report.step_time_s:
+                            found = cand
+                    if ep_chain.stops(None if cand is None else (score, cand.megatron.recompute == "none")):
+                        break
+                if found is not None:
+                    yield found
+                if pp_chain.stops(ep_chain.best):
+                    break  # deeper pipelines stopped helping this (tp, cp)
+            if cp_chain.stops(pp_chain.best):
+                break  # more context parallelism stopped helping this tp
+        if tp_chain.stops(cp_chain.best):
+            break  # more tensor parallelism stopped helping
+
+
+class _Chain:
+    """Step times along one axis of the grid; ``stops`` once a point that fits without
+    recomputation is no faster than the one before it. A point that needs recomputation does
+    not stop the chain (further along, the memory it relieves may make recomputation
+    unnecessary); one without a time (it does not fit, or cannot beat the best seed) breaks
+    the comparison."""
+
+    def __init__(self):
+        self.last = None
+        self.best = None  # (step time, fits without recomputation) of the fastest point
+
+    def stops(self, point: tuple | None) -> bool:
+        if point is None:
+            self.last = None
+            return False
+        if self.best is None or point[0] < self.best[0]:
+            self.best = point
+        stop = point[1] and self.last is not None and point[0] >= self.last
+        self.last = point[0]
+        return stop
+
+
+def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")):
+    """The cheapest recomputation with which ``base`` fits and its step time; (None, None) when
+    nothing fits (parameters and optimizer state alone overflowing the memory are checked before
+    any evaluation) or when it cannot beat ``bound`` (a variant that does not fit is already no
+    faster, and recomputation only adds time: exact branch and bound)."""
+    if not pool.may_fit(**base):
+        return None, None
+    for rc in pool.recomputations():
+        cand = pool.try_config(**base, recompute=rc)
+        if cand is None:
+            return None, None
+        rep = cand.report
+        if rep.fits:
+            return cand, rep.step_time_s
+        if rep.step_time_s >= bound:
+            return None, None
+    return None, None
+
+
+def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps: int = 12):
+    """Hill-climb the Megatron grid from ``start``: move one of tp, pp, cp, ep, micro batch or
+    virtual stages by a factor of two while the step gets faster; yields each improvement."""
+    cfg, n = pool.cfg, pool.cluster.n_devices
+    cur = start
+    for _ in range(max_steps):
+        pc = cur.megatron.as_dict()
+        pc.pop("recompute")
+        best = None
+        for key in ("tp", "pp", "cp", "ep", "micro_batch", "vpp"):
+            if key == "micro_batch" and micro_batch is not None:
+                continue
+            for f in (2, 0.5):
+                trial = dict(pc)
+                trial[key] = int(pc[key] * f) if pc[key] * f >= 1 else 0
+                if not trial[key] or (key == "vpp" and trial["pp"] == 1 and trial[key] > 1):
+                    continue
+                if key == "pp" and trial["vpp"] > 1 and cfg.layers % (trial["pp"] * trial["vpp"]):
+                    trial["vpp"] = 1
+                rest = trial["tp"] * trial["pp"] * trial["cp"]
+                if n % rest:
+                    continue
+                trial["dp"] = n // rest
+                trial["sp"] = trial["tp"] > 1
+                trial["zero"] = 1 if trial["dp"] > 1 else 0
+                if trial["dp"] % trial["ep"]:
+                    continue
+                cand, _ = fastest_fitting(pool, trial, (best or cur).report.step_time_s)
+                if cand is not None and (best is None or cand.report.step_time_s < best.report.step_time_s):
+                    best = cand
+        if best is None or best.report.step_time_s >= cur.report.step_time_s:
+            return
+        cur = best
+        yield cur
+
+
+def seed_phase(pool: EvaluatorPool, global_batch: int, micro_batch, tps, descend: bool):
+    """The fastest seed that fits (hill-climbed on the grid when ``descend``), the seed with the
+    least memory when none fits, and how many seeds (and hill-climbing steps) it offered."""
+    best = least = None
+    count = 0
+    for cand in structured_seeds(pool, global_batch, micro_batch, tps):
+        count += 1
+        rep = cand.report
+        if rep.fits:
+            if best is None or rep.step_time_s < best.report.step_time_s:
+                best = cand
+        elif least is None or rep.memory_peak < least.report.memory_peak:
+            least = cand
+    if descend and best is not None:
+        for cand in grid_descent(pool, best, micro_batch):
+            best = cand
+            count += 1
+    return best, least, count
