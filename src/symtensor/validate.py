@@ -445,6 +445,10 @@ def cli_args(args) -> None:
         value = getattr(args, dest, None)
         if value is not None and not (command == "sweep" and dest in _SWEEP_SIZES):
             integer(value, _flag(dest), hi=hi)
+    spec = getattr(args, "torch", None)
+    if spec is not None and not re.fullmatch(r"[\w.]+:\w+", spec):
+        raise PlanError(f"--torch {spec}: expected package.module:factory, a function that returns (the module, "
+                        "example inputs)")
     mb = getattr(args, "micro_batch", None)
     if mb not in (None, "auto"):
         integer(mb, "--micro-batch", hi=MAX_BATCH, fix="; give a positive integer or auto")

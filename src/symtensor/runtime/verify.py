@@ -138,9 +138,12 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
             raise PlanError("--attention-only-tp needs --tp > 1")
         pc = ParallelConfig(**{**pc.as_dict(), "sp": False})
     spec = plan_to_spec(pc, cfg.is_moe, attention_only)
+    if device == "cpu":
+        _few_enough_tokens(pc)
+    predicted = predicted_bytes(cfg, pc, devices, attention_only)  # its errors come before any process starts
     result = run_spec(model, spec, steps=steps, optimizer=optimizer, nproc=devices, timeout_s=timeout_s,
                       master_port=master_port, device=device)
-    predicted, measured = predicted_bytes(cfg, pc, devices, attention_only), measured_bytes(result)
+    measured = measured_bytes(result)
     rows = []
     for kind in KINDS:
         p, m = predicted[kind], measured[kind]
@@ -241,6 +244,15 @@ def _why_none(cfg, devices: int, global_batch: int, tps: list[int], pp: int) -> 
 
 # symtensor run trains on CPU: fp32 weights, gradients and AdamW state on every process and the reference
 RUN_MAX_PARAMS = 200_000_000
+RUN_MAX_TOKENS, RUN_MAX_SEQ = 65_536, 8192  # per step; attention's work grows with seq^2
+
+
+def _few_enough_tokens(pc: ParallelConfig) -> None:
+    tokens = pc.global_batch * pc.seq
+    if pc.seq > RUN_MAX_SEQ or tokens > RUN_MAX_TOKENS:
+        raise PlanError(f"run trains on CPU processes: --global-batch {pc.global_batch} x --seq {pc.seq} = "
+                        f"{tokens:,} tokens per step; the limits are {RUN_MAX_TOKENS:,} tokens and sequences of "
+                        f"{RUN_MAX_SEQ:,}; give a smaller batch or sequence")
 
 
 def _small_enough(cfg) -> None:
