@@ -206,10 +206,15 @@ def korthikanti_flops(cfg: ModelConfig, batch: int, seq: int) -> float:
     (_gpt(3, 384, 6, attention="unfused", dropout=True), 4, 2, 256),  # the 2022 Megatron graph
 ], ids=["125m", "2.7b", "175b", "22b", "small-vocab", "long-seq", "unfused"])
 def test_gpt_flops_per_step(cfg, batch, micro_batch, seq):
-    """model_flops(graph) covers one micro-step; a step has batch / micro_batch of them."""
+    """model_flops(graph) covers one micro-step; a step has batch / micro_batch of them. In
+    Korthikanti's convention attention counts in full; by default (Megatron-LM's and torchtitan's
+    MFU) causal attention counts its unmasked half: 72 b s L h^2 (s / 6h) / 2 less."""
     g = build_graph(cfg, micro_batch=micro_batch, seq=seq, skeleton=True)
-    per_step = model_flops(g) * (batch // micro_batch)
-    assert per_step == pytest.approx(korthikanti_flops(cfg, batch, seq), rel=1e-3)
+    steps = batch // micro_batch
+    full = korthikanti_flops(cfg, batch, seq)
+    assert model_flops(g, causal_halved=False) * steps == pytest.approx(full, rel=1e-3)
+    attention = 72 * batch * seq * cfg.layers * cfg.hidden**2 * seq / (6 * cfg.hidden)
+    assert model_flops(g) * steps == pytest.approx(full - attention / 2, rel=1e-3)
 
 
 @pytest.mark.parametrize("name, changes", [

@@ -15,8 +15,8 @@ pytestmark = pytest.mark.dist
 
 
 @pytest.mark.parametrize("args", [
-    ["tiny-llama", "--devices", "4"],
-    ["tiny-mixtral", "--devices", "4"],
+    ["tiny-llama", "--devices", "4", "--tp", "1"],  # plain data parallelism
+    ["tiny-mixtral", "--devices", "4", "--tp", "1"],
     ["tiny-llama", "--devices", "2", "--zero", "3", "--optimizer", "adamw"],
     ["tiny-llama", "--devices", "2", "--tp", "2"],
     ["tiny-llama", "--devices", "4", "--tp", "2", "--zero", "3"],

@@ -178,6 +178,8 @@ def op_model_flops(op, grad_operands: int, causal_halved: bool = True) -> float:
         return 0.0
     if kind.name == "attention":
         return 3 * (fwd if causal_halved else _attention_flops(op.dim_sizes, attrs, executed=False))
+    if kind.name == "bmm" and causal_halved and {"s", "t"} <= set(op.dim_sizes) and attrs.get("causal", True):
+        fwd /= 2  # unfused causal attention (scores, context): the model counts the unmasked half
     if kind.bwd_ratio is None:
         return fwd * (1 + kind.bwd_fixed)
     return fwd * (1 + kind.bwd_ratio * grad_operands)
