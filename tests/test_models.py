@@ -452,3 +452,21 @@ def test_set_errors(item, match):
 def test_set_rederives_defaults(name, items, expect):
     cfg = apply_overrides(PRESETS[name], items)
     assert {k: getattr(cfg, k) for k in expect} == expect
+
+
+def test_gpt2_config_reads_an_untied_head(tmp_path):
+    """A GPT-2 config.json with tie_word_embeddings false gets its own LM head (it was read as tied)."""
+    import json
+
+    from symtensor.models import load_model_config
+
+    base = {"model_type": "gpt2", "n_layer": 2, "n_embd": 64, "n_head": 4, "vocab_size": 1000, "n_positions": 128}
+    counts = {}
+    for tied in (True, False):
+        path = tmp_path / f"{tied}" / "config.json"
+        path.parent.mkdir()
+        path.write_text(json.dumps({**base, "tie_word_embeddings": tied}))
+        cfg = load_model_config(str(path))
+        assert cfg.tied is tied
+        counts[tied] = cfg
+    assert counts[True] != counts[False]

@@ -147,7 +147,9 @@ def read_hf_config(data: dict, name: str = "hf-model", path: str = "config.json"
 def _gpt2(k: _Keys) -> dict:
     k.need("n_layer", "n_embd", "n_head", "vocab_size")
     hidden = k.data["n_embd"]
-    return dict(family="gpt", mlp="gelu", norm="layernorm", tied=True, learned_pos=True, bias=True,
+    # GPT-2 ties its LM head to the token embedding unless the file says otherwise
+    tied = k.data.get("tie_word_embeddings", True)
+    return dict(family="gpt", mlp="gelu", norm="layernorm", tied=tied, learned_pos=True, bias=True,
                 layers=k.data["n_layer"], hidden=hidden, heads=k.data["n_head"],
                 ffn=k.data.get("n_inner") or 4 * hidden, vocab=k.data["vocab_size"],
                 max_context=k.data.get("n_positions", 1024))
