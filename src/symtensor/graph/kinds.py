@@ -143,7 +143,9 @@ register(Kind(
     # Megatron keeps the fp32 softmax of the logits for backward
     extra_saved_bytes=lambda sizes, attrs: 4 * _prod(sizes),
 ))
-register(Kind("moe_dispatch", lambda sizes, attrs: 0, bwd_fixed=0.0, bwd_ratio=None, memory_bound=True,
+# dispatch permutes tokens into expert buffers; its backward un-permutes their gradients, moving the
+# same bytes (a memory-bound gather/scatter both ways)
+register(Kind("moe_dispatch", lambda sizes, attrs: 0, bwd_fixed=1.0, bwd_ratio=None, memory_bound=True,
               saves=("in1",)))
 register(Kind("moe_combine", lambda sizes, attrs: 2 * _prod(sizes, {"e", "b", "c", "h"}), bwd_fixed=1.0,
               bwd_ratio=None, memory_bound=True, saves=("in0", "in1")))
