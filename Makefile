@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: plan test bench clean
+.PHONY: plan test unit integration bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,14 @@ $(VENV)/.installed: pyproject.toml
 plan: $(VENV)/.installed
 	$(VENV)/bin/symtensor plan
 
-test: $(VENV)/.installed
-	$(PY) -m pytest
+# the unit tests (CPU, under a minute), then the integration runs (torchrun processes, end to end)
+test: unit integration
+
+unit: $(VENV)/.installed
+	$(PY) -m pytest tests/unit
+
+integration: $(VENV)/.installed
+	$(PY) -m pytest tests/integration
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/cost_model_fidelity.py

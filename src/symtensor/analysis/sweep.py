@@ -19,7 +19,7 @@ from __future__ import annotations
 from itertools import pairwise
 
 from symtensor.errors import PlanError
-from symtensor.hardware import GIB, MEMORY_HEADROOM
+from symtensor.hardware import MEMORY_HEADROOM
 
 BREAK_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "vpp")
 DEGREE_WORDS = {"tp": "tensor parallel", "cp": "context parallel", "dp": "data parallel", "pp": "pipeline parallel",
@@ -132,7 +132,7 @@ def explain_breakpoint(cfg, cluster: str, param: str, a: dict, b: dict) -> dict:
                     for k in dict.fromkeys(list(a["breakdown"]) + list(b["breakdown"]))),
                    key=lambda t: -abs(t["delta_s"]))
     kept = keep_config(cfg, cluster, a["config"], b)
-    reason, why = _why(kept, b, a["layout"])
+    reason, why = breakpoint_reason(kept, b, a["layout"])
     head = headline(changes)
     moved = ", ".join(f"{t['term']} {t['delta_s']:+.3f} s" for t in terms[:3] if abs(t["delta_s"]) > 5e-4)
     text = (f"{param} {a['value']} -> {b['value']}: {a['layout']} -> {b['layout']} ({head}). {why}"
@@ -194,7 +194,9 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
             "fits": out["fits"], "breakdown": out["breakdown"]}
 
 
-def _why(kept: dict, b: dict, old: str) -> tuple[str, str]:
+def breakpoint_reason(kept: dict, b: dict, old: str) -> tuple[str, str]:
+    """Why the plan ``old`` of the previous point gave way at point ``b`` (``kept``: it costed
+    there, ``keep_config``): (constraint | memory | speed, one sentence)."""
     if not kept["valid"]:
         return "constraint", f"Keeping {old} is impossible here: {kept['error']}."
     if not kept["fits"]:

@@ -90,14 +90,6 @@ class Mesh(tuple):
             prod *= ax.size
         return len(self) if prod == degree else None
 
-    def level_counts(self, axes, n_levels: int) -> list[int]:
-        """Members per cluster level (innermost first) of a group spanning the axes ``axes``."""
-        counts = [1] * n_levels
-        for a in axes:
-            ax = self[a]
-            counts[ax.level] *= ax.size
-        return counts
-
 
 def divisors(n: int) -> list[int]:
     """The divisors of ``n``, ascending (pairs up to the square root: device counts reach 10^5)."""

@@ -131,7 +131,7 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
     gpu_cluster = _gpu_cluster(cluster, devices) if device == "cuda" else None
     if device == "cpu":
         _small_enough(cfg)
-    pc = (_from_plan(plan_file, cfg, devices) if plan_file
+    pc = (runnable_config(plan_file, cfg, devices) if plan_file
           else _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp))
     if attention_only:
         if pc.tp == 1:
@@ -181,7 +181,7 @@ def _gpu_cluster(spec: str | None, devices: int):
     return load_cluster(spec, devices=devices)
 
 
-def _from_plan(path: str, cfg, devices: int) -> ParallelConfig:
+def runnable_config(path: str, cfg, devices: int) -> ParallelConfig:
     """The Megatron-style configuration of a plan file; refused when the runtime cannot run it."""
     from symtensor.plan import load_plan
     from symtensor.search.megatron import megatron_config

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from symtensor.hardware import divisors
 from symtensor.search.baselines import megatron_grid
-from symtensor.search.pool import Costed, EvaluatorPool
+from symtensor.search.pool import EvaluatorPool
 
 SMALL_GRID = 64  # grids with at most this many points are seeded exhaustively,
 SMALL_CLUSTER = 16  # and so are clusters of at most this many devices

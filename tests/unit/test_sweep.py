@@ -95,16 +95,16 @@ def test_user_errors_are_one_line(capsys, argv, match):
 
 def test_keeping_a_plan_that_cannot_exist_is_a_constraint():
     """64-way data parallelism has no sequence to give every replica at 128K x 32 sequences."""
-    from symtensor.analysis.sweep import _why, keep_config
+    from symtensor.analysis.sweep import breakpoint_reason, keep_config
     from symtensor.models import load_model_config
 
     config = {"tp": 1, "pp": 1, "dp": 64, "cp": 1, "ep": 1, "sp": False, "zero": 3, "recompute": "full", "vpp": 1}
     point = {"devices": 64, "global_batch": 32, "seq": 131072, "breakdown": {}, "step_time_s": 1.0}
     kept = keep_config(load_model_config("llama3-8b"), "dgx-h100", config, point)
     assert kept["valid"] is False and "global batch 32" in kept["error"]
-    reason, text = _why(kept, point, "dp64 zero3 rc-full")
+    reason, text = breakpoint_reason(kept, point, "dp64 zero3 rc-full")
     assert reason == "constraint" and text.startswith("Keeping dp64 zero3 rc-full is impossible here")
     kept = keep_config(load_model_config("llama3-8b"), "dgx-h100", {**config, "recompute": "none", "zero": 1},
                        {**point, "global_batch": 64})
     assert kept["valid"] and not kept["fits"]
-    assert _why(kept, point, "dp64 zero1")[0] == "memory"
+    assert breakpoint_reason(kept, point, "dp64 zero1")[0] == "memory"

@@ -1,9 +1,6 @@
-"""The search: per-op solver vs the exact ILP optimum, plans vs the Megatron grid and D-Rec, validity.
-
-The per-op problem is the decomposed objective of ``partition.Problem`` at one outer point; the
-exact optimum comes from ``search.exact`` (HiGHS). The memory weight makes the small scenarios
-non-trivial (with lambda = 0 pure data parallelism is optimal and both sides find it).
-"""
+"""The search: the memory weight, D-Rec's recursion, the bounds that prune the search, plan validity
+and plan files, the orbit memo. (The solver against the exact optimum and plans against the
+Megatron grid: tests/integration/test_search_quality.py.)"""
 
 from __future__ import annotations
 
@@ -15,60 +12,21 @@ from hypothesis import strategies as st
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.hardware import cluster_from_dict, load_cluster
-from symtensor.hardware import MEMORY_HEADROOM
+from symtensor.hardware import MEMORY_HEADROOM, cluster_from_dict, load_cluster
 from symtensor.layout import REPLICATED, check_layout
 from symtensor.models import PRESETS, ModelConfig, build_graph, load_model_config
 from symtensor.plan import load_plan, save_plan
-from symtensor.search.baselines import megatron_grid
-from symtensor.search.pool import EvaluatorPool
-from symtensor.search.exact import exact_layouts
-from symtensor.search import partition
+from symtensor.search import partition, search
 from symtensor.search.partition import Problem, solve
-from symtensor.search import drec_plan, search
+from symtensor.search.pool import EvaluatorPool
 
-# (model, changes, devices, seq, global batch, micro-steps, memory weight in steps per capacity)
-SCENARIOS = [
-    ("llama2-7b", dict(layers=2), 4, 4096, 16, 4, 1.0),
-    ("llama2-7b", dict(layers=2), 4, 4096, 16, 4, 10.0),
-    ("llama3-8b", dict(layers=2), 4, 4096, 16, 4, 3.0),       # GQA
-    ("llama3-8b", dict(layers=2), 8, 4096, 32, 4, 3.0),
-    ("mixtral-8x7b", dict(layers=2), 4, 4096, 16, 4, 3.0),    # MoE
-    ("mixtral-8x7b", dict(layers=2), 8, 4096, 32, 4, 3.0),
-    ("llama2-7b", dict(layers=2, lora_rank=16), 4, 4096, 16, 4, 3.0),   # LoRA
-    ("llama3-8b", dict(layers=2), 4, 32768, 4, 2, 3.0),       # long sequence
-    ("qwen2-7b", dict(layers=3), 8, 4096, 32, 4, 3.0),
-    ("gpt3-6.7b", dict(layers=2), 8, 2048, 32, 4, 3.0),       # GPT, LayerNorm, biases
-    ("tiny-mixtral", dict(layers=3), 4, 128, 16, 2, 3.0),
-]
-
-
-def _problem(name, changes, devices, seq, gb, m, lam_steps):
-    cfg = load_model_config(name).replace(**changes)
-    cluster = load_cluster("dgx-h100", devices=devices)
-    ev = Evaluator(build_graph(cfg, micro_batch=gb // m, seq=seq, skeleton=True), cluster)
-    train = TrainConfig(global_batch=gb, micro_steps=m, zero=1)
-    base = Problem(ev, train, 0.0)
-    step = base.total(solve(base))
-    return Problem(ev, train, lam_steps * step / cluster.device.memory)
-
-
-@pytest.mark.parametrize("scenario", SCENARIOS,
-                         ids=[f"{s[0]}-{s[2]}dev-{s[3]}seq-lam{s[6]:g}" + ("-lora" if "lora_rank" in s[1] else "")
-                              for s in SCENARIOS])
-def test_solver_within_2pct_of_exact_optimum(scenario):
-    problem = _problem(*scenario)
-    layouts = solve(problem)
-    _, optimum = exact_layouts(problem, upper=layouts)
-    found = problem.total(layouts)
-    assert found >= optimum * (1 - 1e-9), "the oracle must not be beaten"
-    assert found <= optimum * 1.02
+from fixtures.problems import problem as make_problem
 
 
 def test_memory_weight_changes_the_plan():
     """lambda = 0 gives pure data parallelism; a memory weight makes weights sharded somewhere."""
-    cheap = _problem("llama3-8b", dict(layers=2), 8, 4096, 32, 4, 0.0)
-    dear = _problem("llama3-8b", dict(layers=2), 8, 4096, 32, 4, 10.0)
+    cheap = make_problem("llama3-8b", dict(layers=2), 8, 4096, 32, 4, 0.0)
+    dear = make_problem("llama3-8b", dict(layers=2), 8, 4096, 32, 4, 10.0)
     plain, sharded = solve(cheap), solve(dear)
 
     def state(problem, layouts):
@@ -82,53 +40,10 @@ def test_memory_weight_changes_the_plan():
 def test_drec_problem_runs_the_same_recursion():
     from symtensor.search.drec import drec_layouts
 
-    problem = _problem("llama2-7b", dict(layers=2), 8, 4096, 32, 4, 0.0)
+    problem = make_problem("llama2-7b", dict(layers=2), 8, 4096, 32, 4, 0.0)
     layouts = drec_layouts(problem.ev, problem.train)
     for op in problem.ev.graph.ops:
         check_layout(op, layouts[op.name], problem.ev.mesh)
-
-
-SMALL_PLANS = [
-    ("llama2-7b", dict(layers=4), "dgx-h100", 8, 64, 2048),
-    ("llama3-8b", dict(layers=4), "dgx-a100-80g", 16, 64, 4096),
-    ("mixtral-8x7b", dict(layers=4), "dgx-h100", 8, 32, 2048),
-    ("llama2-7b", dict(layers=4, lora_rank=8), "dgx-a100-80g", 8, 64, 4096),
-]
-
-
-@pytest.mark.parametrize("name, changes, cluster, devices, gb, seq", SMALL_PLANS,
-                         ids=[f"{p[0]}{'-lora' if 'lora_rank' in p[1] else ''}-{p[3]}" for p in SMALL_PLANS])
-def test_plan_never_worse_than_grid_best_and_better_than_drec(name, changes, cluster, devices, gb, seq):
-    cfg = load_model_config(name).replace(**changes)
-    cl = load_cluster(cluster, devices=devices)
-    grid, _ = megatron_grid(EvaluatorPool(cfg, cl, seq), gb)
-    plan = search(cfg, cl, gb, seq)
-    megatron = search(cfg, cl, gb, seq, space="megatron")
-    drec = drec_plan(cfg, cl, gb, seq)
-    assert grid.report.fits and plan.report.fits
-    assert megatron.report.step_time_s == pytest.approx(grid.report.step_time_s, rel=1e-12)
-    assert plan.report.step_time_s <= grid.report.step_time_s * (1 + 1e-9)
-    assert plan.report.step_time_s < drec.report.step_time_s
-
-
-# Larger clusters, where the seeds are a scan of the grid (unimodal chains) rather than the
-# exhaustive grid: the cases where a chain stopped too early or interleaving forced recomputation
-# (the grid best is dense 70B's tp2 pp8 cp2 without virtual stages).
-SCAN_PLANS = [
-    ("llama2-70b", "dgx-h100", 64, 1024, 4096),
-    ("llama3-8b", "dgx-h100", 64, 32, 131072),
-    ("mixtral-8x7b", "dgx-h100", 64, 1024, 4096),
-]
-
-
-@pytest.mark.parametrize("name, cluster, devices, gb, seq", SCAN_PLANS, ids=[f"{p[0]}-{p[4]}" for p in SCAN_PLANS])
-def test_large_cluster_scan_never_worse_than_grid_best(name, cluster, devices, gb, seq):
-    cfg = load_model_config(name)
-    cl = load_cluster(cluster, devices=devices)
-    grid, _ = megatron_grid(EvaluatorPool(cfg, cl, seq), gb)
-    plan = search(cfg, cl, gb, seq)
-    assert grid.report.fits and plan.report.fits
-    assert plan.report.step_time_s <= grid.report.step_time_s * (1 + 1e-9)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])

@@ -138,3 +138,18 @@ def test_console_script_graph_405b():
                           check=False)
     assert proc.returncode == 0, proc.stderr
     assert "llama3-405b" in proc.stdout and "405.85" in proc.stdout
+
+
+def test_run_refuses_a_plan_for_another_world_size(tmp_path, capsys):
+    """``run --plan`` checks the plan against --devices before any process starts."""
+    from symtensor.hardware import load_cluster
+    from symtensor.models import PRESETS
+    from symtensor.plan import save_plan
+    from symtensor.search import search
+
+    plan = search(PRESETS["tiny-llama"], load_cluster("dgx-h100", devices=8), 16, 16, space="megatron")
+    path = tmp_path / "plan.json"
+    save_plan(plan, path)
+    code = main(["run", "tiny-llama", "--devices", "4", "--plan", str(path)])
+    err = capsys.readouterr().err
+    assert code == 2 and "is for 8 devices, not --devices 4" in err

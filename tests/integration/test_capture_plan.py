@@ -55,3 +55,16 @@ def test_plan_an_unmodified_torch_model(capsys):
     assert code == 0 and out["captured"] and out["fits"]
     assert out["config"]["seq"] == 32 and out["config"]["global_batch"] == 16
     assert any(row["kind"] == "attention" for row in out["layer_types"])
+
+
+def test_llama2_7b_on_fake_tensors():
+    """A 7B forward captures without allocating its 13 GB of weights (DESIGN.md: about 10 s)."""
+    import transformers
+
+    cfg = transformers.LlamaConfig(num_hidden_layers=32, hidden_size=4096, num_attention_heads=32,
+                                   intermediate_size=11008, vocab_size=32000, max_position_embeddings=4096)
+    from symtensor.frontends import capture_hf
+
+    g = capture_hf(cfg, micro_batch=1, seq=4096)  # its time: benchmarks/capture_speed.py
+    assert g.params_total() == pytest.approx(6.74e9, rel=0.01)
+    assert sum(op.kind == "attention" for op in g.ops) == 32 and sum(op.kind == "linear" for op in g.ops) == 32 * 7 + 1

@@ -1,0 +1,32 @@
+"""The torchrun runs, declared: each a tiny model, the plan ``symtensor run`` executes, and the
+number of ranks (gloo processes on CPU). ``test_run.py`` runs each for two steps and judges it
+against one process (losses and parameters) and against the bytes the cost model predicts.
+
+A plan is the options that choose it (``symtensor run --help``); with none, the runtime takes the
+runnable configuration the model predicts fastest.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Run:
+    name: str
+    model: str
+    ranks: int
+    plan: tuple[str, ...] = ()  # options of symtensor run that choose the plan
+
+
+RUNS = (
+    Run("llama-4", "tiny-llama", 4),
+    Run("mixtral-4", "tiny-mixtral", 4),
+    Run("llama-fsdp-2", "tiny-llama", 2, ("--zero", "3", "--optimizer", "adamw")),
+    Run("llama-tp-sp-2", "tiny-llama", 2, ("--tp", "2")),
+    Run("llama-fsdp-x-tp-4", "tiny-llama", 4, ("--tp", "2", "--zero", "3")),
+    Run("mixtral-ep-4", "tiny-mixtral", 4, ("--ep", "4")),
+    Run("llama-pp2-x-dp2-4", "tiny-llama", 4, ("--pp", "2")),
+    Run("llama-pp2-2", "tiny-llama", 2, ("--pp", "2")),
+    Run("llama-heterogeneous-4", "tiny-llama", 4, ("--tp", "2", "--attention-only-tp")),  # attention TP, rest DP
+)

@@ -1,0 +1,138 @@
+"""`symtensor profile` for real: a --quick profile on 4 gloo processes (two simulated nodes of 2)
+writes a file whose curves change the plan's costs as the measured fractions say, and a profile
+stopped by its timeout leaves no process and no file."""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+import yaml
+
+from symtensor.cli import main
+from symtensor.cost.efficiency import efficiency_for
+from symtensor.errors import PlanError
+from symtensor.hardware import load_cluster
+from symtensor.profile import read
+from symtensor.profile.grid import KINDS
+
+pytestmark = pytest.mark.dist
+
+
+# -- a real profile: 4 gloo processes, two simulated nodes of 2 ----------------------------------
+@pytest.fixture(scope="module")
+def profiled(tmp_path_factory):
+    pytest.importorskip("torch")
+    path = tmp_path_factory.mktemp("profile") / "cpu.yaml"
+    assert main(["profile", "--devices", "4", "--backend", "gloo", "--quick", "--ranks-per-node", "2",
+                 "--out", str(path), "--json"]) == 0
+    return path
+
+
+def _variant(doc: dict, path, strip: bool = False, latency_us: float | None = None, efficiency=None) -> str:
+    """The profiled file, without its measured fractions, with zero latency or other efficiencies."""
+    doc = copy.deepcopy(doc)
+    if strip:
+        doc.pop("efficiency")
+        for lv in doc["levels"]:
+            lv.pop("link_efficiency", None)
+    if efficiency is not None:
+        doc["efficiency"] = efficiency
+    for lv in doc["levels"]:
+        lv["latency_us"] = lv["latency_us"] if latency_us is None else latency_us
+    path.write_text(yaml.safe_dump(doc))
+    return str(path)
+
+
+@pytest.mark.dist
+def test_profile_writes_every_curve_and_refuses_to_overwrite(profiled, capsys):
+    capsys.readouterr()
+    doc = read(str(profiled))
+    assert {"gemm", "gemm_knee", "bmm", "attention", "attention_bwd", "attention_knee", "hbm",
+            "link_half_bytes"} <= set(doc["efficiency"])
+    assert [lv["name"] for lv in doc["levels"]] == ["intra", "inter"]
+    assert all(set(lv["link_efficiency"]) == set(KINDS) for lv in doc["levels"])
+    assert doc["measured"]["backend"] == "gloo" and doc["measured"]["torch"] and "this CPU's" in doc["measured"]["note"]
+    assert main(["clusters", "--show", str(profiled)]) == 0 and "intra" in capsys.readouterr().out
+    assert main(["calibrate", "--cluster", str(profiled), "--json"]) == 0
+    fit = json.loads(capsys.readouterr().out)
+    assert len(fit["curves"]) == 5 + 2 * len(KINDS) and all(c["points"] for c in fit["curves"])
+    assert main(["profile", "--devices", "2", "--backend", "gloo", "--quick", "--out", str(profiled)]) == 2
+    assert "exists; give --force" in capsys.readouterr().err
+
+
+@pytest.mark.dist
+def test_plan_uses_the_profiled_curves(profiled, tmp_path, capsys):
+    from symtensor import api
+
+    doc = read(str(profiled))
+    assert main(["plan", "llama3-8b", "--cluster", str(profiled), "--devices", "4", "--json",
+                 "--no-baselines"]) == 0
+    planned = json.loads(capsys.readouterr().out)
+    assert planned["efficiency_source"] == doc["efficiency"]["source"].strip()
+    assert planned["efficiency_source"].startswith("measured by symtensor profile")
+    plain = _variant(doc, tmp_path / "plain.yaml", strip=True)
+    assert efficiency_for(load_cluster(str(profiled), devices=4)).gemm == doc["efficiency"]["gemm"]
+    kw = dict(devices=4, tp=4, pp=1, dp=1, micro_batch=1, global_batch=8, seq=2048)
+    measured, default = (api.evaluate("llama3-8b", c, **kw).report.breakdown for c in (str(profiled), plain))
+    assert measured["compute"] != default["compute"] and measured["tp_comm"] != default["tp_comm"]
+
+
+@pytest.mark.dist
+def test_compute_scales_by_the_measured_gemm_fraction(profiled, tmp_path):
+    """GEMM-rated ops take L * g_default / g: with the file's g, the compute time moves by exactly
+    the ratio of the gemm fractions on that part (L from a variant at half the fraction)."""
+    from symtensor import api
+
+    doc = read(str(profiled))
+    g = doc["efficiency"]["gemm"]
+    files = {"default": _variant(doc, tmp_path / "d.yaml", strip=True),
+             "measured": _variant(doc, tmp_path / "g.yaml", strip=True, efficiency={"gemm": g}),
+             "half": _variant(doc, tmp_path / "h.yaml", strip=True, efficiency={"gemm": g / 2})}
+    kw = dict(devices=4, tp=1, pp=1, dp=4, micro_batch=1, global_batch=8, seq=2048)
+    t = {k: api.evaluate("llama3-8b", f, **kw).report.breakdown["compute"] for k, f in files.items()}
+    g_default = efficiency_for(load_cluster(files["default"], devices=4)).gemm
+    gemm_time_default = (t["half"] - t["measured"]) * g / g_default  # L
+    assert t["measured"] - t["default"] == pytest.approx(gemm_time_default * (g_default / g - 1), rel=1e-6)
+
+
+@pytest.mark.dist
+def test_communication_follows_the_measured_link_efficiencies(profiled, tmp_path):
+    """Without latency, tensor-parallel time is the sum over kinds of wire bytes / (bandwidth x
+    fraction): its ratio between the measured and the default fractions is known in closed form."""
+    from symtensor import api
+
+    doc = read(str(profiled))
+    files = {"measured": _variant(doc, tmp_path / "m.yaml", latency_us=0),
+             "default": _variant(doc, tmp_path / "d.yaml", strip=True, latency_us=0)}
+    kw = dict(devices=2, tp=2, pp=1, dp=1, micro_batch=1, global_batch=8, seq=2048)  # one intra-node pair
+    out = {k: api.evaluate("llama3-8b", f, **kw).report for k, f in files.items()}
+    wire = out["measured"].comm_bytes
+    measured = dict(load_cluster(files["measured"], devices=2).levels[0].link_efficiency)
+    default = efficiency_for(load_cluster(files["default"], devices=2))
+    expected = sum(b / measured[k] for k, b in wire.items()) / sum(b / default.link_for(k) for k, b in wire.items())
+    ratio = out["measured"].breakdown["tp_comm"] / out["default"].breakdown["tp_comm"]
+    assert ratio == pytest.approx(expected, rel=1e-3)
+
+
+@pytest.mark.dist
+def test_a_stopped_profile_leaves_no_process_and_no_file(tmp_path):
+    """The timeout path is the Ctrl-C path (run_process_group): every worker is gone after it."""
+    pytest.importorskip("torch")
+    from pathlib import Path
+
+    from symtensor.profile import profile
+
+    out = tmp_path / "stopped.yaml"
+    with pytest.raises(PlanError, match="did not finish in 6 s; its processes were stopped"):
+        profile(str(out), devices=2, backend="gloo", timeout_s=6)
+    left = [p for p in Path("/proc").glob("[0-9]*") if str(out) in _cmdline(p)]
+    assert not left and not out.exists()
+
+
+def _cmdline(proc) -> str:
+    try:
+        return (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
