@@ -63,6 +63,14 @@ class OpLayout:
         return OpLayout(_canonical(mapping))
 
     @staticmethod
+    def constant() -> "OpLayout":
+        """A replicated layout that memoises nothing: a module constant's derivations would outlive
+        every search (``REPLICATED``)."""
+        layout = OpLayout()
+        object.__setattr__(layout, "_derived", None)
+        return layout
+
+    @staticmethod
     def family() -> "OpLayout":
         """A replicated layout that roots a family of layouts (see the class docstring)."""
         root = OpLayout()
@@ -153,8 +161,7 @@ def _canonical(mapping) -> tuple:
     return tuple(sorted((d, tuple(sorted(a))) for d, a in mapping.items() if a))
 
 
-REPLICATED = OpLayout()
-object.__setattr__(REPLICATED, "_derived", None)  # a module constant caches nothing (see OpLayout)
+REPLICATED = OpLayout.constant()
 
 
 def cut_factor(layout: OpLayout, dim: str, mesh) -> int:
