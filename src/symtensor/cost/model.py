@@ -498,11 +498,11 @@ class _Params:
             kind, nbytes, axes = pc.reduce
             self.reduces[(kind, axes)] = self.reduces.get((kind, axes), 0.0) + nbytes
             self.grad_bytes += nbytes
-            self.tensor_reduce_s += ev.coll_time(kind, nbytes, axes)
+            self.tensor_reduce_s += pc.reduce_s
         if pc.gather is not None:
             nbytes, axes = pc.gather
             self.gathers[axes] = self.gathers.get(axes, 0.0) + nbytes
-            self.tensor_gather_s += ev.coll_time("all_gather", nbytes, axes)
+            self.tensor_gather_s += pc.gather_s
 
     def unit(self, times: int, seg: "_Segment | None" = None) -> Unit:
         fwd, bwd = (seg.fwd, seg.bwd) if seg is not None else (0.0, 0.0)
@@ -564,6 +564,8 @@ class ParamCost:
     other_s: float
     other_bytes: float
     unsharded: float  # bytes of the gathered parameter (ZeRO 3 and FSDP units in flight)
+    gather_s: float = 0.0  # seconds of ``gather`` alone (this tensor's own collective)
+    reduce_s: float = 0.0  # seconds of ``reduce`` alone
 
 
 def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
@@ -590,7 +592,8 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset 
     gathered = local * min(train.param_bytes, DTYPE_BYTES[ev.dtype])
     if not t.trainable:  # frozen (LoRA's base weights): sharded at ZeRO 3, so gathered there too
         gather = (gathered, replicas) if z >= 3 and replicas else None
-        return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered)
+        gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
+        return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered, gather_s)
     grads = local * train.grad_bytes / (shard if z >= 2 else 1)
     optimizer = local * train.optim_bytes / (shard if z >= 1 else 1)
     moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
@@ -601,7 +604,10 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset 
         reduce = ("all_reduce" if z == 0 else "reduce_scatter", gbytes, replicas)
         gather = (gathered, replicas) if z >= 1 else None
     other_s = ev.coll_time("all_reduce", gbytes, other) if other else 0.0
-    return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, gathered)
+    gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
+    reduce_s = ev.coll_time(*reduce) if reduce else 0.0
+    return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, gathered,
+                     gather_s, reduce_s)
 
 
 class _Stage:

@@ -17,7 +17,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from symtensor.cost.engine import Unit, exposure
+from symtensor.cost.engine import Exposure, Unit, exposure
 from symtensor.cost.model import data_axes, recomputed, weight_axes
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
 from symtensor.graph import op_saves
@@ -37,23 +37,27 @@ class ParamTerms:
     transfers: tuple
 
 
+_NO_SYNC = Exposure(0.0, {})
+
+
 def param_terms(ev: "Evaluator", op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
     """What the search and ``explain`` charge an op for its parameters (see ``ParamTerms``)."""
-    t = ev.op_time(op, layout)
-    redo = recomputed(op, train.recompute, ev.graph.meta["layers"])
     sync = opt = static = 0.0
     transfers = []
+    slots = [slot for slot, tname in enumerate(op.inputs) if ev.tensors[tname].param]
+    if not slots:
+        return ParamTerms(0.0, 0.0, 0.0, ())
+    t = ev.op_time(op, layout)
+    bwd = t.bwd_s + (t.fwd_s if recomputed(op, train.recompute, ev.graph.meta["layers"]) else 0.0)
     data = data_axes(layout, weight_axes((op,), {op.name: layout}))
-    for slot, tname in enumerate(op.inputs):
-        tensor = ev.tensors[tname]
-        if not tensor.param:
-            continue
-        pc = ev.param_cost(tensor, ev.param_layout(op, layout, slot), train, data)
-        gather_s = ev.coll_time("all_gather", *pc.gather) if pc.gather else 0.0
-        reduce_s = ev.coll_time(pc.reduce[0], pc.reduce[1], pc.reduce[2]) if pc.reduce else 0.0
-        unit = Unit(1, t.fwd_s, t.bwd_s + (t.fwd_s if redo else 0.0), gather_s, reduce_s,
-                    pc.reduce[1] if pc.reduce else 0.0)
-        ex = exposure([unit], train, ends=False)
+    for slot in slots:
+        tname = op.inputs[slot]
+        pc = ev.param_cost(ev.tensors[tname], ev.param_layout(op, layout, slot), train, data)
+        if pc.reduce is None and pc.gather is None:  # no data-parallel replicas: nothing to overlap
+            ex = _NO_SYNC
+        else:
+            unit = Unit(1, t.fwd_s, bwd, pc.gather_s, pc.reduce_s, pc.reduce[1] if pc.reduce else 0.0)
+            ex = exposure([unit], train, ends=False)
         sync += ex.seconds + pc.other_s
         opt += pc.opt_time
         static += pc.params + pc.grads + pc.optimizer
