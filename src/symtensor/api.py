@@ -72,10 +72,11 @@ def _best_micro_batch(cfg, cluster, pc: ParallelConfig) -> ParallelConfig:
 
 
 def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
-             cp=1, ep=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
+             cp=1, ep=1, etp=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
              vpp=1, overrides=None, framework: str = "megatron") -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
-    (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``)."""
+    (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
+    the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``ParallelConfig``)."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     seq = seq or default_seq(cfg)
@@ -85,7 +86,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
         dp = cl.n_devices // (tp * pp * cp)
     global_batch = global_batch or default_global_batch(seq)
     sp = tp > 1 if sp is None else sp
-    pc = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp, zero=zero, recompute=recompute,
+    pc = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
                         micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
                         seq=seq, vpp=vpp, framework=framework)
     pc.validate(cfg, cl.n_devices)

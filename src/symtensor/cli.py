@@ -89,8 +89,12 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("evaluate", help="cost a Megatron-style configuration")
     _model_args(p)
     _cluster_args(p)
-    for name in ("tp", "pp", "cp", "ep", "vpp"):
+    for name in ("tp", "pp", "cp", "vpp"):
         p.add_argument(f"--{name}", type=int, default=1)
+    p.add_argument("--ep", type=int, default=1, help="expert-parallel degree (MoE): folded over the tp x cp x dp "
+                   "ranks of a stage, so it may exceed dp (Megatron's --expert-model-parallel-size)")
+    p.add_argument("--etp", type=int, default=1, help="expert tensor-parallel degree (MoE; default 1, as Megatron's "
+                   "MoE model zoo runs experts; Megatron's --expert-tensor-parallel-size)")
     p.add_argument("--dp", type=int, help="default: devices / (tp*pp*cp)")
     p.add_argument("--sp", dest="sp", action="store_true", default=None, help="sequence parallel (default with tp>1)")
     p.add_argument("--no-sp", dest="sp", action="store_false")
@@ -152,7 +156,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
     p.add_argument("--tp", type=int, help="tensor-parallel degree (default: what the model predicts fastest)")
     p.add_argument("--zero", type=int, default=0, choices=(0, 3), help="0: all-reduce, 3: FSDP")
-    p.add_argument("--ep", type=int, help="expert-parallel degree (MoE; the runtime needs ep = dp)")
+    p.add_argument("--ep", type=int, help="expert-parallel degree (MoE, expert TP 1): folded over whole mesh "
+                   "axes, so tp, tp x dp, or dp when tp is 1")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (the runtime pipelines data-parallel stages)")
     p.add_argument("--attention-only-tp", action="store_true",
                    help="a heterogeneous plan: attention tensor-parallel, every other op data-parallel")
@@ -230,7 +235,8 @@ def _dispatch(args) -> int:
         return report.graph(out, args.json)
     if args.command == "evaluate":
         out = api.evaluate(args.model, args.cluster, devices=args.devices, nodes=args.nodes, tp=args.tp, pp=args.pp,
-                           dp=args.dp, cp=args.cp, ep=args.ep, sp=args.sp, zero=args.zero, recompute=args.recompute,
+                           dp=args.dp, cp=args.cp, ep=args.ep, etp=args.etp, sp=args.sp, zero=args.zero,
+                           recompute=args.recompute,
                            micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
                            overrides=args.set, framework=args.framework)
         return report.evaluation(evaluation_json(out), args.json)

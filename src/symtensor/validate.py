@@ -419,7 +419,8 @@ def same_model(planned, given, where: str) -> None:
 # -- command-line options -------------------------------------------------------------------------
 # option dest -> upper bound; every one must be a positive integer
 _CLI_SIZES = {"seq": MAX_SEQ, "global_batch": MAX_BATCH, "nodes": MAX_DEVICES, "devices": MAX_DEVICES,
-              "tp": MAX_DEVICES, "pp": MAX_DEVICES, "cp": MAX_DEVICES, "ep": MAX_DEVICES, "dp": MAX_DEVICES,
+              "tp": MAX_DEVICES, "pp": MAX_DEVICES, "cp": MAX_DEVICES, "ep": MAX_DEVICES, "etp": MAX_DEVICES,
+              "dp": MAX_DEVICES,
               "vpp": MAX_LAYERS, "steps": MAX_STEPS}
 _SWEEP_SIZES = ("seq", "devices", "nodes", "global_batch")
 

@@ -27,7 +27,9 @@ RUNS = (
     Run("llama-fsdp-2", "tiny-llama", 2, ("--zero", "3", "--optimizer", "adamw")),
     Run("llama-tp-sp-2", "tiny-llama", 2, ("--tp", "2")),
     Run("llama-fsdp-x-tp-4", "tiny-llama", 4, ("--tp", "2", "--zero", "3")),
-    Run("mixtral-ep-4", "tiny-mixtral", 4, ("--ep", "4")),
+    Run("mixtral-ep-4", "tiny-mixtral", 4, ("--tp", "1", "--ep", "4")),  # (ep folds over tp x dp otherwise)
+    # experts folded over the tensor-parallel axis (sequence parallel MoE layers, Q/K norms)
+    Run("qwen3-moe-ep-over-tp-2", "tiny-qwen3-moe", 2, ("--tp", "2", "--ep", "2")),
     Run("llama-pp2-x-dp2-4", "tiny-llama", 4, ("--pp", "2")),
     Run("llama-pp2-2", "tiny-llama", 2, ("--pp", "2")),
     Run("llama-heterogeneous-4", "tiny-llama", 4, ("--tp", "2", "--attention-only-tp")),  # attention TP, rest DP

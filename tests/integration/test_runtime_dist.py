@@ -138,7 +138,7 @@ def test_expert_parallel():
     are not (the all-to-all's backward already summed them on their owner):
     all_reduce = (L*(attn + router) + norms + vocab) * 4.
     """
-    spec = RunSpec(mesh={"dp": 2}, dp_axes=("dp",), ep_axis="dp")
+    spec = RunSpec(mesh={"dp": 2}, dp_axes=("dp",), ep_axes="dp")
     result = run("tiny-mixtral", spec)
     cfg, tokens = MIXTRAL, spec.global_batch // 2 * spec.seq
     slots = cfg.experts * tokens * cfg.hidden * F32

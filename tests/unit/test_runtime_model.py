@@ -62,6 +62,44 @@ def test_unsupported_model_is_refused():
                                                                          head_dim=16, ffn=128, vocab=256))
 
 
+@pytest.mark.parametrize("changes, message", [
+    (dict(kv_latent=16, rope_dim=4, kv_heads=4), r"does not build multi-head latent attention \(MLA\)"),
+    (dict(shared_ffn=32), r"does not build shared experts \(shared_ffn=32\)"),
+    (dict(window=8), r"does not build sliding-window attention \(window=8\)"),
+    (dict(sinks=True), r"does not build attention sinks"),
+])
+def test_moe_features_the_runtime_does_not_build_are_refused(changes, message):
+    """One line per feature instead of a model that silently leaves it out (issue 13)."""
+    with pytest.raises(PlanError, match=message):
+        build_torch_model(MIXTRAL.replace(**changes))
+
+
+def test_qwen3_moe_layers_and_qk_norms():
+    """tiny-qwen3-moe: Q/K norms over a head width of its own (32, not hidden / heads = 16), and
+    MoE layers where the config puts them (moe_layers), dense MLPs elsewhere."""
+    cfg = load_model_config("tiny-qwen3-moe")
+    model = build_torch_model(cfg)
+    names = dict(model.named_parameters())
+    assert names["layers.0.attn.q_norm.weight"].shape == (cfg.head_dim,)
+    assert names["layers.0.attn.q_proj.weight"].shape == (cfg.heads * 32, cfg.hidden)
+    ids = torch.randint(0, cfg.vocab, (2, 8))
+    assert model(ids).shape == (2, 8, cfg.vocab)
+    mixed = build_torch_model(cfg.replace(layers=3, moe_layers=(1,)))
+    assert [type(block.mlp).__name__ for block in mixed.layers.values()] == ["MLP", "MoE", "MLP"]
+
+
+def test_tp_plan_moe_sequence_parallel():
+    """An MoE layer under sequence parallelism takes its sequence shard as a local tensor."""
+    from torch.distributed.tensor.parallel import PrepareModuleInput, SequenceParallel
+
+    from symtensor.runtime.apply import tp_plan
+
+    spec = RunSpec(mesh={"tp": 2}, tp_axis="tp", styles=ATTN_TP | VOCAB_TP, sequence_parallel=True, ep_axes="tp")
+    plan = tp_plan(build_torch_model(MIXTRAL), spec)
+    assert type(plan["layers.0.mlp_norm"]) is SequenceParallel and type(plan["layers.0.mlp"]) is PrepareModuleInput
+    assert not any(name.startswith("layers.0.mlp.") for name in plan)
+
+
 def test_tp_plan_sequence_parallel():
     from torch.distributed.tensor.parallel import (
         ColwiseParallel,

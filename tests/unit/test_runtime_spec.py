@@ -59,14 +59,16 @@ def test_from_dict_is_strict(mutate, message):
 @pytest.mark.parametrize("kw, message", [
     ({"styles": {"attn.qproj": "colwise"}}, r"unknown module key 'attn.qproj'.*Did you mean attn.q_proj"),
     ({"styles": {"attn.o_proj": "colwise"}}, r"attn.o_proj='colwise' is not allowed; use one of replicate, rowwise"),
-    ({"styles": {"mlp.experts": "colwise"}}, r"experts are cut by ep_axis"),
+    ({"styles": {"mlp.experts": "colwise"}}, r"experts are cut by ep_axes"),
     ({"styles": {"attn.q_proj": "colwise"}}, r"attention block mixes replicated and tensor-parallel"),
     ({"layer_styles": {0: {"embed": "rowwise"}}}, r"unknown module key 'embed'"),
     ({"tp_axis": "model"}, r"axis 'model' is not in the mesh"),
     ({"dp_axes": ("tp",)}, r"axis 'tp' has several roles"),
     ({"dp_axes": ()}, r"axis 'dp' \(size 2\) has no role"),
-    ({"ep_axis": "tp"}, r"ep_axis='tp' must be one of dp_axes"),
-    ({"sequence_parallel": True, "styles": ATTN_TP}, r"sequence_parallel needs every attention and MLP block"),
+    ({"ep_axes": "tp"}, r"ep_axes includes the tp_axis 'tp', which needs sequence_parallel"),
+    ({"ep_axes": ("dp", "dp")}, r"ep_axes repeats an axis"),
+    ({"ep_axes": "model"}, r"ep_axes: axis 'model' is not in the mesh"),
+    ({"sequence_parallel": True, "styles": MLP_TP}, r"sequence_parallel needs every attention block"),
     ({"microbatches": 2}, r"microbatches=2 needs pp_axis"),
     ({"global_batch": 3}, r"global_batch=3 must be a multiple of the batch cut 2"),
     ({"sequence_parallel": True, "seq": 15}, r"seq=15 must be a multiple of the tp size 2"),
@@ -76,6 +78,45 @@ def test_from_dict_is_strict(mutate, message):
 def test_refused_when_built(kw, message):
     with pytest.raises(PlanError, match=message):
         megatron(**kw)
+
+
+def test_experts_fold_over_tp_and_dp():
+    """MoE parallel folding (issue 13): experts cut over the tp axis and the dp axes at once,
+    flattened in mesh order, with the MoE layers on the sequence shards."""
+    spec = RunSpec(mesh={"dp": 2, "tp": 2}, tp_axis="tp", dp_axes=("dp",), styles=ATTN_TP | VOCAB_TP,
+                   sequence_parallel=True, ep_axes=("tp", "dp"))
+    assert spec.ep_axes == ("dp", "tp") and spec.ep_size == 4
+    assert RunSpec.from_dict(spec.to_dict()) == spec
+    check_fits(spec, MIXTRAL, 4)
+
+
+@pytest.mark.parametrize("pc, axes", [
+    (dict(tp=2, dp=2, ep=4, sp=True), ("dp", "tp")),
+    (dict(tp=2, dp=2, ep=2, sp=True), ("tp",)),
+    (dict(tp=1, dp=4, ep=4), ("dp",)),
+    (dict(tp=2, dp=1, ep=2, sp=True), ("tp",)),
+    (dict(tp=2, dp=2, ep=1, sp=True), ()),
+])
+def test_plan_to_spec_folds_experts_as_megatron_orders_ranks(pc, axes):
+    """EP takes the tensor-parallel ranks first, then the data-parallel ones (megatron.assign_axes)."""
+    from symtensor.runtime.verify import plan_to_spec
+    from symtensor.search.megatron import ParallelConfig
+
+    spec = plan_to_spec(ParallelConfig(global_batch=8, seq=16, **pc), MIXTRAL)
+    assert spec.ep_axes == axes
+
+
+@pytest.mark.parametrize("pc, message", [
+    (dict(tp=2, dp=2, ep=2, etp=2, sp=True), r"no expert tensor parallelism; plan with etp=1"),
+    (dict(tp=2, dp=4, ep=4, sp=True), r"cuts experts over whole mesh axes: ep must be one of \[2, 8\]"),
+    (dict(tp=2, dp=2, ep=4, sp=False), r"MoE layers with tensor parallelism under sequence parallelism only"),
+])
+def test_plan_to_spec_refuses_expert_grids_it_cannot_run(pc, message):
+    from symtensor.runtime.verify import plan_to_spec
+    from symtensor.search.megatron import ParallelConfig
+
+    with pytest.raises(PlanError, match=message):
+        plan_to_spec(ParallelConfig(global_batch=8, seq=16, **pc), MIXTRAL)
 
 
 def test_style_without_tp_axis():
@@ -100,9 +141,11 @@ def test_pipeline_refusals(kw, message):
     (RunSpec(mesh={"tp": 4}, tp_axis="tp", styles=ATTN_TP), LLAMA, 4, r"kv_heads=2 is not divisible by the tp size 4"),
     (RunSpec(mesh={"tp": 3}, tp_axis="tp", styles=MLP_TP, global_batch=3), LLAMA, 3,
      r"ffn=128 is not divisible by the tp size 3"),
-    (RunSpec(mesh={"dp": 3}, dp_axes=("dp",), ep_axis="dp", global_batch=3), MIXTRAL, 3,
+    (RunSpec(mesh={"dp": 3}, dp_axes=("dp",), ep_axes="dp", global_batch=3), MIXTRAL, 3,
      r"experts=4 is not divisible by the ep size 3"),
-    (RunSpec(mesh={"dp": 2}, dp_axes=("dp",), ep_axis="dp"), LLAMA, 2, r"has no experts"),
+    (RunSpec(mesh={"dp": 2}, dp_axes=("dp",), ep_axes="dp"), LLAMA, 2, r"has no experts"),
+    (megatron(styles=ATTN_TP | VOCAB_TP, sequence_parallel=True), LLAMA, 4,
+     r"sequence_parallel needs the MLP of every dense layer tensor parallel \(layer 0 of tiny-llama"),
     (megatron(styles=ATTN_TP | MLP_TP), MIXTRAL, 4, r"layer 0 of tiny-mixtral is a mixture of experts"),
     (megatron(layer_styles={5: ATTN_TP}), LLAMA, 4, r"layer 5 does not exist; model tiny-llama has layers 0..1"),
     (RunSpec(mesh={"pp": 3}, pp_axis="pp", microbatches=3, global_batch=3), LLAMA, 3,
@@ -124,7 +167,7 @@ def test_run_spec_refuses_before_launching(monkeypatch):
     with pytest.raises(PlanError, match=r"kv_heads=2 is not divisible by the tp size 4"):
         launch.run_spec("tiny-llama", RunSpec(mesh={"tp": 4}, tp_axis="tp", styles=ATTN_TP).to_dict(), nproc=4)
     with pytest.raises(PlanError, match=r"experts=4 is not divisible by the ep size 3"):
-        launch.run_spec("tiny-mixtral", RunSpec(mesh={"dp": 3}, dp_axes=("dp",), ep_axis="dp", global_batch=3),
+        launch.run_spec("tiny-mixtral", RunSpec(mesh={"dp": 3}, dp_axes=("dp",), ep_axes="dp", global_batch=3),
                         nproc=3)
     with pytest.raises(PlanError, match=r"optimizer 'lbfgs'"):
         launch.run_spec("tiny-llama", megatron(), optimizer="lbfgs", nproc=4)

@@ -27,7 +27,7 @@ from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import GIB
 from symtensor.plan.summary import degrees, layer_types
 from symtensor.search import BASELINES, baseline_plans
-CONFIG_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro_batch", "micro_steps", "vpp",
+CONFIG_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "micro_steps", "vpp",
                "heterogeneous")
 
 

@@ -21,9 +21,9 @@ from itertools import pairwise
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM
 
-BREAK_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "vpp")
+BREAK_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "vpp")
 DEGREE_WORDS = {"tp": "tensor parallel", "cp": "context parallel", "dp": "data parallel", "pp": "pipeline parallel",
-                "ep": "expert parallel", "vpp": "virtual pipeline stages"}
+                "ep": "expert parallel", "etp": "expert tensor parallel", "vpp": "virtual pipeline stages"}
 
 
 def parse_range(text, flag: str) -> list[int] | None:
@@ -173,7 +173,8 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
     dp = n // (tp * pp * cp)
     best, error = None, None
     for mb in (1, 2, 4, 8):
-        pc = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=config["ep"], sp=config["sp"] and tp > 1,
+        pc = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=config["ep"], etp=config.get("etp", 1),
+                            sp=config["sp"] and tp > 1,
                             zero=config["zero"], recompute=config["recompute"], micro_batch=mb,
                             global_batch=point["global_batch"], seq=point["seq"], vpp=config["vpp"])
         try:

@@ -277,6 +277,9 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
                 source="debug model for end-to-end runs on CPU"),
     ModelConfig(name="tiny-mixtral", layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, experts=4, top_k=2,
                 max_context=128, source="debug model for end-to-end runs on CPU"),
+    # Qwen3-MoE's shape in small: every layer MoE, Q/K norms, head_dim != hidden / heads
+    ModelConfig(name="tiny-qwen3-moe", layers=2, hidden=64, heads=4, kv_heads=2, head_dim=32, ffn=32, vocab=256,
+                experts=8, top_k=2, qk_norm=True, max_context=128, source="debug model for end-to-end runs on CPU"),
 ]}
 
 ALIASES = {"llama3.1-405b": "llama3-405b", "gpt3-175b-megatron": "gpt3-175b"}

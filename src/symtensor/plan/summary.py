@@ -2,18 +2,21 @@
 
 A SymTensor plan cuts iteration dims per op; Megatron's vocabulary is derived from those cuts:
 
-    dp  the batch dim b (on expert GEMMs: b together with e, EP being carved from DP)
-    cp  the query sequence s of attention        sp  sequence cuts of norms beyond cp
+    dp  the batch dim b                           cp  the query sequence s of attention
     tp  model dims: heads n, kv heads g, head dim d, hidden h, MLP f, vocabulary v
-    ep  the expert dim e                          pp  pipeline stages (an outer choice)
+    sp  sequence cuts of norms beyond cp          pp  pipeline stages (an outer choice)
+    ep  the expert dim e of the expert GEMMs      etp their model dims (expert tensor parallel)
+
+The expert GEMMs have their own grid (Megatron's MoE parallel folding): ep x etp x the ranks
+that cut their tokens (b, c) regroup the tp x cp x dp ranks of a stage.
 """
 
 from __future__ import annotations
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.ParallelConfig``'s fields)
-MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq", "vpp",
-                 "framework")
+MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq",
+                 "vpp", "framework")
 
 
 def axis_names(layout, mesh) -> dict[str, list[str]]:
@@ -59,24 +62,39 @@ def _layer_span(first: int, count: int, layers: int) -> str:
     return f"{first}" if count == 1 else f"{first}-{first + count - 1}"
 
 
+def _expert_gemm(op) -> bool:
+    return op.kind == "linear" and op.in_dims[0][:1] == ("e",)
+
+
+def _gridded(op) -> bool:
+    """Ops whose degrees say which grid a plan runs: attention, and the matmuls with a model dim
+    in their output (a router's [b, s, e] or MLA's latent down-projections are replicated by
+    Megatron's tensor parallelism, and follow the sequence cut under sequence parallelism)."""
+    return op.kind == "attention" or (op.kind == "linear" and any(d in MODEL_DIMS for d in op.out_dims[0]))
+
+
 def config_summary(plan) -> dict:
     """The Megatron-style ``config`` block: degrees of the heaviest op family (attention core and
-    MLP), plus the plan's outer choices; ``heterogeneous`` when ops disagree."""
+    MLP) and of the expert GEMMs (their own grid), plus the plan's outer choices;
+    ``heterogeneous`` when ops of one grid disagree."""
     g, mesh, train = plan.graph, plan.mesh, plan.train
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
     core = next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
     deg = degrees(core, plan.layouts.get(core.name, {}), mesh)
-    experts = [op for op in ops if op.kind == "linear" and op.in_dims[0][:1] == ("e",)]
-    ep = degrees(experts[0], plan.layouts[experts[0].name], mesh)["ep"] if experts else 1
+    experts = [op for op in ops if _expert_gemm(op)]
+    edeg = degrees(experts[0], plan.layouts[experts[0].name], mesh) if experts else {"ep": 1, "tp": 1}
     norms = [op for op in ops if op.kind == "norm"]
     sp = any(_factor(plan.layouts[op.name], ("s",), mesh) > deg["cp"] for op in norms)
-    signatures = {tuple(sorted(degrees(op, plan.layouts[op.name], mesh).items()))
-                  for op in ops if op.kind in ("linear", "attention")}
-    return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": ep, "sp": sp,
+    signatures = {(_expert_gemm(op), tuple(sorted(degrees(op, plan.layouts[op.name], mesh).items())))
+                  for op in ops if _gridded(op)}
+    grids = {expert for expert, _ in signatures}
+    return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
+            "sp": sp,
             "zero": train.zero, "recompute": train.recompute,
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
-            "micro_steps": train.micro_steps, "heterogeneous": len(signatures) > 1, "framework": train.framework}
+            "micro_steps": train.micro_steps, "heterogeneous": len(signatures) > len(grids),
+            "framework": train.framework}
 
 
 def megatron_summary(plan) -> dict:

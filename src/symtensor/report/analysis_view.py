@@ -25,7 +25,7 @@ def _header(console, out: dict) -> None:
     cfg = out["config"]
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in out["mesh"])
     console.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} x {shown(out['cluster'])} (mesh {mesh})")
-    console.print("plan: " + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "sp", "zero",
+    console.print("plan: " + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero",
                                                                   "recompute", "micro_steps", "vpp"))
                   + f"   step {out['step_time_s']:.3f} s")
     console.print(f"[dim]{out['units']}; at each mesh axis an op keeps its outer cuts and adds one (or none)[/]")
@@ -111,8 +111,8 @@ def print_compare(console, out: dict) -> None:
         s = out[side]
         cfg = s["config"]
         console.print(f"[bold]{side.upper()}[/]: {shown(s['label'])} ({s['source']}): "
-                      + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute",
-                                                           "micro_steps"))
+                      + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero",
+                                                           "recompute", "micro_steps"))
                       + f"  step {s['step_time_s']:.3f} s, {s['memory_gib_per_device']:.1f} GiB, "
                       + ("fits" if s["fits"] else "[red]does not fit[/]"))
     console.print(f"[bold]{shown(out['summary'])}[/]")

@@ -224,7 +224,7 @@ def run(out: dict, as_json: bool) -> int:
     c = _console()
     cfg = out["config"]
     c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} processes ({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
-            + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "ep", "sp", "zero")))
+            + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "ep", "etp", "sp", "zero")))
     if out["reference_losses"] is None:  # a GPU run: no single-process reference
         c.print(f"losses {['%.6f' % x for x in out['losses']]}")
     else:

@@ -66,7 +66,7 @@ def summary_section(p: dict) -> str:
     cfg = p["config"]
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in p["mesh"])
     fits = "<span class='ok'>fits</span>" if p["fits"] else "<span class='bad'>does not fit</span>"
-    choices = " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "sp", "zero", "recompute",
+    choices = " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute",
                                                   "micro_batch", "micro_steps", "vpp"))
     notes = "".join(f"<p class='bad'>{_e(n)}</p>" for n in p.get("notes", []))
     return (f"<div class='summary'><p><b>{_e(p['model'])}</b> on {p['devices']} x {_e(p['cluster'])} "
@@ -98,7 +98,7 @@ def time_section(p: dict) -> str:
             base.append([name, "-", "-", "-", False, "-", b.get("note", "")])
             continue
         c = b["config"]
-        desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "recompute", "zero", "micro_batch")
+        desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "recompute", "zero", "micro_batch")
                         if k in c)
         speed = f"{b['speedup_of_plan']:.2f}x" if b.get("speedup_of_plan") else "-"
         base.append([name, f"{b['step_time_s']:.3f}", f"{100 * b['mfu']:.1f}%", f"{b['memory_gib_per_device']:.1f}",

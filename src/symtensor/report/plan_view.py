@@ -32,7 +32,7 @@ def print_plan(console, out: dict) -> None:
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in out["mesh"])
     console.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} x {shown(out['cluster'])} (mesh {mesh}"
                   f"{', pipeline over ' + ', '.join(out['pipeline_axes']) if out['pipeline_axes'] else ''})")
-    console.print(f"plan: tp={cfg['tp']} pp={cfg['pp']} dp={cfg['dp']} cp={cfg['cp']} ep={cfg['ep']} "
+    console.print(f"plan: tp={cfg['tp']} pp={cfg['pp']} dp={cfg['dp']} cp={cfg['cp']} ep={cfg['ep']} etp={cfg['etp']} "
                   f"sp={cfg['sp']} zero={cfg['zero']} recompute={cfg['recompute']} micro_batch={cfg['micro_batch']} "
                   f"micro_steps={cfg['micro_steps']} vpp={cfg['vpp']}"
                   + ("  [yellow](heterogeneous: ops differ)[/]" if cfg["heterogeneous"] else ""))
@@ -70,7 +70,8 @@ def print_plan(console, out: dict) -> None:
                 b.add_row(name, "-", "-", "-", "False", "-", v.get("note", ""))
                 continue
             c = v["config"]
-            desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "recompute", "zero", "micro_batch")
+            desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "recompute", "zero",
+                                                     "micro_batch")
                             if k in c)
             speed = f"{v['speedup_of_plan']:.2f}x" if v["speedup_of_plan"] else "-"
             if v.get("verdict_of_plan") == "tie within model error":

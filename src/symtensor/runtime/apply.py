@@ -16,6 +16,11 @@ The tensor-parallel plan of one layer, for ``sequence_parallel`` off / on (Megat
 
 Wrapping the whole block's input once (``PrepareModuleInput`` on ``attn``/``mlp``) makes q, k and v
 share one input and one backward all-reduce (or reduce-scatter), as in Megatron, instead of one each.
+
+A mixture-of-experts layer has no tensor-parallel MLP: under sequence parallelism its ``mlp`` takes
+the rank's sequence shard as a local tensor (``mlp_norm`` SequenceParallel, ``mlp`` Shard(1) ->
+local), routes those tokens, and its experts are cut over ``ep_axes`` (MoE parallel folding: the
+tp axis, the dp axes or both), so each rank dispatches only its own tokens.
 """
 
 from __future__ import annotations
@@ -61,7 +66,7 @@ def axis_of_group(mesh: DeviceMesh, spec: RunSpec) -> dict[str, str]:
     groups = {dist.group.WORLD.group_name: "world"}
     for axis, _ in spec.mesh:
         groups[mesh.get_group(axis).group_name] = axis
-    reduce_axes = {spec.dp_axes, spec.fsdp_axes, _dense_dp_axes(spec), _expert_dp_axes(spec)}
+    reduce_axes = {spec.dp_axes, spec.fsdp_axes, spec.ep_axes, _dense_dp_axes(spec), _expert_dp_axes(spec)}
     for axes in reduce_axes:
         if len(axes) > 1:
             groups[submesh(mesh, axes).get_group().group_name] = "+".join(axes)
@@ -94,6 +99,10 @@ def tp_plan(model: nn.Module, spec: RunSpec) -> dict:
             plan |= _block_plan(prefix, "attn_norm", "attn", ("q_proj", "k_proj", "v_proj"), "o_proj", sp)
         if spec.style(layer, "mlp.gate_proj") != "replicate":
             plan |= _block_plan(prefix, "mlp_norm", "mlp", ("gate_proj", "up_proj"), "down_proj", sp)
+        elif sp and isinstance(model.layers[name].mlp, MoE):  # the experts route this rank's sequence shard
+            plan[f"{prefix}.mlp_norm"] = SequenceParallel()
+            plan[f"{prefix}.mlp"] = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Shard(1),),
+                                                       use_local_output=True)
     stream = Shard(1) if sp else Replicate()
     if spec.style(None, "embed") == "rowwise":  # vocab cut: partial sums, reduced into the stream
         plan["embed"] = RowwiseParallel(input_layouts=Replicate(), output_layouts=stream)
@@ -151,13 +160,15 @@ def moe_layers(model: nn.Module) -> list[MoE]:
 
 
 def apply_ep(model: nn.Module, spec: RunSpec, mesh: DeviceMesh) -> None:
-    """Expert parallel over ``spec.ep_axis``: each rank keeps E/ep experts; a no-op without one."""
-    if spec.ep_axis is None:
+    """Expert parallel over ``spec.ep_axes`` (flattened in mesh order): each rank keeps E/ep
+    experts; a no-op without them."""
+    if not spec.ep_axes:
         return
-    rank, ranks = mesh.get_local_rank(spec.ep_axis), spec.ep_size
+    ep_mesh, ranks = submesh(mesh, spec.ep_axes), spec.ep_size
+    rank = ep_mesh.get_local_rank()
     for moe in moe_layers(model):
         local = moe.experts.w_gate.shape[0] // ranks
-        moe.experts.set_dispatcher(AllToAllDispatch(mesh.get_group(spec.ep_axis), ranks), rank * local, local)
+        moe.experts.set_dispatcher(AllToAllDispatch(ep_mesh.get_group(), ranks), rank * local, local)
 
 
 # -- fully sharded data parallel -----------------------------------------------------------------
@@ -182,35 +193,62 @@ def _dense_dp_axes(spec: RunSpec) -> tuple[str, ...]:
 
 
 def _expert_dp_axes(spec: RunSpec) -> tuple[str, ...]:
-    """Experts are cut over ``ep_axis``: their gradients are reduced over the other dp axes only."""
-    return tuple(a for a in _dense_dp_axes(spec) if a != spec.ep_axis)
+    """Experts are cut over ``ep_axes``: their gradients are reduced over the other dp axes only."""
+    return tuple(a for a in _dense_dp_axes(spec) if a not in spec.ep_axes)
 
 
 def _is_expert(name: str) -> bool:
     return ".experts." in name and name.rsplit(".", 1)[-1] in EXPERT_PARAMS
 
 
+def _partial_over_tp(name: str, spec: RunSpec) -> bool:
+    """Whether a plain (not DTensor) weight's gradient is partial over ``tp_axis``, because the
+    weight works on this rank's share of a tensor-parallel group's work: the Q/K norms of a
+    tensor-parallel attention block (this rank's heads) and, under sequence parallelism, an MoE
+    layer's router and (where the experts do not fold over the tp axis) its experts, which see
+    this rank's sequence shard. DTensor weights (the norms under SequenceParallel) sum on their own."""
+    if spec.tp_size == 1 or not name.startswith("layers."):
+        return False
+    _, layer, rest = name.split(".", 2)
+    if rest.startswith(("attn.q_norm.", "attn.k_norm.")):
+        return spec.style(int(layer), "attn.q_proj") != "replicate"
+    if rest.startswith("mlp.router.") or (_is_expert(name) and spec.tp_axis not in spec.ep_axes):
+        return spec.sequence_parallel
+    return False
+
+
 def sync_gradients(model: nn.Module, spec: RunSpec, mesh: DeviceMesh) -> None:
-    """Average gradients over ``dp_axes``: one all-reduce (sum) per parameter, then divide.
+    """Average gradients over ``dp_axes``: one all-reduce (sum) per parameter, then divide; and
+    sum, in one all-reduce of their own, the gradients that are partial over ``tp_axis``
+    (``_partial_over_tp``: Megatron and DTensor reduce such weights over TP apart too; a DTensor
+    weight's partial gradient is summed here as well).
 
     Each rank's loss is the mean over its own sequences, so the global mean's gradient is the sum
     over data-parallel ranks divided by the batch cut. An expert's gradient already sums the
-    contributions of every rank of ``ep_axis`` (the all-to-all's backward brought them), so it is
-    reduced over the other dp axes only, and divided by the same batch cut.
+    contributions of every rank of ``ep_axes`` (the all-to-all's backward brought them), so it is
+    reduced over the other dp axes only, and divided by the same batch cut. Under ``fsdp_axes``
+    fully_shard reduce-scatters and averages on its own.
     """
-    if not spec.dp_axes:
-        return  # fully_shard reduce-scatters and averages on its own
     groups = {}
     for axes in (_dense_dp_axes(spec), _expert_dp_axes(spec)):
         groups[axes] = submesh(mesh, axes).get_group() if axes else None
+    tp_group = mesh.get_group(spec.tp_axis) if spec.tp_size > 1 else None
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
+        if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements):
+            # a norm weight under SequenceParallel: sum it here, once, not in every optimizer op
+            # that reads it (AdamW reads a gradient three times)
+            p.grad = p.grad.redistribute(placements=[Replicate() if pl.is_partial() else pl
+                                                     for pl in p.grad.placements])
         grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        group = groups[_expert_dp_axes(spec) if _is_expert(name) else _dense_dp_axes(spec)]
-        if group is not None:
-            dist.all_reduce(grad, group=group)
-        grad.div_(spec.batch_cut)
+        if spec.dp_axes:
+            group = groups[_expert_dp_axes(spec) if _is_expert(name) else _dense_dp_axes(spec)]
+            if group is not None:
+                dist.all_reduce(grad, group=group)
+            grad.div_(spec.batch_cut)
+        if _partial_over_tp(name, spec):
+            dist.all_reduce(grad, group=tp_group)
 
 
 # -- pipeline parallel -------------------------------------------------------------------------
@@ -304,8 +342,8 @@ class ParallelModel:
             value = p.detach()
             if isinstance(value, DTensor):
                 value = value.full_tensor()
-            elif self.spec.ep_axis and _is_expert(name):
-                value = funcol.all_gather_single(value, 0, self.mesh.get_group(self.spec.ep_axis))
+            elif self.spec.ep_axes and _is_expert(name):
+                value = funcol.all_gather_single(value, 0, submesh(self.mesh, self.spec.ep_axes).get_group())
             local[name] = value.clone()
         gathered = [None] * dist.get_world_size() if dist.get_rank() == 0 else None
         dist.gather_object(local, gathered, dst=0)

@@ -5,8 +5,12 @@ A RunSpec names a device mesh (ordered axis name -> size) and gives every mesh a
     tp_axis      tensor parallel: modules with a ``colwise``/``rowwise`` style are cut over it
     dp_axes      data parallel: the batch is cut over them, gradients are all-reduced
     fsdp_axes    ZeRO-3 (``fully_shard``): the batch is cut over them, parameters are sharded
-    ep_axis      expert parallel: one of ``dp_axes``; experts are cut on dim 0 over it and
-                 tokens travel to their experts by all-to-all
+    ep_axes      expert parallel: ``dp_axes`` and/or ``tp_axis`` (Megatron's MoE parallel folding:
+                 the expert layers regroup the ranks attention uses); experts are cut on dim 0
+                 over them (flattened in mesh order) and tokens travel to their experts by
+                 all-to-all. Over ``tp_axis`` it needs ``sequence_parallel``: each rank of a
+                 tensor-parallel group routes its own sequence shard (Megatron requires sequence
+                 parallelism for MoE with tensor parallelism too)
     pp_axis      pipeline parallel: the layer stack is split into ``mesh[pp_axis]`` stages
 
 Module keys are the planner's op names, relative to a layer (``attn.q_proj`` ... ``mlp.experts``),
@@ -18,13 +22,15 @@ over ``tp_axis``:
     attn.o_proj                      rowwise | replicate     heads cut on the input side, output all-reduced
     mlp.gate_proj/up_proj            colwise | replicate     ffn cut
     mlp.down_proj                    rowwise | replicate     ffn cut on the input side, output all-reduced
-    mlp.experts                      replicate               (experts are cut by ``ep_axis`` instead)
+    mlp.experts                      replicate               (experts are cut by ``ep_axes`` instead)
     embed                            rowwise | replicate     vocab cut (Megatron's vocab-parallel embedding)
     lm_head                          colwise | replicate     vocab cut, logits all-gathered for the loss
 
 An attention block (or an MLP block) is either tensor parallel as a whole (Megatron: column then
 row) or replicated as a whole. Styles not given are ``replicate``. ``layer_styles`` overrides
-``styles`` for single layers, so attention and MLP, and layer 0 and layer 1, may differ.
+``styles`` for single layers, so attention and MLP, and layer 0 and layer 1, may differ. A
+mixture-of-experts layer has no dense MLP: under sequence parallelism its router and experts run
+on the rank's sequence shard.
 
 Example:
     >>> spec = RunSpec(mesh={"dp": 2, "tp": 2}, tp_axis="tp", dp_axes=("dp",),
@@ -86,7 +92,7 @@ def _check_styles(styles: Styles, where: str, keys: tuple[str, ...]) -> None:
             raise PlanError(f"RunSpec.{where}: unknown module key {key!r}." + did_you_mean(str(key), keys))
         legal = ("replicate", TP_STYLE[key]) if key in TP_STYLE else ("replicate",)
         if style not in legal:
-            hint = " (experts are cut by ep_axis, not by tp_axis)" if key == "mlp.experts" else ""
+            hint = " (experts are cut by ep_axes, not by tp_axis)" if key == "mlp.experts" else ""
             raise PlanError(f"RunSpec.{where}: {key}={style!r} is not allowed{hint}; use one of {', '.join(legal)}")
 
 
@@ -103,7 +109,7 @@ class RunSpec:
             (Megatron-SP: all-gather before, reduce-scatter after each tensor-parallel block).
         dp_axes: data-parallel axes (batch cut, gradient all-reduce).
         fsdp_axes: fully_shard (ZeRO-3) axes (batch cut, parameters sharded on dim 0).
-        ep_axis: expert-parallel axis, one of ``dp_axes``.
+        ep_axes: expert-parallel axes: ``dp_axes`` and/or ``tp_axis`` (with ``sequence_parallel``).
         pp_axis: pipeline axis; its size is the number of stages.
         pp_schedule: ``1f1b`` or ``gpipe``.
         microbatches: micro-batches per step (pipeline only).
@@ -118,7 +124,7 @@ class RunSpec:
     sequence_parallel: bool = False
     dp_axes: tuple[str, ...] = ()
     fsdp_axes: tuple[str, ...] = ()
-    ep_axis: str | None = None
+    ep_axes: tuple[str, ...] = ()
     pp_axis: str | None = None
     pp_schedule: str = "1f1b"
     microbatches: int = 1
@@ -132,12 +138,13 @@ class RunSpec:
         set_("styles", tuple(sorted(_pairs(self.styles, "styles"), key=str)))
         set_("layer_styles", tuple(sorted(((layer, tuple(sorted(_pairs(st, f"layer_styles[{layer}]"), key=str)))
                                            for layer, st in _pairs(self.layer_styles, "layer_styles")), key=str)))
-        for name in ("dp_axes", "fsdp_axes"):  # a bare string is one axis, not its letters
+        for name in ("dp_axes", "fsdp_axes", "ep_axes"):  # a bare string is one axis, not its letters
             axes = getattr(self, name)
             set_(name, (axes,) if isinstance(axes, str) else tuple(axes))
         self._check_mesh()
         self._check_counts()
         self._check_roles()
+        set_("ep_axes", tuple(a for a, _ in self.mesh if a in self.ep_axes))  # experts flatten in mesh order
         _check_styles(self.styles, "styles", MODULE_KEYS)
         for layer, styles in self.layer_styles:
             if not isinstance(layer, int) or isinstance(layer, bool) or layer < 0:
@@ -162,7 +169,7 @@ class RunSpec:
         roles = [("tp_axis", self.tp_axis), ("pp_axis", self.pp_axis)]
         roles += [("dp_axes", a) for a in self.dp_axes] + [("fsdp_axes", a) for a in self.fsdp_axes]
         roles = [(field, axis) for field, axis in roles if axis is not None]
-        for field, axis in roles + ([("ep_axis", self.ep_axis)] if self.ep_axis else []):
+        for field, axis in roles + [("ep_axes", a) for a in self.ep_axes]:
             if axis not in sizes:
                 raise PlanError(f"RunSpec.{field}: axis {axis!r} is not in the mesh." + did_you_mean(str(axis), sizes))
         used = [axis for _, axis in roles]
@@ -174,16 +181,22 @@ class RunSpec:
             if size > 1 and axis not in used:
                 raise PlanError(f"RunSpec.mesh: axis {axis!r} (size {size}) has no role; name it in tp_axis, "
                                 "dp_axes, fsdp_axes or pp_axis, or give it size 1")
-        if self.ep_axis is not None and self.ep_axis not in self.dp_axes:
-            raise PlanError(f"RunSpec.ep_axis={self.ep_axis!r} must be one of dp_axes {list(self.dp_axes)}: "
-                            "tokens are cut on the batch over the expert-parallel axis")
+        if len(set(self.ep_axes)) != len(self.ep_axes):
+            raise PlanError(f"RunSpec.ep_axes repeats an axis: {list(self.ep_axes)}")
+        for axis in self.ep_axes:
+            if axis not in self.dp_axes and axis != self.tp_axis:
+                raise PlanError(f"RunSpec.ep_axes: {axis!r} is neither one of dp_axes {list(self.dp_axes)} nor the "
+                                f"tp_axis {self.tp_axis!r}: experts fold over the ranks that cut the tokens")
+        if self.tp_axis in self.ep_axes and not self.sequence_parallel:
+            raise PlanError(f"RunSpec.ep_axes includes the tp_axis {self.tp_axis!r}, which needs sequence_parallel: "
+                            "without it every rank of a tensor-parallel group would route the same tokens")
         self._check_combinations()
 
     def _check_combinations(self) -> None:
         """Combinations this runtime does not execute are refused here, before any process starts."""
         if self.pp_axis is not None:
             others = [f for f, v in (("tp_axis", self.tp_axis), ("fsdp_axes", self.fsdp_axes),
-                                     ("ep_axis", self.ep_axis)) if v and self.axis_size_of(v) > 1]
+                                     ("ep_axes", self.ep_axes)) if v and self.axis_size_of(v) > 1]
             if others:
                 raise PlanError(f"RunSpec: pipeline parallel combines only with dp_axes in this runtime, "
                                 f"not with {', '.join(others)}")
@@ -194,8 +207,8 @@ class RunSpec:
                                 "pipeline stages (pp_axis size)")
         elif self.microbatches != 1:
             raise PlanError(f"RunSpec.microbatches={self.microbatches} needs pp_axis; set microbatches=1")
-        if self.fsdp_axes and (self.dp_axes or self.ep_axis):
-            raise PlanError("RunSpec: fsdp_axes with dp_axes (HSDP) or ep_axis is not supported by this runtime; "
+        if self.fsdp_axes and (self.dp_axes or self.ep_axes):
+            raise PlanError("RunSpec: fsdp_axes with dp_axes (HSDP) or ep_axes is not supported by this runtime; "
                             "use either fsdp_axes or dp_axes")
 
     def _check_blocks(self) -> None:
@@ -214,8 +227,8 @@ class RunSpec:
             if self.tp_axis is None:
                 raise PlanError("RunSpec.sequence_parallel needs tp_axis")
             if any(self.style(layer, k) == "replicate" for layer in [None] + [i for i, _ in self.layer_styles]
-                   for k in ATTN_KEYS + MLP_KEYS):
-                raise PlanError("RunSpec.sequence_parallel needs every attention and MLP block tensor parallel "
+                   for k in ATTN_KEYS):
+                raise PlanError("RunSpec.sequence_parallel needs every attention block tensor parallel "
                                 "(a replicated block would see only its sequence shard); turn it off or make "
                                 "the blocks colwise/rowwise")
 
@@ -255,7 +268,7 @@ class RunSpec:
 
     @property
     def ep_size(self) -> int:
-        return self.axis_size_of(self.ep_axis)
+        return self.axis_size_of(self.ep_axes)
 
     @property
     def batch_axes(self) -> tuple[str, ...]:
@@ -282,7 +295,7 @@ class RunSpec:
         return {"mesh": dict(self.mesh), "tp_axis": self.tp_axis, "styles": dict(self.styles),
                 "layer_styles": {str(i): dict(st) for i, st in self.layer_styles},
                 "sequence_parallel": self.sequence_parallel, "dp_axes": list(self.dp_axes),
-                "fsdp_axes": list(self.fsdp_axes), "ep_axis": self.ep_axis, "pp_axis": self.pp_axis,
+                "fsdp_axes": list(self.fsdp_axes), "ep_axes": list(self.ep_axes), "pp_axis": self.pp_axis,
                 "pp_schedule": self.pp_schedule, "microbatches": self.microbatches,
                 "global_batch": self.global_batch, "seq": self.seq}
 
@@ -305,7 +318,7 @@ class RunSpec:
             layer_styles[int(key)] = styles
         return cls(**{**data, "mesh": dict(data["mesh"]), "styles": dict(data["styles"]),
                       "layer_styles": layer_styles, "dp_axes": tuple(data["dp_axes"]),
-                      "fsdp_axes": tuple(data["fsdp_axes"])})
+                      "fsdp_axes": tuple(data["fsdp_axes"]), "ep_axes": tuple(data["ep_axes"])})
 
 
 def check_fits(spec: RunSpec, cfg, world_size: int) -> None:
@@ -325,16 +338,16 @@ def check_fits(spec: RunSpec, cfg, world_size: int) -> None:
                             f"layers 0..{cfg.layers - 1}")
     tp = spec.tp_size
     layers = range(cfg.layers)
-    moe = [i for i in layers if cfg.is_moe and i >= cfg.dense_layers]
-    if spec.ep_axis is not None and not moe:
-        raise PlanError(f"RunSpec.ep_axis={spec.ep_axis!r} but model {cfg.name} has no experts; drop ep_axis")
+    moe = [i for i in layers if cfg.is_moe_layer(i)]
+    if spec.ep_axes and not moe:
+        raise PlanError(f"RunSpec.ep_axes={list(spec.ep_axes)} but model {cfg.name} has no experts; drop ep_axes")
     attn_tp = any(spec.style(i, "attn.q_proj") != "replicate" for i in layers)
-    dense = [i for i in layers if not (cfg.is_moe and i >= cfg.dense_layers)]
+    dense = [i for i in layers if not cfg.is_moe_layer(i)]
     rules = [(attn_tp, "heads", cfg.heads, tp, "tp"), (attn_tp, "kv_heads", cfg.kv_heads, tp, "tp"),
              (any(spec.style(i, "mlp.gate_proj") != "replicate" for i in dense), "ffn", cfg.ffn, tp, "tp"),
              (spec.style(None, "embed") != "replicate" or spec.style(None, "lm_head") != "replicate",
               "vocab", cfg.vocab, tp, "tp"),
-             (spec.ep_axis is not None, "experts", cfg.experts, spec.ep_size, "ep"),
+             (bool(spec.ep_axes), "experts", cfg.experts, spec.ep_size, "ep"),
              (spec.pp_axis is not None, "layers", cfg.layers, spec.pp_size, "pp")]
     for used, field, value, size, axis in rules:
         if used and value % size:
@@ -343,6 +356,10 @@ def check_fits(spec: RunSpec, cfg, world_size: int) -> None:
     for i in moe:
         if any(spec.style(i, k) != "replicate" for k in MLP_KEYS):
             raise PlanError(f"RunSpec: layer {i} of {cfg.name} is a mixture of experts and has no dense MLP; "
-                            f"leave {', '.join(MLP_KEYS)} replicate there and cut experts with ep_axis")
-    if moe and spec.sequence_parallel:
-        raise PlanError(f"RunSpec.sequence_parallel needs tensor-parallel MLPs, but {cfg.name} has MoE layers")
+                            f"leave {', '.join(MLP_KEYS)} replicate there and cut experts with ep_axes")
+    if spec.sequence_parallel:
+        replicated = [i for i in dense if spec.style(i, "mlp.gate_proj") == "replicate"]
+        if replicated:
+            raise PlanError(f"RunSpec.sequence_parallel needs the MLP of every dense layer tensor parallel "
+                            f"(layer {replicated[0]} of {cfg.name} is replicated and would see only its sequence "
+                            "shard); turn it off or make the MLP blocks colwise/rowwise")

@@ -1,4 +1,4 @@
-"""A small LLaMA-style transformer and its Mixtral-style MoE variant, in plain PyTorch.
+"""A small LLaMA-style transformer and its Mixtral- and Qwen3-style MoE variants, in plain PyTorch.
 
 Module names follow the planner's op names, so a RunSpec key maps to a module path:
 ``layers.{i}.attn.q_proj`` ... ``layers.{i}.mlp.down_proj``, ``layers.{i}.mlp.experts``, ``embed``,
@@ -18,8 +18,15 @@ from torch import nn
 from symtensor.errors import PlanError
 
 
+# what the runtime does not build, and the field that asks for it (0 / False / empty: absent)
+UNSUPPORTED = {"kv_latent": "multi-head latent attention (MLA)", "shared_ffn": "shared experts",
+               "window": "sliding-window attention", "sinks": "attention sinks"}
+
+
 def check_supported(cfg) -> None:
-    """Refuse configs this model does not build (it is LLaMA-style only).
+    """Refuse configs this model does not build: it is LLaMA-style (with Q/K norms, a head width
+    of its own, and mixture-of-experts layers where the config puts them), without MLA, shared
+    experts, sliding windows or sinks.
 
     Args:
         cfg: a ``symtensor.models.ModelConfig``.
@@ -30,6 +37,10 @@ def check_supported(cfg) -> None:
         if getattr(cfg, key) != want:
             raise PlanError(f"model {cfg.name}: the runtime builds LLaMA-style models only and needs "
                             f"{key}={want!r}, got {getattr(cfg, key)!r}")
+    for key, what in UNSUPPORTED.items():
+        if getattr(cfg, key):
+            raise PlanError(f"model {cfg.name}: the runtime does not build {what} ({key}={getattr(cfg, key)!r}); "
+                            "run a model without it (tiny-llama, tiny-mixtral, tiny-qwen3-moe)")
 
 
 class RMSNorm(nn.Module):
@@ -56,8 +67,9 @@ def rope(x_BSND: torch.Tensor, base: float = 10000.0) -> torch.Tensor:
 
 
 class Attention(nn.Module):
-    """Causal grouped-query attention. Under tensor parallelism each rank sees only its heads:
-    the head counts are read from the projections' local output width."""
+    """Causal grouped-query attention, with Qwen3's RMSNorm over each head of Q and K when the
+    config has ``qk_norm``. Under tensor parallelism each rank sees only its heads: the head
+    counts are read from the projections' local output width."""
 
     def __init__(self, cfg, use_rope: bool = True):
         super().__init__()
@@ -66,12 +78,16 @@ class Attention(nn.Module):
         self.k_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
         self.v_proj = nn.Linear(cfg.hidden, cfg.kv_heads * cfg.head_dim, bias=False)
         self.o_proj = nn.Linear(cfg.heads * cfg.head_dim, cfg.hidden, bias=False)
+        self.q_norm = RMSNorm(cfg.head_dim) if cfg.qk_norm else None
+        self.k_norm = RMSNorm(cfg.head_dim) if cfg.qk_norm else None
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         b, s, _ = x_BSH.shape
         q_BSND = self.q_proj(x_BSH).view(b, s, -1, self.head_dim)
         k_BSGD = self.k_proj(x_BSH).view(b, s, -1, self.head_dim)
         v_BSGD = self.v_proj(x_BSH).view(b, s, -1, self.head_dim)
+        if self.q_norm is not None:  # before the rotation, as Qwen3 does
+            q_BSND, k_BSGD = self.q_norm(q_BSND), self.k_norm(k_BSGD)
         if self.use_rope:
             q_BSND, k_BSGD = rope(q_BSND), rope(k_BSGD)
         group = q_BSND.shape[2] // k_BSGD.shape[2]  # query heads per kv head
@@ -177,8 +193,7 @@ class Block(nn.Module):
         self.attn_norm = RMSNorm(cfg.hidden)
         self.attn = Attention(cfg, use_rope)
         self.mlp_norm = RMSNorm(cfg.hidden)
-        moe = cfg.experts > 1 and layer >= cfg.dense_layers
-        self.mlp = MoE(cfg) if moe else MLP(cfg.hidden, cfg.ffn)
+        self.mlp = MoE(cfg) if cfg.is_moe_layer(layer) else MLP(cfg.hidden, cfg.ffn)
 
     def forward(self, x_BSH: torch.Tensor) -> torch.Tensor:
         x_BSH = x_BSH + self.attn(self.attn_norm(x_BSH))
@@ -219,7 +234,7 @@ def init_weights(model: nn.Module, seed: int) -> None:
     gen = torch.Generator().manual_seed(seed)
     with torch.no_grad():
         for name, p in sorted(model.named_parameters()):
-            if name.endswith("norm.weight"):
+            if name.endswith("norm.weight"):  # (the Q/K norms too)
                 p.fill_(1.0)
             elif name == "embed.weight":
                 p.copy_(torch.randn(p.shape, generator=gen))

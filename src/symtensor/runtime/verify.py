@@ -38,8 +38,9 @@ ATTENTION_BLOCKS = ("q_proj", "k_proj", "v_proj", "q_rope", "k_rope", "core", "s
                     "o_proj")
 
 
-def plan_to_spec(pc: ParallelConfig, experts: bool, attention_only: bool = False) -> RunSpec:
-    """The RunSpec of a Megatron-style configuration; refuses what the runtime cannot run."""
+def plan_to_spec(pc: ParallelConfig, cfg, attention_only: bool = False) -> RunSpec:
+    """The RunSpec of a Megatron-style configuration of model ``cfg``; refuses what the runtime
+    cannot run."""
     if pc.cp > 1:
         raise PlanError("the runtime has no context parallelism yet; plan with cp=1")
     if pc.recompute != "none":
@@ -57,18 +58,37 @@ def plan_to_spec(pc: ParallelConfig, experts: bool, attention_only: bool = False
     if not mesh:
         mesh["dp"] = 1
         dp_axes = ("dp",)
-    if pc.ep > 1 and pc.ep != pc.dp:
-        raise PlanError(f"the runtime cuts experts over the whole data-parallel axis: needs ep = dp, got ep={pc.ep}, "
-                        f"dp={pc.dp}")
-    styles = {}
+    styles, layer_styles = {}, {}
     if pc.tp > 1 and attention_only:  # a heterogeneous plan: attention TP, the rest data parallel
         styles = dict(ATTN_TP)
     elif pc.tp > 1:
-        styles = dict(ATTN_TP) | ({} if experts else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
-    return RunSpec(mesh=mesh, tp_axis="tp" if pc.tp > 1 else None, styles=styles, sequence_parallel=pc.sp,
-                   dp_axes=dp_axes, fsdp_axes=fsdp_axes, ep_axis="dp" if pc.ep > 1 else None,
-                   pp_axis="pp" if pc.pp > 1 else None, microbatches=pc.micro_steps() if pc.pp > 1 else 1,
-                   global_batch=pc.global_batch, seq=pc.seq)
+        styles = dict(ATTN_TP) | ({} if cfg.is_moe else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
+        if cfg.is_moe:  # the dense layers among the MoE ones keep a tensor-parallel MLP
+            layer_styles = {i: dict(MLP_TP) for i in range(cfg.layers) if not cfg.is_moe_layer(i)}
+    return RunSpec(mesh=mesh, tp_axis="tp" if pc.tp > 1 else None, styles=styles, layer_styles=layer_styles,
+                   sequence_parallel=pc.sp, dp_axes=dp_axes, fsdp_axes=fsdp_axes,
+                   ep_axes=_expert_axes(pc, cfg, attention_only), pp_axis="pp" if pc.pp > 1 else None,
+                   microbatches=pc.micro_steps() if pc.pp > 1 else 1, global_batch=pc.global_batch, seq=pc.seq)
+
+
+def _expert_axes(pc: ParallelConfig, cfg, attention_only: bool) -> tuple[str, ...]:
+    """The runtime's mesh axes that the expert grid of ``pc`` cuts the experts over. Megatron's
+    rank order (``megatron.assign_axes``) folds EP over the tensor-parallel ranks first, then the
+    data-parallel ones; the runtime cuts whole axes, so ep is tp, tp x dp, or (tp 1) dp."""
+    if cfg.is_moe and pc.tp > 1 and not (pc.sp or attention_only):
+        raise PlanError("the runtime runs MoE layers with tensor parallelism under sequence parallelism only "
+                        "(each rank routes its sequence shard, as Megatron requires); plan with sp")
+    if pc.ep == 1:
+        return ()
+    if pc.etp != 1:
+        raise PlanError(f"the runtime has no expert tensor parallelism; plan with etp=1, got etp={pc.etp}")
+    if attention_only:
+        raise PlanError("--attention-only-tp replicates the MoE layers over tp; run it without expert parallelism")
+    folds = {pc.tp: ("tp",), pc.tp * pc.dp: ("dp", "tp")} if pc.tp > 1 else {pc.dp: ("dp",)}
+    if pc.ep not in folds:
+        raise PlanError(f"the runtime cuts experts over whole mesh axes: ep must be one of {sorted(folds)} "
+                        f"(tp={pc.tp}, dp={pc.dp}), got ep={pc.ep}")
+    return tuple(a for a in folds[pc.ep] if a == "tp" or pc.dp > 1)
 
 
 def predicted_bytes(cfg, pc: ParallelConfig, devices: int, attention_only: bool = False) -> dict:
@@ -137,7 +157,7 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
         if pc.tp == 1:
             raise PlanError("--attention-only-tp needs --tp > 1")
         pc = ParallelConfig(**{**pc.as_dict(), "sp": False})
-    spec = plan_to_spec(pc, cfg.is_moe, attention_only)
+    spec = plan_to_spec(pc, cfg, attention_only)
     if device == "cpu":
         _few_enough_tokens(pc)
     predicted = predicted_bytes(cfg, pc, devices, attention_only)  # its errors come before any process starts
@@ -214,12 +234,13 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
                           and cfg.kv_heads % t == 0]
     for t in tps:
         dp = devices // (t * pp)
-        eps = [ep] if ep else ([dp, 1] if cfg.is_moe else [1])
+        # experts fold over whole axes of the runtime's mesh: all of a stage's ranks, the tp axis, none
+        eps = [ep] if ep else (list(dict.fromkeys([t * dp, t, 1])) if cfg.is_moe else [1])
         for e in eps:
             try:
                 # a pipeline needs micro-batches: one sequence each; otherwise one micro-batch per step
                 mb = 1 if pp > 1 else global_batch // dp
-                pc = ParallelConfig(tp=t, pp=pp, dp=dp, ep=e, sp=t > 1 and not cfg.is_moe,
+                pc = ParallelConfig(tp=t, pp=pp, dp=dp, ep=e, sp=t > 1,
                                     zero=zero if dp > 1 else 0, micro_batch=mb, global_batch=global_batch, seq=seq)
                 rep = megatron_plan(cfg, cluster, pc).report
             except PlanError:

@@ -5,9 +5,12 @@
   parallelism only when the model does not fit otherwise (the smallest pp that fits, across
   nodes); data parallelism for the rest; sequence parallelism with tensor parallelism; the
   distributed optimizer (ZeRO-1); selective recomputation, full recomputation if that does not
-  fit. MoE: tensor parallelism by the active size, expert parallelism by the expert count
-  (ep = min(experts, dp)).
-- ``megatron_grid``: every valid (tp, pp, dp, cp, ep, micro batch, recompute, vpp), pipeline
+  fit. MoE: tensor parallelism by the active size, expert parallelism folded over every rank of
+  a stage as far as the expert count allows (ep = the largest divisor of the experts that
+  divides tp x dp) with expert TP 1, as the Megatron MoE model zoo's Qwen3 configurations fold
+  EP over TP x CP x DP.
+- ``megatron_grid``: every valid (tp, pp, dp, cp, ep, etp, micro batch, recompute, vpp), with the
+  expert grid folded over the stage (EP may exceed DP; expert TP 1 or tp), pipeline
   depths that do not divide the layers included (uneven stages), with sequence parallelism
   whenever tp > 1 and the distributed optimizer. Dominated choices are not enumerated, which
   cannot change the best: sp=False (same communication time in this model, more memory and norm
@@ -92,7 +95,7 @@ def megatron_recipe(pool: EvaluatorPool, global_batch: int, active_params: float
     fallback = None
     for pp in [p for p in divisors(n // tp) if p <= cfg.layers and cfg.layers % p == 0]:
         dp = n // (tp * pp)
-        ep = max((e for e in divisors(dp) if cfg.experts % e == 0), default=1) if cfg.is_moe else 1
+        ep = max((e for e in divisors(tp * dp) if cfg.experts % e == 0), default=1) if cfg.is_moe else 1
         mb = 1
         if global_batch % dp:
             continue

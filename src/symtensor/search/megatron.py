@@ -1,17 +1,24 @@
-"""Megatron-LM configurations as layouts: (tp, pp, dp, cp, ep, sp, zero, recompute, micro batch, vpp).
+"""Megatron-LM configurations as layouts: (tp, pp, dp, cp, ep, etp, sp, zero, recompute, micro batch, vpp).
 
 A Megatron configuration is one point of SymTensor's space: every op gets the cuts Megatron's
 modules apply (``megatron_layouts``; ``megatron_plan`` makes it a Plan, ``grid_points`` enumerates
-the space). Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp with
-ep carved from its innermost part; pp slowest), which puts tensor parallelism inside a node.
+the space). Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp; pp
+slowest), which puts tensor parallelism inside a node.
+
+The expert layers have their own grid over the same ranks (Megatron's MoE parallel folding,
+``--expert-tensor-parallel-size`` and ``--expert-model-parallel-size``): the tp x cp x dp ranks of
+a pipeline stage are regrouped as etp x ep x edp, etp fastest, then ep, then the expert data
+parallel rest (``assign_axes``). EP may exceed DP: it folds over the tensor- and context-parallel
+ranks too.
 
     op family                         cut by tp axes                   by dp / cp axes
     q/k/v, gate/up (column parallel)  output features (n, g, f)        b / s
     o_proj, down (row parallel)       reduction (n, f): partial out    b / s
-    attention core                    heads n (kv heads g follow)      b / s (query only)
+    attention core, Q/K norms         heads n (kv heads g follow)      b / s (query only)
     norms, residual, dropout          s if sequence parallel           b / s
+    router, top-k, dispatch, combine  s (c) if sequence parallel       b / s (c)
     embedding, LM head, loss          vocabulary v                     b / s
-    MoE experts                       f (expert TP = TP)               e by ep, b by the rest of dp
+    MoE experts (their own grid)      f by etp axes, e by ep axes, the tokens (b, c) by the edp axes
 """
 
 from __future__ import annotations
@@ -34,13 +41,20 @@ MICRO_BATCHES = (1, 2, 4, 8)  # the micro-batch sizes the Megatron grid tries
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ParallelConfig:
     """A Megatron-LM configuration: the engine's own arguments (``megatron_plan`` builds the Plan
-    of one, ``megatron_config`` reads one back from a plan; the runtime runs one)."""
+    of one, ``megatron_config`` reads one back from a plan; the runtime runs one).
+
+    ``ep`` and ``etp`` are the expert layers' grid (``--expert-model-parallel-size``,
+    ``--expert-tensor-parallel-size``), folded over the tp x cp x dp ranks of a stage: ep x etp
+    must divide them. etp defaults to 1, as Megatron's MoE model zoo and practitioners run
+    experts (Megatron's own default is etp = tp); dense models have no expert grid: ep and etp
+    stay 1 there."""
 
     tp: int = 1
     pp: int = 1
     dp: int = 1
     cp: int = 1
     ep: int = 1
+    etp: int = 1
     sp: bool = False
     zero: int = 0
     recompute: str = "none"
@@ -62,7 +76,7 @@ class ParallelConfig:
 
     def validate(self, cfg: ModelConfig, n_devices: int) -> None:
         """Refuse an impossible configuration with one line naming the rule and the fix."""
-        for key in ("tp", "pp", "dp", "cp", "ep", "micro_batch", "global_batch", "seq", "vpp"):
+        for key in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp"):
             v = getattr(self, key)
             if not isinstance(v, int) or v <= 0:
                 raise PlanError(f"{key} must be a positive integer, got {v!r}")
@@ -72,24 +86,37 @@ class ParallelConfig:
         if cfg.heads % self.tp or cfg.kv_heads % self.tp:
             raise PlanError(f"tp={self.tp} must divide heads={cfg.heads} and kv_heads={cfg.kv_heads}; "
                             "choose a tp that divides both")
-        if cfg.ffn % self.tp or cfg.moe_ffn % self.tp:
-            raise PlanError(f"tp={self.tp} must divide the MLP width {cfg.ffn}")
+        for width, what in ((cfg.ffn if has_dense_mlp(cfg) else 0, "MLP width"), (cfg.shared_ffn, "shared expert width")):
+            if width % self.tp:
+                raise PlanError(f"tp={self.tp} must divide the {what} {width}")
+        self._validate_experts(cfg)
         if self.global_batch % (self.micro_batch * self.dp):
             raise PlanError(f"global batch {self.global_batch} is not divisible by micro_batch*dp = "
                             f"{self.micro_batch}*{self.dp}; change --global-batch or --micro-batch")
         seq_cut = self.cp * (self.tp if self.sp else 1)
         if self.seq % seq_cut:
             raise PlanError(f"seq={self.seq} is not divisible by cp*tp(sp) = {seq_cut}")
-        if self.ep > 1 and (not cfg.is_moe or cfg.experts % self.ep):
-            raise PlanError(f"ep={self.ep} must divide the number of experts ({cfg.experts})")
-        if self.dp % self.ep:
-            raise PlanError(f"ep={self.ep} must divide dp={self.dp} (expert parallelism is carved from data parallelism)")
         if self.pp > cfg.layers:
             raise PlanError(f"pp={self.pp} exceeds the {cfg.layers} layers")
         if self.vpp > 1 and not chunks_fit(cfg.layers, self.pp, self.vpp):
             raise PlanError(f"{cfg.layers} layers do not split into pp*vpp = {self.pp * self.vpp} chunks")
         if self.tp == 1 and self.sp:
             raise PlanError("sequence parallelism (--sp) needs tp > 1")
+
+    def _validate_experts(self, cfg: ModelConfig) -> None:
+        """The expert grid: ep divides the experts, etp their MLP width, and ep x etp the ranks
+        of a pipeline stage it folds over."""
+        if not cfg.is_moe and (self.ep > 1 or self.etp > 1):
+            raise PlanError(f"ep={self.ep}, etp={self.etp}: model {cfg.name} has no experts; leave ep and etp at 1")
+        if cfg.experts % self.ep:
+            raise PlanError(f"ep={self.ep} must divide the number of experts ({cfg.experts})")
+        if cfg.moe_ffn % self.etp:
+            raise PlanError(f"etp={self.etp} must divide the expert MLP width {cfg.moe_ffn}")
+        stage = self.tp * self.cp * self.dp
+        if stage % (self.ep * self.etp):
+            raise PlanError(f"ep*etp = {self.ep}*{self.etp} must divide tp*cp*dp = {stage}: the expert layers regroup "
+                            "the ranks of a pipeline stage (MoE parallel folding); choose ep and etp whose product "
+                            f"divides {stage}")
 
     def train_config(self) -> TrainConfig:
         """The training configuration the cost model reads."""
@@ -98,6 +125,11 @@ class ParallelConfig:
 
 
 assert tuple(f.name for f in fields(ParallelConfig)) == MEGATRON_KEYS  # one list of Megatron's arguments
+
+
+def has_dense_mlp(cfg: ModelConfig) -> bool:
+    """Whether some layer has a dense MLP (of width ``cfg.ffn``), which tensor parallelism cuts."""
+    return not all(cfg.is_moe_layer(i) for i in range(cfg.layers))
 
 
 def _take(mesh, free: list[int], degree: int, what: str) -> tuple[int, ...]:
@@ -115,12 +147,17 @@ def _take(mesh, free: list[int], degree: int, what: str) -> tuple[int, ...]:
 
 
 def assign_axes(mesh, pc: ParallelConfig) -> dict[str, tuple[int, ...]]:
+    """The stage-mesh axes of each parallelism, in Megatron's rank order: tp, cp, dp for the
+    attention grid; etp, ep and the expert data parallel rest (edp) for the expert grid, over the
+    same axes (MoE parallel folding: Megatron's expert ranks are ordered etp fastest, then ep)."""
     free = list(range(len(mesh)))
     tp = _take(mesh, free, pc.tp, "tp")
     cp = _take(mesh, free, pc.cp, "cp")
     dp = _take(mesh, free, pc.dp, "dp")
-    ep = _take(mesh, list(dp), pc.ep, "ep")
-    return {"tp": tp, "cp": cp, "dp": dp, "ep": ep, "edp": tuple(a for a in dp if a not in ep)}
+    stage = list(tp + cp + dp)
+    etp = _take(mesh, stage, pc.etp, "etp")
+    ep = _take(mesh, stage, pc.ep, "ep")
+    return {"tp": tp, "cp": cp, "dp": dp, "etp": etp, "ep": ep, "edp": tuple(sorted(stage))}
 
 
 _COLUMN = {"q_proj": "n", "k_proj": "g", "v_proj": "g", "gate_proj": "f", "up_proj": "f", "router": None}
@@ -148,6 +185,9 @@ def tp_dim(op) -> str | None:
         if leaf == "lora_b":
             return None
         return "n" if base == "o_proj" else "f"
+    if op.kind == "norm":
+        # Q/K norms over the head dim (Qwen3) follow the heads' cut
+        return next((d for d in ("n", "g") if d in sizes), None)
     if op.kind == "elementwise":
         # activations follow their neighbours' cut: the MLP width, or heads (rotary embeddings)
         for d in ("f", "n", "g"):
@@ -156,14 +196,33 @@ def tp_dim(op) -> str | None:
     return None
 
 
+# MoE ops that run per token beside the experts: under sequence parallelism they keep the
+# sequence shard (Megatron routes and permutes the tokens of each rank's shard)
+_TOKEN_BLOCKS = ("router", "topk", "shared_expert_gate")
+
+
+def sp_dim(op) -> str | None:
+    """The dim sequence parallelism cuts in this op, where tensor parallelism cuts none: the
+    sequence ``s`` of norms, elementwise ops and the MoE token ops (router, top-k, dispatch), the
+    slots ``c`` of the combine (they carry to its output's sequence); None elsewhere."""
+    sizes = op.dim_sizes
+    if expert_op(op):
+        return None
+    if op.kind == "moe_combine":
+        return "c"
+    token_op = op.kind in ("norm", "elementwise", "moe_dispatch") or op.block.split(".")[-1] in _TOKEN_BLOCKS
+    return "s" if token_op and "s" in sizes else None
+
+
 def expert_op(op) -> bool:
-    """An MoE expert's matmul or activation: an input runs over the expert dim ``e`` first."""
-    return op.kind in ("linear", "elementwise") and any(d and d[0] == "e" for d in op.in_dims)
+    """An MoE expert's matmul or activation: its first input runs over the expert dim ``e`` first
+    (a router's bias over ``e`` does not make it one)."""
+    return op.kind in ("linear", "elementwise") and bool(op.in_dims) and op.in_dims[0][:1] == ("e",)
 
 
 def op_roles(graph: Graph) -> dict[str, tuple]:
     """Per op, what ``megatron_layouts`` reads of it: (expert op, its sequence dim, the
-    tensor-parallel dim, whether sequence parallelism cuts it, whether it has a batch dim).
+    tensor-parallel dim, the dim sequence parallelism cuts, whether it has a batch dim).
     Fixed by the graph: ``EvaluatorPool`` keeps one per graph, as every grid point asks."""
     roles = {}
     for op in graph.ops:
@@ -172,8 +231,7 @@ def op_roles(graph: Graph) -> dict[str, tuple]:
         seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
         tdim = tp_dim(op)
         tdim = tdim if tdim in sizes else None
-        sp = "s" in sizes and op.kind in ("norm", "elementwise") and not expert
-        roles[op.name] = (expert, seq_dim if seq_dim in sizes else None, tdim, sp, "b" in sizes)
+        roles[op.name] = (expert, seq_dim if seq_dim in sizes else None, tdim, sp_dim(op), "b" in sizes)
     return roles
 
 
@@ -187,20 +245,26 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None 
     """
     ax = assign_axes(mesh, pc)
     roles = op_roles(graph) if roles is None else roles
+    # the expert grid: e by ep, f by etp; on the edp axes the tokens keep the cut they have where
+    # they are dispatched (the batch on dp axes, the slots on cp and, sequence parallel, tp axes)
+    token_cut = {a: "b" for a in ax["dp"]} | {a: "c" for a in ax["cp"] + ax["tp"]}
+    experts = {"e": ax["ep"], "b": tuple(a for a in ax["edp"] if token_cut[a] == "b"),
+               "c": tuple(a for a in ax["edp"] if token_cut[a] == "c")}
     layouts = {}
     for op in graph.ops:
         expert, seq_dim, tdim, sp, batch = roles[op.name]
+        if expert:
+            layouts[op.name] = family.relative(experts | ({tdim: ax["etp"]} if tdim else {}))
+            continue
         cuts: dict[str, tuple[int, ...]] = {}
         if batch:
-            cuts["b"] = ax["edp"] if expert else ax["dp"]
-        if expert:
-            cuts["e"] = ax["ep"]
+            cuts["b"] = ax["dp"]
         if seq_dim and ax["cp"]:
             cuts[seq_dim] = ax["cp"]
         if ax["tp"] and tdim:
             cuts[tdim] = ax["tp"]
         elif ax["tp"] and pc.sp and sp:
-            cuts["s"] = cuts.get("s", ()) + ax["tp"]
+            cuts[sp] = cuts.get(sp, ()) + ax["tp"]
         layouts[op.name] = family.relative(cuts)
     return layouts
 
@@ -236,15 +300,26 @@ def megatron_config(plan: Plan) -> ParallelConfig:
     return ParallelConfig(**{k: c[k] for k in MEGATRON_KEYS})
 
 
+def expert_grids(cfg: ModelConfig, tp: int, stage: int) -> list[tuple[int, int]]:
+    """The (etp, ep) expert grids of a stage of ``stage`` ranks with attention tp ``tp``: expert
+    TP 1 or tp, and every expert-parallel degree that divides the experts and stage / etp (EP
+    folds over tp, cp and dp); ((1, 1),) for a dense model."""
+    if not cfg.is_moe:
+        return [(1, 1)]
+    etps = [1] + ([tp] if tp > 1 and cfg.moe_ffn % tp == 0 else [])
+    return [(etp, ep) for etp in etps for ep in divisors(stage // etp) if cfg.experts % ep == 0]
+
+
 def grid_points(cfg: ModelConfig, n: int, node: int, global_batch: int, seq: int):
-    """Every (tp, pp, cp, dp, ep, micro batch) point of the Megatron space on n devices (``node``
-    devices per node: tensor parallelism stays inside one)."""
-    for tp in [t for t in divisors(min(node, n)) if not (cfg.heads % t or cfg.kv_heads % t or cfg.ffn % t)]:
+    """Every (tp, pp, cp, dp, ep, etp, micro batch) point of the Megatron space on n devices
+    (``node`` devices per node: tensor parallelism stays inside one)."""
+    dense = has_dense_mlp(cfg)
+    for tp in [t for t in divisors(min(node, n)) if not (cfg.heads % t or cfg.kv_heads % t or
+                                                          (dense and cfg.ffn % t) or cfg.shared_ffn % t)]:
         for pp in [p for p in divisors(n // tp) if p <= cfg.layers]:
             for cp in [c for c in divisors(n // (tp * pp)) if seq % (c * tp) == 0 and c <= 32]:
                 dp = n // (tp * pp * cp)
-                eps = [e for e in divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
-                for ep in eps:
+                for etp, ep in expert_grids(cfg, tp, tp * cp * dp):
                     for mb in [m for m in MICRO_BATCHES if global_batch % (m * dp) == 0]:
-                        yield dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0,
+                        yield dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=tp > 1, zero=1 if dp > 1 else 0,
                                    micro_batch=mb, global_batch=global_batch, seq=seq)

@@ -112,6 +112,7 @@ class Problem:
         self.root = shared.setdefault(("root",), OpLayout.family())
         self._template_memo = {op.name: {} for op in self.ops}  # (uid, axis, kind) -> layout
         self._template_dims = {op.name: {} for op in self.ops}  # kind -> dim or None
+        self.templates = level_templates(self.ops)
         # (terms, saved bytes) by orbit id (by uid for position-dependent costs; see _symmetry), per cost class:
         # the same op in every layer of the skeleton shares them
         kind = type(self).__name__
@@ -457,7 +458,7 @@ def partition(problem: Problem, order: str = "topological", refine: bool = True,
                 layouts[op.name] = _best(problem, op, before[op.name], axis, layouts, None)
         if templates:
             # coordinated moves the op-by-op greedy cannot find: one parallelism for the whole level
-            options = [layouts] + [_template(problem, before, axis, kind) for kind in TEMPLATES]
+            options = [layouts] + [_template(problem, before, axis, kind) for kind in problem.templates]
             best_total = problem.total(layouts)
             for option in options[1:]:  # the first of equals, like min(); hopeless ones stop early
                 t = problem.total(option, best_total)
@@ -467,14 +468,31 @@ def partition(problem: Problem, order: str = "topological", refine: bool = True,
 
 
 # Level templates: the dim each op cuts when a whole level takes one parallelism (None: no cut).
+# ``expert`` folds expert parallelism over a data-parallel level; on graphs with experts,
+# ``tensor_ep`` and ``context_ep`` fold it over a level that attention cuts for tensor (with
+# sequence parallel token ops) or context parallelism: the expert layers' own grid (Megatron's
+# MoE parallel folding), which the op-by-op greedy reaches only once its neighbours follow.
 TEMPLATES = ("data", "tensor", "context", "expert")
+FOLDED = ("tensor_ep", "context_ep")
+
+
+def level_templates(ops) -> tuple[str, ...]:
+    """The level templates worth trying on a graph: the folded ones only where there are experts
+    (elsewhere they equal ``tensor`` and ``context``)."""
+    from symtensor.search.megatron import expert_op
+
+    return TEMPLATES + (FOLDED if any(expert_op(op) for op in ops) else ())
 
 
 def _template_dim(op, kind: str) -> str | None:
-    from symtensor.search.megatron import expert_op, tp_dim
+    from symtensor.search.megatron import expert_op, sp_dim, tp_dim
 
     sizes = op.dim_sizes
     expert = expert_op(op)
+    if kind in FOLDED:
+        if expert:
+            return "e"
+        kind = kind.removesuffix("_ep")
     if kind == "data":
         return "b" if "b" in sizes else None
     if kind == "context":
@@ -486,9 +504,7 @@ def _template_dim(op, kind: str) -> str | None:
     tdim = tp_dim(op)  # Megatron's tensor (+ sequence) parallel cut
     if tdim and tdim in sizes:
         return tdim
-    if op.kind in ("norm", "elementwise") and "s" in sizes and not expert:
-        return "s"
-    return None
+    return sp_dim(op)
 
 
 def _template(problem: Problem, before: dict, axis: int, kind: str) -> dict:
@@ -618,7 +634,7 @@ def refine_blocks(problem: Problem, layouts: dict[str, OpLayout], rounds: int = 
             for axis in range(len(problem.ev.mesh)):
                 # trials only move this axis: they all start from the block without it
                 bases = [(op, layouts[op.name].without_axes((axis,))) for op in ops]
-                for kind in TEMPLATES + ("none",):
+                for kind in problem.templates + ("none",):
                     moved = {op.name: template_cut(op, base, axis, kind) for op, base in bases}
                     if all(lay.uid == layouts[name].uid for name, lay in moved.items()):
                         continue  # no move: the trial would cost exactly ``current``

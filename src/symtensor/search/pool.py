@@ -17,7 +17,7 @@ from symtensor.layout import OpLayout
 from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.plan import Plan
-from symtensor.search.megatron import ParallelConfig, grid_points, megatron_layouts, op_roles
+from symtensor.search.megatron import ParallelConfig, expert_op, grid_points, megatron_layouts, op_roles
 from symtensor.search.partition import Problem
 
 
@@ -61,7 +61,7 @@ class EvaluatorPool:
         self._memos = Memo(lambda key: {("root",): self.family})  # (graph batch, pp) -> Problem tables
         self._grids = Memo(self._grid)  # global batch -> grid_points
         self._roles = Memo(lambda batch: op_roles(self._graphs[batch]))  # graph batch -> megatron.op_roles
-        # (graph batch, pp, tp, cp, dp, ep, sp) -> Megatron layouts: the last few, as the variants of
+        # (graph batch, pp, tp, cp, dp, ep, etp, sp) -> Megatron layouts: the last few, as the variants of
         # one point (recomputation, ZeRO, virtual stages) share them
         self._layouts = Memo(self._megatron_layouts, limit=65)
 
@@ -84,9 +84,9 @@ class EvaluatorPool:
         return list(grid_points(self.cfg, n, node, global_batch, self.seq))
 
     def _megatron_layouts(self, key) -> dict:
-        graph_batch, pp, tp, cp, dp, ep, sp = key
+        graph_batch, pp, tp, cp, dp, ep, etp, sp = key
         ev = self.get(graph_batch, pp)
-        degrees = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=sp)  # all the layouts read
+        degrees = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp)  # all the layouts read
         return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family)
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
@@ -121,7 +121,7 @@ class EvaluatorPool:
         """The evaluator and Megatron layouts of ``pc`` (validated)."""
         pc.validate(self.cfg, self.cluster.n_devices)
         batch = pc.micro_batch * pc.dp
-        return self.get(batch, pc.pp), self._layouts[(batch, pc.pp, pc.tp, pc.cp, pc.dp, pc.ep, pc.sp)]
+        return self.get(batch, pc.pp), self._layouts[(batch, pc.pp, pc.tp, pc.cp, pc.dp, pc.ep, pc.etp, pc.sp)]
 
     def evaluate(self, pc: ParallelConfig, check: bool = False) -> Costed:
         """Cost a Megatron configuration (its layouts are legal by construction; ``check`` checks
@@ -168,21 +168,22 @@ class EvaluatorPool:
 
     def static_lower_bound(self, pc: ParallelConfig) -> float:
         """Bytes of parameters, gradients and optimizer state on the most loaded device, from
-        below: every weight divided by tp (norms are not, in fact), expert weights by ep too,
-        the total spread evenly over the pp stages (the most loaded stage holds at least that),
-        ZeRO sharding over dp x cp (Megatron's distributed optimizer; the cost model shards
-        over dp only)."""
+        below: every weight divided by tp (norms are not, in fact), expert weights by ep x etp
+        instead, the total spread evenly over the pp stages (the most loaded stage holds at least
+        that), ZeRO sharding over dp x cp (Megatron's distributed optimizer; the cost model shards
+        over dp only), expert state over the stage's ranks / (ep x etp)."""
         if self._param_sums is None:
             self._param_sums = _param_sums(self.get(1, 1).graph)
         train = pc.train_config()
         total = 0.0
         z = train.zero
         for (expert, trainable), numel in self._param_sums.items():
-            shard = pc.dp * pc.cp // (pc.ep if expert else 1) or 1
+            model = pc.ep * pc.etp if expert else pc.tp  # the devices that split the weight
+            shard = max(1, pc.tp * pc.dp * pc.cp // model) if expert else pc.dp * pc.cp
             per = train.param_bytes / (shard if z >= 3 else 1)
             if trainable:
                 per += train.grad_bytes / (shard if z >= 2 else 1) + train.optim_bytes / (shard if z >= 1 else 1)
-            total += numel * per / (pc.tp * (pc.ep if expert else 1))
+            total += numel * per / model
         return total / pc.pp
 
 
@@ -199,7 +200,7 @@ def _param_sums(graph) -> dict:
             if not t.param or (t.tie or t.name) in seen:
                 continue
             seen.add(t.tie or t.name)
-            expert = any(d and d[0] == "e" for d in op.in_dims[slot])
+            expert = expert_op(op) and op.in_dims[slot][:1] == ("e",)
             key = (expert, t.trainable)
             sums[key] = sums.get(key, 0) + t.numel * layer_repeat(graph, op.layer)
     return sums

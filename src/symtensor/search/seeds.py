@@ -13,6 +13,7 @@ from __future__ import annotations
 
 from symtensor.hardware import divisors
 from symtensor.search.baselines import megatron_grid
+from symtensor.search.megatron import expert_grids
 from symtensor.search.pool import EvaluatorPool
 
 SMALL_GRID = 64  # grids with at most this many points are seeded exhaustively,
@@ -31,7 +32,8 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
     """Megatron-expressible starting points: the whole grid (exact branch and bound) on small
     clusters. Elsewhere a scan that treats the step time as unimodal along each axis of the grid:
     tensor-parallel degrees ascending, per degree context-parallel degrees ascending, per degree
-    pipeline depths ascending and (MoE) expert-parallel degrees ascending, each chain stopped once a
+    pipeline depths ascending and (MoE) per expert TP (1, then tp) the expert-parallel degrees
+    ascending, folded over the stage's ranks (EP may exceed DP), each chain stopped once a
     point that fits without recomputation is no faster than the one before (``_Chain``). Points
     already slower than the fastest seed of their tp are only costed once (recomputation only adds
     time). ``tps``: the degrees to scan; a call depends on nothing else, so the scan can be
@@ -54,11 +56,12 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                 dp = n // (tp * cp * pp)
                 if global_batch % (mb * dp):
                     continue
-                eps = [e for e in divisors(dp) if cfg.experts % e == 0] if cfg.is_moe else [1]
                 vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
-                found, ep_chain = None, _Chain()
-                for ep in eps:
-                    base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0,
+                found, grid_best = None, None
+                for etp, ep, ep_chain in _expert_chains(cfg, tp, tp * cp * dp):
+                    if ep_chain.stopped:
+                        continue
+                    base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=tp > 1, zero=1 if dp > 1 else 0,
                                 micro_batch=mb, global_batch=global_batch, seq=pool.seq)
                     cand, score = fastest_fitting(pool, dict(base, vpp=vpp), bound)
                     if vpp > 1 and (cand is None or cand.megatron.recompute != "none"):
@@ -71,11 +74,13 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                         bound = min(bound, score)
                         if found is None or score < found.report.step_time_s:
                             found = cand
-                    if ep_chain.stops(None if cand is None else (score, cand.megatron.recompute == "none")):
-                        break
+                    ep_chain.stopped = ep_chain.stops(None if cand is None else
+                                                      (score, cand.megatron.recompute == "none"))
+                    if ep_chain.best is not None and (grid_best is None or ep_chain.best[0] < grid_best[0]):
+                        grid_best = ep_chain.best
                 if found is not None:
                     yield found
-                if pp_chain.stops(ep_chain.best):
+                if pp_chain.stops(grid_best):
                     break  # deeper pipelines stopped helping this (tp, cp)
             if cp_chain.stops(pp_chain.best):
                 break  # more context parallelism stopped helping this tp
@@ -83,16 +88,25 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
             break  # more tensor parallelism stopped helping
 
 
+def _expert_chains(cfg, tp: int, stage: int):
+    """The expert grids of a stage in scan order, (etp, ep, the chain of that etp): per expert
+    TP its expert-parallel degrees ascending (``megatron.expert_grids``)."""
+    chains: dict = {}
+    for etp, ep in expert_grids(cfg, tp, stage):
+        yield etp, ep, chains.setdefault(etp, _Chain())
+
+
 class _Chain:
     """Step times along one axis of the grid; ``stops`` once a point that fits without
     recomputation is no faster than the one before it. A point that needs recomputation does
     not stop the chain (further along, the memory it relieves may make recomputation
     unnecessary); one without a time (it does not fit, or cannot beat the best seed) breaks
-    the comparison."""
+    the comparison. ``stopped``: whether the scan along it has ended."""
 
     def __init__(self):
         self.last = None
         self.best = None  # (step time, fits without recomputation) of the fastest point
+        self.stopped = False
 
     def stops(self, point: tuple | None) -> bool:
         if point is None:
@@ -125,15 +139,15 @@ def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")
 
 
 def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps: int = 12):
-    """Hill-climb the Megatron grid from ``start``: move one of tp, pp, cp, ep, micro batch or
-    virtual stages by a factor of two while the step gets faster; yields each improvement."""
+    """Hill-climb the Megatron grid from ``start``: move one of tp, pp, cp, ep, etp, micro batch
+    or virtual stages by a factor of two while the step gets faster; yields each improvement."""
     cfg, n = pool.cfg, pool.cluster.n_devices
     cur = start
     for _ in range(max_steps):
         pc = cur.megatron.as_dict()
         pc.pop("recompute")
         best = None
-        for key in ("tp", "pp", "cp", "ep", "micro_batch", "vpp"):
+        for key in ("tp", "pp", "cp", "ep", "etp", "micro_batch", "vpp"):
             if key == "micro_batch" and micro_batch is not None:
                 continue
             for f in (2, 0.5):
@@ -149,8 +163,8 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
                 trial["dp"] = n // rest
                 trial["sp"] = trial["tp"] > 1
                 trial["zero"] = 1 if trial["dp"] > 1 else 0
-                if trial["dp"] % trial["ep"]:
-                    continue
+                if (rest // trial["pp"] * trial["dp"]) % (trial["ep"] * trial["etp"]):
+                    continue  # the expert grid does not fold over the stage's ranks
                 cand, _ = fastest_fitting(pool, trial, (best or cur).report.step_time_s)
                 if cand is not None and (best is None or cand.report.step_time_s < best.report.step_time_s):
                     best = cand
