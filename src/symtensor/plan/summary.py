@@ -66,13 +66,6 @@ def _expert_gemm(op) -> bool:
     return op.kind == "linear" and op.in_dims[0][:1] == ("e",)
 
 
-def _gridded(op) -> bool:
-    """Ops whose degrees say which grid a plan runs: attention, and the matmuls with a model dim
-    in their output (a router's [b, s, e] or MLA's latent down-projections are replicated by
-    Megatron's tensor parallelism, and follow the sequence cut under sequence parallelism)."""
-    return op.kind == "attention" or (op.kind == "linear" and any(d in MODEL_DIMS for d in op.out_dims[0]))
-
-
 def config_summary(plan) -> dict:
     """The Megatron-style ``config`` block: degrees of the heaviest op family (attention core and
     MLP) and of the expert GEMMs (their own grid), plus the plan's outer choices;
@@ -85,12 +78,16 @@ def config_summary(plan) -> dict:
     edeg = degrees(experts[0], plan.layouts[experts[0].name], mesh) if experts else {"ep": 1, "tp": 1}
     norms = [op for op in ops if op.kind == "norm"]
     sp = any(_factor(plan.layouts[op.name], ("s",), mesh) > deg["cp"] for op in norms)
+    # the grid a plan runs, per grid (attention's, the experts'): the degrees of attention and of the
+    # matmuls with a model dim in their output (a router's [b, s, e] and MLA's latent
+    # down-projections are replicated by Megatron's TP and follow the sequence cut under SP)
+    gridded = [op for op in ops if op.kind == "attention"
+               or (op.kind == "linear" and any(d in MODEL_DIMS for d in op.out_dims[0]))]
     signatures = {(_expert_gemm(op), tuple(sorted(degrees(op, plan.layouts[op.name], mesh).items())))
-                  for op in ops if _gridded(op)}
+                  for op in gridded}
     grids = {expert for expert, _ in signatures}
     return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
-            "sp": sp,
-            "zero": train.zero, "recompute": train.recompute,
+            "sp": sp, "zero": train.zero, "recompute": train.recompute,
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": len(signatures) > len(grids),

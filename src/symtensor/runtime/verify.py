@@ -232,6 +232,7 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
                         f"of {devices // pp}")
     tps = [tp] if tp else [t for t in (1, 2, 4, 8) if (devices // pp) % t == 0 and cfg.heads % t == 0
                           and cfg.kv_heads % t == 0]
+    refused = None  # why the runtime refused a configuration the model could cost
     for t in tps:
         dp = devices // (t * pp)
         # experts fold over whole axes of the runtime's mesh: all of a stage's ranks, the tp axis, none
@@ -245,8 +246,15 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
                 rep = megatron_plan(cfg, cluster, pc).report
             except PlanError:
                 continue
+            try:
+                plan_to_spec(pc, cfg)  # only what the runtime runs (experts over whole mesh axes)
+            except PlanError as exc:
+                refused = exc
+                continue
             if best is None or rep.step_time_s < best[0]:
                 best = (rep.step_time_s, pc)
+    if best is None and refused is not None:
+        raise refused
     if best is None:
         raise PlanError(f"no runnable configuration of {cfg.name} on {devices} processes with global batch "
                         f"{global_batch}: {_why_none(cfg, devices, global_batch, tps, pp)}")
