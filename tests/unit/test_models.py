@@ -40,7 +40,8 @@ MOE_PRESET_OF_ROW = {"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3
                      "DeepSeek-V3": "deepseek-v3", "GPT-OSS-120B": "gpt-oss-120b"}
 # presets with no row in model_configs.csv: Korthikanti et al. 2022 Table 3 models (checked against
 # their names and the closed form below) and the debug models
-NOT_IN_CSV = {"gpt-22b": 22e9, "gpt-530b": 530e9, "gpt-1t": 1e12, "tiny-llama": None, "tiny-mixtral": None}
+NOT_IN_CSV = {"gpt-22b": 22e9, "gpt-530b": 530e9, "gpt-1t": 1e12, "tiny-llama": None, "tiny-mixtral": None,
+              "tiny-qwen3-moe": None}
 
 # GPT-3 Table 2.1 names two models by a rounded size: "350M" is 355.9M parameters and "2.7B" is
 # 2.65B (1.7% and 1.8% off, beyond the 1% tolerance). Their architecture is unambiguous, so they
