@@ -177,9 +177,9 @@ torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ], ids=["argparse", "traceback"])
 def test_failed_workers_are_one_line_with_their_log(workers, shown):
     """The workers' own last error, not torchrun's report of their exit; everything in the log."""
-    from symtensor.profile.run import _failure
+    from symtensor.profile.run import failure_line
 
-    line = _failure(1, workers + "\n" + TORCHRUN_TAIL)
+    line = failure_line(1, workers + "\n" + TORCHRUN_TAIL)
     assert "\n" not in line and shown in line and "=====" not in line
     log = line.rsplit("their output: ", 1)[1]
     assert open(log).read().startswith(workers)

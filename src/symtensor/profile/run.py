@@ -85,7 +85,7 @@ def profile(out: str, devices: int | None = None, backend: str | None = None, qu
     Returns:
         ``out``, ``wall_s``, the written ``cluster`` document and ``curves`` (each fit's summary).
     """
-    from symtensor.runtime.launch import GLOO_TEARDOWN_ABORT, _worker_env, run_process_group
+    from symtensor.runtime.launch import GLOO_TEARDOWN_ABORT, worker_env, run_process_group
 
     devices, backend = check_request(out, devices, backend, force, like, ranks_per_node)
     cmd = worker_command(out, devices, backend, quick, force, like, ranks_per_node)
@@ -97,7 +97,7 @@ def profile(out: str, devices: int | None = None, backend: str | None = None, qu
 
     start = time.time()
     try:
-        code, output = run_process_group(cmd, _worker_env(), timeout_s or TIMEOUT_S[quick], on_line)
+        code, output = run_process_group(cmd, worker_env(), timeout_s or TIMEOUT_S[quick], on_line)
     except subprocess.TimeoutExpired:
         raise PlanError(f"the profile did not finish in {timeout_s or TIMEOUT_S[quick]} s; its processes were "
                         f"stopped and {out} was not written") from None
@@ -105,12 +105,12 @@ def profile(out: str, devices: int | None = None, backend: str | None = None, qu
         raise PlanError(f"interrupted: the profile's processes were stopped and {out} was not written") from None
     written = Path(out).exists() and Path(out).stat().st_mtime >= start - 1
     if not written or (code != 0 and GLOO_TEARDOWN_ABORT not in output):
-        raise PlanError(_failure(code, output))
+        raise PlanError(failure_line(code, output))
     return {"out": str(out), "wall_s": time.time() - start, "devices": devices, "backend": backend,
             "cluster": read(out), "curves": [c.summary() for c in curves(out)]}
 
 
-def _failure(code: int, output: str) -> str:
+def failure_line(code: int, output: str) -> str:
     """One line: the workers' last error line, and the log that keeps all their output."""
     import tempfile
 

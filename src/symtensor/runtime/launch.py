@@ -107,7 +107,7 @@ def _terminated_with(parent: int):
     return preexec
 
 
-def _worker_env() -> dict[str, str]:
+def worker_env() -> dict[str, str]:
     env = dict(os.environ, OMP_NUM_THREADS="1")
     src = str(Path(__file__).resolve().parents[2])  # the directory holding the symtensor package
     env["PYTHONPATH"] = os.pathsep.join(p for p in (src, env.get("PYTHONPATH", "")) if p)
@@ -155,7 +155,7 @@ def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, se
     cmd = worker_command(model, spec_file, steps, optimizer, out, seed, device)
     try:
         for attempt in range(2):
-            with WorkerGroup(cmd, nproc, run_dir, timeout_s, master_port, env=_worker_env()) as group:
+            with WorkerGroup(cmd, nproc, run_dir, timeout_s, master_port, env=worker_env()) as group:
                 codes = group.wait()
             aborted = any(GLOO_TEARDOWN_ABORT in group.log(r).read_text(errors="replace") for r in range(nproc))
             # gloo sometimes aborts a worker ("terminate called without an active exception")
