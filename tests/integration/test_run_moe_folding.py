@@ -19,11 +19,11 @@ pytestmark = pytest.mark.dist
 def test_ep4_folded_over_tp2_x_dp2(capsys):
     """Each rank routes its own sequence shard (sequence parallel) to the experts of all four
     ranks: one all-to-all of E x T x h slots per dispatch and per combine, forward and backward,
-    exactly as predicted. The all-reduce differs by the known DP x TP case only (the
-    vocabulary-parallel embedding's gradient, vocab / tp x hidden fp32 values; see README Status)."""
+    exactly as predicted, and every other collective kind too (the vocabulary-parallel embedding's
+    gradient is synchronised as its parameter is placed: vocab / tp rows, not the whole table)."""
     code = main(["run", "tiny-qwen3-moe", "--devices", "4", "--tp", "2", "--ep", "4", "--steps", "2", "--json"])
     out = json.loads(capsys.readouterr().out)
-    assert code in (0, 1), out
+    assert code == 0, out
     c = out["config"]
     assert (c["tp"], c["dp"], c["ep"], c["etp"], c["sp"]) == (2, 2, 4, 1, True)
     assert out["spec"]["ep_axes"] == ["dp", "tp"]
@@ -33,7 +33,6 @@ def test_ep4_folded_over_tp2_x_dp2(capsys):
     tokens = 8 // 2 * 16 // 2  # global batch 8 over dp 2, sequence 16 over tp 2 (sequence parallel)
     assert rows["all_to_all"]["measured_bytes"] == rows["all_to_all"]["predicted_bytes"] \
         == 4 * cfg.layers * cfg.experts * tokens * cfg.hidden * 4
-    for kind in ("all_gather", "reduce_scatter", "send_recv"):
+    for kind in ("all_reduce", "all_gather", "reduce_scatter", "send_recv"):
         assert rows[kind]["ok"], rows[kind]
-    gap = rows["all_reduce"]["measured_bytes"] - rows["all_reduce"]["predicted_bytes"]
-    assert gap in (0, cfg.vocab // 2 * cfg.hidden * 4), rows["all_reduce"]
+    assert out["bytes_ok"]

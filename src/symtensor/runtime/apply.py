@@ -236,9 +236,13 @@ def sync_gradients(model: nn.Module, spec: RunSpec, mesh: DeviceMesh) -> None:
     for name, p in model.named_parameters():
         if p.grad is None:
             continue
-        if isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements):
-            # a norm weight under SequenceParallel: sum it here, once, not in every optimizer op
-            # that reads it (AdamW reads a gradient three times)
+        if isinstance(p.grad, DTensor) and isinstance(p, DTensor) and p.grad.placements != p.placements:
+            # the gradient as its parameter is placed: a norm weight's partial gradient under
+            # SequenceParallel is summed here, once, not in every optimizer op that reads it (AdamW
+            # reads a gradient three times); a vocabulary-parallel embedding's gradient, which
+            # DTensor's embedding backward leaves replicated, keeps this rank's rows (a local slice)
+            p.grad = p.grad.redistribute(placements=p.placements)
+        elif isinstance(p.grad, DTensor) and any(pl.is_partial() for pl in p.grad.placements):
             p.grad = p.grad.redistribute(placements=[Replicate() if pl.is_partial() else pl
                                                      for pl in p.grad.placements])
         grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
