@@ -22,9 +22,10 @@ from __future__ import annotations
 from pathlib import Path
 
 from symtensor.analysis.terms import op_terms, problem_of
-from symtensor.cost.bands import band_of, verdict
+from symtensor.cost.bands import verdict
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import GIB
+from symtensor.plan.document import config_band
 from symtensor.plan.summary import degrees, layer_types
 from symtensor.search import BASELINES, baseline_plans
 CONFIG_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "micro_steps", "vpp",
@@ -113,8 +114,7 @@ def compare_plans(a, b, label_a=("A", "plan"), label_b=("B", "plan")) -> dict:
 
 def _band(p):
     """The error band of plan ``p``'s predicted step (``cost.bands``)."""
-    return band_of(p.report.step_time_s, p.cluster.device.name, zero=p.train.zero, seq=p.seq,
-                   lora=p.model.lora_rank > 0, moe=p.model.is_moe, framework=p.engine)
+    return config_band(p.model, p.cluster, p.report.step_time_s, zero=p.train.zero, seq=p.seq, framework=p.engine)
 
 
 def op_differences(a, b) -> list[dict]:

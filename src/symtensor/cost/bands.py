@@ -18,6 +18,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from symtensor.cost.engine import sharded_parameters
+
 # (lowest, highest) residual of the iteration-time rows, per (device table, regime)
 RESIDUALS = {("A100", "dense 3D"): (-0.0163, 0.0406), ("H100", "dense 3D"): (-0.0453, 0.0443)}
 # an uncalibrated regime or device: this residual range (a stated guess, see the docstring)
@@ -50,7 +52,7 @@ def regime_of(*, zero: int, seq: int, lora: bool, moe: bool, framework: str) -> 
         return "LoRA"
     if seq >= 32768:
         return "long context"
-    if zero == 3 or (framework == "fsdp2" and zero > 0):
+    if sharded_parameters(zero, framework):
         return "FSDP"
     return "dense 3D"
 

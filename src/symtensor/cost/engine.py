@@ -72,6 +72,13 @@ def engine_of(train) -> Engine:
     return ENGINES[train.framework]
 
 
+def sharded_parameters(zero: int, framework: str) -> bool:
+    """Whether parameters are sharded over their replicas and gathered unit by unit for compute:
+    ZeRO 3 under every engine; FSDP2 at every stage above 0 (ZeRO 1/2 = FSDP2 without resharding
+    after forward)."""
+    return zero == 3 or (framework == "fsdp2" and zero > 0)
+
+
 def tp_overlapped(train) -> bool:
     """Whether tensor-parallel communication overlaps the GEMMs for this configuration."""
     return engine_of(train).tp_overlap if train.tp_overlap is None else train.tp_overlap
@@ -137,18 +144,20 @@ def exposure(units: list[Unit], train, ends: bool = True) -> Exposure:
     gather = sum(u.gather_s * u.times for u in units)
     reduce = sum(u.reduce_s * u.times for u in units)
     overlap = train.overlap_grad_reduce
-    if z == 3 or (eng.name == "fsdp2" and z > 0):
+    if sharded_parameters(z, eng.name):
         return _sharded(units, train, eng, overlap, ends)
     # once per step, the reduction runs beside the pipeline's cool-down backward and the gather
-    # beside its warm-up forward: micro-batches of the stage's compute to hide behind
-    window = pipeline_window(train) if z < 2 else 1.0
+    # beside its warm-up forward: micro-batches of the stage's compute to hide behind (ZeRO 2
+    # reduces every micro-batch, beside that micro-batch's backward only)
+    window = pipeline_window(train)
+    reduce_window = window if z < 2 else 1.0
     if z == 0:
-        seconds = _bucketed(units, reduce, window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
+        seconds = _bucketed(units, reduce, reduce_window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
         return Exposure(seconds, {"all_reduce": 1})
     # ZeRO 1/2: reduce-scatter (per step, or per micro-batch at stage 2), then the parameter gather
     times = m if z == 2 else 1
-    fwd *= pipeline_window(train)
-    one = _bucketed(units, reduce, window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
+    fwd *= window
+    one = _bucketed(units, reduce, reduce_window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
     if eng.exposed_param_gather or not overlap:
         ag = gather
     else:  # overlapped with the next step's first forward, unit by unit; the first unit waits

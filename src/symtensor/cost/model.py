@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import Unit, engine_of, exposure, tp_overlapped
+from symtensor.cost.engine import Unit, engine_of, exposure, sharded_parameters, tp_overlapped
 from symtensor.cost.opcost import (Collective, collectives_time, compute_floor, extra_saved_bytes, input_layout,
                                    intra_collectives, op_time, output_layout, param_layout, redistribute)
 from symtensor.cost.train import TrainConfig
@@ -586,8 +586,7 @@ def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset 
     for a in replicas:
         shard *= ev.mesh[a].size
     z = train.zero
-    # FSDP2 shards the parameters at every stage above 0 (ZeRO 1/2 = no resharding after forward)
-    params = local * train.param_bytes / (shard if z >= 3 or (z >= 1 and train.framework == "fsdp2") else 1)
+    params = local * train.param_bytes / (shard if sharded_parameters(z, train.framework) else 1)
     # parameters are gathered in the compute dtype (FSDP2 keeps fp32 shards, gathers bf16)
     gathered = local * min(train.param_bytes, DTYPE_BYTES[ev.dtype])
     if not t.trainable:  # frozen (LoRA's base weights): sharded at ZeRO 3, so gathered there too
