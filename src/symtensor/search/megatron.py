@@ -30,7 +30,7 @@ from symtensor.cost.train import chunks_fit
 from symtensor.errors import PlanError
 from symtensor.graph import Graph
 from symtensor.hardware import Cluster, divisors
-from symtensor.layout import REPLICATED, OpLayout
+from symtensor.layout import REPLICATED, OpLayout, refusal
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import MEGATRON_KEYS
@@ -237,7 +237,9 @@ def op_roles(graph: Graph) -> dict[str, tuple]:
 
 def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None = None,
                      family: OpLayout = REPLICATED) -> dict[str, OpLayout]:
-    """Per-op layouts of a Megatron configuration on the stage mesh.
+    """Per-op layouts of a Megatron configuration on the stage mesh; a PlanError when one of
+    them is illegal (``layout.refusal``, the one rule: e.g. sequence or context parallelism
+    cutting an MoE capacity ``c`` it does not divide), so no search costs such a configuration.
 
     Args:
         roles: ``op_roles(graph)``, when the caller keeps it.
@@ -266,6 +268,12 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None 
         elif ax["tp"] and pc.sp and sp:
             cuts[sp] = cuts.get(sp, ()) + ax["tp"]
         layouts[op.name] = family.relative(cuts)
+    for op in graph.ops:
+        why = refusal(op, layouts[op.name], mesh)
+        if why is not None:
+            sp = " with sequence parallelism" if pc.sp else ""
+            raise PlanError(f"tp={pc.tp} cp={pc.cp} ep={pc.ep} etp={pc.etp}{sp}: op {op.name}: {why}; "
+                            "choose degrees whose cuts divide it")
     return layouts
 
 
