@@ -53,6 +53,7 @@ from pathlib import Path
 from symtensor import api
 from symtensor.errors import PlanError
 from symtensor.hardware import PRESETS
+from symtensor.plan.document import evaluation_json
 
 from results_files import write_results
 
@@ -169,7 +170,7 @@ class Costs:
         if key not in self.memo:
             self.calls += 1
             try:
-                self.memo[key] = api.evaluate(preset, cluster, overrides=over, **args)
+                self.memo[key] = evaluation_json(api.evaluate(preset, cluster, overrides=over, **args))
             except PlanError as e:  # a configuration the model refuses: reported, never hidden
                 self.memo[key] = {"error": str(e)}
         return self.memo[key]
