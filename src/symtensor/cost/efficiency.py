@@ -25,7 +25,7 @@ class Efficiency:
             backend (FlashAttention-2), the kernel FSDP2/DeepSpeed stacks run, where ``attention``
             is Transformer Engine's fused (cuDNN) attention of the Megatron stack (0: the same).
         eager_elementwise: memory-bound ops run as eager PyTorch composites (several kernels, each
-            a pass over the tensor: ``opcost.EAGER_PASSES``) rather than fused kernels.
+            reading and writing the tensor: ``opcost.EAGER_BYTES``) rather than fused kernels.
         attention_knee: key/value tokens at which fused attention reaches half of its
             long-sequence efficiency (short sequences leave the tensor cores idle); 0: none.
         hbm: achievable fraction of HBM bandwidth for memory-bound kernels.

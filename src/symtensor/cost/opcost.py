@@ -47,11 +47,12 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
     hbm = device.hbm_bandwidth * eff.hbm
     if kind.memory_bound:
-        if eff.eager_elementwise:
-            nbytes *= eager_passes(op)
-        fwd = nbytes / hbm
-        bwd = kind.bwd_fixed * 2 * nbytes / hbm if kind.bwd_fixed else 0.0
-        return OpTime(fwd, bwd, flops)
+        eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
+        if eager is not None:  # an eager PyTorch composite: its kernels' own reads and writes
+            fwd_bytes, bwd_bytes = eager[0] * nbytes, eager[1] * nbytes
+        else:  # one fused kernel each way
+            fwd_bytes, bwd_bytes = nbytes, kind.bwd_fixed * 2 * nbytes
+        return OpTime(fwd_bytes / hbm, bwd_bytes / hbm if kind.bwd_fixed else 0.0, flops)
     # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
     knee = eff.gemm_knee
     fwd = max((flops + knee) / rate, nbytes / hbm)
@@ -60,17 +61,24 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
     return OpTime(fwd, bwd, flops)
 
 
-# Passes over the tensor of an eager PyTorch composite, against one for a fused kernel: RMSNorm
-# as x * rsqrt(mean(x^2) + eps) * w (torch.nn.RMSNorm's composite: square, mean, rsqrt-multiply,
-# weight-multiply), RoPE as torchtitan's complex rotation (upcast, complex multiply, downcast),
-# SwiGLU as silu(x1) * x3 (two kernels: 5 tensor reads/writes for a fused kernel's 3). LayerNorm,
-# residual adds and GeLU are single ATen kernels already.
-EAGER_PASSES = {("norm", "rmsnorm"): 3.0, ("elementwise", "rope"): 3.0, ("elementwise", "swiglu"): 5 / 3}
-
-
-def eager_passes(op) -> float:
-    """How many times an eager PyTorch stack moves a memory-bound op's bytes (see EAGER_PASSES)."""
-    return EAGER_PASSES.get((op.kind, op.attr("fn")), 1.0)
+# Bytes an eager PyTorch composite moves, forward and backward, as multiples of the op's fused
+# bytes (its inputs and outputs once; a fused kernel's backward moves 2 x bwd_fixed of them). Counted
+# kernel by kernel over a bf16 tensor of N elements (B = bytes per element, reads + writes):
+#   RMSNorm, x * rsqrt(mean(x^2) + eps) * w in fp32 opmath (torch.nn.RMSNorm's composite and
+#     torchtitan's ``_norm(x.float()).type_as(x) * weight``): forward cast up 6, pow 8, mean 4,
+#     multiply 8, cast down 6, weight multiply 4 = 36 B; backward weight-multiply grads 4 + 8, cast 6,
+#     multiply grads 8 + 16, pow grad 8, gradient add 12, cast 6 = 68 B; fused: 4 B (x, y).
+#   RoPE as torchtitan's complex rotation (``view_as_complex(x.float())``, complex multiply,
+#     ``type_as``): cast up 6, complex multiply 8, cast down 6 = 20 B each way; fused: 4 B.
+#   SwiGLU as ``silu(x1) * x3``: forward silu 4 + multiply 6 = 10 B, backward the multiply's two
+#     grads 6 + 6 and silu's 6 = 18 B; fused: 6 B (x1, x3, y).
+#   Cross-entropy over fp32 logits (torchtitan's ``cross_entropy(pred.float(), labels)``; under
+#     autocast, as Composer's amp_bf16 runs it, cross_entropy is on the fp32 list): forward cast up
+#     6, log_softmax 8 = 14 B per logit; backward nll-loss grad fill 4, log_softmax backward 12, cast
+#     down 6 = 22 B; fused: the bf16 logits, 2 B.
+# LayerNorm, GeLU, dropout and residual adds are single ATen kernels: fused already.
+EAGER_BYTES = {("norm", "rmsnorm"): (36 / 4, 68 / 4), ("elementwise", "rope"): (20 / 4, 20 / 4),
+               ("elementwise", "swiglu"): (10 / 6, 18 / 6), ("cross_entropy", None): (14 / 2, 22 / 2)}
 
 
 # Fused attention's efficiency falls at short key sequences and small head dims (FlashAttention-2,
