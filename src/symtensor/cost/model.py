@@ -297,6 +297,34 @@ class Evaluator:
             self._floor_cache[train.recompute] = per_mb
         return train.micro_steps * per_mb / self.cluster.n_devices
 
+    def layer_seconds(self, layouts: dict[str, OpLayout], train: TrainConfig) -> dict[int, float]:
+        """Per layer index (-1: the ops before the layers, ``layers``: those after), the seconds
+        per micro-batch its segment adds to its stage (compute, recomputation and exposed
+        communication) at most, under any pipeline split: costed as if a pipeline boundary
+        came before it (a stage's inputs arrive point to point, so the segment pays no
+        redistribution of them: a boundary only removes costs). A stage's time per micro-batch
+        is the sum over its layers; the step is at least micro-batches times the largest plus the
+        bubble (``_Accumulator._finish``), which is how the Megatron grid bounds a point before
+        costing it (``search.grid``)."""
+        akey = activation_key(train)
+        out: dict[int, float] = {}
+        for sig_id, ops, external, layer, _ in self.segments:
+            lay = tuple(layouts.get(op.name, REPLICATED) for op in ops)
+            ext = tuple(layouts.get(prod.name, REPLICATED) for _, prod in external)
+            cross = frozenset(t for t, _ in external)
+            seg = self.segment(sig_id, ops, external, lay, ext, cross, akey, layouts, train)
+            out[layer] = out.get(layer, 0.0) + seg.seconds
+        return out
+
+    def segment(self, sig_id, ops, external, lay, ext, cross: frozenset, akey, layouts, train) -> "_Segment":
+        """The costed segment of ``ops`` (memoised: equal layers with equal layouts, inputs'
+        layouts, pipeline boundary and activation semantics ``akey`` share it)."""
+        key = (sig_id, lay, ext, bool(cross), akey)
+        seg = self._segment_cache.get(key)
+        if seg is None:
+            seg = self._segment_cache[key] = _Segment(self, layouts, train, ops, cross, external).run()
+        return seg
+
     def static_fits(self, layouts: dict[str, OpLayout], train: TrainConfig) -> bool:
         """False when parameters, gradients and optimizer state alone exceed the usable memory of
         a device (then no recomputation fits either)."""
@@ -354,6 +382,11 @@ class _Segment:
         self.bwd = self.compute - self.fwd + self.recompute
         self._overlap()
         return self
+
+    @property
+    def seconds(self) -> float:
+        """What the segment adds to its stage's time per micro-batch."""
+        return self.compute + self.recompute + sum(self.comm.values())
 
     def _overlap(self):
         """Exposed communication per category. Transformer Engine overlaps tensor-parallel
@@ -665,6 +698,13 @@ class _Stage:
         return self.compute + self.recompute + sum(self.comm.values())
 
 
+def activation_key(train: TrainConfig) -> tuple:
+    """What a segment's cost depends on besides layouts: recomputation and the engine's
+    semantics (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
+    schedule only enter the step)."""
+    return train.recompute, train.framework, tp_overlapped(train)
+
+
 def recomputed(op, recompute: str, layers: int) -> bool:
     """Whether backward re-runs ``op``'s forward under ``recompute``: every transformer-layer op
     under full recomputation, the attention core's unfused ops (marked ``core``) under selective;
@@ -718,9 +758,7 @@ class _Accumulator:
 
     def run(self) -> CostReport:
         ev, train = self.ev, self.train
-        # what the segments' activations depend on besides layouts: recomputation and framework
-        # semantics (the parameters: self.pkey; dp_overlap and the schedule only enter the step)
-        akey = (train.recompute, train.framework, tp_overlapped(train))
+        akey = activation_key(train)
         pieces: dict = {}  # (id(ops), id(external), cross) -> (segment, params), once per evaluation
         counts: dict = {}  # (stage, segment, params) -> identical layers
         stage = self.stage
@@ -734,10 +772,7 @@ class _Accumulator:
             if hit is None:
                 lay = tuple(self.layout(op) for op in ops)
                 ext = tuple(self.layout(prod) for _, prod in external)
-                key = (sig_id, lay, ext, bool(cross), akey)
-                seg = ev._segment_cache.get(key)
-                if seg is None:
-                    seg = ev._segment_cache[key] = _Segment(ev, self.layouts, train, ops, cross, external).run()
+                seg = ev.segment(sig_id, ops, external, lay, ext, cross, akey, self.layouts, train)
                 hit = pieces[local] = (seg, self._params(sig_id, ops, lay))
             seg, params = hit
             ck = (s, id(seg), id(params))

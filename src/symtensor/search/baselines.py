@@ -9,13 +9,7 @@
   a stage as far as the expert count allows (ep = the largest divisor of the experts that
   divides tp x dp) with expert TP 1, as the Megatron MoE model zoo's Qwen3 configurations fold
   EP over TP x CP x DP.
-- ``megatron_grid``: every valid (tp, pp, dp, cp, ep, etp, micro batch, recompute, vpp), with the
-  expert grid folded over the stage (EP may exceed DP; expert TP 1 or tp), pipeline
-  depths that do not divide the layers included (uneven stages), with sequence parallelism
-  whenever tp > 1 and the distributed optimizer. Dominated choices are not enumerated, which
-  cannot change the best: sp=False (same communication time in this model, more memory and norm
-  compute) and zero=0 (ZeRO-1's time, more memory); points whose time bound is no better than the
-  best plan found are skipped (exact branch and bound).
+- ``megatron_grid``: the exhaustive Megatron grid with exact branch and bound (``search.grid``).
 - ``fsdp``: pure data parallelism with ZeRO-3 (PyTorch FSDP), the best micro batch and recompute.
 """
 
@@ -25,6 +19,7 @@ from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import Cluster, divisors
 from symtensor.models import ModelConfig, build_graph, params_active
 from symtensor.plan.plan import Plan
+from symtensor.search.grid import megatron_grid
 from symtensor.search.megatron import MICRO_BATCHES
 from symtensor.search.pool import Costed, EvaluatorPool
 
@@ -42,41 +37,6 @@ def _best_over_recompute(pool: EvaluatorPool, base: dict) -> Costed | None:
         if best is None or cand.report.memory_peak < best.report.memory_peak:
             best = cand
     return best
-
-
-def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None
-                  ) -> tuple[Costed | None, int]:
-    """The best Megatron configuration, exhaustively with exact branch and bound; returns it and how
-    many configurations were costed.
-
-    Per point, recomputation only adds time and virtual stages only remove bubble, so
-    (recompute none, most virtual stages) bounds the point's time from below: a point whose bound
-    is no faster than the best plan that fits is skipped without losing the optimum.
-    """
-    cfg = pool.cfg
-    best, count = None, 0
-    for base in pool.grid(global_batch):
-        if micro_batch is not None and base["micro_batch"] != micro_batch:
-            continue
-        pp = base["pp"]
-        vpps = [1] + [v for v in (2, 3, 4) if pp > 1 and cfg.layers % (pp * v) == 0]
-        if pp > 1 and cfg.layers % pp:
-            vpps = [1]
-        if best is not None and best.report.fits and not pool.may_fit(**base):
-            continue  # parameters and optimizer state alone overflow: no variant fits
-        bound = pool.try_config(**base, recompute="none", vpp=vpps[-1])
-        count += 1
-        if bound is None:
-            continue
-        if best is not None and best.report.fits and bound.report.step_time_s >= best.report.step_time_s:
-            continue
-        for rc in pool.recomputations():
-            for vpp in reversed(vpps):
-                cand = bound if (rc, vpp) == ("none", vpps[-1]) else pool.try_config(**base, recompute=rc, vpp=vpp)
-                count += cand is not bound
-                if cand is not None and (best is None or cand.key < best.key):
-                    best = cand
-    return best, count
 
 
 def _recipe_tp(cfg: ModelConfig, active_params: float, node: int) -> int:

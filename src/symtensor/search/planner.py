@@ -33,7 +33,7 @@ from contextlib import contextmanager
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
-from symtensor.search.baselines import megatron_grid
+from symtensor.search.grid import megatron_grid
 from symtensor.search.outer import (FULL_MESH, OuterSearch, finish, nominal_steps, partitions, refine_best,
                                     refine_plan, rollbacks)
 from symtensor.search.parallel import Background

@@ -64,6 +64,8 @@ class EvaluatorPool:
         # (graph batch, pp, tp, cp, dp, ep, etp, sp) -> Megatron layouts: the last few, as the variants of
         # one point (recomputation, ZeRO, virtual stages) share them
         self._layouts = Memo(self._megatron_layouts, limit=65)
+        # Megatron inner grid (tp, cp, ep, etp, sp, micro batch) -> Evaluator.layer_seconds
+        self._layer_seconds: dict = {}
 
     def _graph(self, graph_batch: int):
         # the builders' graphs differ only in the batch size: validate the first one
@@ -128,6 +130,19 @@ class EvaluatorPool:
         them anyway, for a configuration a user gave)."""
         ev, layouts = self.layouts(pc)
         return Costed(pc.train_config(), layouts, ev.evaluate(layouts, pc.train_config(), check=check), pc)
+
+    def layer_seconds(self, point: dict) -> dict[int, float]:
+        """``Evaluator.layer_seconds`` of a Megatron grid point without recomputation, shared by
+        the points of its inner grid (tp, cp, ep, etp, sp, micro batch): a layer's costs do not
+        depend on the pipeline depth or the data-parallel degree around it (``search.grid``),
+        so they are computed once, on whichever point of the inner grid asks first."""
+        key = (point["tp"], point["cp"], point["ep"], point["etp"], point["sp"], point["micro_batch"])
+        hit = self._layer_seconds.get(key)
+        if hit is None:
+            pc = ParallelConfig(**{**point, "recompute": "none", "vpp": 1, "framework": self.framework})
+            ev, layouts = self.layouts(pc)
+            hit = self._layer_seconds[key] = ev.layer_seconds(layouts, pc.train_config())
+        return hit
 
     def try_config(self, **config) -> Costed | None:
         """``evaluate`` of the Megatron configuration ``config`` under this pool's engine; None

@@ -4,7 +4,6 @@ to the grid.
 
     seed_plan        whether the seeds are the whole grid (small grids and clusters) or a scan
     structured_seeds the grid with exact branch and bound, or the scan (``_Chain`` stops a chain)
-    fastest_fitting  a point's cheapest recomputation that fits (branch and bound on step time)
     grid_descent     hill-climbing on the grid from the best seed
     seed_phase       the best and the least-memory seed of a (part of the) scan, and its count
 """
@@ -12,7 +11,7 @@ to the grid.
 from __future__ import annotations
 
 from symtensor.hardware import divisors
-from symtensor.search.baselines import megatron_grid
+from symtensor.search.grid import fastest_fitting, megatron_grid
 from symtensor.search.megatron import expert_grids
 from symtensor.search.pool import EvaluatorPool
 
@@ -117,25 +116,6 @@ class _Chain:
         stop = point[1] and self.last is not None and point[0] >= self.last
         self.last = point[0]
         return stop
-
-
-def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")):
-    """The cheapest recomputation with which ``base`` fits and its step time; (None, None) when
-    nothing fits (parameters and optimizer state alone overflowing the memory are checked before
-    any evaluation) or when it cannot beat ``bound`` (a variant that does not fit is already no
-    faster, and recomputation only adds time: exact branch and bound)."""
-    if not pool.may_fit(**base):
-        return None, None
-    for rc in pool.recomputations():
-        cand = pool.try_config(**base, recompute=rc)
-        if cand is None:
-            return None, None
-        rep = cand.report
-        if rep.fits:
-            return cand, rep.step_time_s
-        if rep.step_time_s >= bound:
-            return None, None
-    return None, None
 
 
 def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps: int = 12):

@@ -1,0 +1,124 @@
+"""The Megatron grid, exhaustively, with exact branch and bound: the best Megatron-expressible
+configuration under the cost model, at any scale.
+
+Every point of ``megatron.grid_points`` (tp, pp, dp, cp, ep, etp, micro batch), each with the
+recomputation modes and virtual-stage counts Megatron offers, with sequence parallelism whenever
+tp > 1 and the distributed optimizer. Dominated choices are not enumerated, which cannot change the
+best: sp=False (the same communication time in this model, more memory and norm compute) and zero=0
+(ZeRO-1's time, more memory).
+
+Costs are shared across the points that differ only in outer choices. What a layer adds to its
+stage per micro-batch depends on the stage's inner grid (tp, cp, ep, etp, sequence parallelism and
+the micro batch), not on the pipeline depth or the data-parallel degree around it, so one costing
+per inner grid (``Evaluator.layer_seconds``) bounds every point of it from below:
+
+    step >= m * max_stage T_mb + (p - 1) / v_max * mean_stage T_mb
+
+with m micro-batches, p stages and v_max the most virtual stages the point allows; every other term
+of the step (data-parallel and pipeline communication, the optimizer) is at least zero, and
+recomputation only adds. Points are visited in the order of that bound: a point whose bound is no
+faster than the best plan that fits is skipped, and once the bound reaches it the rest of the grid
+is. A point that survives is costed at (no recomputation, most virtual stages), its exact bound,
+then at its other variants.
+"""
+
+from __future__ import annotations
+
+from symtensor.cost import TrainConfig
+from symtensor.search.pool import Costed, EvaluatorPool
+
+
+def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None,
+                  incumbent: Costed | None = None) -> tuple[Costed | None, int]:
+    """The best Megatron configuration (the one that fits fastest; the least memory when none
+    fits) and how many configurations were costed in full. ``incumbent``: a Megatron point that
+    fits, already costed (a scan's best), which prunes from the start; it is the answer when
+    no point beats it."""
+    cfg = pool.cfg
+    points = []
+    for base in pool.grid(global_batch):
+        if micro_batch is not None and base["micro_batch"] != micro_batch:
+            continue
+        vpps = virtual_stages(cfg.layers, base["pp"])
+        points.append((point_bound(pool, base, vpps[-1]), len(points), base, vpps))
+    points.sort(key=lambda p: p[:2])
+    best, count = incumbent, 0
+    overflowing = []
+    for lower, _, base, vpps in points:
+        fitting = best is not None and best.report.fits
+        if fitting and lower >= best.report.step_time_s:
+            break  # no point left can beat it
+        if not pool.may_fit(**base):
+            overflowing.append((base, vpps))  # parameters and optimizer state alone overflow
+            continue
+        if fitting:
+            # per virtual-stage count, the cheapest recomputation that fits, if it beats the best
+            for vpp in reversed(vpps):
+                cand, _ = fastest_fitting(pool, dict(base, vpp=vpp), best.report.step_time_s)
+                count += 1
+                if cand is not None and cand.key < best.key:
+                    best = cand
+            continue
+        best, costed = _every_variant(pool, base, vpps, best)
+        count += costed
+    if best is None or not best.report.fits:
+        # nothing fits: the least memory may be among the points whose state alone overflows
+        for base, vpps in overflowing:
+            best, costed = _every_variant(pool, base, vpps, best)
+            count += costed
+    return best, count
+
+
+def _every_variant(pool: EvaluatorPool, base: dict, vpps: list[int], best: Costed | None) -> tuple[Costed | None, int]:
+    """While nothing fits: every variant of a point, for one that fits or holds the least memory."""
+    count = 0
+    for rc in pool.recomputations():
+        for vpp in reversed(vpps):
+            cand = pool.try_config(**base, recompute=rc, vpp=vpp)
+            count += 1
+            if cand is not None and (best is None or cand.key < best.key):
+                best = cand
+    return best, count
+
+
+def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")):
+    """The cheapest recomputation with which ``base`` fits and its step time; (None, None) when
+    nothing fits (parameters and optimizer state alone overflowing the memory are checked before
+    any evaluation) or when it cannot beat ``bound`` (a variant that does not fit is already no
+    faster, and recomputation only adds time: exact branch and bound)."""
+    if not pool.may_fit(**base):
+        return None, None
+    for rc in pool.recomputations():
+        cand = pool.try_config(**base, recompute=rc)
+        if cand is None:
+            return None, None
+        rep = cand.report
+        if rep.fits:
+            return cand, rep.step_time_s
+        if rep.step_time_s >= bound:
+            return None, None
+    return None, None
+
+
+def virtual_stages(layers: int, pp: int) -> list[int]:
+    """The virtual-stage counts of a pipeline depth, ascending: interleaving needs every stage to
+    hold the same whole number of chunks."""
+    if pp == 1 or layers % pp:
+        return [1]
+    return [1] + [v for v in (2, 3, 4) if layers % (pp * v) == 0]
+
+
+def point_bound(pool: EvaluatorPool, base: dict, vpp_max: int) -> float:
+    """A lower bound of the step time of every variant of the grid point ``base`` (see the module
+    docstring), from its inner grid's layer costs."""
+    seconds = pool.layer_seconds(base)
+    layers, pp = pool.cfg.layers, base["pp"]
+    m = base["global_batch"] // (base["micro_batch"] * base["dp"])
+    counts = TrainConfig(global_batch=base["global_batch"], micro_steps=m, pp=pp).stage_layers(layers)
+    stages, start = [], 0
+    for c in counts:
+        stages.append(sum(seconds.get(layer, 0.0) for layer in range(start, start + c)))
+        start += c
+    stages[0] += seconds.get(-1, 0.0)
+    stages[-1] += seconds.get(layers, 0.0)
+    return m * max(stages) + (pp - 1) / vpp_max * sum(stages) / pp

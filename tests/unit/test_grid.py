@@ -1,0 +1,57 @@
+"""The Megatron grid is exhaustive with an exact bound: it returns what costing every variant of
+every point returns, and its bound never exceeds a point's cost."""
+
+import pytest
+
+from symtensor.hardware import load_cluster
+from symtensor.models import load_model_config
+from symtensor.search.grid import megatron_grid, point_bound, virtual_stages
+from symtensor.search.pool import EvaluatorPool
+
+# (model, cluster, devices, seq, global batch, overrides): dense and MoE, one node and several,
+# plans that fit easily and ones that need recomputation or pipelining
+CASES = [
+    ("gpt3-1.3b", "dgx-a100-80g", 16, 2048, 64, {}),
+    ("llama3-8b", "dgx-h100", 32, 8192, 64, {}),
+    ("mixtral-8x7b", "dgx-h100", 16, 4096, 32, {"layers": 4}),
+    ("qwen3-30b-a3b", "dgx-h100", 8, 4096, 16, {"layers": 4}),
+    ("llama2-70b", "dgx-a100-80g", 64, 4096, 128, {"layers": 16}),
+]
+
+
+def _pool(model, cluster, devices, seq, overrides):
+    cfg = load_model_config(model)
+    cfg = cfg.replace(**overrides) if overrides else cfg
+    return EvaluatorPool(cfg, load_cluster(cluster, devices=devices), seq)
+
+
+def _brute_force(pool, global_batch):
+    """Every variant of every point, the best by the search's order (fits, then time); checks on
+    the way that each point's bound is at most the cost of each of its variants: the layer
+    costs of one point of an inner grid bound every point of it (they do not depend on the
+    pipeline depth or the data-parallel degree around it)."""
+    best, checked = None, 0
+    for base in pool.grid(global_batch):
+        vpps = virtual_stages(pool.cfg.layers, base["pp"])
+        lower = point_bound(pool, base, vpps[-1])
+        for rc in pool.recomputations():
+            for vpp in reversed(vpps):
+                cand = pool.try_config(**base, recompute=rc, vpp=vpp)
+                if cand is None:
+                    continue
+                assert lower <= cand.report.step_time_s * (1 + 1e-12), (base, rc, vpp)
+                checked += 1
+                if best is None or cand.key < best.key:
+                    best = cand
+    assert checked > 20
+    return best
+
+
+@pytest.mark.parametrize("case", CASES, ids=[c[0] for c in CASES])
+def test_grid_equals_brute_force(case):
+    model, cluster, devices, seq, gb, overrides = case
+    best, count = megatron_grid(_pool(model, cluster, devices, seq, overrides), gb)
+    brute = _brute_force(_pool(model, cluster, devices, seq, overrides), gb)
+    assert best.report.fits == brute.report.fits
+    assert best.report.step_time_s == pytest.approx(brute.report.step_time_s, rel=1e-12)
+    assert best.megatron == brute.megatron
