@@ -21,8 +21,19 @@ How each run is costed (``symtensor.api.evaluate``, the same call as ``symtensor
   * FSDP FULL_SHARD (torchtitan, Composer) = framework "fsdp2", zero 3; torchtitan's TP is sequence
     parallel; NeMo runs = framework "megatron", zero 1 (distributed optimizer), sequence parallel.
   * Activation checkpointing "full" (torchtitan) or ``True`` (llm-foundry, per block) = recompute
-    "full". torchtitan's "selective op" (op-level SAC) and "selective layer" (every 2nd block) have
-    no exact equivalent: they are costed as recompute "none" and bracketed by "full" (both shown).
+    "full". torchtitan's selective AC has no recompute mode of its own in the cost model; its step is
+    the "none" step plus a share w of the full-recomputation increment, read from torchtitan's code
+    (torchtrain/parallelisms/parallelize_llama.py of the A100 runs' era, the same policy today):
+    "selective layer" checkpoints every 2nd block (``selective_ac_option = "2"``): w = 1/2;
+    "selective op" saves every op's output "except every second mm" (and SDPA), so a block
+    recomputes its 2nd, 4th and 6th matmul of wq wk wv wo w1 w3 w2 (wk, wo, w3) and its elementwise
+    ops: w = the FLOP share of those matmuls in the block ("selective" alone: torchtitan's default
+    option, op). Both ends are shown (the bracket column: full).
+  * Attention kernels: torchtitan runs SDPA (FlashAttention-2; the fsdp2 default). llm-foundry's MPT
+    yamls set ``attn_config: attn_impl: triton`` (mpt-125m.yaml @2a59782a, the benchmark script's
+    ``--attn_impl`` default too), flash-attn's Triton FlashAttention (v1): a cluster file of the
+    preset with the ``flash1`` kernel (``symtensor.cost.efficiency.attention_kernel``: half of
+    FlashAttention-2, Dao 2023) describes that stack.
   * Grand Teton H100 (torchtitan: 96 GB HBM2e at 2.4 TB/s, 500 W cap) is a cluster file this script
     writes: the dgx-h100 preset with HBM 2,400 GB/s and 96 GiB; the 500 W power cap is NOT modelled
     (the peak stays 989 TFLOP/s), nor is torch.compile nor Float8 (Float8 rows are not transcribed,
@@ -52,7 +63,9 @@ from pathlib import Path
 
 from symtensor import api
 from symtensor.errors import PlanError
-from symtensor.hardware import PRESETS
+from symtensor.cost.efficiency import attention_kernel, device_table
+from symtensor.hardware import GIB, PRESETS
+from symtensor.models.config import PRESETS as MODEL_PRESETS, apply_overrides
 from symtensor.plan.document import evaluation_json
 
 from results_files import write_results
@@ -107,26 +120,48 @@ def mpt_params(row: dict) -> int:
     return layers * (12 * d * d + 13 * d) + (MPT_VOCAB + int(row["seq"])) * d + 2 * d
 
 
-def grand_teton_file(folder: Path) -> str:
-    """The Grand Teton H100 (torchtitan's hardware): dgx-h100 with 96 GB HBM2e at 2.4 TB/s."""
-    device, levels = PRESETS["dgx-h100"]
-    data = {"name": "grand-teton-h100",
-            "device": {"name": "H100-SXM-HBM2e-96GB", "hbm_gbps": 2400, "memory_gib": 96,
-                       "peak_tflops": {k: v / TFLOPS for k, v in device.peak_flops.items()},
-                       "source": "torchtitan docs/performance.md @eaea6f6: Grand Teton, H100 with 96GB HBM2e at "
-                                 "2.4 TB/s, 500 W power limit (not modelled: peak as dgx-h100)"},
+def cluster_file(folder: Path, preset: str, name: str, device: dict | None = None, kernel: str = "") -> str:
+    """A cluster file of ``preset`` with ``device`` fields changed and, with ``kernel``, the
+    attention fractions of that kernel (``efficiency.attention_kernel``) in its efficiency section."""
+    dev, levels = PRESETS[preset]
+    data = {"name": name,
+            "device": {"name": dev.name, "hbm_gbps": dev.hbm_bandwidth / 1e9, "memory_gib": dev.memory / GIB,
+                       "peak_tflops": {k: v / TFLOPS for k, v in dev.peak_flops.items()},
+                       "source": f"as {preset} ({dev.source})", **(device or {})},
             "levels": [{"name": lv.name, **({"fanout": lv.fanout} if lv.fanout else {}),
                         "bandwidth_gbps": lv.bandwidth / 1e9, "latency_us": lv.latency * 1e6,
                         **({"link_efficiency": dict(lv.link_efficiency)} if lv.link_efficiency else {}),
-                        "source": f"as dgx-h100 ({lv.source}); torchtitan: NVLink in the host, 400 Gb/s RDMA per GPU"}
+                        "source": f"as {preset} ({lv.source})"}
                        for lv in levels]}
-    path = folder / "grand_teton_h100.json"
+    if kernel:
+        data["efficiency"] = {**attention_kernel(dev.name, kernel),
+                              "source": f"{device_table(dev.name)} table with the {kernel} attention kernel "
+                                        "(symtensor.cost.efficiency.ATTENTION_KERNELS)"}
+    path = folder / f"{name}.json"
     path.write_text(json.dumps(data, indent=1))
     return str(path)
 
 
-def cluster_of(row: dict, teton: str) -> str:
-    return {"a100_80gb": "dgx-a100-80g", "h100_80gb": "dgx-h100", "h100_96gb_hbm2e_grand_teton": teton}[row["gpu"]]
+def cluster_files(folder: Path) -> dict:
+    """The clusters the runs ran on, by (gpu column, attention kernel): the presets, Grand Teton
+    (torchtitan's hardware: dgx-h100 with 96 GB HBM2e at 2.4 TB/s; the 500 W power limit is not
+    modelled, the peak stays dgx-h100's) and the presets with llm-foundry's Triton attention."""
+    teton = {"name": "H100-SXM-HBM2e-96GB", "hbm_gbps": 2400, "memory_gib": 96,
+             "source": "torchtitan docs/performance.md @eaea6f6: Grand Teton, H100 with 96GB HBM2e at 2.4 TB/s, "
+                       "500 W power limit (not modelled: peak as dgx-h100)"}
+    return {("a100_80gb", "flash2"): "dgx-a100-80g", ("h100_80gb", "flash2"): "dgx-h100",
+            ("h100_96gb_hbm2e_grand_teton", "flash2"): cluster_file(folder, "dgx-h100", "grand-teton-h100", teton),
+            ("a100_80gb", "flash1"): cluster_file(folder, "dgx-a100-80g", "dgx-a100-80g-flash1", kernel="flash1"),
+            ("h100_80gb", "flash1"): cluster_file(folder, "dgx-h100", "dgx-h100-flash1", kernel="flash1")}
+
+
+def kernel_of(row: dict) -> str:
+    """The attention kernel of a run: llm-foundry's MPT yamls run flash-attn's Triton kernel."""
+    return "flash1" if row["source"] == "llm-foundry" else "flash2"
+
+
+def cluster_of(row: dict, clusters: dict) -> str:
+    return clusters[(row["gpu"], kernel_of(row))]
 
 
 def recompute_of(row: dict) -> tuple[str, str | None]:
@@ -139,6 +174,18 @@ def recompute_of(row: dict) -> tuple[str, str | None]:
     if ac.startswith("selective"):
         return "none", "full"
     return "none", None
+
+
+def selective_share(row: dict) -> float:
+    """The share of the full-recomputation increment torchtitan's selective AC recomputes (see the
+    module docstring): 1/2 for "selective layer", else (op) the FLOP share of the matmuls wk, wo and
+    w3 among a block's seven."""
+    if "layer" in row["ac_published"].lower():
+        return 0.5
+    preset, over = model_of(row)
+    cfg = apply_overrides(MODEL_PRESETS[preset], over)
+    h, kv, f = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.ffn
+    return (h * kv + h * cfg.heads * cfg.head_dim + h * f) / (2 * h * cfg.heads * cfg.head_dim + 2 * h * kv + 3 * h * f)
 
 
 def regime_of(row: dict) -> str:
@@ -176,11 +223,11 @@ class Costs:
         return self.memo[key]
 
 
-def predict(rows: list[dict], teton: str) -> list[dict]:
+def predict(rows: list[dict], clusters: dict) -> list[dict]:
     costs, out = Costs(), []
     for r in rows:
         rec, other = recompute_of(r)
-        cl = cluster_of(r, teton)
+        cl = cluster_of(r, clusters)
         res = costs(r, cl, rec)
         meas = float(r["measured_tokens_per_s_per_gpu"])
         o = {"id": r["id"], "source": r["source"], "regime": regime_of(r), "device": device_of(r),
@@ -192,11 +239,16 @@ def predict(rows: list[dict], teton: str) -> list[dict]:
             o.update(predicted_tok_s_gpu=None, error=None, note=res["error"])
             out.append(o)
             continue
-        pred = res["tokens_per_s"] / res["devices"]
         bd = res["breakdown"]
         step = res["step_time_s"]
+        alt = costs(r, cl, other) if other else {"error": "none"}
+        scale = 1.0
+        if other and "error" not in alt:  # torchtitan's selective AC: a share of full's increment
+            scale = 1 + selective_share(r) * (alt["step_time_s"] / step - 1)
+            step *= scale
+        pred = res["tokens_per_s"] / res["devices"] / scale
         meas_step = int(r["global_batch"]) * int(r["seq"]) / (meas * int(r["gpus"]))
-        lo, hi = res["step_time_band_s"]
+        lo, hi = (scale * b for b in res["step_time_band_s"])
         o.update(predicted_tok_s_gpu=pred, error=pred / meas - 1, predicted_mfu=res["mfu"],
                  step_s=step, measured_step_s=meas_step, band_regime=res["regime"],
                  in_band=lo <= meas_step <= hi, band_calibrated=res["band_calibrated"],
@@ -205,7 +257,6 @@ def predict(rows: list[dict], teton: str) -> list[dict]:
                  comm_share=sum(v for k, v in bd.items() if k.endswith("_comm")) / step,
                  bubble_share=bd.get("pp_bubble", 0) / step, note="")
         if other:
-            alt = costs(r, cl, other)
             if "error" not in alt:
                 o["bracket_tok_s_gpu"] = alt["tokens_per_s"] / alt["devices"]
                 o["bracket_error"] = o["bracket_tok_s_gpu"] / meas - 1
@@ -438,8 +489,7 @@ def main() -> int:
     ids = [r["id"] for r in rows]
     assert len(ids) == len(set(ids)), "duplicate run ids in heldout_runs.csv"
     with tempfile.TemporaryDirectory() as tmp:
-        teton = grand_teton_file(Path(tmp))
-        res, calls = predict(rows, teton)
+        res, calls = predict(rows, cluster_files(Path(tmp)))
     groups = fastest(res)
     seconds = time.perf_counter() - t0
     commit = src_commit()

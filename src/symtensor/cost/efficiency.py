@@ -111,6 +111,27 @@ def device_table(device_name: str) -> str:
 # engines whose kernels are PyTorch's own (SDPA attention, eager elementwise composites)
 PYTORCH_KERNELS = ("fsdp2", "deepspeed")
 
+# The fused-attention kernels a PyTorch stack may run, as a fraction of the device's FlashAttention-2
+# (SDPA's flash backend, ``attention_sdpa``), forward and backward alike:
+#   flash2  FlashAttention-2: PyTorch SDPA since torch 2.2, flash-attn >= 2.0 (the fsdp2 default).
+#   flash1  FlashAttention (v1) and its Triton port (flash-attn's flash_attn_triton.py, which MPT runs
+#           as llm-foundry's ``attn_impl: triton`` before FlashAttention-2): FlashAttention-2 yields
+#           "around 2x speedup compared to FlashAttention" (Dao 2023, arXiv:2307.08691, abstract:
+#           FlashAttention reaches 25-40% of the A100's peak, FlashAttention-2 50-73%); the Triton
+#           port's forward + backward is "slightly slower than" the CUDA kernels (its docstring).
+#           The A100 ratio is transferred to H100 (neither kernel uses Hopper's instructions).
+ATTENTION_KERNELS = {"flash2": 1.0, "flash1": 0.5}
+
+
+def attention_kernel(device_name: str, kernel: str) -> dict:
+    """The ``attention`` and ``attention_bwd`` fractions of ``kernel`` (``ATTENTION_KERNELS``) on a
+    device: fields for ``Efficiency.replace`` or a cluster file's ``efficiency:`` section."""
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r}; use one of {', '.join(ATTENTION_KERNELS)}")
+    base = TABLES[device_table(device_name)]
+    fwd = (base.attention_sdpa or base.attention) * ATTENTION_KERNELS[kernel]
+    return {"attention": fwd, "attention_bwd": fwd * ATTENTION_BWD_RATIO}
+
 
 def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:
     """The efficiency table of ``cluster``: the fields its cluster file sets (``Cluster.efficiency``,
