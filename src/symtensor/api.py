@@ -130,9 +130,23 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
          global_batch=None, seq=None, space: str = "symtensor", overrides=None, capture: bool = False,
          torch: str | None = None, framework: str = "megatron") -> Plan:
     """Search the best plan under ``framework``'s engine semantics (``plan.document.plan_json`` is
-    the JSON of ``symtensor plan``). With ``capture`` the graph is the model's own PyTorch forward,
+    the JSON of ``symtensor plan``); never worse than the Megatron grid's best
+    (``plan_with_baselines``). With ``capture`` the graph is the model's own PyTorch forward,
     captured by torch.export, instead of the builders'; ``torch``: a module factory to capture."""
-    from symtensor.search import search
+    return plan_with_baselines(model, cluster, devices, nodes, micro_batch, global_batch, seq, space, overrides,
+                               capture, torch, framework, names=())[0]
+
+
+def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: int | None = None,
+                        micro_batch="auto", global_batch=None, seq=None, space: str = "symtensor", overrides=None,
+                        capture: bool = False, torch: str | None = None, framework: str = "megatron",
+                        names=None) -> tuple[Plan, dict[str, Plan | None]]:
+    """``plan`` and the baselines ``names`` (default all of ``search.BASELINES``) beside it.
+    The exhaustive Megatron grid is costed either way, once: a builders' plan of the whole space
+    is never worse than its best (``search.baselines.never_worse_than_grid``; a captured graph's
+    costs are its own, and the grid's are the builders')."""
+    from symtensor.search import BASELINES, baseline_plans, search
+    from symtensor.search.baselines import never_worse_than_grid
 
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     if torch:
@@ -143,7 +157,14 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
         factory = captured_graphs(model, seq, overrides) if capture else None
     global_batch = global_batch or default_global_batch(seq)
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    return search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory, framework=framework)
+    p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory, framework=framework)
+    names = BASELINES if names is None else tuple(names)
+    guard = space == "symtensor" and factory is None and mb is None
+    wanted = names + (("megatron_grid_best",) if guard and "megatron_grid_best" not in names else ())
+    base = baseline_plans(cfg, cl, global_batch, seq, framework, wanted) if wanted else {}
+    if guard:
+        p = never_worse_than_grid(p, base["megatron_grid_best"])
+    return p, {k: base[k] for k in names}
 
 
 def baselines(p: Plan) -> dict[str, Plan | None]:

@@ -106,7 +106,7 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p, model_required=False)
     _cluster_args(p, required=False)
     _search_args(p)
-    p.add_argument("--no-baselines", action="store_true", help="skip the baseline searches")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baselines (the Megatron grid is costed anyway: the plan is never worse than its best)")
     _framework_arg(p)
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
     p.add_argument("--force", action="store_true", help="write --out through a symbolic link")
@@ -276,10 +276,11 @@ def _plan(args) -> int:
 
     devices = DEFAULT_DEVICES if args.devices is None and args.nodes is None else args.devices
     with _busy("searching the plan and the baselines"):
-        plan = api.plan(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
-                        global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,
-                        capture=args.capture, torch=args.torch, framework=args.framework)
-        base = None if args.no_baselines else api.baselines(plan)
+        plan, base = api.plan_with_baselines(
+            args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
+            global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set, capture=args.capture,
+            torch=args.torch, framework=args.framework, names=() if args.no_baselines else None)
+        base = base or None
     out = plan_json(plan, base, space=args.space, captured=bool(args.capture or args.torch))
     if args.out:
         save_plan(plan, args.out)

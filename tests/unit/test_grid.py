@@ -55,3 +55,23 @@ def test_grid_equals_brute_force(case):
     assert best.report.fits == brute.report.fits
     assert best.report.step_time_s == pytest.approx(brute.report.step_time_s, rel=1e-12)
     assert best.megatron == brute.megatron
+
+
+def test_a_plan_slower_than_the_grid_best_gives_way_to_it():
+    """What the search returns is compared with the exhaustive grid (its seeds are a scan above
+    SMALL_GRID points): a slower plan is replaced by the grid's best, which says so."""
+    from symtensor import api
+    from symtensor.search import megatron_plan
+    from symtensor.search.baselines import baseline_plans, never_worse_than_grid
+
+    cfg, cl = load_model_config("gpt3-1.3b"), load_cluster("dgx-a100-80g", devices=16)
+    grid = baseline_plans(cfg, cl, 64, 2048, names=("megatron_grid_best",))["megatron_grid_best"]
+    slow = megatron_plan(cfg, cl, tp=8, dp=2, sp=True, zero=1, global_batch=64, seq=2048, recompute="full")
+    assert slow.report.step_time_s > grid.report.step_time_s
+    out = never_worse_than_grid(slow, grid)
+    assert out.report.step_time_s == grid.report.step_time_s and out.layouts == grid.layouts
+    assert any("Megatron grid's best configuration" in n for n in out.notes)
+    assert never_worse_than_grid(grid, slow) is grid
+    plan, base = api.plan_with_baselines("gpt3-1.3b", "dgx-a100-80g", devices=16, global_batch=64, seq=2048,
+                                         names=("megatron_grid_best",))
+    assert plan.report.step_time_s <= base["megatron_grid_best"].report.step_time_s
