@@ -120,9 +120,19 @@ def pipeline_window(train) -> float:
     return min(float(m), 1 + ((pp - 1) * 2 + (v - 1) * pp) / v)
 
 
+# While a collective overlaps compute, NCCL's thread blocks hold SMs that the compute kernels cannot
+# use: "NCCL uses the minimal number of SMs to achieve the performance of the platform ... on DGX with
+# 8 NICs and a top speed of 190 GB/s, then it would use 16 SMs", and "NCCL CTAs won't share an SM
+# with compute kernels" (NCCL maintainer, NVIDIA/nccl#689). 16 of an A100's 108 SMs; the same share
+# is used on other devices (H100: 16 of 132 SMs would be 0.12; a documented transfer).
+COMM_SM_FRACTION = 16 / 108
+
+
 def _hidden(comm: float, compute: float) -> float:
-    """Exposed part of ``comm`` running beside ``compute``."""
-    return comm - compute if comm > compute else 0.0
+    """Exposed part of ``comm`` running beside ``compute``: its excess over the compute, and at least
+    the compute lost to the SMs the collective holds while it runs (COMM_SM_FRACTION of ``comm``:
+    compute of t seconds beside a collective of c runs t + f c when that exceeds c)."""
+    return max(comm - compute, COMM_SM_FRACTION * comm)
 
 
 def _bucketed(units, reduce_total: float, hide: float, bucket: float, ends: bool) -> float:
