@@ -141,12 +141,13 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
                         micro_batch="auto", global_batch=None, seq=None, space: str = "symtensor", overrides=None,
                         capture: bool = False, torch: str | None = None, framework: str = "megatron",
                         names=None) -> tuple[Plan, dict[str, Plan | None]]:
-    """``plan`` and the baselines ``names`` (default all of ``search.BASELINES``) beside it.
-    The exhaustive Megatron grid is costed either way, once: a builders' plan of the whole space
-    is never worse than its best (``search.baselines.never_worse_than_grid``; a captured graph's
-    costs are its own, and the grid's are the builders')."""
-    from symtensor.search import BASELINES, baseline_plans, search
-    from symtensor.search.baselines import never_worse_than_grid
+    """``plan`` and the baselines ``names`` (default all of ``search.BASELINES``) beside it. A
+    builders' plan of the whole space keeps the promises of ``search.guarantee``: never worse
+    than the Megatron grid's best (costed either way, once) and monotone in devices. A captured
+    graph's costs are its own (the grid's are the builders'), and a fixed micro batch holds the
+    search to it: their plans are the search's."""
+    from symtensor.search import BASELINES, search
+    from symtensor.search.guarantee import guaranteed_plan
 
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     if torch:
@@ -157,22 +158,24 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
         factory = captured_graphs(model, seq, overrides) if capture else None
     global_batch = global_batch or default_global_batch(seq)
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    p = search(cfg, cl, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory, framework=framework)
     names = BASELINES if names is None else tuple(names)
-    guard = space == "symtensor" and factory is None and mb is None
-    wanted = names + (("megatron_grid_best",) if guard and "megatron_grid_best" not in names else ())
-    base = baseline_plans(cfg, cl, global_batch, seq, framework, wanted) if wanted else {}
-    if guard:
-        p = never_worse_than_grid(p, base["megatron_grid_best"])
-    return p, {k: base[k] for k in names}
+
+    def run(on):
+        return search(cfg, on, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory,
+                      framework=framework)
+
+    if space == "symtensor" and factory is None and mb is None:
+        return guaranteed_plan(cfg, cl, global_batch, seq, framework, run, names)
+    p = run(cl)
+    return p, (baselines(p, names) if names else {})
 
 
-def baselines(p: Plan) -> dict[str, Plan | None]:
-    """The Megatron recipe, the Megatron grid best, FSDP and D-Rec for ``p``'s model, cluster,
-    batch, sequence and engine (None where one has no valid configuration)."""
-    from symtensor.search import baseline_plans
+def baselines(p: Plan, names=None) -> dict[str, Plan | None]:
+    """The Megatron recipe, the Megatron grid best, FSDP and D-Rec (or those ``names``) for ``p``'s
+    model, cluster, batch, sequence and engine (None where one has no valid configuration)."""
+    from symtensor.search import BASELINES, baseline_plans
 
-    return baseline_plans(p.model, p.cluster, p.train.global_batch, p.seq, p.engine)
+    return baseline_plans(p.model, p.cluster, p.train.global_batch, p.seq, p.engine, names or BASELINES)
 
 
 def explain(plan_file: str, op: str | None = None, formulas: bool = False) -> dict:

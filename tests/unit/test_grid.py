@@ -62,7 +62,8 @@ def test_a_plan_slower_than_the_grid_best_gives_way_to_it():
     SMALL_GRID points): a slower plan is replaced by the grid's best, which says so."""
     from symtensor import api
     from symtensor.search import megatron_plan
-    from symtensor.search.baselines import baseline_plans, never_worse_than_grid
+    from symtensor.search.baselines import baseline_plans
+    from symtensor.search.guarantee import never_worse_than_grid
 
     cfg, cl = load_model_config("gpt3-1.3b"), load_cluster("dgx-a100-80g", devices=16)
     grid = baseline_plans(cfg, cl, 64, 2048, names=("megatron_grid_best",))["megatron_grid_best"]
@@ -75,3 +76,21 @@ def test_a_plan_slower_than_the_grid_best_gives_way_to_it():
     plan, base = api.plan_with_baselines("gpt3-1.3b", "dgx-a100-80g", devices=16, global_batch=64, seq=2048,
                                          names=("megatron_grid_best",))
     assert plan.report.step_time_s <= base["megatron_grid_best"].report.step_time_s
+
+
+def test_more_devices_never_slower_at_a_fixed_batch():
+    """A plan for 2N devices can do what the plan for N does with half of them idle: at a fixed
+    global batch the plan's step never gets slower with more devices, and a plan that leaves
+    devices idle says so, with the global batch that would use them all."""
+    from symtensor import api
+
+    steps = {}
+    for n in (2, 4, 8, 16):
+        plan, _ = api.plan_with_baselines("tiny-llama", "dgx-h100", devices=n, global_batch=2, seq=64, names=())
+        steps[n] = plan.report.step_time_s
+        if plan.cluster.n_devices < n:
+            used = plan.cluster.n_devices
+            assert any(f"uses {used} of the {n} devices" in note and f"global batch of {2 * n // used}" in note
+                       for note in plan.notes)
+    assert steps[16] <= steps[8] <= steps[4] <= steps[2]
+    assert plan.cluster.n_devices < 16  # two sequences cannot keep 16 devices busy

@@ -1,0 +1,121 @@
+"""What the planner promises about the plan it returns, whatever its search found.
+
+- **Never worse than the Megatron grid.** Up to ``seeds.SMALL_GRID`` points the search seeds itself
+  with the exhaustive grid; above, its seeds are a scan of the grid, which can miss the best point.
+  So the exhaustive grid (``search.grid``, costed once: it is also the ``megatron_grid_best``
+  baseline) is compared with the search's plan, and its best is the plan when it is faster.
+- **Monotone in devices.** At a fixed global batch a plan for 2N devices can do whatever the plan for
+  N does, with half the devices idle, so the plan for 2N considers the plan for N (recursively).
+  The recursion stops where it cannot win: no plan on N devices is faster than their step floor
+  (``Evaluator.step_floor``: every FLOP at its kernel's best rate, spread evenly, nothing else),
+  and none fits where the parameters alone overflow the devices' memory.
+
+Both say so in the plan's notes when they change the plan.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import replace
+
+from symtensor.cost import Evaluator, TrainConfig
+from symtensor.errors import PlanError
+from symtensor.hardware import MEMORY_HEADROOM, Cluster
+from symtensor.models import ModelConfig, build_graph
+from symtensor.plan.plan import Plan
+from symtensor.search.baselines import baseline_plans
+from symtensor.search.megatron import ParallelConfig
+from symtensor.search.pool import EvaluatorPool
+
+GRID = "megatron_grid_best"
+IDLE = "this plan uses"  # how the note of a plan on fewer devices begins
+
+
+def guaranteed_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, framework: str, search,
+                    names: tuple[str, ...] = ()) -> tuple[Plan, dict[str, Plan | None]]:
+    """The plan of ``search(cluster)`` made good on both promises, and the baselines ``names`` on
+    ``cluster`` (costed with the grid, which is always costed). The plan's ``search_phases_s``
+    add ``guarantees_s``: the seconds beyond the search (the grid, the plans on fewer devices
+    and the other baselines)."""
+    t0 = time.perf_counter()
+    plan, base = _guaranteed(cfg, cluster, global_batch, seq, framework, search, names)
+    extra = time.perf_counter() - t0 - plan.search_time_s
+    return replace(plan, search_phases_s={**plan.search_phases_s, "guarantees_s": extra}), base
+
+
+def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=()):
+    wanted = names + ((GRID,) if GRID not in names else ())
+    base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted)
+    plan = never_worse_than_grid(search(cluster), base[GRID])
+    n = cluster.n_devices
+    if n % 2 == 0 and _may_win(cfg, cluster, n // 2, global_batch, seq, framework, plan):
+        try:
+            half = replace(cluster, n_devices=n // 2)
+        except PlanError:
+            half = None  # half the devices do not fill the cluster's levels evenly: no such cluster
+        if half is not None:
+            fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search)
+            plan = fewer_devices(plan, fewer, n, global_batch)
+    return plan, {k: base[k] for k in names}
+
+
+def never_worse_than_grid(plan: Plan, grid: Plan | None) -> Plan:
+    """``plan``, or the Megatron grid best when that is faster (or fits where ``plan`` does not);
+    the adopted plan says so in its notes and keeps the search's account."""
+    if not _better(grid, plan):
+        return plan
+    c = grid.config
+    what = f"tp={c['tp']} pp={c['pp']} dp={c['dp']} cp={c['cp']}" + (f" ep={c['ep']}" if c.get("ep", 1) > 1 else "")
+    note = (f"the Megatron grid's best configuration ({what}, {_time(grid)}) beats what the "
+            f"per-op search found ({_time(plan)}): it is the plan")
+    return _adopt(grid, plan, note)
+
+
+def fewer_devices(plan: Plan, fewer: Plan, n: int, global_batch: int) -> Plan:
+    """``plan`` (on ``n`` devices), or ``fewer`` (the plan on part of them) when that is faster:
+    the rest of the devices stay idle, and the note says which global batch would use them all."""
+    if not _better(fewer, plan):
+        return plan
+    used = fewer.cluster.n_devices
+    note = (f"{IDLE} {used} of the {n} devices, the rest idle: at a global batch of {global_batch} no plan "
+            f"on all {n} found is faster ({_time(plan)}); a global batch of {global_batch * n // used} would "
+            "use every device")
+    # (the plan on fewer devices may itself have left some of its own idle: this note says it all)
+    return _adopt(replace(fewer, notes=tuple(x for x in fewer.notes if not x.startswith(IDLE))), plan, note)
+
+
+def _better(a: Plan | None, b: Plan) -> bool:
+    """Whether ``a`` beats ``b``: it fits where ``b`` does not, or both fit and it is faster."""
+    if a is None or not a.report.fits:
+        return False
+    return not b.report.fits or a.report.step_time_s < b.report.step_time_s
+
+
+def _time(plan: Plan) -> str:
+    return f"{plan.report.step_time_s:.4g} s" if plan.report.fits else "no plan that fits"
+
+
+def _adopt(better: Plan, searched: Plan, note: str) -> Plan:
+    return replace(better, notes=(*better.notes, note), search_time_s=searched.search_time_s,
+                   search_phases_s=searched.search_phases_s, evaluations=searched.evaluations,
+                   partitions=searched.partitions)
+
+
+def _may_win(cfg: ModelConfig, cluster: Cluster, devices: int, global_batch: int, seq: int, framework: str,
+             plan: Plan) -> bool:
+    """Whether some plan on ``devices`` of the cluster's devices could beat ``plan``: the
+    parameters, gradients and optimizer state alone, sharded over all of them, do not overflow a
+    device, and (when ``plan`` fits) their step floor is below ``plan``'s time."""
+    pool = EvaluatorPool(cfg, cluster, seq, framework=framework)
+    # (the state does not depend on the batch: one sequence per device)
+    state = pool.static_lower_bound(ParallelConfig(dp=devices, zero=3, global_batch=devices, seq=seq,
+                                                   framework=framework))
+    if state > cluster.device.memory * MEMORY_HEADROOM:
+        return False
+    if not plan.report.fits:
+        return True
+    # one micro-step of the whole batch: the floor of any split into micro-batches is at least its
+    graph = build_graph(cfg, micro_batch=global_batch, seq=seq, skeleton=True, validate=False)
+    ev = Evaluator(graph, cluster, framework=framework)
+    floor = ev.step_floor(TrainConfig(global_batch=global_batch, micro_steps=1, framework=framework))
+    return floor * cluster.n_devices / devices < plan.report.step_time_s
