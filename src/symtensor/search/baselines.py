@@ -15,8 +15,6 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import Cluster, divisors
 from symtensor.models import ModelConfig, build_graph, params_active
@@ -111,22 +109,3 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
         out[name] = None if costed is None else pool.plan(costed)
     return out
 
-
-def never_worse_than_grid(plan: Plan, grid: Plan | None) -> Plan:
-    """``plan``, or the Megatron grid best when that is faster: the plan is never worse than the
-    best Megatron configuration under the same cost model. Up to ``seeds.SMALL_GRID`` points the
-    search seeds itself with the exhaustive grid; above, its seeds are a scan of the grid that
-    can miss the best point, so the exhaustive grid (``search.grid``, costed once for the
-    baselines too) is compared here. The adopted plan says so in its notes and keeps the
-    search's account."""
-    if grid is None or not grid.report.fits:
-        return plan
-    if plan.report.fits and plan.report.step_time_s <= grid.report.step_time_s:
-        return plan
-    c = grid.config
-    what = f"tp={c['tp']} pp={c['pp']} dp={c['dp']} cp={c['cp']}" + (f" ep={c['ep']}" if c.get("ep", 1) > 1 else "")
-    found = f"{plan.report.step_time_s:.3f} s" if plan.report.fits else "no plan that fits"
-    note = (f"the Megatron grid's best configuration ({what}, {grid.report.step_time_s:.3f} s) beats what the "
-            f"per-op search found ({found}): it is the plan")
-    return replace(grid, notes=(*grid.notes, note), search_time_s=plan.search_time_s,
-                   search_phases_s=plan.search_phases_s, evaluations=plan.evaluations, partitions=plan.partitions)
