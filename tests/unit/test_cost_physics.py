@@ -78,6 +78,17 @@ def test_hidden_collectives_still_cost_the_sms_nccl_holds(framework):
         assert 0 < ex.seconds <= COMM_SM_FRACTION * off.seconds + 1e-12
 
 
+def test_fsdp2_copies_each_gather_out_on_the_compute_stream():
+    """FSDP2 copies every all-gathered unit out of its buffer into the parameters on the compute
+    stream (wait_for_unshard), so each gather costs that copy even when the collective itself is
+    hidden; DeepSpeed and Megatron gather in place."""
+    units = [Unit(32, 1.0, 2.0, 0.0, 0.0, 4e8, copy_s=0.001)]
+    train = TrainConfig(global_batch=8, micro_steps=2, zero=3, framework="fsdp2")
+    assert exposure(units, train, ends=False).seconds == pytest.approx(2 * 32 * 2 * 0.001)
+    for fw in ("deepspeed", "megatron"):
+        assert exposure(units, train.replace(framework=fw), ends=False).seconds == 0.0
+
+
 def test_attention_time_per_token_grows_with_sequence_length():
     """Attention's FLOPs per token grow with the keys each query attends to (causal: s/2), so
     its time per token does, whatever its efficiency does at short sequences (16 sequences per

@@ -17,7 +17,11 @@ gather) stays exposed.
     fsdp2      PyTorch FSDP2 as torchtitan runs it: one unit per transformer block; the next
                unit's all-gather is prefetched behind this unit's compute, in forward and (with
                reshard_after_forward, ZeRO 3) again in backward, and each unit's gradients are
-               reduce-scattered behind the next unit's backward, every micro-batch. ZeRO 1/2
+               reduce-scattered behind the next unit's backward, every micro-batch. Each gathered
+               unit is copied out of the all-gather buffer into its parameters on the compute
+               stream (``wait_for_unshard``: "overlap the current copy-out with the next
+               all-gather", torch/distributed/fsdp/_fully_shard/_fsdp_param_group.py): a read and
+               a write of the unit's gathered bytes that no collective hides. ZeRO 1/2
                (reshard_after_forward=False) gathers once per micro-batch. ZeRO 0 is DDP:
                bucketed all-reduce behind backward.
     deepspeed  DeepSpeed ZeRO with overlap_comm: stages 1/2 reduce gradients in buckets behind
@@ -54,17 +58,21 @@ class Engine:
     tp_overlap: bool  # default of TrainConfig.tp_overlap
     keeps_sp_shard: bool  # keeps the sequence-parallel shard of a gathered input for backward
     exposed_param_gather: bool  # ZeRO 1/2: the post-step parameter all-gather is not overlapped
+    copy_out: bool  # each all-gathered unit is copied out of the gather buffer on the compute stream
     # bytes per parameter of the weights, gradients and optimizer state the engine keeps
     state_bytes: tuple[int, int, int]
 
 
 ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
-                       tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, state_bytes=(2, 4, 12)),
+                       tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
+                       state_bytes=(2, 4, 12)),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
-                    tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, state_bytes=(4, 4, 8)),
+                    tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
+                    state_bytes=(4, 4, 8)),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
-                        tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, state_bytes=(2, 2, 12)),
+                        tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
+                        state_bytes=(2, 2, 12)),
 }
 
 
@@ -95,6 +103,7 @@ class Unit:
     gather_s: float  # one all-gather of the unit's parameters over their replicas
     reduce_s: float  # one reduction of its gradients (all-reduce at ZeRO 0, else reduce-scatter)
     grad_bytes: float  # bytes of its gradients entering the reduction (for the last bucket)
+    copy_s: float = 0.0  # compute-stream seconds of copying one gather out (engines with copy_out)
 
 
 @dataclass(frozen=True, slots=True)
@@ -183,14 +192,15 @@ def _sharded(units, train, eng, overlap, ends) -> Exposure:
     m, z = train.micro_steps, train.zero
     regather = z == 3  # reshard after forward: gather again for backward
     redo = eng.regather_recompute and regather and train.recompute == "full"
-    exposed = total = 0.0
+    gathers = 1 + (1 if regather else 0) + (1 if redo else 0)
+    exposed = total = copies = 0.0
     for u in units:
         fwd_comm = u.gather_s
         bwd_comm = u.reduce_s + (u.gather_s if regather else 0.0) + (u.gather_s if redo else 0.0)
         total += u.times * (fwd_comm + bwd_comm)
         exposed += u.times * (_hidden(fwd_comm, u.fwd_s) + _hidden(bwd_comm, u.bwd_s))
+        copies += u.times * gathers * u.copy_s if eng.copy_out else 0.0
     if units and ends:
         exposed += units[0].gather_s + units[-1].reduce_s
     exposed = min(exposed, total) if overlap else total
-    gathers = 1 + (1 if regather else 0) + (1 if redo else 0)
-    return Exposure(m * exposed, {"all_gather": m * gathers, "reduce_scatter": m})
+    return Exposure(m * (exposed + copies), {"all_gather": m * gathers, "reduce_scatter": m})

@@ -501,6 +501,8 @@ class _Params:
         else:
             self.gather_s = sum(ev.coll_time("all_gather", b, axes) for axes, b in self.gathers.items())
             self.reduce_s = sum(ev.coll_time(kind, b, axes) for (kind, axes), b in self.reduces.items())
+        # an engine that copies a gathered unit out of its buffer reads and writes its bytes (engine.py)
+        self.copy_s = 2 * sum(self.gathers.values()) / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
 
     def _add(self, ev, train, op, layout):
         for slot, tname in enumerate(op.inputs):
@@ -539,7 +541,7 @@ class _Params:
 
     def unit(self, times: int, seg: "_Segment | None" = None) -> Unit:
         fwd, bwd = (seg.fwd, seg.bwd) if seg is not None else (0.0, 0.0)
-        return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes)
+        return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes, self.copy_s)
 
     def dp_bytes(self, calls: dict) -> dict:
         """Bytes per step of this segment's data-parallel collectives, ``calls`` times each."""
