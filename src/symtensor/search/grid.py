@@ -25,6 +25,7 @@ then at its other variants.
 from __future__ import annotations
 
 from symtensor.cost import TrainConfig
+from symtensor.errors import PlanError
 from symtensor.search.pool import Costed, EvaluatorPool
 
 
@@ -40,7 +41,11 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
         if micro_batch is not None and base["micro_batch"] != micro_batch:
             continue
         vpps = virtual_stages(cfg.layers, base["pp"])
-        points.append((point_bound(pool, base, vpps[-1]), len(points), base, vpps))
+        try:
+            lower = point_bound(pool, base, vpps[-1])
+        except PlanError:  # its layouts break the one legality rule (megatron_layouts): not a point
+            continue
+        points.append((lower, len(points), base, vpps))
     points.sort(key=lambda p: p[:2])
     best, count = incumbent, 0
     overflowing = []
