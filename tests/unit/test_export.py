@@ -3,10 +3,13 @@ DTensor plan with the same degrees; what an engine cannot express is refused wit
 
 from __future__ import annotations
 
+import math
+
 import pytest
 
 from symtensor.errors import PlanError
 from symtensor.export import dtensor_plan, export, megatron_args, torchtitan_config
+from symtensor.export.formats import FORMATS
 from symtensor.hardware import load_cluster
 from symtensor.models import PRESETS
 from symtensor.plan import config_summary
@@ -50,3 +53,75 @@ def test_unknown_format_and_zero2_refused(plan):
     zero2 = replace(plan, train=plan.train.replace(zero=2))
     with pytest.raises(PlanError, match="Megatron-LM has no ZeRO-2"):
         megatron_args(zero2)
+
+
+def test_a_megatron_export_refuses_a_dp_that_does_not_divide_the_global_batch(plan):
+    """Megatron-LM asserts global batch % (micro batch x dp) at launch: refused, with the nearest
+    exportable plan."""
+    from dataclasses import replace
+
+    batch = plan.train.global_batch + plan.train.micro_steps  # (as many micro-steps, one more sequence each)
+    odd = replace(plan, train=plan.train.replace(global_batch=batch))
+    for fmt in ("megatron", "torchtitan"):
+        with pytest.raises(PlanError, match=rf"would refuse this plan at launch: dp \d+ x micro batch \d+ does not "
+                                            rf"divide the global batch {batch}; the nearest exportable plan: symtensor "
+                                            r"plan llama3-70b --set layers=8 --cluster dgx-h100 --devices 64"):
+            export(odd, fmt)
+
+
+@pytest.fixture(scope="module")
+def repeated():
+    """24 H100 at a global batch of 8: the layers use 8 devices, the other 16 repeat their work."""
+    from symtensor import api
+
+    return api.plan("llama3-8b", "dgx-h100", devices=24, global_batch=8, seq=2048, overrides=["layers=2"])
+
+
+@pytest.mark.parametrize("fmt", FORMATS)
+def test_an_export_refuses_a_plan_whose_degrees_are_not_the_world_size(repeated, fmt):
+    """The torchtitan export gave degrees multiplying to 8 on 24 devices, the Megatron export a dp
+    that does not divide the batch; the nearest exportable plan is the Megatron space at the
+    batch that lets every device take its share (none runs 24 devices at 8)."""
+    with pytest.raises(PlanError, match=r"heterogeneous: tp\*pp\*dp\*cp = 1\*1\*8\*1 = 8, not the 24 devices .*"
+                                        r"nearest exportable plan: symtensor plan llama3-8b --set layers=2 --cluster "
+                                        r"dgx-h100 --devices 24 --seq 2048 --global-batch 24 --space megatron"):
+        export(repeated, fmt)
+
+
+def test_the_export_command_refuses_in_one_line(repeated, tmp_path, capsys):
+    from symtensor.cli import main
+    from symtensor.plan import save_plan
+
+    save_plan(repeated, tmp_path / "plan.json")
+    code = main(["export", str(tmp_path / "plan.json"), "--to", "torchtitan"])
+    out, err = capsys.readouterr()
+    assert (code, out) == (2, "") and len(err.splitlines()) == 1 and err.startswith("error: torchtitan takes one")
+
+
+def test_the_suggested_plan_exports(repeated):
+    """The command the refusal names finds a plan every engine takes."""
+    from symtensor import api
+
+    fixed = api.plan("llama3-8b", "dgx-h100", devices=24, global_batch=24, seq=2048, overrides=["layers=2"],
+                     space="megatron")
+    assert not fixed.config["heterogeneous"]
+    assert math.prod(torchtitan_config(fixed)["parallelism"][k] for k in (
+        "data_parallel_replicate_degree", "data_parallel_shard_degree", "tensor_parallel_degree",
+        "context_parallel_degree", "pipeline_parallel_degree")) == 24
+
+
+def test_torchtitan_refuses_expert_parallelism_it_cannot_borrow():
+    """torchtitan's EP borrows cp (x tp with expert TP 1) and FSDP ranks; a ZeRO-1 plan exports as
+    DDP (no FSDP ranks), so EP 8 over TP 2 x DP 8 would fail its ParallelDims check. The same
+    degrees at ZeRO-3 export."""
+    from symtensor import api
+
+    degrees = dict(tp=2, pp=4, ep=8, micro_batch=1, global_batch=64, seq=1024)
+    plan = api.evaluate("mixtral-8x7b", "dgx-h100", devices=64, **degrees)
+    with pytest.raises(PlanError, match=r"torchtitan would refuse this plan at launch: its expert parallelism "
+                                        r"borrows cp x tp = 2 .* ep=8 must be a multiple of 2 dividing 2; the nearest "
+                                        r"exportable configuration: symtensor evaluate mixtral-8x7b .* --zero 3"):
+        torchtitan_config(plan)
+    assert megatron_args(plan)
+    sharded = api.evaluate("mixtral-8x7b", "dgx-h100", devices=64, zero=3, **degrees)
+    assert torchtitan_config(sharded)["parallelism"]["data_parallel_shard_degree"] == 8

@@ -37,3 +37,61 @@ def test_a_searched_moe_plan_reloads(tmp_path):
     assert all(refusal(ops[n], lay, p.mesh) is None for n, lay in p.op_layouts().items())
     save_plan(p, tmp_path / "plan.json")
     assert load_plan(tmp_path / "plan.json").layouts == p.layouts
+
+
+def test_candidates_are_exactly_the_legal_layouts():
+    """``partition.candidates`` (axis by axis) generates every layout the one rule accepts and no
+    other, on a mesh with a non-power-of-two level and an MoE whose capacity c=75 is odd."""
+    from symtensor.cost import Evaluator
+    from symtensor.layout import OpLayout
+    from symtensor.models import build_graph
+    from symtensor.search.exact import all_layouts
+    from symtensor.search.partition import candidates
+
+    cfg = load_model_config("tiny-mixtral", ["experts=6", "top_k=3", "capacity_factor=1.25", "heads=6",
+                                             "kv_heads=3", "hidden=96"])
+    graph = build_graph(cfg, micro_batch=6, seq=100, skeleton=True)
+    mesh = Evaluator(graph, load_cluster("dgx-h100", devices=24)).mesh
+    for op in graph.ops:
+        frontier, seen = [OpLayout.family()], {}
+        for axis in range(len(mesh)):
+            frontier = list({c.uid: c for lay in frontier for c in candidates(op, lay, axis, mesh)}.values())
+            seen.update((c.uid, c) for c in frontier)
+        assert all(refusal(op, lay, mesh) is None for lay in seen.values()), op.name
+        assert set(seen) == {lay.uid for lay in all_layouts(op, mesh)}, op.name
+
+
+# The issue's example: 24 H100 and a global batch of 8. The layers are data parallel over one
+# node's 8 devices and the LM head and loss cut the vocabulary over the 3 nodes; the summary said
+# tp=1 dp=8 heterogeneous=False and no note said the other 16 devices repeat the layers' work.
+REPEATED = dict(devices=24, global_batch=8, seq=2048, overrides=["layers=2"])
+
+
+@pytest.fixture(scope="module")
+def repeated():
+    return api.plan("llama3-8b", "dgx-h100", **REPEATED)
+
+
+def test_a_plan_whose_devices_repeat_work_is_heterogeneous_and_says_what_differs(repeated):
+    c = repeated.config
+    assert (c["tp"], c["dp"], c["heterogeneous"]) == (1, 8, True)
+    assert "tp*pp*dp*cp = 1*1*8*1 = 8, not the 24 devices" in c["differs"]
+    assert any("use 8 of the 24 devices of a stage: x3 repeated work" in d for d in c["differs"])
+    assert any(d.startswith("lm_head, loss: ") and "(the summary's dp=8 tp=1)" in d for d in c["differs"])
+
+
+def test_the_notes_say_devices_repeat_work_with_the_batch_that_uses_them(repeated):
+    from symtensor.plan.document import plan_json
+
+    notes = plan_json(repeated)["notes"]
+    assert any("repeat work" in n and "--global-batch 24" in n for n in notes), notes
+    assert plan_json(repeated)["config"]["differs"] == repeated.config["differs"]
+
+
+def test_megatron_configurations_are_not_heterogeneous():
+    """The vocabulary ops (embedding, LM head, loss) now count in the summary's grid: Megatron cuts
+    them by tp, dp and cp like the layers, so a Megatron plan stays homogeneous, experts included."""
+    for model, devices, degrees in (("llama3-8b", 64, dict(tp=8, pp=2, cp=2)), ("gpt3-1.3b", 16, dict(tp=2, pp=2)),
+                                    ("qwen3-30b-a3b", 64, dict(tp=2, pp=2, cp=2, ep=16))):
+        c = api.evaluate(model, "dgx-h100", devices=devices, micro_batch=1, **degrees).config
+        assert (c["heterogeneous"], c["differs"]) == (False, []), (model, c["differs"])

@@ -2,30 +2,143 @@
 ``parallelize_module`` plan (plus the runtime's RunSpec).
 
 A SymTensor plan is per-op; an engine takes one configuration for the whole model. A plan exports
-when its ops agree on a Megatron-style configuration (``plan.summary.config_summary``); otherwise
-the export names the ops that differ and what the engine cannot express. No torch import here: the
-DTensor plan is data (module name -> parallel style), which ``symtensor.runtime.apply`` applies.
+when its ops agree on a Megatron-style configuration on every device (``plan.summary.config_summary``:
+not heterogeneous) and that configuration passes the checks the engine makes at launch
+(``launch_refusal``); otherwise the export refuses in one line, naming what differs or the rule,
+and the nearest exportable plan (``nearest``): it never writes a configuration that would fail at
+launch. No torch import here: the DTensor plan is data (module name -> parallel style), which
+``symtensor.runtime.apply`` applies.
 """
 
 from __future__ import annotations
 
 from symtensor.errors import PlanError
-from symtensor.plan.summary import layer_types
+from symtensor.plan.summary import repeated_work
 
 FORMATS = ("megatron", "torchtitan", "dtensor")
 
 
 def _check_expressible(plan, engine: str) -> dict:
+    """The plan's Megatron-style summary when ``engine`` can run it as one configuration; otherwise
+    a one-line PlanError naming the reason and the nearest exportable plan."""
     c = plan.config
     if c["heterogeneous"]:
-        rows = layer_types(plan)
-        ref = next(r for r in rows if r["kind"] == "attention" or r["kind"] == "bmm")
-        odd = sorted({r["op"] for r in rows if r["kind"] in ("linear", "attention") and ".experts." not in r["op"]
-                      and (r["dp"], r["cp"]) != (ref["dp"], ref["cp"])})
-        raise PlanError(f"{engine} takes one configuration for every layer, but this plan cuts ops differently "
-                        f"({', '.join(odd[:6])}{' ...' if len(odd) > 6 else ''}); plan with --space megatron to "
-                        "export, or run it with symtensor run")
+        differs = c["differs"]
+        more = f" (and {len(differs) - 1} more)" if len(differs) > 1 else ""
+        raise PlanError(f"{engine} takes one configuration for every layer, but this plan is heterogeneous: "
+                        f"{differs[0]}{more}; {nearest(plan)}")
+    why = launch_refusal(plan, c)
+    if why is not None:
+        raise PlanError(f"{engine} would refuse this plan at launch: {why}; {nearest(plan)}")
+    if engine == "torchtitan" and plan.model.is_moe and c["ep"] > 1:
+        why = _torchtitan_ep(c)
+        if why is not None:
+            raise PlanError(f"torchtitan would refuse this plan at launch: {why}; the nearest exportable "
+                            f"configuration: {_evaluate_command(plan, c, zero=3)} (or export this one to megatron)")
     return c
+
+
+def launch_refusal(plan, c: dict) -> str | None:
+    """The first rule that the engines assert at launch and the configuration ``c`` (the plan's
+    summary) breaks: Megatron-LM's arguments and TransformerConfig, torchtitan's ParallelDims and
+    parallelize checks (its expert grid: ``_torchtitan_ep``); None when it breaks none."""
+    cfg, n = plan.model, plan.cluster.n_devices
+    tp, pp, dp, cp, ep, etp = (c[k] for k in ("tp", "pp", "dp", "cp", "ep", "etp"))
+    world = tp * pp * dp * cp
+    if world != n:
+        return f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {world} is not the world size {n}"
+    if c["global_batch"] % (c["micro_batch"] * dp):
+        return (f"dp {dp} x micro batch {c['micro_batch']} does not divide the global batch "
+                f"{c['global_batch']}")
+    if cfg.heads % tp or cfg.kv_heads % tp:
+        return f"tp={tp} does not divide heads={cfg.heads} and kv_heads={cfg.kv_heads}"
+    seq_cut = cp * (tp if c["sp"] else 1)
+    if c["seq"] % seq_cut or (cp > 1 and c["seq"] % (2 * cp)):
+        return f"seq={c['seq']} does not split into cp={cp} load-balanced halves{' x tp' if c['sp'] else ''}"
+    if cfg.is_moe and ep > 1:
+        if cfg.experts % ep or (tp * cp * dp) % (ep * etp):
+            return f"ep x etp = {ep}x{etp} does not fold over tp x cp x dp = {tp * cp * dp} with {cfg.experts} experts"
+    return None
+
+
+def _torchtitan_ep(c: dict) -> str | None:
+    """torchtitan's expert grid (``ParallelDims``): expert TP is 1 or tp, and EP borrows all of
+    cp (and tp when expert TP is 1) and part of the FSDP degree ``data_parallel_shard_degree``,
+    which a plan without sharded parameters (ZeRO 0/1: DDP) leaves at 1."""
+    tp, cp, ep, etp = c["tp"], c["cp"], c["ep"], c["etp"]
+    shard = c["dp"] if c["zero"] >= 2 else 1
+    if etp not in (1, tp):
+        return f"torchtitan takes expert TP 1 or tp={tp}, not etp={etp}"
+    borrowed = cp * (tp if etp == 1 else 1)
+    if ep % borrowed or (shard * borrowed) % ep:
+        return (f"its expert parallelism borrows cp{' x tp' if etp == 1 else ''} = {borrowed} and FSDP ranks "
+                f"(data_parallel_shard_degree {shard} at ZeRO-{c['zero']}), so ep={ep} must be a multiple of "
+                f"{borrowed} dividing {shard * borrowed}")
+    return None
+
+
+def _evaluate_command(plan, c: dict, **changed) -> str:
+    """The ``symtensor evaluate`` command of the plan's configuration ``c`` with ``changed``."""
+    c = {**c, **changed}
+    cl = plan.cluster
+    flags = " ".join(f"--{k} {c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "zero", "micro_batch",
+                                                "global_batch", "seq", "vpp"))
+    flags = flags.replace("_", "-") + (" --sp" if c["sp"] else "") + f" --recompute {c['recompute']}"
+    return f"symtensor evaluate {_model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} {flags}"
+
+
+def nearest(plan) -> str:
+    """The nearest exportable plan, as the command that finds it: the Megatron space at the plan's
+    global batch, or else at the least larger one that has a Megatron configuration (first the
+    batch that lets data parallelism use every device, when devices repeat work)."""
+    c, cl = plan.config, plan.cluster
+    gb, repeat = c["global_batch"], repeated_work(plan)
+    framework = f" --framework {c['framework']}" if c["framework"] != "megatron" else ""
+    command = (f"symtensor plan {_model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} "
+               f"--seq {c['seq']}{framework}")
+    tail = f" (--global-batch {repeat[2]} lets every device take its own share)" if repeat else ""
+    batches = [gb] + ([repeat[2]] if repeat else []) + [gb * k for k in (2, 3, 4, 6, 8, 12, 16)]
+    for batch in dict.fromkeys(batches):
+        if _megatron_runs(plan, batch):
+            return (f"the nearest exportable plan: {command} --global-batch {batch} --space megatron"
+                    + (tail if batch == gb else ""))
+    return (f"no Megatron configuration runs {plan.model.name} on {cl.n_devices} devices at a global batch of "
+            f"{gb} to {16 * gb}; change the device count or the global batch{tail}")
+
+
+def _megatron_runs(plan, global_batch: int) -> bool:
+    """Whether some Megatron configuration (``search.megatron.grid_points``, validated) runs the
+    plan's model on its cluster at ``global_batch``."""
+    from symtensor.search.megatron import ParallelConfig, grid_points
+
+    cfg, cl = plan.model, plan.cluster
+    node = cl.levels[0].fanout or cl.n_devices
+    for point in grid_points(cfg, cl.n_devices, node, global_batch, plan.seq):
+        try:
+            ParallelConfig(**point).validate(cfg, cl.n_devices)
+        except PlanError:
+            continue
+        return True
+    return False
+
+
+def _model_arg(cfg) -> str:
+    """The model as ``symtensor plan`` takes it: its preset (with the ``--set`` overrides that
+    make it this model), or the config file it came from."""
+    from dataclasses import fields
+
+    from symtensor.models import PRESETS
+
+    preset = PRESETS.get(cfg.name)
+    if preset is None:
+        return cfg.source if cfg.source.endswith(".json") else cfg.name
+    changed = []
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.compare and value != getattr(preset, f.name):
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value  # as --set parses it
+            changed.append(f"--set {f.name}={shown}")
+    return " ".join([cfg.name] + changed)
 
 
 def megatron_args(plan) -> list[str]:

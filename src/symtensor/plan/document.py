@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from symtensor.hardware import GIB
 from symtensor.plan.plan import Plan
-from symtensor.plan.summary import layer_types, megatron_summary
+from symtensor.plan.summary import layer_types, megatron_summary, repeated_work_note
 
 # the baselines that are Megatron configurations report their Megatron arguments as ``config``
 MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
@@ -54,7 +54,7 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
     config = plan.config
     result.update(model=plan.model.name, cluster=cl.name, devices=cl.n_devices, space=space, captured=captured,
                   search_time_s=plan.search_time_s, search_phases_s=dict(plan.search_phases_s),
-                  evaluations=plan.evaluations, partitions=plan.partitions, config=config, notes=list(plan.notes),
+                  evaluations=plan.evaluations, partitions=plan.partitions, config=config, notes=notes(plan),
                   mesh=[{"name": a.name, "size": a.size, "level": cl.levels[a.level].name} for a in plan.mesh],
                   pipeline_axes=list(plan.pipeline.names),
                   layouts={name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},
@@ -64,6 +64,16 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
     if baselines is not None:
         result["baselines"] = baselines_json(plan, baselines, _band(result), detail)
     return result
+
+
+def notes(plan: Plan) -> list[str]:
+    """The search's notes, and ``summary.repeated_work_note`` when devices repeat work and no note
+    of the search says so already."""
+    out = list(plan.notes)
+    repeat = repeated_work_note(plan)
+    if repeat and not any("repeat work" in n for n in out):
+        out.append(repeat)
+    return out
 
 
 def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False) -> dict:

@@ -13,6 +13,8 @@ that cut their tokens (b, c) regroup the tp x cp x dp ranks of a stage.
 
 from __future__ import annotations
 
+import math
+
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.ParallelConfig``'s fields)
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq",
@@ -66,10 +68,27 @@ def _expert_gemm(op) -> bool:
     return op.kind == "linear" and op.in_dims[0][:1] == ("e",)
 
 
+def _gridded(op) -> bool:
+    """An op whose degrees are the grid a plan runs: attention, the matmuls with a model dim in
+    their output (a router's [b, s, e] and MLA's latent down-projections are replicated by
+    Megatron's TP and follow the sequence cut under SP), and the vocabulary ops (embedding, LM
+    head and loss, which Megatron cuts by tp, dp and cp like the layers)."""
+    if op.kind == "attention":
+        return True
+    if op.kind == "linear" and any(d in MODEL_DIMS for d in op.out_dims[0]):
+        return True
+    return op.kind in ("embedding", "cross_entropy") and "v" in op.dim_sizes
+
+
 def config_summary(plan) -> dict:
     """The Megatron-style ``config`` block: degrees of the heaviest op family (attention core and
-    MLP) and of the expert GEMMs (their own grid), plus the plan's outer choices;
-    ``heterogeneous`` when ops of one grid disagree."""
+    MLP) and of the expert GEMMs (their own grid), plus the plan's outer choices.
+
+    ``heterogeneous`` when the summary does not describe every op, and ``differs`` says what, in
+    short phrases (``differences``): ops of one grid whose degrees differ (an LM head cut over
+    nodes the layers leave alone), ops whose cuts span fewer devices than a stage has (the
+    others repeat their work), or tp*pp*dp*cp other than the device count.
+    """
     g, mesh, train = plan.graph, plan.mesh, plan.train
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
     core = next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
@@ -78,20 +97,90 @@ def config_summary(plan) -> dict:
     edeg = degrees(experts[0], plan.layouts[experts[0].name], mesh) if experts else {"ep": 1, "tp": 1}
     norms = [op for op in ops if op.kind == "norm"]
     sp = any(_factor(plan.layouts[op.name], ("s",), mesh) > deg["cp"] for op in norms)
-    # the grid a plan runs, per grid (attention's, the experts'): the degrees of attention and of the
-    # matmuls with a model dim in their output (a router's [b, s, e] and MLA's latent
-    # down-projections are replicated by Megatron's TP and follow the sequence cut under SP)
-    gridded = [op for op in ops if op.kind == "attention"
-               or (op.kind == "linear" and any(d in MODEL_DIMS for d in op.out_dims[0]))]
-    signatures = {(_expert_gemm(op), tuple(sorted(degrees(op, plan.layouts[op.name], mesh).items())))
-                  for op in gridded}
-    grids = {expert for expert, _ in signatures}
+    differs = differences(plan, deg, edeg if experts else None)
     return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
             "sp": sp, "zero": train.zero, "recompute": train.recompute,
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
-            "micro_steps": train.micro_steps, "heterogeneous": len(signatures) > len(grids),
+            "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
             "framework": train.framework}
+
+
+def differences(plan, deg: dict, edeg: dict | None) -> list[str]:
+    """What a Megatron-style summary with degrees ``deg`` (attention's grid) and ``edeg`` (the
+    experts', None without experts) does not say about ``plan``, as short phrases; [] when it
+    describes every op (see ``config_summary``)."""
+    g, mesh = plan.graph, plan.mesh
+    stage = mesh.size()
+    odd: dict = {}  # (expert grid, degrees) -> blocks
+    short: dict = {}  # devices an op's cuts span (< stage) -> blocks
+    for op in g.ops:
+        cuts = plan.layouts.get(op.name)
+        if cuts is None or not _gridded(op):
+            continue
+        expert = _expert_gemm(op)
+        d = degrees(op, cuts, mesh)
+        if d != (edeg if expert else deg):
+            odd.setdefault((expert, tuple(d.items())), []).append(op.block)
+        used = mesh.size_of(tuple(a for names in cuts.values() for a in names))
+        if used < stage:
+            short.setdefault(used, []).append(op.block)
+    out = []
+    world = deg["tp"] * plan.train.pp * deg["dp"] * deg["cp"]
+    if world != plan.cluster.n_devices:
+        out.append(f"tp*pp*dp*cp = {deg['tp']}*{plan.train.pp}*{deg['dp']}*{deg['cp']} = {world}, not the "
+                   f"{plan.cluster.n_devices} devices")
+    for used, blocks in sorted(short.items()):
+        out.append(f"{_blocks(blocks)} use {used} of the {stage} devices of a stage: x{stage // used} repeated work")
+    for (expert, d), blocks in odd.items():
+        ref = edeg if expert else deg
+        out.append(f"{_blocks(blocks)}: {_degrees(dict(d), ref, expert)} (the summary's "
+                   f"{_degrees(ref, dict(d), expert)})")
+    return out
+
+
+def _blocks(blocks: list[str], shown: int = 3) -> str:
+    """Op blocks, each once, the first ``shown`` by name."""
+    names = list(dict.fromkeys(blocks))
+    more = f" and {len(names) - shown} more" if len(names) > shown else ""
+    return ", ".join(names[:shown]) + more
+
+
+def _degrees(d: dict, other: dict, expert: bool) -> str:
+    """``d`` as ``dp=8 tp=3``: the degrees above 1 or unlike ``other``'s (``etp`` for the
+    experts' model dims)."""
+    keys = [k for k in ("dp", "cp", "tp", "ep") if d.get(k, 1) > 1 or d.get(k, 1) != other.get(k, 1)]
+    return " ".join(f"{'etp' if expert and k == 'tp' else k}={d.get(k, 1)}" for k in keys) or "replicated"
+
+
+def repeated_work(plan) -> tuple[int, int, int] | None:
+    """When the layers' cuts span fewer devices than a stage has (the others repeat their work):
+    (the devices they span, a stage's devices, the least global batch that is a multiple of the
+    plan's and lets a batch cut use every device); None when every device has its own share."""
+    g, mesh, train = plan.graph, plan.mesh, plan.train
+    stage = mesh.size()
+    layers = [op for op in g.ops if 0 <= op.layer < g.meta["layers"] and _gridded(op) and op.name in plan.layouts]
+    if not layers:
+        return None
+    spans = {op.name: mesh.size_of(tuple(a for names in plan.layouts[op.name].values() for a in names))
+             for op in layers}
+    least = min(layers, key=lambda op: spans[op.name])
+    used = spans[least.name]
+    if used >= stage:
+        return None
+    dp = _factor(plan.layouts[least.name], ("b",), mesh)
+    return used, stage, math.lcm(train.global_batch, dp * (stage // used) * train.micro_steps)
+
+
+def repeated_work_note(plan) -> str | None:
+    """``repeated_work`` as a plan note, or None."""
+    repeat = repeated_work(plan)
+    if repeat is None:
+        return None
+    used, stage, batch = repeat
+    return (f"devices repeat work: the layers' cuts span {used} of the {stage} devices of a stage, so each op "
+            f"runs {stage // used} times over; a global batch of {batch} (--global-batch {batch}) would let data "
+            "parallelism use every device")
 
 
 def megatron_summary(plan) -> dict:

@@ -35,7 +35,9 @@ def print_plan(console, out: dict) -> None:
     console.print(f"plan: tp={cfg['tp']} pp={cfg['pp']} dp={cfg['dp']} cp={cfg['cp']} ep={cfg['ep']} etp={cfg['etp']} "
                   f"sp={cfg['sp']} zero={cfg['zero']} recompute={cfg['recompute']} micro_batch={cfg['micro_batch']} "
                   f"micro_steps={cfg['micro_steps']} vpp={cfg['vpp']}"
-                  + ("  [yellow](heterogeneous: ops differ)[/]" if cfg["heterogeneous"] else ""))
+                  + ("  [yellow](heterogeneous)[/]" if cfg["heterogeneous"] else ""))
+    for what in cfg.get("differs", ()):
+        console.print(f"  [yellow]differs: {shown(what)}[/]")
     console.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {100 * out['mfu']:.1f}%   found in {out['search_time_s'] * 1000:.0f} ms")
     if "step_time_band_s" in out:

@@ -303,8 +303,8 @@ def megatron_config(plan: Plan) -> ParallelConfig:
     names the rule when they do not."""
     c = plan.config
     if c["heterogeneous"]:
-        raise PlanError("this plan gives different ops different cuts; a Megatron configuration cuts every layer "
-                        "alike (plan with --space megatron)")
+        raise PlanError(f"this plan is heterogeneous ({c['differs'][0]}); a Megatron configuration cuts every "
+                        "layer alike on every device (plan with --space megatron)")
     return ParallelConfig(**{k: c[k] for k in MEGATRON_KEYS})
 
 
