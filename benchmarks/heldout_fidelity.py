@@ -27,8 +27,8 @@ How each run is costed (``symtensor.api.evaluate``, the same call as ``symtensor
     "selective layer" checkpoints every 2nd block (``selective_ac_option = "2"``): w = 1/2;
     "selective op" saves every op's output "except every second mm" (and SDPA), so a block
     recomputes its 2nd, 4th and 6th matmul of wq wk wv wo w1 w3 w2 (wk, wo, w3) and its elementwise
-    ops: w = the FLOP share of those matmuls in the block ("selective" alone: torchtitan's default
-    option, op). Both ends are shown (the bracket column: full).
+    ops: w = their share of the block's forward seconds as the cost model costs them ("selective"
+    alone: torchtitan's default option, op). Both ends are shown (the bracket column: full).
   * Attention kernels: torchtitan runs SDPA (FlashAttention-2; the fsdp2 default). llm-foundry's MPT
     yamls set ``attn_config: attn_impl: triton`` (mpt-125m.yaml @2a59782a, the benchmark script's
     ``--attn_impl`` default too), flash-attn's Triton FlashAttention (v1): a cluster file of the
@@ -65,6 +65,11 @@ from symtensor import api
 from symtensor.errors import PlanError
 from symtensor.cost.efficiency import attention_kernel, device_table
 from symtensor.hardware import GIB, PRESETS
+from symtensor.cost import Evaluator
+from symtensor.graph import kind_of
+from symtensor.hardware import load_cluster
+from symtensor.layout import REPLICATED
+from symtensor.models import build_graph
 from symtensor.models.config import PRESETS as MODEL_PRESETS, apply_overrides
 from symtensor.plan.document import evaluation_json
 
@@ -176,16 +181,32 @@ def recompute_of(row: dict) -> tuple[str, str | None]:
     return "none", None
 
 
-def selective_share(row: dict) -> float:
+# the matmuls torchtitan's op-level SAC recomputes: the 2nd, 4th and 6th of a block's
+# wq wk wv wo | w1 w3 w2 (the builders' k_proj, o_proj, up_proj)
+SAC_RECOMPUTED_MM = ("k_proj", "o_proj", "up_proj")
+
+
+def selective_share(row: dict, cluster: str) -> float:
     """The share of the full-recomputation increment torchtitan's selective AC recomputes (see the
-    module docstring): 1/2 for "selective layer", else (op) the FLOP share of the matmuls wk, wo and
-    w3 among a block's seven."""
+    module docstring): 1/2 for "selective layer"; for op SAC, of one block's forward seconds (as
+    the cost model costs its ops on this cluster, under the eager kernels of fsdp2), those of the
+    recomputed matmuls and of every memory-bound op (norms, RoPE, SwiGLU, residuals: not saved),
+    without attention (SDPA is saved) and the other matmuls."""
     if "layer" in row["ac_published"].lower():
         return 0.5
     preset, over = model_of(row)
     cfg = apply_overrides(MODEL_PRESETS[preset], over)
-    h, kv, f = cfg.hidden, cfg.kv_heads * cfg.head_dim, cfg.ffn
-    return (h * kv + h * cfg.heads * cfg.head_dim + h * f) / (2 * h * cfg.heads * cfg.head_dim + 2 * h * kv + 3 * h * f)
+    ev = Evaluator(build_graph(cfg, micro_batch=1, seq=int(row["seq"]), skeleton=True),
+                   load_cluster(cluster, devices=8), framework="fsdp2")
+    redo = full = 0.0
+    for op in ev.graph.ops:
+        if op.layer != 0:
+            continue
+        fwd = ev.op_time(op, REPLICATED).fwd_s
+        full += fwd
+        if kind_of(op.kind).memory_bound or (op.kind == "linear" and op.name.endswith(SAC_RECOMPUTED_MM)):
+            redo += fwd
+    return redo / full
 
 
 def regime_of(row: dict) -> str:
@@ -244,7 +265,7 @@ def predict(rows: list[dict], clusters: dict) -> list[dict]:
         alt = costs(r, cl, other) if other else {"error": "none"}
         scale = 1.0
         if other and "error" not in alt:  # torchtitan's selective AC: a share of full's increment
-            scale = 1 + selective_share(r) * (alt["step_time_s"] / step - 1)
+            scale = 1 + selective_share(r, cl) * (alt["step_time_s"] / step - 1)
             step *= scale
         pred = res["tokens_per_s"] / res["devices"] / scale
         meas_step = int(r["global_batch"]) * int(r["seq"]) / (meas * int(r["gpus"]))
