@@ -265,8 +265,10 @@ def predict(rows: list[dict], clusters: dict) -> list[dict]:
         alt = costs(r, cl, other) if other else {"error": "none"}
         scale = 1.0
         if other and "error" not in alt:  # torchtitan's selective AC: a share of full's increment
-            scale = 1 + selective_share(r, cl) * (alt["step_time_s"] / step - 1)
+            share = selective_share(r, cl)
+            scale = 1 + share * (alt["step_time_s"] / step - 1)
             step *= scale
+            o["config"] = config_text(r, f"none+{share:.2f}(full-none)")
         pred = res["tokens_per_s"] / res["devices"] / scale
         meas_step = int(r["global_batch"]) * int(r["seq"]) / (meas * int(r["gpus"]))
         lo, hi = (scale * b for b in res["step_time_band_s"])
@@ -416,7 +418,7 @@ def report(res: list[dict], groups: list[dict], skipped: list[str], calls: int, 
 
     lines += ["", "## Is the measured-fastest run predicted fastest?", "",
               "Per group of runs of one model on one GPU count from one source (tokens/s per GPU); 'tie' = the "
-              "model costs the fastest runs the same (e.g. torchtitan's two selective-AC modes both map to none).", "",
+              "model costs the fastest runs the same.", "",
               "| source | device | model | GPUs | runs | measured fastest | predicted fastest | same? | "
               "pairwise order | "
               "pairs the model ties |", "|---|---|---|---:|---:|---|---|---|---:|---:|"]
