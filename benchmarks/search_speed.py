@@ -113,7 +113,9 @@ def main() -> int:
              "(`symtensor plan --json --no-baselines`, a fresh process each run), median and best of "
              f"{RUNS} runs; `machine s` is the median over the same runs of a fixed",
              "pure-Python workload timed just before each (about 0.4 s when the machine is quiet, up to",
-             "1.1 s under other load): search times scale with it.", "",
+             "1.1 s under other load): search times scale with it. `search_time_s` is the search's;",
+             "the `guarantees` phase after it (the exhaustive Megatron grid the plan is compared with, and",
+             "plans on fewer devices where they could win: `search.guarantee`) is not in it.", "",
              "| measure | model | devices | ops | s | best s | us/op | goal s | met | machine s | phases (s) |",
              "|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
