@@ -29,8 +29,8 @@ class OpLayout:
     compares in C, where an OpLayout hashes and compares through Python methods.
 
     A layout memoises what is derived from it (``with_cut``, ``without_axes``, ``linked_layout``,
-    ``tensor_layout``: the search derives the same layouts over and over) in ``_derived``, which
-    lives and dies with it. Layouts derived from a ``family`` root belong to its family: one
+    ``tensor_layout``, ``refusal``: the search derives the same layouts over and over) in
+    ``_derived``, which lives and dies with it. Layouts derived from a ``family`` root belong to its family: one
     object per distinct cuts, so equal layouts share their memos (the search keeps one family,
     owned by its ``EvaluatorPool``, which goes with it). The shared constant ``REPLICATED``
     keeps nothing (its derivations would outlive every search)."""
@@ -258,7 +258,21 @@ def refusal(op: Op, layout: OpLayout, mesh) -> str | None:
     >>> q = next(op for op in g.ops if op.block.endswith("q_proj"))
     >>> refusal(q, OpLayout.of({"h": (0,), "n": (1,)}), load_cluster("dgx-h100", devices=4).mesh())
     "the layout cuts both the weight's reduction dim(s) ['h'] and output dim(s) ['n']; cut one of them"
+
+    Memoised on the layout (by the op's signature, all the rule reads of an op, and the mesh):
+    every Megatron configuration of a search checks its layouts, and they share most of them.
     """
+    memo, key = layout._derived, ("refusal", op.signature, mesh)
+    hit = memo.get(key, _UNKNOWN) if memo is not None else _UNKNOWN
+    if hit is _UNKNOWN:  # (None is an answer: legal)
+        hit = layout._keep(key, _refusal(op, layout, mesh))
+    return hit
+
+
+_UNKNOWN = object()  # a refusal not memoised yet
+
+
+def _refusal(op: Op, layout: OpLayout, mesh) -> str | None:
     sizes = op.dim_sizes
     forbidden = op_no_cut(op)
     seen: set[int] = set()
