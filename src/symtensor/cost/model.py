@@ -135,6 +135,7 @@ class Evaluator:
         self.model_flops_per_microstep = model_flops(graph, self.grad_operands)
         self.param_ops = tuple(op for op in graph.ops if any(self.tensors[t].param for t in op.inputs))
         self._segment_cache: dict = {}
+        self._boundary_seconds: dict = {}  # (signature id, layouts, activation key) -> layer_seconds' part
         self._segment_params_cache: dict = {}  # per segment (_Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
         self._floor_cache: dict = {}  # recomputation -> step_floor per micro-batch, all devices
@@ -310,10 +311,16 @@ class Evaluator:
         out: dict[int, float] = {}
         for sig_id, ops, external, layer, _ in self.segments:
             lay = tuple(layouts.get(op.name, REPLICATED) for op in ops)
-            ext = tuple(layouts.get(prod.name, REPLICATED) for _, prod in external)
-            cross = frozenset(t for t, _ in external)
-            seg = self.segment(sig_id, ops, external, lay, ext, cross, akey, layouts, train)
-            out[layer] = out.get(layer, 0.0) + seg.seconds
+            # with every input arriving from another stage, the producers' layouts cost nothing:
+            # equal layers share the seconds whatever precedes them
+            key = (sig_id, lay, akey)
+            seconds = self._boundary_seconds.get(key)
+            if seconds is None:
+                ext = tuple(layouts.get(prod.name, REPLICATED) for _, prod in external)
+                cross = frozenset(t for t, _ in external)
+                seconds = self._boundary_seconds[key] = self.segment(sig_id, ops, external, lay, ext, cross, akey,
+                                                                     layouts, train).seconds
+            out[layer] = out.get(layer, 0.0) + seconds
         return out
 
     def segment(self, sig_id, ops, external, lay, ext, cross: frozenset, akey, layouts, train) -> "_Segment":
