@@ -45,15 +45,18 @@ def _alarm(signum, frame):
     raise CaseTimeout
 
 
-def run_one(seed: int, index: int, timeout: float) -> tuple[int, CaseResult | None, float]:
-    """Case ``index`` checked; None when it ran past ``timeout`` seconds."""
+def run_one(seed: int, index: int, timeout: float) -> tuple[int, CaseResult | str, float]:
+    """Case ``index`` checked, or why it was not: it ran past ``timeout`` seconds, or the harness
+    itself failed (the library's own failures are ``no_crash`` violations inside the result)."""
     t0 = time.perf_counter()
     old = signal.signal(signal.SIGALRM, _alarm)
     signal.setitimer(signal.ITIMER_REAL, timeout)
     try:
         return index, check_case(seeded_case(seed, index)), time.perf_counter() - t0
     except CaseTimeout:
-        return index, None, time.perf_counter() - t0
+        return index, f"ran past {timeout:.0f} s", time.perf_counter() - t0
+    except Exception as exc:  # noqa: BLE001 - a harness bug: recorded, the run goes on
+        return index, f"harness error {type(exc).__name__}: {exc}", time.perf_counter() - t0
     finally:
         signal.setitimer(signal.ITIMER_REAL, 0)
         signal.signal(signal.SIGALRM, old)
@@ -80,6 +83,23 @@ def run_cases(args):
         pool.join()
 
 
+def code_version() -> str:
+    """Which symtensor the run checks: where it was imported from, the repository's commit, and
+    whether src/ had uncommitted changes (other work in progress) when the run started."""
+    import subprocess
+
+    import symtensor
+
+    src = Path(symtensor.__file__).resolve().parents[1]
+    repo = Path(__file__).resolve().parents[1]
+    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True).stdout.strip()
+    head = git("rev-parse", "--short", "HEAD") or "unknown"
+    if src != repo / "src":
+        return f"symtensor imported from {src}, not from this checkout (whose HEAD is {head})"
+    dirty = git("status", "--porcelain", "--", "src")
+    return f"symtensor at commit {head}" + (" with uncommitted changes in src/" if dirty else "")
+
+
 def kind_of(message: str) -> str:
     """A violation's message without its numbers: what kind of violation it is."""
     text = re.sub(r"\{[^}]*\}", "{...}", message)
@@ -88,21 +108,23 @@ def kind_of(message: str) -> str:
 
 
 def report(args, done: dict[int, tuple], elapsed: float, stopped: str | None) -> tuple[list[str], list[dict]]:
-    results = {i: r for i, (r, _) in done.items() if r is not None}
-    timed_out = sorted(i for i, (r, _) in done.items() if r is None)
+    results = {i: r for i, (r, _) in done.items() if not isinstance(r, str)}
+    unchecked = {i: r for i, (r, _) in done.items() if isinstance(r, str)}
     seconds = [s for _, s in done.values()]
-    state = (f"in progress, {len(done)} of {args.cases} cases so far" if stopped == "running" else
-             f"stopped ({stopped}) after {len(done)} of {args.cases} cases" if stopped else f"all {args.cases} cases ran")
+    if stopped == "running":
+        state = f"in progress, {len(done)} of {args.cases} cases so far"
+    else:
+        state = f"stopped ({stopped}) after {len(done)} of {args.cases} cases" if stopped else f"all {args.cases} ran"
     lines = ["# Fuzz plans: the properties of issue 14 on random cases", "",
              f"`python benchmarks/fuzz_plans.py --cases {args.cases} --seed {args.seed}`: {state}, in "
              f"{elapsed / 60:.1f} min ({args.jobs} job{'s' if args.jobs > 1 else ''}; case seconds median "
              f"{statistics.median(seconds) if seconds else 0:.1f}, max {max(seconds, default=0):.1f}); "
-             f"{len(timed_out)} case(s) ran past {args.case_timeout:.0f} s and are not counted"
-             + (f" ({', '.join(f'{args.seed}:{i}' for i in timed_out[:20])})" if timed_out else "") + ".",
+             f"{len(unchecked)} case(s) not checked (past --case-timeout {args.case_timeout:.0f} s, or a harness "
+             "error)" + "".join(f"; `{args.seed}:{i}` {why}" for i, why in sorted(unchecked.items())[:20]) + ".",
              "Cases and properties: `tests/fixtures/fuzzing.py` (the CI test's, "
              "`tests/integration/test_fuzz_plans.py`); comparisons allow a relative "
              f"{TOLERANCE:g}. Case `S:I` re-runs with `python benchmarks/fuzz_plans.py --case S:I`; "
-             "cluster files are relative to the repository root.", "",
+             f"cluster files are relative to the repository root. Checked: {args.version}.", "",
              "| property | cases checked | cases violating | violations |", "|---|---|---|---|"]
     rows = []
     by_prop = {p: [(i, r, v) for i, r in sorted(results.items()) for v in r.violations if v.prop == p]
@@ -140,8 +162,8 @@ def write(args, done, elapsed, stopped, quiet=False):
 def replay(spec: str, timeout: float) -> int:
     seed, _, index = spec.partition(":")
     _, result, seconds = run_one(int(seed), int(index), timeout)
-    if result is None:
-        print(f"case {spec} ran past {timeout:.0f} s")
+    if isinstance(result, str):
+        print(f"case {spec}: {result}")
         return 1
     print(f"case {spec}: {result.case.describe()}\n  {result.case.command()}\n  {result.outcome}, "
           f"{seconds:.1f} s; checked {', '.join(p for p in PROPERTIES if p in result.checked)}")
@@ -161,6 +183,7 @@ def main() -> int:
     args = ap.parse_args()
     if args.case:
         return replay(args.case, args.case_timeout)
+    args.version = code_version()
     signal.signal(signal.SIGTERM, signal.default_int_handler)  # `timeout` and kill stop it like Ctrl-C
     signal.signal(signal.SIGINT, signal.default_int_handler)  # also where the shell started it ignoring Ctrl-C
     t0, done, stopped = time.perf_counter(), {}, None
