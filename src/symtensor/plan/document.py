@@ -68,10 +68,10 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
 
 def notes(plan: Plan) -> list[str]:
     """The search's notes, and ``summary.repeated_work_note`` when devices repeat work and no note
-    of the search says so already."""
+    of the search names the global batch that would use them already."""
     out = list(plan.notes)
     repeat = repeated_work_note(plan)
-    if repeat and not any("repeat work" in n for n in out):
+    if repeat and not any("repeat work" in n and "--global-batch" in n for n in out):
         out.append(repeat)
     return out
 
