@@ -236,7 +236,7 @@ def op_roles(graph: Graph) -> dict[str, tuple]:
 
 
 def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None = None,
-                     family: OpLayout = REPLICATED, refusals: dict | None = None) -> dict[str, OpLayout]:
+                     family: OpLayout = REPLICATED) -> dict[str, OpLayout]:
     """Per-op layouts of a Megatron configuration on the stage mesh; a PlanError when one of
     them is illegal (``layout.refusal``, the one rule: e.g. sequence or context parallelism
     cutting an MoE capacity ``c`` it does not divide), so no search costs such a configuration.
@@ -244,8 +244,6 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None 
     Args:
         roles: ``op_roles(graph)``, when the caller keeps it.
         family: a layout whose family the layouts join (``OpLayout.family``; a search's).
-        refusals: (op name, layout uid) -> ``refusal`` on this graph and mesh, when the caller
-            keeps it (the grid's points share most of their ops' layouts).
     """
     ax = assign_axes(mesh, pc)
     roles = op_roles(graph) if roles is None else roles
@@ -270,11 +268,8 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None 
         elif ax["tp"] and pc.sp and sp:
             cuts[sp] = cuts.get(sp, ()) + ax["tp"]
         layouts[op.name] = family.relative(cuts)
-    refusals = {} if refusals is None else refusals
     for op in graph.ops:
-        layout = layouts[op.name]
-        key = (op.name, layout.uid)
-        why = refusals[key] if key in refusals else refusals.setdefault(key, refusal(op, layout, mesh))
+        why = refusal(op, layouts[op.name], mesh)
         if why is not None:
             sp = " with sequence parallelism" if pc.sp else ""
             raise PlanError(f"tp={pc.tp} cp={pc.cp} ep={pc.ep} etp={pc.etp}{sp}: op {op.name}: {why}; "

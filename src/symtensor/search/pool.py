@@ -64,7 +64,6 @@ class EvaluatorPool:
         # (graph batch, pp, tp, cp, dp, ep, etp, sp) -> Megatron layouts: the last few, as the variants of
         # one point (recomputation, ZeRO, virtual stages) share them
         self._layouts = Memo(self._megatron_layouts, limit=65)
-        self._refusals = Memo(lambda key: {})  # (graph batch, pp) -> megatron_layouts' legality answers
         # Megatron inner grid (tp, cp, ep, etp, sp, micro batch) -> Evaluator.layer_seconds
         self._layer_seconds: dict = {}
 
@@ -90,8 +89,7 @@ class EvaluatorPool:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key
         ev = self.get(graph_batch, pp)
         degrees = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp)  # all the layouts read
-        return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family,
-                                self._refusals[(graph_batch, pp)])
+        return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family)
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         """The evaluator of one micro-step batch and pipeline depth."""
