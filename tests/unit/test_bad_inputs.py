@@ -292,6 +292,8 @@ CASES = [
     ("set-lora-target", PLAN + ["--set", "lora_rank=4", "--set", "lora_targets=qkv"], ["unknown lora target"]),
     ("set-empty-name", PLAN + ["--set", "name="], ["model name", "non-empty"]),
     ("set-family", PLAN + ["--set", "family=bert"], ["family='bert'", "gpt, llama"]),
+    ("set-attention-kernel", EVAL + ["--set", "attention=triton"],
+     ["attention='triton'", "flash, flash2, flash1, unfused"]),
     ("set-dense-layers", PLAN + ["--set", "dense_layers=9"], ["dense_layers=9"]),
     # -- evaluate ----------------------------------------------------------------------------------
     ("evaluate-tp-0", EVAL[:-1] + ["0"], ["--tp", "positive integer"]),

@@ -7,7 +7,7 @@ import pytest
 
 from symtensor import api, calibration
 from symtensor.cost import bands
-from symtensor.cost.efficiency import TABLES, device_table
+from symtensor.cost.efficiency import ATTENTION_BWD_RATIO, ATTENTION_KERNELS, TABLES, device_table
 from symtensor.cost.engine import COMM_SM_FRACTION, Unit, exposure
 from symtensor.cost.opcost import attention_shape_factor
 from symtensor.cost import Evaluator
@@ -15,6 +15,7 @@ from symtensor.cost.train import TrainConfig
 from symtensor.hardware import load_cluster
 from symtensor.layout import REPLICATED
 from symtensor.models import build_graph, load_model_config
+from symtensor.models.config import FUSED_ATTENTION
 from symtensor.plan.document import evaluation_json
 
 
@@ -102,6 +103,59 @@ def test_attention_time_per_token_grows_with_sequence_length():
         t = ev.op_time(core, REPLICATED)
         per_token.append((t.fwd_s + t.bwd_s) / seq)
     assert all(a < b for a, b in zip(per_token, per_token[1:]))
+
+
+def _op_times(attention, framework, device="dgx-h100"):
+    cfg = load_model_config("llama3-8b").replace(layers=2, attention=attention)
+    ev = Evaluator(build_graph(cfg, micro_batch=2, seq=8192, skeleton=True), load_cluster(device, devices=8),
+                   framework=framework)
+    return {op.name: (op.kind, ev.op_time(op, REPLICATED)) for op in ev.graph.ops}
+
+
+@pytest.mark.parametrize("device", ["dgx-h100", "dgx-a100-80g"])
+@pytest.mark.parametrize("framework", ["megatron", "fsdp2"])
+def test_attention_kernel_changes_attention_time_by_its_ratio_and_nothing_else(framework, device):
+    """The attention kernel of the run's stack (``--set attention=...``) is priced on the attention
+    op alone: FlashAttention v1 (flash1) runs at half of FlashAttention-2 (flash2) forward and
+    backward (Dao 2023), flash2 at the device's FlashAttention-2 fraction whatever the engine, and
+    ``flash`` (the default) at the engine's own kernel's; every other op costs the same."""
+    eff = TABLES[device_table(load_cluster(device, devices=8).device.name)]
+    flash, flash2, flash1 = (_op_times(k, framework, device) for k in ("flash", "flash2", "flash1"))
+    assert flash.keys() == flash1.keys() == flash2.keys()
+    engine_fwd = eff.attention if framework == "megatron" else eff.attention_sdpa
+    engine_bwd = eff.attention_bwd if framework == "megatron" else eff.attention_sdpa * ATTENTION_BWD_RATIO
+    n = 0
+    for name, (kind, t) in flash.items():
+        t1, t2 = flash1[name][1], flash2[name][1]
+        if kind != "attention":
+            assert t1 == t == t2, name
+            continue
+        n += 1
+        assert t1.fwd_flops == t.fwd_flops == t2.fwd_flops
+        assert t1.fwd_s == pytest.approx(2 * t2.fwd_s, rel=1e-12)  # ATTENTION_KERNELS: 0.5 of flash2
+        assert t1.bwd_s == pytest.approx(2 * t2.bwd_s, rel=1e-12)
+        assert t2.fwd_s == pytest.approx(t.fwd_s * engine_fwd / eff.attention_sdpa, rel=1e-12)
+        assert t2.bwd_s == pytest.approx(t.bwd_s * engine_bwd / (eff.attention_sdpa * ATTENTION_BWD_RATIO),
+                                         rel=1e-12)
+    assert n == 2  # one attention op per layer
+
+
+def test_attention_kernels_are_named_once_and_keep_fused_memory():
+    """The model's kernel names (``ModelConfig.attention``) are the ones the cost model prices, and
+    every fused kernel keeps attention's O(s) memory: only the step time moves, and the default
+    (``flash``) plan is the plan of a model that names no kernel."""
+    assert FUSED_ATTENTION == ("flash", *ATTENTION_KERNELS)
+    base = _step("llama3-8b", 64, zero=1)
+    assert _step("llama3-8b", 64, zero=1, overrides={"attention": "flash"}) == base
+    assert base["attention_kernel"] == "flash"
+    for kernel in ATTENTION_KERNELS:
+        out = _step("llama3-8b", 64, zero=1, overrides={"attention": kernel})
+        assert out["attention_kernel"] == kernel
+        assert out["memory_gib_per_device"] == base["memory_gib_per_device"]
+    slow = _step("llama3-8b", 64, zero=1, overrides={"attention": "flash1"})
+    assert slow["step_time_s"] > base["step_time_s"]
+    unfused = _step("gpt3-1.3b", 8, overrides={"attention": "unfused"}, seq=2048, global_batch=64)
+    assert unfused["attention_kernel"] == "unfused"
 
 
 def test_attention_efficiency_rises_with_sequence_and_head_dim():

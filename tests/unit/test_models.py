@@ -430,7 +430,27 @@ def test_set_coerces_to_the_field_type():
     assert apply_overrides(PRESETS["llama2-7b"], []) is PRESETS["llama2-7b"]
 
 
+@pytest.mark.parametrize("kernel", ["flash2", "flash1"])
+def test_a_fused_attention_kernel_is_one_op_that_names_it(kernel):
+    """``--set attention=flash1`` (or flash2) builds the graph of ``flash`` (one fused attention op,
+    O(s) memory) whose attention ops carry the kernel for the cost model; ``flash``, the engine's
+    own kernel, carries none, so default graphs are unchanged."""
+    cfg = load_model_config("llama3-8b", ["layers=2", f"attention={kernel}"])
+    assert cfg.attention == kernel
+    flash = build_graph(cfg.replace(attention="flash"), micro_batch=1, seq=1024)
+    named = build_graph(cfg, micro_batch=1, seq=1024)
+    assert [op.name for op in named.ops] == [op.name for op in flash.ops]
+    assert named.tensors == flash.tensors
+    for a, b in zip(named.ops, flash.ops):
+        if a.kind == "attention":
+            assert a.attr("kernel") == kernel and b.attr("kernel") is None
+            assert dict(a.attrs) == dict(b.attrs) | {"kernel": kernel}
+        else:
+            assert a == b
+
+
 @pytest.mark.parametrize("item, match", [
+    ("attention=sdpa", r"attention='sdpa'; use one of flash, flash2, flash1, unfused"),
     ("layerz=4", r"--set layerz=4: unknown model field 'layerz'\..*Did you mean layers"),
     ("layers=four", r"--set layers=four: expected a int value"),
     ("dropout=maybe", r"--set dropout=maybe: expected a bool value"),
@@ -439,7 +459,8 @@ def test_set_coerces_to_the_field_type():
     ("kv_heads=3", r"kv_heads=3 must divide heads=32"),
     ("layers=-2", r"layers must be a positive integer, got -2"),
     ("mlp=swish", r"mlp='swish'; use one of swiglu, gelu, relu2"),
-], ids=["unknown-key", "bad-int", "bad-bool", "bad-float", "no-equals", "invalid-kv-heads", "negative", "bad-choice"])
+], ids=["bad-attention-kernel", "unknown-key", "bad-int", "bad-bool", "bad-float", "no-equals", "invalid-kv-heads",
+        "negative", "bad-choice"])
 def test_set_errors(item, match):
     with pytest.raises(PlanError, match=match):
         apply_overrides(PRESETS["llama2-7b"], [item])

@@ -111,9 +111,12 @@ def device_table(device_name: str) -> str:
 # engines whose kernels are PyTorch's own (SDPA attention, eager elementwise composites)
 PYTORCH_KERNELS = ("fsdp2", "deepspeed")
 
-# The fused-attention kernels a PyTorch stack may run, as a fraction of the device's FlashAttention-2
-# (SDPA's flash backend, ``attention_sdpa``), forward and backward alike:
-#   flash2  FlashAttention-2: PyTorch SDPA since torch 2.2, flash-attn >= 2.0 (the fsdp2 default).
+# The fused-attention kernels a run may name (``models.config.ATTENTION``; the graph's attention op
+# carries it as its ``kernel`` attr) other than ``flash``, the engine's own (``Efficiency.attention``:
+# Transformer Engine's under megatron, SDPA's FlashAttention-2 under the PyTorch stacks), as a
+# fraction of the device's FlashAttention-2 (``attention_sdpa``), forward and backward alike:
+#   flash2  FlashAttention-2: PyTorch SDPA since torch 2.2, flash-attn >= 2.0 (Megatron-LM's
+#           --use-flash-attn), whatever the engine.
 #   flash1  FlashAttention (v1) and its Triton port (flash-attn's flash_attn_triton.py, which MPT runs
 #           as llm-foundry's ``attn_impl: triton`` before FlashAttention-2): FlashAttention-2 yields
 #           "around 2x speedup compared to FlashAttention" (Dao 2023, arXiv:2307.08691, abstract:
@@ -123,14 +126,18 @@ PYTORCH_KERNELS = ("fsdp2", "deepspeed")
 ATTENTION_KERNELS = {"flash2": 1.0, "flash1": 0.5}
 
 
-def attention_kernel(device_name: str, kernel: str) -> dict:
-    """The ``attention`` and ``attention_bwd`` fractions of ``kernel`` (``ATTENTION_KERNELS``) on a
-    device: fields for ``Efficiency.replace`` or a cluster file's ``efficiency:`` section."""
+def attention_fractions(eff: Efficiency, kernel: str | None = None) -> tuple[float, float]:
+    """Forward and backward fractions of peak of fused attention run by ``kernel`` (an attention
+    op's ``kernel`` attr) under ``eff``: the engine's own kernel (``None`` or ``flash``) at
+    ``eff.attention`` and ``eff.attention_bwd``, the others (``ATTENTION_KERNELS``) at their share of
+    FlashAttention-2 (``eff.attention_sdpa``, else ``eff.attention``), the backward at
+    ``ATTENTION_BWD_RATIO`` of it. The one rule: the evaluator, the search and explain read it."""
+    if kernel is None or kernel == "flash":
+        return eff.attention, eff.attention_bwd
     if kernel not in ATTENTION_KERNELS:
-        raise ValueError(f"attention kernel {kernel!r}; use one of {', '.join(ATTENTION_KERNELS)}")
-    base = TABLES[device_table(device_name)]
-    fwd = (base.attention_sdpa or base.attention) * ATTENTION_KERNELS[kernel]
-    return {"attention": fwd, "attention_bwd": fwd * ATTENTION_BWD_RATIO}
+        raise ValueError(f"attention kernel {kernel!r}; use one of flash, {', '.join(ATTENTION_KERNELS)}")
+    fwd = (eff.attention_sdpa or eff.attention) * ATTENTION_KERNELS[kernel]
+    return fwd, fwd * ATTENTION_BWD_RATIO
 
 
 def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:

@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 
 from symtensor.cost.collectives import collective_time, level_counts
+from symtensor.cost.efficiency import attention_fractions
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
 
@@ -106,9 +107,10 @@ def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype) -> tuple[f
     flops = kind.fwd_flops(sizes, dict(op.attrs))
     bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
     peak = device.flops(dtype)
-    if op.kind == "attention":
+    if op.kind == "attention":  # the op's kernel (``efficiency.attention_fractions``) at its shape
         shape = attention_shape_factor(sizes, eff, op.attr("window"))
-        return flops, bwd_flops, peak * eff.attention * shape, peak * eff.attention_bwd * shape
+        fwd_eff, bwd_eff = attention_fractions(eff, op.attr("kernel"))
+        return flops, bwd_flops, peak * fwd_eff * shape, peak * bwd_eff * shape
     rate = peak * (eff.bmm if op.kind == "bmm" else eff.gemm) * grouped_tile_factor(op, sizes)
     return flops, bwd_flops, rate, rate
 

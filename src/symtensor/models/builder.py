@@ -147,16 +147,18 @@ class _Builder:
         q, k, v = self.mla_qkv(xn, sizes) if cfg.kv_latent else self.qkv(xn, sizes)
         vd = "w" if cfg.kv_latent else "d"  # the value head dim
         o_dims = ("b", "s", "n", vd)
-        if cfg.attention == "flash":
+        if cfg.attention != "unfused":  # a fused kernel: one op, O(s) memory
             o = self.act("core", tuple(sizes[d] for d in o_dims), o_dims)
             inputs, in_dims = [q, k, v], [bsnd, ("b", "t", "g", "d"), ("b", "t", "g", vd)]
             if cfg.sinks:  # one learned logit per head joins each softmax row
                 inputs.append(self.param("sinks", (cfg.heads,), ("n",)))
                 in_dims.append(("n",))
             window = {"window": cfg.window} if cfg.is_window_layer(self.layer) else {}
+            # the engine's own kernel (flash) carries no attr: default graphs are unchanged
+            kernel = {"kernel": cfg.attention} if cfg.attention != "flash" else {}
             core_dims = ("b", "s", "t", "n", "g", "d") + (("w",) if cfg.kv_latent else ())
             self.op("core", "attention", {k_: sizes[k_] for k_ in core_dims}, inputs, in_dims, [o], [o_dims],
-                    causal=True, linked=(("n", "g"),), **window)
+                    causal=True, linked=(("n", "g"),), **window, **kernel)
         else:
             o = self.unfused_core(q, k, v, sizes)
         y = self.linear("o_proj", o, o_dims, bsh, sizes, ("n", vd, "h"), "o", bias=cfg.bias)

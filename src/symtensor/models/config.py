@@ -14,6 +14,19 @@ from symtensor.errors import PlanError, did_you_mean, read_json
 from symtensor.validate import MAX_SEQ, MAX_WIDTH, integer, model_config
 
 
+# The attention kernels a run may name (``ModelConfig.attention``, ``--set attention=...``). Every
+# fused one is one ``attention`` op with O(s) memory; ``cost.efficiency.ATTENTION_KERNELS`` prices
+# the named ones against FlashAttention-2.
+ATTENTION = {
+    "flash": "the engine's fused kernel: Transformer Engine's (megatron), PyTorch SDPA's FlashAttention-2 "
+             "(fsdp2, deepspeed)",
+    "flash2": "FlashAttention-2 (flash-attn >= 2.0, PyTorch SDPA's flash backend), whatever the engine",
+    "flash1": "FlashAttention v1 or its Triton port (llm-foundry's attn_impl: triton)",
+    "unfused": "scores and probabilities materialised: bmm, softmax, bmm (2022 Megatron)",
+}
+FUSED_ATTENTION = tuple(k for k in ATTENTION if k != "unfused")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig:
     """A transformer, dense or mixture-of-experts, in the terms every builder needs.
@@ -54,7 +67,9 @@ class ModelConfig:
         window: sliding-window attention: each query attends to at most ``window`` keys; 0: none.
         window_layers: the layers with the window (GPT-OSS: every other); empty: all of them.
         sinks: attention sinks, a learned logit per head added to each softmax (GPT-OSS).
-        attention: ``flash`` (fused, O(s) memory) or ``unfused`` (scores materialised, 2022 Megatron).
+        attention: the attention kernel of the run's software stack, one of ``ATTENTION``: a fused
+            kernel (``flash``, ``flash2``, ``flash1``: O(s) memory, one ``attention`` op whose
+            ``kernel`` attr the cost model prices) or ``unfused`` (scores materialised, 2022 Megatron).
         dropout: dropout after attention probabilities, attention output and MLP output.
         lora_rank: LoRA rank (0 = full training); base weights are then frozen.
         lora_targets: projections that get LoRA adapters (q, k, v, o, gate, up, down).
@@ -137,7 +152,7 @@ class ModelConfig:
         if self.capacity_factor <= 0:
             raise PlanError(f"model {self.name}: capacity_factor must be positive, got {self.capacity_factor}")
         choices = {"family": ("gpt", "llama"), "mlp": ("swiglu", "gelu", "relu2"), "norm": ("rmsnorm", "layernorm"),
-                   "attention": ("flash", "unfused")}
+                   "attention": tuple(ATTENTION)}
         for key, valid in choices.items():
             if getattr(self, key) not in valid:
                 raise PlanError(f"model {self.name}: {key}={getattr(self, key)!r}; use one of {', '.join(valid)}")
@@ -176,7 +191,8 @@ class ModelConfig:
         fused = ("kv_latent", "window", "sinks")
         if self.attention == "unfused" and any(getattr(self, k) for k in fused):
             raise PlanError(f"{where}: attention=unfused is the 2022 Megatron graph of plain attention; "
-                            f"{', '.join(k for k in fused if getattr(self, k))} need attention=flash")
+                            f"{', '.join(k for k in fused if getattr(self, k))} need attention=flash "
+                            f"(or another fused kernel: {', '.join(FUSED_ATTENTION[1:])})")
 
     @property
     def value_dim(self) -> int:

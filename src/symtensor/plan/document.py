@@ -15,16 +15,27 @@ from symtensor.plan.summary import layer_types, megatron_summary, repeated_work_
 MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
 
 
-def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str) -> dict:
+def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str, graph) -> dict:
     """What every prediction states besides its numbers: the engine, the efficiency table and its
-    source, and the error band of its regime (``cost.bands``)."""
+    source, the attention kernel the graph was costed with, and the error band of its regime
+    (``cost.bands``)."""
     from symtensor.cost.efficiency import device_table, efficiency_for
 
     b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework)
     table = "measured (cluster file)" if cluster.efficiency else device_table(cluster.device.name)
     return {"framework": framework, "efficiency_table": table,
-            "efficiency_source": efficiency_for(cluster).source, "regime": b.regime,
-            "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated}
+            "efficiency_source": efficiency_for(cluster).source, "attention_kernel": attention_kernel(graph),
+            "regime": b.regime, "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated}
+
+
+def attention_kernel(graph) -> str:
+    """The attention kernel(s) of ``graph`` as the cost model reads them (``models.config.ATTENTION``):
+    each fused attention op's ``kernel`` attr (none: ``flash``, the engine's own), ``unfused`` where
+    attention is separate score and context matmuls; several are joined with commas."""
+    kernels = dict.fromkeys(op.attr("kernel") or "flash" for op in graph.ops if op.kind == "attention")
+    if any(op.kind == "bmm" and op.attr("core") for op in graph.ops):
+        kernels["unfused"] = None
+    return ",".join(kernels) or "none"
 
 
 def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str):
@@ -41,7 +52,7 @@ def evaluation_json(plan: Plan) -> dict:
     out.update(model=plan.model.name, cluster=plan.cluster.name, devices=plan.cluster.n_devices,
                config=megatron_summary(plan))
     out.update(prediction_terms(plan.model, plan.cluster, plan.report.step_time_s, zero=plan.train.zero,
-                                seq=plan.seq, framework=plan.engine))
+                                seq=plan.seq, framework=plan.engine, graph=plan.graph))
     return out
 
 
@@ -60,7 +71,7 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
                   layouts={name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},
                   layer_types=layer_types(plan))
     result.update(prediction_terms(plan.model, cl, plan.report.step_time_s, zero=config["zero"], seq=plan.seq,
-                                   framework=config.get("framework", "megatron")))
+                                   framework=config.get("framework", "megatron"), graph=plan.graph))
     if baselines is not None:
         result["baselines"] = baselines_json(plan, baselines, _band(result), detail)
     return result
