@@ -29,11 +29,12 @@ How each run is costed (``symtensor.api.evaluate``, the same call as ``symtensor
     recomputes its 2nd, 4th and 6th matmul of wq wk wv wo w1 w3 w2 (wk, wo, w3) and its elementwise
     ops: w = their share of the block's forward seconds as the cost model costs them ("selective"
     alone: torchtitan's default option, op). Both ends are shown (the bracket column: full).
-  * Attention kernels: torchtitan runs SDPA (FlashAttention-2; the fsdp2 default). llm-foundry's MPT
-    yamls set ``attn_config: attn_impl: triton`` (mpt-125m.yaml @2a59782a, the benchmark script's
-    ``--attn_impl`` default too), flash-attn's Triton FlashAttention (v1): a cluster file of the
-    preset with the ``flash1`` kernel (``symtensor.cost.efficiency.attention_kernel``: half of
-    FlashAttention-2, Dao 2023) describes that stack.
+  * Attention kernels, the model's ``attention`` (``--set attention=...``): torchtitan runs SDPA
+    (FlashAttention-2), NeMo Transformer Engine's fused attention: ``flash``, each engine's own.
+    llm-foundry's MPT yamls set ``attn_config: attn_impl: triton`` (mpt-125m.yaml @2a59782a, the
+    benchmark script's ``--attn_impl`` default too), flash-attn's Triton FlashAttention (v1):
+    ``attention=flash1`` (``symtensor.cost.efficiency.ATTENTION_KERNELS``: half of FlashAttention-2,
+    Dao 2023) describes that stack.
   * Grand Teton H100 (torchtitan: 96 GB HBM2e at 2.4 TB/s, 500 W cap) is a cluster file this script
     writes: the dgx-h100 preset with HBM 2,400 GB/s and 96 GiB; the 500 W power cap is NOT modelled
     (the peak stays 989 TFLOP/s), nor is torch.compile nor Float8 (Float8 rows are not transcribed,
@@ -63,7 +64,6 @@ from pathlib import Path
 
 from symtensor import api
 from symtensor.errors import PlanError
-from symtensor.cost.efficiency import attention_kernel, device_table
 from symtensor.hardware import GIB, PRESETS
 from symtensor.cost import Evaluator
 from symtensor.graph import kind_of
@@ -125,48 +125,42 @@ def mpt_params(row: dict) -> int:
     return layers * (12 * d * d + 13 * d) + (MPT_VOCAB + int(row["seq"])) * d + 2 * d
 
 
-def cluster_file(folder: Path, preset: str, name: str, device: dict | None = None, kernel: str = "") -> str:
-    """A cluster file of ``preset`` with ``device`` fields changed and, with ``kernel``, the
-    attention fractions of that kernel (``efficiency.attention_kernel``) in its efficiency section."""
+def cluster_file(folder: Path, preset: str, name: str, device: dict) -> str:
+    """A cluster file of ``preset`` with ``device`` fields changed."""
     dev, levels = PRESETS[preset]
     data = {"name": name,
             "device": {"name": dev.name, "hbm_gbps": dev.hbm_bandwidth / 1e9, "memory_gib": dev.memory / GIB,
                        "peak_tflops": {k: v / TFLOPS for k, v in dev.peak_flops.items()},
-                       "source": f"as {preset} ({dev.source})", **(device or {})},
+                       "source": f"as {preset} ({dev.source})", **device},
             "levels": [{"name": lv.name, **({"fanout": lv.fanout} if lv.fanout else {}),
                         "bandwidth_gbps": lv.bandwidth / 1e9, "latency_us": lv.latency * 1e6,
                         **({"link_efficiency": dict(lv.link_efficiency)} if lv.link_efficiency else {}),
                         "source": f"as {preset} ({lv.source})"}
                        for lv in levels]}
-    if kernel:
-        data["efficiency"] = {**attention_kernel(dev.name, kernel),
-                              "source": f"{device_table(dev.name)} table with the {kernel} attention kernel "
-                                        "(symtensor.cost.efficiency.ATTENTION_KERNELS)"}
     path = folder / f"{name}.json"
     path.write_text(json.dumps(data, indent=1))
     return str(path)
 
 
 def cluster_files(folder: Path) -> dict:
-    """The clusters the runs ran on, by (gpu column, attention kernel): the presets, Grand Teton
-    (torchtitan's hardware: dgx-h100 with 96 GB HBM2e at 2.4 TB/s; the 500 W power limit is not
-    modelled, the peak stays dgx-h100's) and the presets with llm-foundry's Triton attention."""
+    """The clusters the runs ran on, by gpu column: the presets and Grand Teton (torchtitan's
+    hardware: dgx-h100 with 96 GB HBM2e at 2.4 TB/s; the 500 W power limit is not modelled, the
+    peak stays dgx-h100's)."""
     teton = {"name": "H100-SXM-HBM2e-96GB", "hbm_gbps": 2400, "memory_gib": 96,
              "source": "torchtitan docs/performance.md @eaea6f6: Grand Teton, H100 with 96GB HBM2e at 2.4 TB/s, "
                        "500 W power limit (not modelled: peak as dgx-h100)"}
-    return {("a100_80gb", "flash2"): "dgx-a100-80g", ("h100_80gb", "flash2"): "dgx-h100",
-            ("h100_96gb_hbm2e_grand_teton", "flash2"): cluster_file(folder, "dgx-h100", "grand-teton-h100", teton),
-            ("a100_80gb", "flash1"): cluster_file(folder, "dgx-a100-80g", "dgx-a100-80g-flash1", kernel="flash1"),
-            ("h100_80gb", "flash1"): cluster_file(folder, "dgx-h100", "dgx-h100-flash1", kernel="flash1")}
+    return {"a100_80gb": "dgx-a100-80g", "h100_80gb": "dgx-h100",
+            "h100_96gb_hbm2e_grand_teton": cluster_file(folder, "dgx-h100", "grand-teton-h100", teton)}
 
 
 def kernel_of(row: dict) -> str:
-    """The attention kernel of a run: llm-foundry's MPT yamls run flash-attn's Triton kernel."""
-    return "flash1" if row["source"] == "llm-foundry" else "flash2"
+    """The attention kernel of a run (``ModelConfig.attention``): llm-foundry's MPT yamls run
+    flash-attn's Triton kernel, the others their engine's own."""
+    return "flash1" if row["source"] == "llm-foundry" else "flash"
 
 
 def cluster_of(row: dict, clusters: dict) -> str:
-    return clusters[(row["gpu"], kernel_of(row))]
+    return clusters[row["gpu"]]
 
 
 def recompute_of(row: dict) -> tuple[str, str | None]:
@@ -230,6 +224,7 @@ class Costs:
 
     def __call__(self, row: dict, cluster: str, recompute: str) -> dict:
         preset, over = model_of(row)
+        over = {**over, "attention": kernel_of(row)}  # the stack's attention kernel, as --set names it
         args = dict(devices=int(row["gpus"]), tp=int(row["tp"]), pp=int(row["pp"]), dp=int(row["dp"]),
                     cp=int(row["cp"]), sp=row["sp"] == "yes", zero=int(row["zero"]), recompute=recompute,
                     micro_batch=int(row["micro_batch"]), global_batch=int(row["global_batch"]), seq=int(row["seq"]),
