@@ -14,17 +14,18 @@ optimizer state (sharded by ZeRO), plus the saved activations of the in-flight m
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
 from symtensor.cost.engine import Unit, engine_of, exposure, sharded_parameters, tp_overlapped
 from symtensor.cost.opcost import (Collective, collectives_time, compute_floor, extra_saved_bytes, input_layout,
                                    intra_collectives, op_time, output_layout, param_layout, redistribute)
+from symtensor.cost.report import CostReport
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import DTYPE_BYTES, Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
-from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster, Mesh
+from symtensor.hardware import MEMORY_HEADROOM, Cluster, Mesh
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 
 
@@ -43,46 +44,6 @@ def split_mesh(cluster: Cluster, pp: int):
             raise PlanError(f"pp={pp} cannot be laid on the mesh {[a.size for a in cluster.mesh()]}")
         taken.append(mesh.pop(idx))
     return Mesh(mesh), Mesh(taken)
-
-
-@dataclass
-class CostReport:
-    """What one plan costs. Times in seconds, memory in bytes, volumes in bytes per device per step."""
-
-    step_time_s: float
-    breakdown: dict[str, float]
-    memory: dict[str, float]
-    memory_peak: float
-    capacity: float
-    fits: bool
-    model_flops: float
-    tokens: int
-    n_devices: int
-    peak_flops: float
-    comm_bytes: dict[str, float] = field(default_factory=dict)
-    stage_times_s: list[float] = field(default_factory=list)
-
-    @property
-    def tokens_per_s(self) -> float:
-        return self.tokens / self.step_time_s
-
-    @property
-    def model_tflops_per_device(self) -> float:
-        return self.model_flops / self.step_time_s / self.n_devices / 1e12
-
-    @property
-    def mfu(self) -> float:
-        return self.model_flops / self.step_time_s / self.n_devices / self.peak_flops
-
-    def as_dict(self) -> dict:
-        return {
-            "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
-            "model_tflops_per_device": self.model_tflops_per_device, "mfu": self.mfu,
-            "memory_gib_per_device": self.memory_peak / GIB, "capacity_gib": self.capacity / GIB,
-            "fits": self.fits, "breakdown": dict(self.breakdown),
-            "memory_gib": {k: v / GIB for k, v in self.memory.items()},
-            "comm_bytes_per_device": dict(self.comm_bytes),
-        }
 
 
 _CATEGORY_BY_KIND = {"attention": "cp_comm", "moe_dispatch": "ep_comm", "moe_combine": "ep_comm"}
