@@ -257,7 +257,7 @@ def _evaluate(name):
 
 
 # the category of an edge's collective comes from the op kind (model._CATEGORY_BY_KIND, default
-# tp_comm) and _Segment._saved charges every re-gather to tp_comm, whatever mesh axes they span
+# tp_comm) and Segment._saved charges every re-gather to tp_comm, whatever mesh axes they span
 _TP1_BUGS: dict = {}
 
 

@@ -18,10 +18,11 @@ from dataclasses import dataclass
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import Unit, engine_of, exposure, sharded_parameters, tp_overlapped
-from symtensor.cost.opcost import (Collective, collectives_time, compute_floor, extra_saved_bytes, input_layout,
-                                   intra_collectives, op_time, output_layout, param_layout, redistribute)
+from symtensor.cost.engine import Unit, engine_of, exposure, sharded_parameters
+from symtensor.cost.opcost import (collectives_time, compute_floor, input_layout, op_time, output_layout, param_layout,
+                                   redistribute)
 from symtensor.cost.report import CostReport
+from symtensor.cost.segment import Segment, activation_key, out_slot, recomputed
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import DTYPE_BYTES, Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
@@ -44,14 +45,6 @@ def split_mesh(cluster: Cluster, pp: int):
             raise PlanError(f"pp={pp} cannot be laid on the mesh {[a.size for a in cluster.mesh()]}")
         taken.append(mesh.pop(idx))
     return Mesh(mesh), Mesh(taken)
-
-
-_CATEGORY_BY_KIND = {"attention": "cp_comm", "moe_dispatch": "ep_comm", "moe_combine": "ep_comm"}
-# the compute each communication category can hide behind (see _Segment._overlap)
-_HIDES = {"linear": "tp_comm", "attention": "cp_comm"}
-# Transformer Engine userbuffers split a tensor-parallel GEMM and its collective into 4 chunks
-# (NeMo's tp_comm_overlap configs for H100: num_splits 4 for the pipelined reduce-scatters)
-TP_OVERLAP_SPLITS = 4
 
 
 class Evaluator:
@@ -187,7 +180,7 @@ class Evaluator:
             for slot, tname in enumerate(op.inputs):
                 prod = ext_producer.get(tname) or self.producer.get(tname)
                 if prod is not None:  # graph inputs cost no redistribution
-                    inputs.append((slot, tname, prod, _out_slot(prod, tname), tname in self.requires_grad))
+                    inputs.append((slot, tname, prod, out_slot(prod, tname), tname in self.requires_grad))
             saves = []
             for slot_name in op_saves(op):
                 io, idx = slot_name[:-1], int(slot_name[-1])
@@ -196,7 +189,7 @@ class Evaluator:
                 if t.param:
                     continue
                 prod = ext_producer.get(tname) or self.producer.get(tname)
-                saves.append((io, idx, tname, t.nbytes, prod, _out_slot(prod, tname) if prod is not None else 0))
+                saves.append((io, idx, tname, t.nbytes, prod, out_slot(prod, tname) if prod is not None else 0))
             out.append((op, tuple(inputs), tuple(saves)))
         hit = self._wiring_cache[key] = tuple(out)
         return hit
@@ -284,158 +277,19 @@ class Evaluator:
             out[layer] = out.get(layer, 0.0) + seconds
         return out
 
-    def segment(self, sig_id, ops, external, lay, ext, cross: frozenset, akey, layouts, train) -> "_Segment":
+    def segment(self, sig_id, ops, external, lay, ext, cross: frozenset, akey, layouts, train) -> Segment:
         """The costed segment of ``ops`` (memoised: equal layers with equal layouts, inputs'
         layouts, pipeline boundary and activation semantics ``akey`` share it)."""
         key = (sig_id, lay, ext, bool(cross), akey)
         seg = self._segment_cache.get(key)
         if seg is None:
-            seg = self._segment_cache[key] = _Segment(self, layouts, train, ops, cross, external).run()
+            seg = self._segment_cache[key] = Segment(self, layouts, train, ops, cross, external).run()
         return seg
 
     def static_fits(self, layouts: dict[str, OpLayout], train: TrainConfig) -> bool:
         """False when parameters, gradients and optimizer state alone exceed the usable memory of
         a device (then no recomputation fits either)."""
         return _Accumulator(self, layouts, train).static_peak() <= self.cluster.device.memory * MEMORY_HEADROOM
-
-
-class _Segment:
-    """The cost of one segment (a layer, or the ops before or after the layers) on its stage, per
-    micro-batch where it repeats and per step where it does not. Identical layers with identical
-    layouts and inputs have the same segment, so a 126-layer model costs a few segment walks."""
-
-    def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops, cross_stage: frozenset, external=()):
-        self.ev, self.layouts, self.train, self.ops = ev, layouts, train, ops
-        self.ext_producer = dict(external)
-        self.charged: set = set()  # (tensor, layout) redistributions already paid
-        self.cross_stage = cross_stage  # input tensors that arrive from another pipeline stage
-        self.compute = self.recompute = self.fwd = 0.0
-        self.overlap_compute: dict[str, float] = {}  # per comm category: compute it can hide behind
-        self.comm: dict[str, float] = {}  # exposed seconds per micro-batch, per category
-        self.raw_comm: dict[str, float] = {}  # before overlap
-        self.bytes: dict[str, float] = {}  # per micro-batch
-        self.saved: dict[str, float] = {}
-        self.layer_input = 0.0
-        self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
-
-    def layout(self, op) -> OpLayout:
-        return self.layouts.get(op.name, REPLICATED)
-
-    def producer(self, tname):
-        return self.ext_producer.get(tname) or self.ev.producer.get(tname)
-
-    def add_comm(self, category, colls, seconds, times=1.0):
-        self.comm[category] = self.comm.get(category, 0.0) + seconds * times
-        for c in colls:
-            self.bytes[c.kind] = self.bytes.get(c.kind, 0.0) + c.nbytes * times
-
-    def run(self) -> "_Segment":
-        recompute, layers = self.train.recompute, self.ev.graph.meta["layers"]
-        wiring = self.ev.wiring(self.ops, self.ext_producer)
-        for op, inputs, saves in wiring:
-            layout = self.layout(op)
-            t = self.ev.op_time(op, layout)
-            self.compute += t.fwd_s + t.bwd_s
-            self.fwd += t.fwd_s
-            redo = recomputed(op, recompute, layers)
-            if redo:
-                self.recompute += t.fwd_s
-            hides = _HIDES.get(op.kind)
-            if hides is not None:
-                busy = t.fwd_s * (2 if redo else 1) + t.bwd_s
-                self.overlap_compute[hides] = self.overlap_compute.get(hides, 0.0) + busy
-            self._edges(op, layout, redo, inputs)
-            self._saved(op, layout, saves)
-        self.saved_total = sum(self.saved.values())
-        self.bwd = self.compute - self.fwd + self.recompute
-        self._overlap()
-        return self
-
-    @property
-    def seconds(self) -> float:
-        """What the segment adds to its stage's time per micro-batch."""
-        return self.compute + self.recompute + sum(self.comm.values())
-
-    def _overlap(self):
-        """Exposed communication per category. Transformer Engine overlaps tensor-parallel
-        collectives with the GEMMs they feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of
-        which the first cannot be hidden; ring context parallelism exchanges the next key/value
-        block while attention runs on this one. Other communication is exposed."""
-        self.raw_comm = dict(self.comm)
-        tp = self.comm.get("tp_comm", 0.0)
-        if tp and tp_overlapped(self.train):
-            gemm = self.overlap_compute.get("tp_comm", 0.0)
-            self.comm["tp_comm"] = max(tp / TP_OVERLAP_SPLITS, tp - gemm)
-        cp = self.comm.get("cp_comm", 0.0)
-        if cp:
-            self.comm["cp_comm"] = max(0.0, cp - self.overlap_compute.get("cp_comm", 0.0))
-
-    def _edges(self, op, layout, redo, inputs):
-        ev = self.ev
-        category = _CATEGORY_BY_KIND.get(op.kind, "tp_comm")
-        intra = intra_collectives(op, layout, ev.mesh)
-        if intra:
-            self.add_comm("tp_comm", intra, collectives_time(intra, ev.mesh, ev.levels, ev.eff), 2.0 if redo else 1.0)
-        charged, layouts = self.charged, self.layouts
-        for slot, tname, prod, pslot, grad in inputs:
-            if tname in self.cross_stage:
-                continue  # pipeline boundaries are point-to-point, charged per step
-            playout = layouts.get(prod.name, REPLICATED)
-            dst = ev.in_layout(op, layout, slot)
-            cat = "ep_comm" if prod.kind == "moe_dispatch" else category
-            # consumers that need the same layout share one collective (Q, K and V projections
-            # read one gathered input; their partial input gradients add up before one reduction)
-            if (tname, dst) not in charged:
-                charged.add((tname, dst))
-                seconds, colls = ev.edge(ev.out_layout(prod, playout, pslot, partial=True), dst, tname)
-                if colls:
-                    self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
-            if grad:
-                gsrc = ev.in_layout(op, layout, slot, grad=True)
-                if (tname, gsrc, "grad") in charged:
-                    continue
-                charged.add((tname, gsrc, "grad"))
-                seconds, colls = ev.edge(gsrc, ev.out_layout(prod, playout, pslot, partial=False), tname)
-                if colls:
-                    self.add_comm(cat, colls, seconds)
-
-    def _saved(self, op, layout, saves):
-        ev = self.ev
-        # selective recomputation re-runs the attention core: of its ops' saved tensors only the
-        # region's inputs (Q, K, V) stay, what the core produces itself is recomputed
-        selective = self.train.recompute == "selective" and bool(op.attr("core")) and self.in_layer
-        regather = engine_of(self.train).keeps_sp_shard
-        mesh = ev.mesh
-        for io, idx, tname, tbytes, prod, pslot in saves:
-            view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
-            nbytes = tbytes / view.factor(mesh)
-            if selective and (io == "out" or (prod is not None and prod.attr("core"))):
-                continue
-            if prod is not None and io == "in" and tname not in self.cross_stage:
-                pview = ev.out_layout(prod, self.layout(prod), pslot, partial=False)
-                pbytes = tbytes / pview.factor(mesh)
-                if regather and pbytes < nbytes and (tname, view, "saved") not in self.charged:
-                    # keep the smaller shard and gather it again in backward (Megatron-SP)
-                    self.charged.add((tname, view, "saved"))
-                    _, colls = ev.edge(pview, view, tname)
-                    gathers = tuple(c for c in colls if c.kind == "all_gather")
-                    self.add_comm(_CATEGORY_BY_KIND.get(op.kind, "tp_comm"), gathers,
-                                  collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
-                if regather and pbytes < nbytes:
-                    nbytes = pbytes
-            prev = self.saved.get(tname)
-            if prev is None or nbytes < prev:
-                self.saved[tname] = nbytes
-        extra = 0.0 if selective else extra_saved_bytes(op, layout, ev.mesh)
-        if extra:
-            self.saved[f"{op.name}#extra"] = extra
-        if self.in_layer and op.inputs and not self.layer_input:
-            # the residual stream entering the layer: what full recomputation keeps
-            x = op.inputs[0]
-            prod = self.producer(x)
-            if prod is not None and prod.layer != op.layer:
-                v = ev.out_layout(prod, self.layout(prod), _out_slot(prod, x), partial=False)
-                self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)
 
 
 class _Params:
@@ -507,7 +361,7 @@ class _Params:
             self.gathers[axes] = self.gathers.get(axes, 0.0) + nbytes
             self.tensor_gather_s += pc.gather_s
 
-    def unit(self, times: int, seg: "_Segment | None" = None) -> Unit:
+    def unit(self, times: int, seg: "Segment | None" = None) -> Unit:
         fwd, bwd = (seg.fwd, seg.bwd) if seg is not None else (0.0, 0.0)
         return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes, self.copy_s)
 
@@ -630,7 +484,7 @@ class _Stage:
         self.params: list[tuple[_Params, int]] = []
         self.unsharded = 0.0  # the largest unit's gathered parameters
 
-    def add(self, seg: _Segment, params: _Params, times: int = 1):
+    def add(self, seg: Segment, params: _Params, times: int = 1):
         """``times`` identical layers with this segment and these parameters."""
         self.add_params(params, times, seg)
         self.compute += seg.compute * times
@@ -644,7 +498,7 @@ class _Stage:
         else:
             self.other_saved += seg.saved_total * times
 
-    def add_params(self, params: _Params, times: int = 1, seg: _Segment | None = None):
+    def add_params(self, params: _Params, times: int = 1, seg: Segment | None = None):
         for k, v in params.static.items():
             self.static[k] += v * times
         self.other_sync += params.other_s * times
@@ -666,25 +520,6 @@ class _Stage:
     @property
     def per_microbatch_s(self) -> float:
         return self.compute + self.recompute + sum(self.comm.values())
-
-
-def activation_key(train: TrainConfig) -> tuple:
-    """What a segment's cost depends on besides layouts: recomputation and the engine's
-    semantics (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
-    schedule only enter the step)."""
-    return train.recompute, train.framework, tp_overlapped(train)
-
-
-def recomputed(op, recompute: str, layers: int) -> bool:
-    """Whether backward re-runs ``op``'s forward under ``recompute``: every transformer-layer op
-    under full recomputation, the attention core's unfused ops (marked ``core``) under selective;
-    never the ops before or after the ``layers`` layers."""
-    return 0 <= op.layer < layers and (recompute == "full" or (recompute == "selective" and bool(op.attr("core"))))
-
-
-def _out_slot(prod, tname) -> int:
-    """The output slot of ``prod`` that holds ``tname`` (slot 0 for a stand-in producer)."""
-    return prod.outputs.index(tname) if tname in prod.outputs else 0
 
 
 def _same_block(ops, producer):
@@ -821,7 +656,7 @@ class _Accumulator:
             for tname, prod in external:
                 if self.stage[layer - 1 if repeated else prod.layer] == self.stage[layer]:
                     continue
-                view = ev.out_layout(prod, self.layout(prod), _out_slot(prod, tname), partial=False)
+                view = ev.out_layout(prod, self.layout(prod), out_slot(prod, tname), partial=False)
                 local = ev.tensors[tname].nbytes / view.factor(ev.mesh)
                 used = {a for ax in view.axes for a in ax}
                 replicas = tuple(a for a in range(len(ev.mesh)) if a not in used)

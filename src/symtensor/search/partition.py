@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from operator import attrgetter, or_
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.model import recomputed
+from symtensor.cost.segment import recomputed
 from symtensor.cost.terms import edge_seconds, edge_terms, op_cost, saved_bytes
 from symtensor.graph import layer_repeat, op_no_cut
 from symtensor.layout import REPLICATED, OpLayout, cut_factor, linked_layout, matmul_roles, refusal

@@ -1,0 +1,176 @@
+"""The cost of one segment (a layer, or the ops before or after the layers) on its stage: compute,
+recomputation, the communication of its ops and edges (exposed after the engine's overlap) and
+its saved activations. The evaluator (``cost.model``) builds segments and sums them per stage."""
+
+from __future__ import annotations
+
+from symtensor.cost.engine import engine_of, tp_overlapped
+from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
+from symtensor.cost.train import TrainConfig
+from symtensor.layout import REPLICATED, OpLayout
+
+_CATEGORY_BY_KIND = {"attention": "cp_comm", "moe_dispatch": "ep_comm", "moe_combine": "ep_comm"}
+# the compute each communication category can hide behind (see Segment._overlap)
+_HIDES = {"linear": "tp_comm", "attention": "cp_comm"}
+# Transformer Engine userbuffers split a tensor-parallel GEMM and its collective into 4 chunks
+# (NeMo's tp_comm_overlap configs for H100: num_splits 4 for the pipelined reduce-scatters)
+TP_OVERLAP_SPLITS = 4
+
+
+def activation_key(train: TrainConfig) -> tuple:
+    """What a segment's cost depends on besides layouts: recomputation and the engine's
+    semantics (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
+    schedule only enter the step)."""
+    return train.recompute, train.framework, tp_overlapped(train)
+
+
+def recomputed(op, recompute: str, layers: int) -> bool:
+    """Whether backward re-runs ``op``'s forward under ``recompute``: every transformer-layer op
+    under full recomputation, the attention core's unfused ops (marked ``core``) under selective;
+    never the ops before or after the ``layers`` layers."""
+    return 0 <= op.layer < layers and (recompute == "full" or (recompute == "selective" and bool(op.attr("core"))))
+
+
+def out_slot(prod, tname) -> int:
+    """The output slot of ``prod`` that holds ``tname`` (slot 0 for a stand-in producer)."""
+    return prod.outputs.index(tname) if tname in prod.outputs else 0
+
+
+class Segment:
+    """The cost of one segment (a layer, or the ops before or after the layers) on its stage, per
+    micro-batch where it repeats and per step where it does not. Identical layers with identical
+    layouts and inputs have the same segment, so a 126-layer model costs a few segment walks.
+    ``ev``: the evaluator whose memoised pieces (op times, edges, placements, wiring) it reads."""
+
+    def __init__(self, ev, layouts, train: TrainConfig, ops, cross_stage: frozenset, external=()):
+        self.ev, self.layouts, self.train, self.ops = ev, layouts, train, ops
+        self.ext_producer = dict(external)
+        self.charged: set = set()  # (tensor, layout) redistributions already paid
+        self.cross_stage = cross_stage  # input tensors that arrive from another pipeline stage
+        self.compute = self.recompute = self.fwd = 0.0
+        self.overlap_compute: dict[str, float] = {}  # per comm category: compute it can hide behind
+        self.comm: dict[str, float] = {}  # exposed seconds per micro-batch, per category
+        self.raw_comm: dict[str, float] = {}  # before overlap
+        self.bytes: dict[str, float] = {}  # per micro-batch
+        self.saved: dict[str, float] = {}
+        self.layer_input = 0.0
+        self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
+
+    def layout(self, op) -> OpLayout:
+        return self.layouts.get(op.name, REPLICATED)
+
+    def producer(self, tname):
+        return self.ext_producer.get(tname) or self.ev.producer.get(tname)
+
+    def add_comm(self, category, colls, seconds, times=1.0):
+        self.comm[category] = self.comm.get(category, 0.0) + seconds * times
+        for c in colls:
+            self.bytes[c.kind] = self.bytes.get(c.kind, 0.0) + c.nbytes * times
+
+    def run(self) -> Segment:
+        recompute, layers = self.train.recompute, self.ev.graph.meta["layers"]
+        wiring = self.ev.wiring(self.ops, self.ext_producer)
+        for op, inputs, saves in wiring:
+            layout = self.layout(op)
+            t = self.ev.op_time(op, layout)
+            self.compute += t.fwd_s + t.bwd_s
+            self.fwd += t.fwd_s
+            redo = recomputed(op, recompute, layers)
+            if redo:
+                self.recompute += t.fwd_s
+            hides = _HIDES.get(op.kind)
+            if hides is not None:
+                busy = t.fwd_s * (2 if redo else 1) + t.bwd_s
+                self.overlap_compute[hides] = self.overlap_compute.get(hides, 0.0) + busy
+            self._edges(op, layout, redo, inputs)
+            self._saved(op, layout, saves)
+        self.saved_total = sum(self.saved.values())
+        self.bwd = self.compute - self.fwd + self.recompute
+        self._overlap()
+        return self
+
+    @property
+    def seconds(self) -> float:
+        """What the segment adds to its stage's time per micro-batch."""
+        return self.compute + self.recompute + sum(self.comm.values())
+
+    def _overlap(self):
+        """Exposed communication per category. Transformer Engine overlaps tensor-parallel
+        collectives with the GEMMs they feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of
+        which the first cannot be hidden; ring context parallelism exchanges the next key/value
+        block while attention runs on this one. Other communication is exposed."""
+        self.raw_comm = dict(self.comm)
+        tp = self.comm.get("tp_comm", 0.0)
+        if tp and tp_overlapped(self.train):
+            gemm = self.overlap_compute.get("tp_comm", 0.0)
+            self.comm["tp_comm"] = max(tp / TP_OVERLAP_SPLITS, tp - gemm)
+        cp = self.comm.get("cp_comm", 0.0)
+        if cp:
+            self.comm["cp_comm"] = max(0.0, cp - self.overlap_compute.get("cp_comm", 0.0))
+
+    def _edges(self, op, layout, redo, inputs):
+        ev = self.ev
+        category = _CATEGORY_BY_KIND.get(op.kind, "tp_comm")
+        intra = intra_collectives(op, layout, ev.mesh)
+        if intra:
+            self.add_comm("tp_comm", intra, collectives_time(intra, ev.mesh, ev.levels, ev.eff), 2.0 if redo else 1.0)
+        charged, layouts = self.charged, self.layouts
+        for slot, tname, prod, pslot, grad in inputs:
+            if tname in self.cross_stage:
+                continue  # pipeline boundaries are point-to-point, charged per step
+            playout = layouts.get(prod.name, REPLICATED)
+            dst = ev.in_layout(op, layout, slot)
+            cat = "ep_comm" if prod.kind == "moe_dispatch" else category
+            # consumers that need the same layout share one collective (Q, K and V projections
+            # read one gathered input; their partial input gradients add up before one reduction)
+            if (tname, dst) not in charged:
+                charged.add((tname, dst))
+                seconds, colls = ev.edge(ev.out_layout(prod, playout, pslot, partial=True), dst, tname)
+                if colls:
+                    self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
+            if grad:
+                gsrc = ev.in_layout(op, layout, slot, grad=True)
+                if (tname, gsrc, "grad") in charged:
+                    continue
+                charged.add((tname, gsrc, "grad"))
+                seconds, colls = ev.edge(gsrc, ev.out_layout(prod, playout, pslot, partial=False), tname)
+                if colls:
+                    self.add_comm(cat, colls, seconds)
+
+    def _saved(self, op, layout, saves):
+        ev = self.ev
+        # selective recomputation re-runs the attention core: of its ops' saved tensors only the
+        # region's inputs (Q, K, V) stay, what the core produces itself is recomputed
+        selective = self.train.recompute == "selective" and bool(op.attr("core")) and self.in_layer
+        regather = engine_of(self.train).keeps_sp_shard
+        mesh = ev.mesh
+        for io, idx, tname, tbytes, prod, pslot in saves:
+            view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
+            nbytes = tbytes / view.factor(mesh)
+            if selective and (io == "out" or (prod is not None and prod.attr("core"))):
+                continue
+            if prod is not None and io == "in" and tname not in self.cross_stage:
+                pview = ev.out_layout(prod, self.layout(prod), pslot, partial=False)
+                pbytes = tbytes / pview.factor(mesh)
+                if regather and pbytes < nbytes and (tname, view, "saved") not in self.charged:
+                    # keep the smaller shard and gather it again in backward (Megatron-SP)
+                    self.charged.add((tname, view, "saved"))
+                    _, colls = ev.edge(pview, view, tname)
+                    gathers = tuple(c for c in colls if c.kind == "all_gather")
+                    self.add_comm(_CATEGORY_BY_KIND.get(op.kind, "tp_comm"), gathers,
+                                  collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
+                if regather and pbytes < nbytes:
+                    nbytes = pbytes
+            prev = self.saved.get(tname)
+            if prev is None or nbytes < prev:
+                self.saved[tname] = nbytes
+        extra = 0.0 if selective else extra_saved_bytes(op, layout, ev.mesh)
+        if extra:
+            self.saved[f"{op.name}#extra"] = extra
+        if self.in_layer and op.inputs and not self.layer_input:
+            # the residual stream entering the layer: what full recomputation keeps
+            x = op.inputs[0]
+            prod = self.producer(x)
+            if prod is not None and prod.layer != op.layer:
+                v = ev.out_layout(prod, self.layout(prod), out_slot(prod, x), partial=False)
+                self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)
