@@ -14,18 +14,17 @@ optimizer state (sharded by ZeRO), plus the saved activations of the in-flight m
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import Unit, engine_of, exposure, sharded_parameters
+from symtensor.cost.engine import Unit, exposure
 from symtensor.cost.opcost import (collectives_time, compute_floor, input_layout, op_time, output_layout, param_layout,
                                    redistribute)
+from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
 from symtensor.cost.report import CostReport
 from symtensor.cost.segment import Segment, activation_key, out_slot, recomputed
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
-from symtensor.graph import DTYPE_BYTES, Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
+from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
 from symtensor.hardware import MEMORY_HEADROOM, Cluster, Mesh
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 
@@ -90,7 +89,7 @@ class Evaluator:
         self.param_ops = tuple(op for op in graph.ops if any(self.tensors[t].param for t in op.inputs))
         self._segment_cache: dict = {}
         self._boundary_seconds: dict = {}  # (signature id, layouts, activation key) -> layer_seconds' part
-        self._segment_params_cache: dict = {}  # per segment (_Params); _param_cache: per tensor
+        self._segment_params_cache: dict = {}  # per segment (Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
         self._floor_cache: dict = {}  # recomputation -> step_floor per micro-batch, all devices
         self.segments = self._index_segments()
@@ -194,7 +193,7 @@ class Evaluator:
         hit = self._wiring_cache[key] = tuple(out)
         return hit
 
-    def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None) -> "ParamCost":
+    def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
         key = (t.shape, t.trainable, tl, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes,
                train.optim_bytes, data_axes)
         hit = self._param_cache.get(key)
@@ -292,180 +291,6 @@ class Evaluator:
         return _Accumulator(self, layouts, train).static_peak() <= self.cluster.device.memory * MEMORY_HEADROOM
 
 
-class _Params:
-    """Parameters, gradients and optimizer state of one segment, their optimizer step and one
-    occurrence of their data-parallel collectives: what depends on the ZeRO stage and the
-    micro-batch count, not on recomputation or pipeline boundaries (so those variants reuse it).
-    Tied parameters (shared embedding and LM head) are kept apart and counted once per stage.
-
-    A unit's parameters are gathered and its gradients reduced together (FSDP units, Megatron's
-    buckets): one collective per group of replica axes, so latency is paid per unit; an engine
-    that gathers each tensor apart (DeepSpeed ZeRO 3) pays it per tensor."""
-
-    def __init__(self, ev: Evaluator, layouts, train: TrainConfig, ops=(), waxes: frozenset = frozenset()):
-        self.waxes = waxes  # the plan's tensor-parallel axes (see data_axes)
-        self.opt_time = self.other_s = self.grad_bytes = self.unsharded = 0.0
-        self.step_bytes: dict[str, float] = {}  # per step, outside the data-parallel group
-        self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
-        self.tied: dict[str, "_Params"] = {}
-        self.reduces: dict = {}  # (kind, axes) -> bytes of one reduction
-        self.gathers: dict = {}  # axes -> bytes of one gather
-        self.tensor_gather_s = self.tensor_reduce_s = 0.0  # the same, one collective per tensor
-        for op in ops:
-            self._add(ev, train, op, layouts.get(op.name, REPLICATED))
-        self.close(ev, train)
-
-    def close(self, ev, train):
-        """Totals and the time of one gather and one reduction of the unit."""
-        self.total = sum(self.static.values())
-        if engine_of(train).per_tensor_gathers:
-            self.gather_s, self.reduce_s = self.tensor_gather_s, self.tensor_reduce_s
-        else:
-            self.gather_s = sum(ev.coll_time("all_gather", b, axes) for axes, b in self.gathers.items())
-            self.reduce_s = sum(ev.coll_time(kind, b, axes) for (kind, axes), b in self.reduces.items())
-        # an engine that copies a gathered unit out of its buffer reads and writes its bytes (engine.py)
-        self.copy_s = 2 * sum(self.gathers.values()) / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
-
-    def _add(self, ev, train, op, layout):
-        for slot, tname in enumerate(op.inputs):
-            t = ev.tensors[tname]
-            if not t.param:
-                continue
-            target = self
-            if t.tie:
-                if t.tie in self.tied:
-                    continue
-                target = self.tied[t.tie] = _Params(ev, {}, train, waxes=self.waxes)
-            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, data_axes(layout, self.waxes))
-            target.add(ev, pc)
-            if target is not self:
-                target.close(ev, train)
-
-    def add(self, ev, pc: "ParamCost"):
-        st = self.static
-        st["params"] += pc.params
-        st["grads"] += pc.grads
-        st["optimizer"] += pc.optimizer
-        self.opt_time += pc.opt_time
-        self.other_s += pc.other_s
-        self.unsharded += pc.unsharded
-        if pc.other_bytes:
-            self.step_bytes["all_reduce"] = self.step_bytes.get("all_reduce", 0.0) + pc.other_bytes
-        if pc.reduce is not None:
-            kind, nbytes, axes = pc.reduce
-            self.reduces[(kind, axes)] = self.reduces.get((kind, axes), 0.0) + nbytes
-            self.grad_bytes += nbytes
-            self.tensor_reduce_s += pc.reduce_s
-        if pc.gather is not None:
-            nbytes, axes = pc.gather
-            self.gathers[axes] = self.gathers.get(axes, 0.0) + nbytes
-            self.tensor_gather_s += pc.gather_s
-
-    def unit(self, times: int, seg: "Segment | None" = None) -> Unit:
-        fwd, bwd = (seg.fwd, seg.bwd) if seg is not None else (0.0, 0.0)
-        return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes, self.copy_s)
-
-    def dp_bytes(self, calls: dict) -> dict:
-        """Bytes per step of this segment's data-parallel collectives, ``calls`` times each."""
-        out = dict(self.step_bytes)
-        for (kind, _), b in self.reduces.items():
-            out[kind] = out.get(kind, 0.0) + b * calls.get(kind, 0)
-        for _, b in self.gathers.items():
-            out["all_gather"] = out.get("all_gather", 0.0) + b * calls.get("all_gather", 0)
-        return out
-
-
-_DATA_DIMS = frozenset(("b", "s"))
-
-
-def weight_axes(ops, layouts) -> frozenset:
-    """Mesh axes that cut a dim other than batch and sequence of ``ops`` (the ops with
-    parameters, ``Evaluator.param_ops``): the plan's tensor-parallel (and expert, vocabulary)
-    axes."""
-    out: set = set()
-    for op in ops:
-        lay = layouts.get(op.name)
-        if lay is None:
-            continue
-        for d, axes in lay.cuts:
-            if d not in _DATA_DIMS:
-                out.update(axes)
-    return frozenset(out)
-
-
-def data_axes(layout: OpLayout, waxes: frozenset) -> frozenset:
-    """The axes over which a parameter of an op with ``layout`` is data-parallel: those cutting
-    the batch, and those cutting the sequence that are not tensor-parallel axes (context
-    parallelism: Megatron reduces gradients and shards the distributed optimizer over DP x CP,
-    while a sequence-parallel norm weight is all-reduced over the TP axes apart)."""
-    return frozenset(layout.axes_of("b")) | (frozenset(layout.axes_of("s")) - waxes)
-
-
-@dataclass(frozen=True, slots=True)
-class ParamCost:
-    """One parameter on one device: resident bytes, optimizer-step seconds, and one occurrence of
-    each collective its data-parallel synchronisation runs (the engine decides how often and what
-    it hides behind: ``symtensor.cost.engine``).
-
-    ``reduce``: (kind, bytes, axes) of one gradient reduction over the replicas (all-reduce at
-    ZeRO 0, reduce-scatter above); ``gather``: (bytes, axes) of one all-gather of the parameter
-    (ZeRO >= 1), or None; ``other``: seconds and bytes per step of all-reducing the gradient over
-    partial axes outside the data-parallel group (a norm weight under sequence parallelism)."""
-
-    params: float
-    grads: float
-    optimizer: float
-    opt_time: float
-    reduce: tuple | None
-    gather: tuple | None
-    other_s: float
-    other_bytes: float
-    unsharded: float  # bytes of the gathered parameter (ZeRO 3 and FSDP units in flight)
-    gather_s: float = 0.0  # seconds of ``gather`` alone (this tensor's own collective)
-    reduce_s: float = 0.0  # seconds of ``reduce`` alone
-
-
-def param_cost(ev: "Evaluator", t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
-    """Memory and per-step time of parameter ``t`` placed as ``tl``.
-
-    Its gradient is partial over ``tl.partial``. The axes among them that cut the batch
-    (``data_axes``) form the data-parallel group: all-reduce, or ZeRO's reduce-scatter and
-    all-gather, which also shard the state over it. Other partial axes (a norm weight under
-    sequence parallelism is partial over the tensor-parallel axes) are all-reduced on their own,
-    as Megatron-LM and DTensor both do. ``data_axes`` None: every partial axis is data-parallel.
-    """
-    local = t.numel / tl.factor(ev.mesh)
-    sync_axes = tuple(sorted(tl.partial))
-    data = set(sync_axes) if data_axes is None else set(sync_axes) & set(data_axes)
-    other = tuple(a for a in sync_axes if a not in data)
-    replicas = tuple(sorted(data))
-    shard = 1
-    for a in replicas:
-        shard *= ev.mesh[a].size
-    z = train.zero
-    params = local * train.param_bytes / (shard if sharded_parameters(z, train.framework) else 1)
-    # parameters are gathered in the compute dtype (FSDP2 keeps fp32 shards, gathers bf16)
-    gathered = local * min(train.param_bytes, DTYPE_BYTES[ev.dtype])
-    if not t.trainable:  # frozen (LoRA's base weights): sharded at ZeRO 3, so gathered there too
-        gather = (gathered, replicas) if z >= 3 and replicas else None
-        gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
-        return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered, gather_s)
-    grads = local * train.grad_bytes / (shard if z >= 2 else 1)
-    optimizer = local * train.optim_bytes / (shard if z >= 1 else 1)
-    moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
-    opt_time = moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
-    gbytes = local * train.grad_bytes
-    reduce = gather = None
-    if replicas:
-        reduce = ("all_reduce" if z == 0 else "reduce_scatter", gbytes, replicas)
-        gather = (gathered, replicas) if z >= 1 else None
-    other_s = ev.coll_time("all_reduce", gbytes, other) if other else 0.0
-    gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
-    reduce_s = ev.coll_time(*reduce) if reduce else 0.0
-    return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, gathered,
-                     gather_s, reduce_s)
-
-
 class _Stage:
     """Sums of the segments on one pipeline stage, and its units in layer order (the engine's
     overlap works unit by unit)."""
@@ -481,10 +306,10 @@ class _Stage:
         self.layer_state = 0.0  # params + grads + optimizer of the transformer layers only
         self.ties: set[str] = set()
         self.units: list[Unit] = []
-        self.params: list[tuple[_Params, int]] = []
+        self.params: list[tuple[Params, int]] = []
         self.unsharded = 0.0  # the largest unit's gathered parameters
 
-    def add(self, seg: Segment, params: _Params, times: int = 1):
+    def add(self, seg: Segment, params: Params, times: int = 1):
         """``times`` identical layers with this segment and these parameters."""
         self.add_params(params, times, seg)
         self.compute += seg.compute * times
@@ -498,12 +323,13 @@ class _Stage:
         else:
             self.other_saved += seg.saved_total * times
 
-    def add_params(self, params: _Params, times: int = 1, seg: Segment | None = None):
+    def add_params(self, params: Params, times: int = 1, seg: Segment | None = None):
         for k, v in params.static.items():
             self.static[k] += v * times
         self.other_sync += params.other_s * times
         self.opt_time += params.opt_time * times
-        self.units.append(params.unit(times, seg))
+        fwd, bwd = (seg.fwd, seg.bwd) if seg is not None else (0.0, 0.0)
+        self.units.append(params.unit(times, fwd, bwd))
         self.params.append((params, times))
         self.unsharded = max(self.unsharded, params.unsharded)
         for tie, tparams in params.tied.items():
@@ -553,7 +379,7 @@ class _Accumulator:
         self.ev, self.layouts, self.train = ev, layouts, train
         self.stage = ev.stage_of(train)
         self.stages = [_Stage() for _ in range(train.pp)]
-        # what a segment's parameters depend on besides their layouts (see _Params)
+        # what a segment's parameters depend on besides their layouts (see Params)
         self.waxes = weight_axes(ev.param_ops, layouts)
         self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
                      train.framework, self.waxes)
@@ -587,12 +413,12 @@ class _Accumulator:
             self.stages[s].add(seg, params, times)
         return self._finish()
 
-    def _params(self, sig_id, ops, lay) -> _Params:
+    def _params(self, sig_id, ops, lay) -> Params:
         ev = self.ev
         key = (sig_id, lay, self.pkey)
         hit = ev._segment_params_cache.get(key)
         if hit is None:
-            hit = ev._segment_params_cache[key] = _Params(ev, self.layouts, self.train, ops, self.waxes)
+            hit = ev._segment_params_cache[key] = Params(ev, self.layouts, self.train, ops, self.waxes)
         return hit
 
     def static_peak(self) -> float:

@@ -18,8 +18,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost.engine import Exposure, Unit, exposure
-from symtensor.cost.model import data_axes, weight_axes
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
+from symtensor.cost.params import data_axes, weight_axes
 from symtensor.cost.segment import recomputed
 from symtensor.graph import op_saves
 from symtensor.layout import OpLayout

@@ -1,0 +1,187 @@
+"""Parameters, gradients and optimizer state, and their data-parallel synchronisation: one tensor's
+(``ParamCost``, ``param_cost``) and one segment's (``Params``), sharded by ZeRO / FSDP over the
+data-parallel axes (``weight_axes``, ``data_axes``). Read by the evaluator (``cost.model``) and
+by the op-local terms (``cost.terms``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from symtensor.cost.engine import Unit, engine_of, sharded_parameters
+from symtensor.cost.train import TrainConfig
+from symtensor.graph import DTYPE_BYTES
+from symtensor.layout import REPLICATED, OpLayout
+
+_DATA_DIMS = frozenset(("b", "s"))
+
+
+def weight_axes(ops, layouts) -> frozenset:
+    """Mesh axes that cut a dim other than batch and sequence of ``ops`` (the ops with
+    parameters, ``Evaluator.param_ops``): the plan's tensor-parallel (and expert, vocabulary)
+    axes."""
+    out: set = set()
+    for op in ops:
+        lay = layouts.get(op.name)
+        if lay is None:
+            continue
+        for d, axes in lay.cuts:
+            if d not in _DATA_DIMS:
+                out.update(axes)
+    return frozenset(out)
+
+
+def data_axes(layout: OpLayout, waxes: frozenset) -> frozenset:
+    """The axes over which a parameter of an op with ``layout`` is data-parallel: those cutting
+    the batch, and those cutting the sequence that are not tensor-parallel axes (context
+    parallelism: Megatron reduces gradients and shards the distributed optimizer over DP x CP,
+    while a sequence-parallel norm weight is all-reduced over the TP axes apart)."""
+    return frozenset(layout.axes_of("b")) | (frozenset(layout.axes_of("s")) - waxes)
+
+
+@dataclass(frozen=True, slots=True)
+class ParamCost:
+    """One parameter on one device: resident bytes, optimizer-step seconds, and one occurrence of
+    each collective its data-parallel synchronisation runs (the engine decides how often and what
+    it hides behind: ``symtensor.cost.engine``).
+
+    ``reduce``: (kind, bytes, axes) of one gradient reduction over the replicas (all-reduce at
+    ZeRO 0, reduce-scatter above); ``gather``: (bytes, axes) of one all-gather of the parameter
+    (ZeRO >= 1), or None; ``other``: seconds and bytes per step of all-reducing the gradient over
+    partial axes outside the data-parallel group (a norm weight under sequence parallelism)."""
+
+    params: float
+    grads: float
+    optimizer: float
+    opt_time: float
+    reduce: tuple | None
+    gather: tuple | None
+    other_s: float
+    other_bytes: float
+    unsharded: float  # bytes of the gathered parameter (ZeRO 3 and FSDP units in flight)
+    gather_s: float = 0.0  # seconds of ``gather`` alone (this tensor's own collective)
+    reduce_s: float = 0.0  # seconds of ``reduce`` alone
+
+
+def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
+    """Memory and per-step time of parameter ``t`` placed as ``tl``.
+
+    Its gradient is partial over ``tl.partial``. The axes among them that cut the batch
+    (``data_axes``) form the data-parallel group: all-reduce, or ZeRO's reduce-scatter and
+    all-gather, which also shard the state over it. Other partial axes (a norm weight under
+    sequence parallelism is partial over the tensor-parallel axes) are all-reduced on their own,
+    as Megatron-LM and DTensor both do. ``data_axes`` None: every partial axis is data-parallel.
+    """
+    local = t.numel / tl.factor(ev.mesh)
+    sync_axes = tuple(sorted(tl.partial))
+    data = set(sync_axes) if data_axes is None else set(sync_axes) & set(data_axes)
+    other = tuple(a for a in sync_axes if a not in data)
+    replicas = tuple(sorted(data))
+    shard = 1
+    for a in replicas:
+        shard *= ev.mesh[a].size
+    z = train.zero
+    params = local * train.param_bytes / (shard if sharded_parameters(z, train.framework) else 1)
+    # parameters are gathered in the compute dtype (FSDP2 keeps fp32 shards, gathers bf16)
+    gathered = local * min(train.param_bytes, DTYPE_BYTES[ev.dtype])
+    if not t.trainable:  # frozen (LoRA's base weights): sharded at ZeRO 3, so gathered there too
+        gather = (gathered, replicas) if z >= 3 and replicas else None
+        gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
+        return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered, gather_s)
+    grads = local * train.grad_bytes / (shard if z >= 2 else 1)
+    optimizer = local * train.optim_bytes / (shard if z >= 1 else 1)
+    moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
+    opt_time = moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
+    gbytes = local * train.grad_bytes
+    reduce = gather = None
+    if replicas:
+        reduce = ("all_reduce" if z == 0 else "reduce_scatter", gbytes, replicas)
+        gather = (gathered, replicas) if z >= 1 else None
+    other_s = ev.coll_time("all_reduce", gbytes, other) if other else 0.0
+    gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
+    reduce_s = ev.coll_time(*reduce) if reduce else 0.0
+    return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, gathered,
+                     gather_s, reduce_s)
+
+
+class Params:
+    """Parameters, gradients and optimizer state of one segment, their optimizer step and one
+    occurrence of their data-parallel collectives: what depends on the ZeRO stage and the
+    micro-batch count, not on recomputation or pipeline boundaries (so those variants reuse it).
+    Tied parameters (shared embedding and LM head) are kept apart and counted once per stage.
+
+    A unit's parameters are gathered and its gradients reduced together (FSDP units, Megatron's
+    buckets): one collective per group of replica axes, so latency is paid per unit; an engine
+    that gathers each tensor apart (DeepSpeed ZeRO 3) pays it per tensor. ``ev``: the evaluator
+    whose memoised placements and parameter costs it reads."""
+
+    def __init__(self, ev, layouts, train: TrainConfig, ops=(), waxes: frozenset = frozenset()):
+        self.waxes = waxes  # the plan's tensor-parallel axes (see data_axes)
+        self.opt_time = self.other_s = self.grad_bytes = self.unsharded = 0.0
+        self.step_bytes: dict[str, float] = {}  # per step, outside the data-parallel group
+        self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
+        self.tied: dict[str, Params] = {}
+        self.reduces: dict = {}  # (kind, axes) -> bytes of one reduction
+        self.gathers: dict = {}  # axes -> bytes of one gather
+        self.tensor_gather_s = self.tensor_reduce_s = 0.0  # the same, one collective per tensor
+        for op in ops:
+            self._add(ev, train, op, layouts.get(op.name, REPLICATED))
+        self.close(ev, train)
+
+    def close(self, ev, train):
+        """Totals and the time of one gather and one reduction of the unit."""
+        self.total = sum(self.static.values())
+        if engine_of(train).per_tensor_gathers:
+            self.gather_s, self.reduce_s = self.tensor_gather_s, self.tensor_reduce_s
+        else:
+            self.gather_s = sum(ev.coll_time("all_gather", b, axes) for axes, b in self.gathers.items())
+            self.reduce_s = sum(ev.coll_time(kind, b, axes) for (kind, axes), b in self.reduces.items())
+        # an engine that copies a gathered unit out of its buffer reads and writes its bytes (engine.py)
+        self.copy_s = 2 * sum(self.gathers.values()) / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
+
+    def _add(self, ev, train, op, layout):
+        for slot, tname in enumerate(op.inputs):
+            t = ev.tensors[tname]
+            if not t.param:
+                continue
+            target = self
+            if t.tie:
+                if t.tie in self.tied:
+                    continue
+                target = self.tied[t.tie] = Params(ev, {}, train, waxes=self.waxes)
+            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, data_axes(layout, self.waxes))
+            target.add(ev, pc)
+            if target is not self:
+                target.close(ev, train)
+
+    def add(self, ev, pc: ParamCost):
+        st = self.static
+        st["params"] += pc.params
+        st["grads"] += pc.grads
+        st["optimizer"] += pc.optimizer
+        self.opt_time += pc.opt_time
+        self.other_s += pc.other_s
+        self.unsharded += pc.unsharded
+        if pc.other_bytes:
+            self.step_bytes["all_reduce"] = self.step_bytes.get("all_reduce", 0.0) + pc.other_bytes
+        if pc.reduce is not None:
+            kind, nbytes, axes = pc.reduce
+            self.reduces[(kind, axes)] = self.reduces.get((kind, axes), 0.0) + nbytes
+            self.grad_bytes += nbytes
+            self.tensor_reduce_s += pc.reduce_s
+        if pc.gather is not None:
+            nbytes, axes = pc.gather
+            self.gathers[axes] = self.gathers.get(axes, 0.0) + nbytes
+            self.tensor_gather_s += pc.gather_s
+
+    def unit(self, times: int, fwd: float = 0.0, bwd: float = 0.0) -> Unit:
+        """``times`` identical units whose compute (forward, backward) the engine overlaps with."""
+        return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes, self.copy_s)
+
+    def dp_bytes(self, calls: dict) -> dict:
+        """Bytes per step of this segment's data-parallel collectives, ``calls`` times each."""
+        out = dict(self.step_bytes)
+        for (kind, _), b in self.reduces.items():
+            out[kind] = out.get(kind, 0.0) + b * calls.get(kind, 0)
+        for _, b in self.gathers.items():
+            out["all_gather"] = out.get("all_gather", 0.0) + b * calls.get("all_gather", 0)
+        return out
