@@ -125,3 +125,21 @@ def test_torchtitan_refuses_expert_parallelism_it_cannot_borrow():
     assert megatron_args(plan)
     sharded = api.evaluate("mixtral-8x7b", "dgx-h100", devices=64, zero=3, **degrees)
     assert torchtitan_config(sharded)["parallelism"]["data_parallel_shard_degree"] == 8
+
+
+def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_apart():
+    """80 layers over 3 stages (27, 27, 26) exported with no split argument, so Megatron-LM
+    asserted num_layers % pp at launch; 13 layers over 8 (1, 2 x 5, 1, 1) is no split it takes."""
+    from symtensor.cost import TrainConfig
+    from symtensor.search.megatron import ParallelConfig, pipeline_args
+
+    from symtensor.search import megatron_plan
+
+    plan = megatron_plan(PRESETS["llama3-70b"], load_cluster("dgx-h100", devices=24), tp=8, pp=3, dp=1, sp=True,
+                         global_batch=8, seq=2048)
+    args = " ".join(megatron_args(plan))
+    assert "--decoder-first-pipeline-num-layers 27 --decoder-last-pipeline-num-layers 26" in args
+    split = TrainConfig(global_batch=8, micro_steps=8, pp=8).stage_layers(13)
+    assert pipeline_args(13, 8, 1, split) is None
+    with pytest.raises(PlanError, match=r"Megatron-LM cannot split 13 layers over pp=8 stages as \[1, 2, 2"):
+        ParallelConfig(tp=1, pp=8, dp=1, global_batch=8, seq=1024).validate(PRESETS["llama2-7b"].replace(layers=13), 8)

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from symtensor.errors import PlanError
 from symtensor.plan.summary import repeated_work
+from symtensor.search.megatron import ParallelConfig, grid_points, pipeline_args
 
 FORMATS = ("megatron", "torchtitan", "dtensor")
 
@@ -109,8 +110,6 @@ def nearest(plan) -> str:
 def _megatron_runs(plan, global_batch: int) -> bool:
     """Whether some Megatron configuration (``search.megatron.grid_points``, validated) runs the
     plan's model on its cluster at ``global_batch``."""
-    from symtensor.search.megatron import ParallelConfig, grid_points
-
     cfg, cl = plan.model, plan.cluster
     node = cl.levels[0].fanout or cl.n_devices
     for point in grid_points(cfg, cl.n_devices, node, global_batch, plan.seq):
@@ -153,7 +152,12 @@ def megatron_args(plan) -> list[str]:
             f"--ffn-hidden-size {cfg.ffn}"]
     if c["sp"]:
         args.append("--sequence-parallel")
-    args += _pipeline_args(cfg.layers, c["pp"], c["vpp"]) + _attention_args(cfg)
+    pipeline = pipeline_args(cfg.layers, c["pp"], c["vpp"], plan.train.stage_layers(cfg.layers))
+    if pipeline is None:
+        raise PlanError(f"Megatron-LM would refuse this plan at launch: its split of {cfg.layers} layers over pp="
+                        f"{c['pp']} stages, {list(plan.train.stage_layers(cfg.layers))}, is neither even nor the "
+                        f"first and last stages apart; {nearest(plan)}")
+    args += pipeline + _attention_args(cfg)
     if cfg.is_moe:
         args += _moe_args(cfg, c)
     if c["recompute"] == "selective":
@@ -172,18 +176,6 @@ def megatron_args(plan) -> list[str]:
         args += [] if cfg.bias else ["--disable-bias-linear"]
     args += ["--use-flash-attn", "--bf16"]
     return args
-
-
-def _pipeline_args(layers: int, pp: int, vpp: int) -> list[str]:
-    """Virtual stages, and the uneven split (``cost.train.chunks_fit``): the embedding and the
-    loss count as a layer slot each (126 layers in 64 chunks, 94 in 32)."""
-    chunks = pp * vpp
-    if layers % chunks == 0:
-        return [f"--num-layers-per-virtual-pipeline-stage {layers // chunks}"] if vpp > 1 else []
-    if (layers + 2) % chunks:
-        return []
-    out = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-    return out + ([f"--num-virtual-stages-per-pipeline-rank {vpp}"] if vpp > 1 else [])
 
 
 def _attention_args(cfg) -> list[str]:

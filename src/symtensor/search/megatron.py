@@ -102,6 +102,13 @@ class ParallelConfig:
             raise PlanError(f"{cfg.layers} layers do not split into pp*vpp = {self.pp * self.vpp} chunks")
         if self.tp == 1 and self.sp:
             raise PlanError("sequence parallelism (--sp) needs tp > 1")
+        if self.pp > 1:
+            split = TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps(), pp=self.pp,
+                                vpp=self.vpp).stage_layers(cfg.layers)
+            if pipeline_args(cfg.layers, self.pp, self.vpp, split) is None:
+                raise PlanError(f"Megatron-LM cannot split {cfg.layers} layers over pp={self.pp} stages as "
+                                f"{list(split)}: it takes even stages, the embedding and loss as layer slots, or the "
+                                f"first and last stages apart from even middle ones; choose another pp")
 
     def _validate_experts(self, cfg: ModelConfig) -> None:
         """The expert grid: ep divides the experts, etp their MLP width, and ep x etp the ranks
@@ -125,6 +132,30 @@ class ParallelConfig:
 
 
 assert tuple(f.name for f in fields(ParallelConfig)) == MEGATRON_KEYS  # one list of Megatron's arguments
+
+
+def pipeline_args(layers: int, pp: int, vpp: int, split: tuple[int, ...]) -> list[str] | None:
+    """Megatron-LM's arguments for ``layers`` over pp stages of vpp virtual stages each, split as
+    ``split`` (layers per stage, ``TrainConfig.stage_layers``); None when Megatron-LM cannot take
+    that split (it asserts the layers divide at launch). Besides even chunks: the embedding and
+    the loss as a layer slot each (``cost.train.chunks_fit``: 126 layers in 64 chunks, 94 in 32),
+    or, without virtual stages, the first and the last stage apart from even middle ones that
+    hold as many layers as the split's fullest middle stage (80 layers in 3 stages: 27, 27, 26;
+    DeepSeek-V3's 61 in 16: 3, 4 x 14, 2 where the split is 3, 4 x 13, 3, 3: the same fullest
+    stage, so the same pipeline's pace; a split whose fullest stage would grow is None)."""
+    chunks = pp * vpp
+    if layers % chunks == 0:
+        return [f"--num-layers-per-virtual-pipeline-stage {layers // chunks}"] if vpp > 1 else []
+    if (layers + 2) % chunks == 0:
+        out = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+        return out + ([f"--num-virtual-stages-per-pipeline-rank {vpp}"] if vpp > 1 else [])
+    if vpp > 1:
+        return None
+    middle = max(split[1:-1], default=0)
+    last = layers - split[0] - (pp - 2) * middle
+    if not 1 <= last <= max(split):
+        return None
+    return [f"--decoder-first-pipeline-num-layers {split[0]}", f"--decoder-last-pipeline-num-layers {last}"]
 
 
 def has_dense_mlp(cfg: ModelConfig) -> bool:
