@@ -11,11 +11,11 @@ from symtensor.search.pool import EvaluatorPool
 # (model, cluster, devices, seq, global batch, overrides): dense and MoE, one node and several,
 # plans that fit easily and ones that need recomputation or pipelining
 CASES = [
-    ("gpt3-1.3b", "dgx-a100-80g", 16, 2048, 64, {}),
-    ("llama3-8b", "dgx-h100", 32, 8192, 64, {}),
-    ("mixtral-8x7b", "dgx-h100", 16, 4096, 32, {"layers": 4}),
-    ("qwen3-30b-a3b", "dgx-h100", 8, 4096, 16, {"layers": 4}),
-    ("llama2-70b", "dgx-a100-80g", 64, 4096, 128, {"layers": 16}),
+    ("gpt3-1.3b", "dgx-a100-80g", 16, 2048, 32, {}),
+    ("llama3-8b", "dgx-h100", 16, 8192, 16, {"layers": 8}),
+    ("mixtral-8x7b", "dgx-h100", 8, 2048, 8, {"layers": 4}),
+    ("qwen3-30b-a3b", "dgx-h100", 8, 2048, 8, {"layers": 2}),
+    ("llama2-70b", "dgx-a100-80g", 16, 4096, 32, {"layers": 8}),
 ]
 
 
@@ -85,12 +85,12 @@ def test_more_devices_never_slower_at_a_fixed_batch():
     from symtensor import api
 
     steps = {}
-    for n in (2, 4, 8, 16):
+    for n in (2, 4, 8):
         plan, _ = api.plan_with_baselines("tiny-llama", "dgx-h100", devices=n, global_batch=2, seq=64, names=())
         steps[n] = plan.report.step_time_s
         if plan.cluster.n_devices < n:
             used = plan.cluster.n_devices
             assert any(f"uses {used} of the {n} devices" in note and f"global batch of {2 * n // used}" in note
                        for note in plan.notes)
-    assert steps[16] <= steps[8] <= steps[4] <= steps[2]
-    assert plan.cluster.n_devices < 16  # two sequences cannot keep 16 devices busy
+    assert steps[8] <= steps[4] <= steps[2]
+    assert plan.cluster.n_devices < 8  # two sequences cannot keep 8 devices busy
