@@ -25,6 +25,7 @@ import sympy as sp
 
 from symtensor.cost.opcost import attention_shape_factor, grouped_tile_factor, local_sizes
 from symtensor.cost.collectives import collective_time, level_counts
+from symtensor.cost.efficiency import attention_fractions
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
 
@@ -97,7 +98,8 @@ def compute_formula(ev, op, layout: OpLayout) -> dict:
         peak = peak_bwd = _sym("P") * _sym(eta)
         if op.kind == "attention":  # separate backward fraction; both scaled by the shape factor
             shape = attention_shape_factor(op.dim_sizes, ev.eff, op.attr("window"))
-            values.update(eta_attention=ev.eff.attention * shape, eta_attention_bwd=ev.eff.attention_bwd * shape)
+            fwd_eta, bwd_eta = attention_fractions(ev.eff, op.attr("kernel"))
+            values.update(eta_attention=fwd_eta * shape, eta_attention_bwd=bwd_eta * shape)
             peak_bwd = _sym("P") * _sym("eta_attention_bwd")
         fwd = _Roofline((flops + _sym("K")) / peak, hbm_time)
         bwd = _Roofline((bwd_flops + _sym("K") * ratio) / peak_bwd, 2 * hbm_time) if ratio else _Roofline(sp.Integer(0))
