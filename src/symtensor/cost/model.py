@@ -10,40 +10,30 @@ Per-op times are rooflines of the op's local piece; edges pay the collectives th
 producer's layout into the consumer's (and back for gradients); gradient synchronisation runs once
 per step over each parameter's replica group. Memory per device is parameters, gradients and
 optimizer state (sharded by ZeRO), plus the saved activations of the in-flight micro-batches.
+
+This module holds the evaluator (its memoised pieces and the graph's segments) and the assembly of
+one evaluation (``_Accumulator``); the pieces it assembles live below it: ``segment`` (a layer's
+costs), ``params`` (parameters, gradients, optimizer state, ZeRO), ``pipeline`` (the stages'
+sums and the schedule), ``memory`` (the peak) and ``report`` (the ``CostReport``).
 """
 
 from __future__ import annotations
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import Unit, exposure
+from symtensor.cost.engine import exposure
 from symtensor.cost.opcost import (collectives_time, compute_floor, input_layout, op_time, output_layout, param_layout,
                                    redistribute)
+from symtensor.cost.memory import memory_peak, static_peak
 from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
+from symtensor.cost.pipeline import Stage, bubble, merge, p2p, split_mesh
 from symtensor.cost.report import CostReport
 from symtensor.cost.segment import Segment, activation_key, out_slot, recomputed
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
-from symtensor.hardware import MEMORY_HEADROOM, Cluster, Mesh
+from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import REPLICATED, OpLayout, check_layout
-
-
-def split_mesh(cluster: Cluster, pp: int):
-    """Take the pipeline axes from the outermost levels; return (stage mesh, pipeline axes)."""
-    from symtensor.hardware import prime_factors
-
-    mesh = list(cluster.mesh())
-    need = prime_factors(pp) if pp > 1 else []
-    if cluster.n_devices % pp:
-        raise PlanError(f"pp={pp} does not divide the {cluster.n_devices} devices")
-    taken = []
-    for p in need:
-        idx = next((i for i, a in enumerate(mesh) if a.size == p), None)
-        if idx is None:
-            raise PlanError(f"pp={pp} cannot be laid on the mesh {[a.size for a in cluster.mesh()]}")
-        taken.append(mesh.pop(idx))
-    return Mesh(mesh), Mesh(taken)
 
 
 class Evaluator:
@@ -291,71 +281,9 @@ class Evaluator:
         return _Accumulator(self, layouts, train).static_peak() <= self.cluster.device.memory * MEMORY_HEADROOM
 
 
-class _Stage:
-    """Sums of the segments on one pipeline stage, and its units in layer order (the engine's
-    overlap works unit by unit)."""
-
-    def __init__(self):
-        self.compute = self.recompute = self.other_sync = self.opt_time = 0.0
-        self.comm: dict[str, float] = {}
-        self.bytes: dict[str, float] = {}
-        self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
-        self.layer_saved: list[float] = []
-        self.layer_inputs = 0.0
-        self.other_saved = 0.0
-        self.layer_state = 0.0  # params + grads + optimizer of the transformer layers only
-        self.ties: set[str] = set()
-        self.units: list[Unit] = []
-        self.params: list[tuple[Params, int]] = []
-        self.unsharded = 0.0  # the largest unit's gathered parameters
-
-    def add(self, seg: Segment, params: Params, times: int = 1):
-        """``times`` identical layers with this segment and these parameters."""
-        self.add_params(params, times, seg)
-        self.compute += seg.compute * times
-        self.recompute += seg.recompute * times
-        _merge(self.comm, seg.comm, times)
-        _merge(self.bytes, seg.bytes, times)
-        if seg.in_layer:
-            self.layer_state += params.total * times
-            self.layer_saved += [seg.saved_total] * times
-            self.layer_inputs += seg.layer_input * times
-        else:
-            self.other_saved += seg.saved_total * times
-
-    def add_params(self, params: Params, times: int = 1, seg: Segment | None = None):
-        for k, v in params.static.items():
-            self.static[k] += v * times
-        self.other_sync += params.other_s * times
-        self.opt_time += params.opt_time * times
-        fwd, bwd = (seg.fwd, seg.bwd) if seg is not None else (0.0, 0.0)
-        self.units.append(params.unit(times, fwd, bwd))
-        self.params.append((params, times))
-        self.unsharded = max(self.unsharded, params.unsharded)
-        for tie, tparams in params.tied.items():
-            if tie not in self.ties:
-                self.ties.add(tie)
-                self.add_params(tparams)
-
-    def dp_bytes(self, calls: dict) -> dict:
-        out: dict = {}
-        for params, times in self.params:
-            _merge(out, params.dp_bytes(calls), times)
-        return out
-
-    @property
-    def per_microbatch_s(self) -> float:
-        return self.compute + self.recompute + sum(self.comm.values())
-
-
 def _same_block(ops, producer):
     """In a repeated skeleton layer, the op of the layer itself that plays ``producer``'s role."""
     return next((op for op in ops if op.block == producer.block), producer)
-
-
-def _merge(into: dict, other: dict, times: float = 1) -> None:
-    for k, v in other.items():
-        into[k] = into.get(k, 0.0) + v * times
 
 
 def _segments(graph: Graph) -> list[tuple]:
@@ -378,7 +306,7 @@ class _Accumulator:
     def __init__(self, ev: Evaluator, layouts, train: TrainConfig):
         self.ev, self.layouts, self.train = ev, layouts, train
         self.stage = ev.stage_of(train)
-        self.stages = [_Stage() for _ in range(train.pp)]
+        self.stages = [Stage() for _ in range(train.pp)]
         # what a segment's parameters depend on besides their layouts (see Params)
         self.waxes = weight_axes(ev.param_ops, layouts)
         self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
@@ -422,8 +350,7 @@ class _Accumulator:
         return hit
 
     def static_peak(self) -> float:
-        """The largest parameter + gradient + optimizer bytes of a stage: a lower bound of the
-        memory peak under any recomputation, at a fraction of an evaluation's cost."""
+        """``memory.static_peak`` of this plan's stages, at a fraction of an evaluation's cost."""
         seen: dict = {}
         counts: dict = {}  # (stage, id(ops)) -> [params, identical layers]
         for sig_id, ops, _, layer, _ in self.ev.segments:
@@ -433,7 +360,7 @@ class _Accumulator:
             counts.setdefault((self.stage[layer], id(ops)), [params, 0])[1] += 1
         for (s, _), (params, times) in counts.items():
             self.stages[s].add_params(params, times)
-        return max(sum(st.static.values()) for st in self.stages)
+        return static_peak(self.stages)
 
     def _finish(self) -> CostReport:
         ev, train = self.ev, self.train
@@ -441,12 +368,11 @@ class _Accumulator:
         per_mb = [st.per_microbatch_s for st in self.stages]
         crit = max(range(pp), key=lambda s: per_mb[s])
         cs = self.stages[crit]
-        # the fill and drain of 1F1B pass through every stage once: the bubble costs the mean stage
-        bubble = (pp - 1) / v * sum(per_mb) / pp
-        p2p = p2p_bytes = 0.0
+        bubble_s = bubble(per_mb, pp, v)
+        p2p_s = p2p_bytes = 0.0
         if pp > 1:
-            p2p, p2p_bytes = self._p2p()
-            p2p *= 2 * m  # activations forward and their gradients backward, every micro-batch
+            p2p_s, p2p_bytes = p2p(ev, self.stage, self.layouts)
+            p2p_s *= 2 * m  # activations forward and their gradients backward, every micro-batch
         # data-parallel synchronisation as the engine overlaps it, plus the all-reduce of gradients
         # over partial axes outside the data-parallel group (after backward, exposed)
         exposures = [exposure(st.units, train) for st in self.stages]
@@ -454,12 +380,12 @@ class _Accumulator:
         breakdown = {"compute": m * cs.compute, "recompute": m * cs.recompute}
         for cat in ("tp_comm", "cp_comm", "ep_comm"):
             breakdown[cat] = m * cs.comm.get(cat, 0.0)
-        breakdown.update(dp_comm=dp_exposed, pp_comm=p2p, pp_bubble=bubble,
+        breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s,
                          optimizer=max(st.opt_time for st in self.stages))
         step = sum(breakdown.values())
-        memory, peak = self._memory()
+        memory, peak = memory_peak(self.stages, train)
         comm_bytes = {k: val * m for k, val in cs.bytes.items()}
-        _merge(comm_bytes, cs.dp_bytes(exposures[crit].calls))
+        merge(comm_bytes, cs.dp_bytes(exposures[crit].calls))
         if pp > 1:
             comm_bytes["send_recv"] = 2 * m * p2p_bytes
         model_flops = ev.model_flops_per_microstep * m
@@ -469,72 +395,3 @@ class _Accumulator:
             fits=peak <= cap * MEMORY_HEADROOM, model_flops=model_flops,
             tokens=train.global_batch * ev.graph.meta["seq"], n_devices=ev.cluster.n_devices,
             peak_flops=ev.cluster.device.flops(ev.dtype), comm_bytes=comm_bytes, stage_times_s=per_mb)
-
-    def _p2p(self) -> tuple[float, float]:
-        """Seconds and bytes of one stage-boundary transfer (per micro-batch, one direction).
-
-        Megatron's scatter-gather optimisation: the devices holding identical copies of the
-        boundary activation each send a distinct slice across the pipeline link, and the receivers
-        all-gather the slices over their replica axes.
-        """
-        ev = self.ev
-        for _, ops, external, layer, repeated in ev.segments:
-            for tname, prod in external:
-                if self.stage[layer - 1 if repeated else prod.layer] == self.stage[layer]:
-                    continue
-                view = ev.out_layout(prod, self.layout(prod), out_slot(prod, tname), partial=False)
-                local = ev.tensors[tname].nbytes / view.factor(ev.mesh)
-                used = {a for ax in view.axes for a in ax}
-                replicas = tuple(a for a in range(len(ev.mesh)) if a not in used)
-                r = 1
-                for a in replicas:
-                    r *= ev.mesh[a].size
-                lvl = ev.levels[max(a.level for a in ev.pp_axes)]
-                seconds = lvl.latency + local / r / (lvl.bandwidth * ev.eff.link_gather)
-                if replicas:
-                    seconds += ev.coll_time("all_gather", local, replicas)
-                return seconds, local / r
-        return 0.0, 0.0
-
-    def _inflight(self, s) -> float:
-        """Micro-batches whose activations a stage holds at once under 1F1B (interleaved: more)."""
-        pp, m, v = self.train.pp, self.train.micro_steps, self.train.vpp
-        if v > 1 and s == 0:
-            return min(m, pp) * (1 + (pp - 1) / (pp * v))
-        return min(m, pp - s)
-
-    def _gathered_transient(self, st) -> float:
-        """Parameters gathered for compute beyond the resident shards: with per-unit gathers
-        (ZeRO 3; FSDP2 at any stage > 0) the unit being computed and the one prefetched, two
-        of the largest unit; FSDP2 without resharding after forward (ZeRO 1/2) keeps every unit
-        gathered from its forward to its backward."""
-        z, fw = self.train.zero, self.train.framework
-        if z == 3:
-            return 2 * st.unsharded
-        if fw == "fsdp2" and z in (1, 2):
-            return sum(p.unsharded * times for p, times in st.params)
-        return 0.0
-
-    def _memory(self):
-        """Per-stage memory (the peak: resident state, activations of the micro-batches in flight,
-        the transient gathered parameters and recompute buffers); returns the breakdown of the
-        most loaded stage and its peak."""
-        best, peak = None, -1.0
-        for s, st in enumerate(self.stages):
-            if self.train.recompute == "full":
-                layers_act = st.layer_inputs
-                transient = max(st.layer_saved, default=0.0)
-            else:
-                layers_act, transient = sum(st.layer_saved), 0.0
-            inflight = self._inflight(s)
-            gathered = self._gathered_transient(st)
-            mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
-                   "activations": (layers_act + st.other_saved) * inflight, "activations_layers": layers_act * inflight,
-                   "recompute_transient": transient, "gathered_params": gathered, "layer_state": st.layer_state}
-            # what does not grow with the micro-batch: the state and the gathered parameters
-            mem["static"] = mem["params"] + mem["grads"] + mem["optimizer"] + gathered
-            total = mem["static"] + mem["activations"] + transient
-            mem["total"] = total
-            if total > peak:
-                best, peak = mem, total
-        return best, peak
