@@ -63,9 +63,9 @@ def test_a_megatron_export_refuses_a_dp_that_does_not_divide_the_global_batch(pl
     batch = plan.train.global_batch + plan.train.micro_steps  # (as many micro-steps, one more sequence each)
     odd = replace(plan, train=plan.train.replace(global_batch=batch))
     for fmt in ("megatron", "torchtitan"):
-        with pytest.raises(PlanError, match=rf"would refuse this plan at launch: dp \d+ x micro batch \d+ does not "
-                                            rf"divide the global batch {batch}; the nearest exportable plan: symtensor "
-                                            r"plan llama3-70b --set layers=8 --cluster dgx-h100 --devices 64"):
+        with pytest.raises(PlanError, match=rf"would refuse this plan at launch: global batch {batch} is not "
+                                            r"divisible by micro_batch\*dp = \d+\*\d+.*; the nearest exportable plan: "
+                                            r"symtensor plan llama3-70b --set layers=8 --cluster dgx-h100 --devices 64"):
             export(odd, fmt)
 
 
@@ -143,3 +143,18 @@ def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_
     assert pipeline_args(13, 8, 1, split) is None
     with pytest.raises(PlanError, match=r"Megatron-LM cannot split 13 layers over pp=8 stages as \[1, 2, 2"):
         ParallelConfig(tp=1, pp=8, dp=1, global_batch=8, seq=1024).validate(PRESETS["llama2-7b"].replace(layers=13), 8)
+
+
+def test_an_export_refuses_a_tp_that_does_not_divide_the_mlp():
+    """Megatron-LM and torchtitan cut the MLP width by tp: a summary whose tp does not divide it
+    (the plan cut another model dim) would not launch (fuzz case 0:18, ffn 27321 with tp 2)."""
+    from dataclasses import replace
+
+    from symtensor.search import megatron_plan
+
+    plan = megatron_plan(PRESETS["tiny-llama"], load_cluster("dgx-h100", devices=8), tp=2, dp=4, sp=True,
+                         global_batch=8, seq=64)
+    odd = replace(plan, model=plan.model.replace(ffn=27))
+    for fmt in FORMATS:
+        with pytest.raises(PlanError, match=r"would refuse this plan at launch: tp=2 must divide the MLP width 27"):
+            export(odd, fmt)

@@ -13,7 +13,7 @@ launch. No torch import here: the DTensor plan is data (module name -> parallel 
 from __future__ import annotations
 
 from symtensor.errors import PlanError
-from symtensor.plan.summary import repeated_work
+from symtensor.plan.summary import MEGATRON_KEYS, repeated_work
 from symtensor.search.megatron import ParallelConfig, grid_points, pipeline_args
 
 FORMATS = ("megatron", "torchtitan", "dtensor")
@@ -41,24 +41,17 @@ def _check_expressible(plan, engine: str) -> dict:
 
 def launch_refusal(plan, c: dict) -> str | None:
     """The first rule that the engines assert at launch and the configuration ``c`` (the plan's
-    summary) breaks: Megatron-LM's arguments and TransformerConfig, torchtitan's ParallelDims and
-    parallelize checks (its expert grid: ``_torchtitan_ep``); None when it breaks none."""
-    cfg, n = plan.model, plan.cluster.n_devices
-    tp, pp, dp, cp, ep, etp = (c[k] for k in ("tp", "pp", "dp", "cp", "ep", "etp"))
-    world = tp * pp * dp * cp
-    if world != n:
-        return f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {world} is not the world size {n}"
-    if c["global_batch"] % (c["micro_batch"] * dp):
-        return (f"dp {dp} x micro batch {c['micro_batch']} does not divide the global batch "
-                f"{c['global_batch']}")
-    if cfg.heads % tp or cfg.kv_heads % tp:
-        return f"tp={tp} does not divide heads={cfg.heads} and kv_heads={cfg.kv_heads}"
-    seq_cut = cp * (tp if c["sp"] else 1)
-    if c["seq"] % seq_cut or (cp > 1 and c["seq"] % (2 * cp)):
-        return f"seq={c['seq']} does not split into cp={cp} load-balanced halves{' x tp' if c['sp'] else ''}"
-    if cfg.is_moe and ep > 1:
-        if cfg.experts % ep or (tp * cp * dp) % (ep * etp):
-            return f"ep x etp = {ep}x{etp} does not fold over tp x cp x dp = {tp * cp * dp} with {cfg.experts} experts"
+    summary) breaks, or None: Megatron-LM's rules as ``ParallelConfig.validate`` states them
+    (the world size, dp x micro batch dividing the global batch, tp dividing the heads and the
+    MLP widths, the sequence cut, the expert grid, the pipeline split), and context parallelism's
+    load balancing (the sequence in 2cp chunks, as Megatron-LM and torchtitan cut it); torchtitan's
+    expert grid is ``_torchtitan_ep``."""
+    try:
+        ParallelConfig(**{k: c[k] for k in MEGATRON_KEYS}).validate(plan.model, plan.cluster.n_devices)
+    except PlanError as exc:
+        return str(exc)
+    if c["cp"] > 1 and c["seq"] % (2 * c["cp"]):
+        return f"seq={c['seq']} does not split into 2cp = {2 * c['cp']} load-balanced chunks"
     return None
 
 
