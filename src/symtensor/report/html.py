@@ -71,7 +71,8 @@ def summary_section(p: dict) -> str:
     notes = "".join(f"<p class='bad'>{_e(n)}</p>" for n in p.get("notes", []))
     return (f"<div class='summary'><p><b>{_e(p['model'])}</b> on {p['devices']} x {_e(p['cluster'])} "
             f"(mesh {_e(mesh)})</p><p>plan: {_e(choices)}"
-            + (" <i>(heterogeneous: ops differ)</i>" if cfg.get("heterogeneous") else "") + "</p>"
+            + (f" <i>(heterogeneous: {_e('; '.join(cfg.get('differs', ())) or 'ops differ')})</i>"
+               if cfg.get("heterogeneous") else "") + "</p>"
             f"<p>step <b>{p['step_time_s']:.3f} s</b>, {p['tokens_per_s']:,.0f} tokens/s, MFU "
             f"{100 * p['mfu']:.1f}%, found in {1000 * p['search_time_s']:.0f} ms</p>"
             f"<p>memory {p['memory_gib_per_device']:.1f} GiB of {p['capacity_gib']:.0f} GiB per device: {fits}</p>"
