@@ -56,18 +56,19 @@ def graph_summary(model, micro_batch: int = 1, seq: int | None = None, global_ba
 def _best_micro_batch(cfg, cluster, pc: ParallelConfig) -> ParallelConfig:
     """``--micro-batch auto``: the fastest micro batch that fits (the fastest overall if none fits)."""
     per_replica = pc.global_batch // pc.dp
-    best = None
+    best, why = None, None
     for mb in [d for d in range(1, min(per_replica, 64) + 1) if per_replica % d == 0]:
         trial = ParallelConfig(**{**pc.as_dict(), "micro_batch": mb})
         try:
             rep = megatron_plan(cfg, cluster, trial).report
-        except PlanError:
+        except PlanError as exc:
+            why = why or exc
             continue
         key = (not rep.fits, rep.step_time_s)
         if best is None or key < best[0]:
             best = (key, trial)
     if best is None:
-        raise PlanError("no micro batch size is valid for this configuration")
+        raise PlanError(f"no micro batch size is valid for this configuration: {why}")
     return best[1]
 
 

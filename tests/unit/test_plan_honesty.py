@@ -95,3 +95,16 @@ def test_megatron_configurations_are_not_heterogeneous():
                                     ("qwen3-30b-a3b", 64, dict(tp=2, pp=2, cp=2, ep=16))):
         c = api.evaluate(model, "dgx-h100", devices=devices, micro_batch=1, **degrees).config
         assert (c["heterogeneous"], c["differs"]) == (False, []), (model, c["differs"])
+
+
+def test_evaluate_names_the_capacity_in_one_line(capsys):
+    """``evaluate --tp 4`` (sequence parallel) on the odd capacity: one line with the rule, through
+    ``--micro-batch auto`` too (it said only "no micro batch size is valid")."""
+    from symtensor.cli import main
+
+    argv = ["evaluate", "tiny-mixtral", *[a for kv in ODD_CAPACITY for a in ("--set", kv)], "--cluster",
+            "dgx-a100-80g", "--devices", "32", "--tp", "4", "--global-batch", "8", "--seq", "4096"]
+    assert main(argv) == 2
+    out, err = capsys.readouterr()
+    assert out == "" and len(err.splitlines()) == 1
+    assert "op layers.0.dispatch: linked dim c=2195 is not divisible by its cut 4" in err
