@@ -78,13 +78,9 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
 
 
 def notes(plan: Plan) -> list[str]:
-    """The search's notes, and ``summary.repeated_work_note`` when devices repeat work and no note
-    of the search names the global batch that would use them already."""
-    out = list(plan.notes)
+    """The search's notes, and ``summary.repeated_work_note`` when devices repeat work."""
     repeat = repeated_work_note(plan)
-    if repeat and not any("repeat work" in n and "--global-batch" in n for n in out):
-        out.append(repeat)
-    return out
+    return [*plan.notes, repeat] if repeat else list(plan.notes)
 
 
 def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False) -> dict:

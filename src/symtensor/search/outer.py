@@ -16,7 +16,7 @@ import time
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.hardware import GIB, MEMORY_HEADROOM, Mesh, divisors
+from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
 from symtensor.plan.plan import Plan
 from symtensor.search.partition import Problem, refine, refine_blocks, solve
@@ -263,13 +263,8 @@ def finish(s: OuterSearch, t0: float) -> Plan:
     if best is None:
         raise PlanError(f"no valid plan for {s.cfg.name} on {s.cluster.n_devices} devices; check the batch and the "
                         "device count")
-    ev = s.pool.get(best.train.graph_batch, best.train.pp)
+    # (devices that repeat work: plan.summary.repeated_work_note, in the plan's JSON notes)
     notes = []
-    idle = _idle_axes(best, ev)
-    if idle:
-        notes.append(
-            f"mesh axes {', '.join(a.name for a in idle)} (x{idle.size()}) cut no matmul: those devices repeat "
-            f"work; a global batch or sequence divisible by {idle.size()} more would let the plan use them")
     if s.best is None:
         rep = best.report
         notes.append(
@@ -280,10 +275,3 @@ def finish(s: OuterSearch, t0: float) -> Plan:
                        evaluations=s.evaluations, partitions=s.partitions)
 
 
-def _idle_axes(plan: Costed, ev) -> Mesh:
-    """Stage-mesh axes that no linear or attention op cuts (replicated compute)."""
-    used = set()
-    for op in ev.graph.ops:
-        if op.kind in ("linear", "attention", "bmm"):
-            used |= plan.layouts[op.name].used_axes()
-    return Mesh(a for i, a in enumerate(ev.mesh) if i not in used)
