@@ -379,3 +379,22 @@ def test_one_legality_rule(op, cuts):
     except PlanError:
         accepted = False
     assert accepted == legal(op, lay, MESH_24)
+
+
+@pytest.mark.parametrize("recompute", ["full", "none"])
+def test_skeleton_layers_cost_what_the_full_graph_costs(recompute):
+    """A skeleton graph stands for a run of equal layers by one copy; with layer 0 laid out
+    differently from the run (a per-op plan), the run's copies must still keep their own inputs
+    (full recomputation saves each layer's input), step and memory as the full graph's."""
+    cfg = PRESETS["tiny-llama"].replace(layers=5)
+    cluster = load_cluster("dgx-h100", devices=2)
+    train = TrainConfig(global_batch=8, micro_steps=2, recompute=recompute)
+    reports = []
+    for skeleton in (True, False):
+        g = build_graph(cfg, micro_batch=4, seq=64, skeleton=skeleton)
+        layouts = {op.name: OpLayout.of({"b": (0,)}) for op in g.ops
+                   if op.layer != 0 and "b" in op.dim_sizes}  # layer 0 replicated, the rest data parallel
+        reports.append(Evaluator(g, cluster).evaluate(layouts, train))
+    skel, full = reports
+    assert skel.step_time_s == pytest.approx(full.step_time_s, rel=1e-12)
+    assert skel.memory == pytest.approx(full.memory, rel=1e-12)

@@ -268,8 +268,10 @@ class Evaluator:
 
     def segment(self, sig_id, ops, external, lay, ext, cross: frozenset, akey, layouts, train) -> Segment:
         """The costed segment of ``ops`` (memoised: equal layers with equal layouts, inputs'
-        layouts, pipeline boundary and activation semantics ``akey`` share it)."""
-        key = (sig_id, lay, ext, bool(cross), akey)
+        layouts, inputs from another pipeline stage (by their position among the inputs) and
+        activation semantics ``akey`` share it)."""
+        crossing = tuple(i for i, (t, _) in enumerate(external) if t in cross) if cross else ()
+        key = (sig_id, lay, ext, crossing, akey)
         seg = self._segment_cache.get(key)
         if seg is None:
             seg = self._segment_cache[key] = Segment(self, layouts, train, ops, cross, external).run()

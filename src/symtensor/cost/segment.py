@@ -168,9 +168,10 @@ class Segment:
         if extra:
             self.saved[f"{op.name}#extra"] = extra
         if self.in_layer and op.inputs and not self.layer_input:
-            # the residual stream entering the layer: what full recomputation keeps
+            # the residual stream entering the layer: what full recomputation keeps (an input
+            # from outside the segment; a repeated skeleton layer's comes from its own copy)
             x = op.inputs[0]
             prod = self.producer(x)
-            if prod is not None and prod.layer != op.layer:
+            if prod is not None and (prod.layer != op.layer or x in self.ext_producer):
                 v = ev.out_layout(prod, self.layout(prod), out_slot(prod, x), partial=False)
                 self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)

@@ -20,7 +20,7 @@ from dataclasses import replace
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.hardware import MEMORY_HEADROOM, Cluster
+from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.plan import Plan
 from symtensor.search.baselines import baseline_plans
@@ -60,8 +60,8 @@ def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=()):
 
 
 def never_worse_than_grid(plan: Plan, grid: Plan | None) -> Plan:
-    """``plan``, or the Megatron grid best when that is faster (or fits where ``plan`` does not);
-    the adopted plan says so in its notes and keeps the search's account."""
+    """``plan``, or the Megatron grid best when that is better (``_better``); the adopted plan
+    says so in its notes and keeps the search's account."""
     if not _better(grid, plan):
         return plan
     c = grid.config
@@ -85,14 +85,20 @@ def fewer_devices(plan: Plan, fewer: Plan, n: int, global_batch: int) -> Plan:
 
 
 def _better(a: Plan | None, b: Plan) -> bool:
-    """Whether ``a`` beats ``b``: it fits where ``b`` does not, or both fit and it is faster."""
-    if a is None or not a.report.fits:
+    """Whether ``a`` beats ``b`` in the search's order: it fits where ``b`` does not, both fit and
+    it is faster, or neither fits and it needs less memory (the plan reported when none fits)."""
+    if a is None:
         return False
-    return not b.report.fits or a.report.step_time_s < b.report.step_time_s
+    if a.report.fits != b.report.fits:
+        return a.report.fits
+    if a.report.fits:
+        return a.report.step_time_s < b.report.step_time_s
+    return a.report.memory_peak < b.report.memory_peak
 
 
 def _time(plan: Plan) -> str:
-    return f"{plan.report.step_time_s:.4g} s" if plan.report.fits else "no plan that fits"
+    rep = plan.report
+    return f"{rep.step_time_s:.4g} s" if rep.fits else f"does not fit: {rep.memory_peak / GIB:.1f} GiB per device"
 
 
 def _adopt(better: Plan, searched: Plan, note: str) -> Plan:
