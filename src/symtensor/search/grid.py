@@ -29,12 +29,10 @@ from symtensor.errors import PlanError
 from symtensor.search.pool import Costed, EvaluatorPool
 
 
-def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None,
-                  incumbent: Costed | None = None) -> tuple[Costed | None, int]:
+def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None
+                  ) -> tuple[Costed | None, int]:
     """The best Megatron configuration (the one that fits fastest; the least memory when none
-    fits) and how many configurations were costed in full. ``incumbent``: a Megatron point that
-    fits, already costed (a scan's best), which prunes from the start; it is the answer when
-    no point beats it."""
+    fits) and how many configurations were costed in full."""
     cfg = pool.cfg
     points = []
     for base in pool.grid(global_batch):
@@ -47,7 +45,7 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
             continue
         points.append((lower, len(points), base, vpps))
     points.sort(key=lambda p: p[:2])
-    best, count = incumbent, 0
+    best, count = None, 0
     overflowing = []
     for lower, _, base, vpps in points:
         fitting = best is not None and best.report.fits

@@ -19,6 +19,7 @@ from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
 from symtensor.plan.plan import Plan
+from symtensor.search.grid import virtual_stages
 from symtensor.search.partition import Problem, refine, refine_blocks, solve
 from symtensor.search.pool import Costed, EvaluatorPool
 
@@ -112,7 +113,7 @@ class OuterSearch:
         ev = self.evaluator(gbatch, pp)
         if any(refusal(op, layouts.get(op.name, REPLICATED), ev.mesh) for op in ev.graph.ops):
             return False  # a cut no longer divides at this micro-batch size
-        vpps = [v for v in (2, 3, 4) if pp > 1 and self.cfg.layers % (pp * v) == 0]
+        vpps = virtual_stages(self.cfg.layers, pp)[1:]
         # cheapest first: recomputation and deeper ZeRO stages only cost time, so the first variant
         # that fits is the fastest of its row (ZeRO-1 has ZeRO-0's time and less memory), and once
         # a variant is no faster than the best plan, none after it can be (branch and bound);

@@ -11,7 +11,7 @@ to the grid.
 from __future__ import annotations
 
 from symtensor.hardware import divisors
-from symtensor.search.grid import fastest_fitting, megatron_grid
+from symtensor.search.grid import fastest_fitting, megatron_grid, virtual_stages
 from symtensor.search.megatron import expert_grids
 from symtensor.search.pool import EvaluatorPool
 
@@ -55,7 +55,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                 dp = n // (tp * cp * pp)
                 if global_batch % (mb * dp):
                     continue
-                vpp = max([v for v in (1, 2, 3, 4) if cfg.layers % (pp * v) == 0] or [1]) if pp > 1 else 1
+                vpp = virtual_stages(cfg.layers, pp)[-1]
                 found, grid_best = None, None
                 for etp, ep, ep_chain in _expert_chains(cfg, tp, tp * cp * dp):
                     if ep_chain.stopped:
