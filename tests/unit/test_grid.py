@@ -13,9 +13,9 @@ from symtensor.search.pool import EvaluatorPool
 CASES = [
     ("gpt3-1.3b", "dgx-a100-80g", 16, 2048, 32, {}),
     ("llama3-8b", "dgx-h100", 16, 8192, 16, {"layers": 8}),
-    ("mixtral-8x7b", "dgx-h100", 8, 2048, 8, {"layers": 4}),
-    ("qwen3-30b-a3b", "dgx-h100", 8, 2048, 8, {"layers": 2}),
-    ("llama2-70b", "dgx-a100-80g", 16, 4096, 32, {"layers": 8}),
+    ("mixtral-8x7b", "dgx-h100", 8, 1024, 8, {"layers": 2}),
+    ("qwen3-30b-a3b", "dgx-h100", 8, 1024, 8, {"layers": 2}),
+    ("llama2-70b", "dgx-a100-80g", 16, 4096, 32, {"layers": 4}),
 ]
 
 
