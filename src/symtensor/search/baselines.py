@@ -108,4 +108,3 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
             costed = fsdp(pool, global_batch)
         out[name] = None if costed is None else pool.plan(costed)
     return out
-
