@@ -111,7 +111,7 @@ def test_the_suggested_plan_exports(repeated):
 
 
 def test_torchtitan_refuses_expert_parallelism_it_cannot_borrow():
-    """torchtitan's EP borrows cp (x tp with expert TP 1) and FSDP ranks; a ZeRO-1 plan exports as
+    """torchtitan's EP borrows cp (x tp with expert TP 1) and FSDP ranks; a ZeRO-0 plan exports as
     DDP (no FSDP ranks), so EP 8 over TP 2 x DP 8 would fail its ParallelDims check. The same
     degrees at ZeRO-3 export."""
     from symtensor import api
@@ -158,3 +158,39 @@ def test_an_export_refuses_a_tp_that_does_not_divide_the_mlp():
     for fmt in FORMATS:
         with pytest.raises(PlanError, match=r"would refuse this plan at launch: tp=2 must divide the MLP width 27"):
             export(odd, fmt)
+
+
+def _zero(zero: int, pp: int = 1):
+    from symtensor import api
+
+    return api.evaluate("llama3-8b", "dgx-h100", devices=16, pp=pp, dp=16 // pp, zero=zero, micro_batch=1,
+                        global_batch=64, seq=2048, framework="fsdp2")
+
+
+def test_torchtitan_runs_a_zero1_plan_as_fsdp2_without_resharding_not_as_ddp():
+    """torchtitan has no ZeRO-1: the export wrote data_parallel_replicate_degree (DDP), which keeps
+    the whole optimizer state on every rank (about 129 GiB for this plan, predicted 60). It runs as
+    FSDP2 over dp without resharding after forward (ZeRO-2), which the fsdp2 engine costs with the
+    same step and no more memory, and says so."""
+    plan = _zero(1)
+    out = torchtitan_config(plan)
+    p = out["parallelism"]
+    assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"]) == (1, 16)
+    assert p["fsdp_reshard_after_forward"] == "never"
+    assert "torchtitan has no ZeRO-1" in out["_zero_note"] and "ZeRO-2" in out["_zero_note"]
+    ran = _zero(2)  # what the exported config runs
+    assert torchtitan_config(ran)["parallelism"] == p and "_zero_note" not in torchtitan_config(ran)
+    assert ran.report.step_time_s == pytest.approx(plan.report.step_time_s)
+    assert ran.report.memory_peak <= plan.report.memory_peak
+    assert _zero(0).report.memory_peak > plan.report.capacity >= plan.report.memory_peak  # DDP would not fit
+
+
+@pytest.mark.parametrize("zero, pp, expected", [(0, 1, (16, 1, "default")), (2, 1, (1, 16, "never")),
+                                                 (3, 1, (1, 16, "always")), (3, 2, (1, 8, "always"))])
+def test_torchtitan_reshards_after_forward_exactly_at_zero3(zero, pp, expected):
+    """The fsdp2 engine regathers in backward at ZeRO 3 only; torchtitan's "default" policy reshards
+    without pipeline parallelism and not with it (torchtitan/distributed/fsdp.py), so the export
+    names the policy: "always" at ZeRO 3, "never" at ZeRO 2."""
+    p = torchtitan_config(_zero(zero, pp))["parallelism"]
+    assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"],
+            p["fsdp_reshard_after_forward"]) == expected

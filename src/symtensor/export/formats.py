@@ -55,12 +55,28 @@ def launch_refusal(plan, c: dict) -> str | None:
     return None
 
 
+def _torchtitan_dp(c: dict) -> tuple[int, int, str]:
+    """torchtitan's data parallelism for the plan's ZeRO stage: ``data_parallel_replicate_degree``,
+    ``data_parallel_shard_degree`` and ``fsdp_reshard_after_forward`` (torchtitan/config/job_config.py
+    ``Parallelism``; torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``).
+    ZeRO 0 is DDP. Above it FSDP2 (``fully_shard``) shards parameters, gradients and optimizer
+    state over dp and, as the fsdp2 engine costs it (``cost.engine``), reshards after forward at
+    ZeRO 3 only: "always" there (torchtitan's "default" does not reshard under pipeline
+    parallelism), "never" at ZeRO 1/2 (each block gathered once per micro-batch, kept to its
+    backward). torchtitan has no ZeRO 1 (sharded optimizer state beside replicated gradients):
+    ZeRO 1 runs as ZeRO 2, which the fsdp2 engine costs with the same collectives and no more memory
+    (the gradients sharded too); the export says so (``_zero_note``)."""
+    if c["zero"] == 0:
+        return c["dp"], 1, "default"
+    return 1, c["dp"], "always" if c["zero"] == 3 else "never"
+
+
 def _torchtitan_ep(c: dict) -> str | None:
     """torchtitan's expert grid (``ParallelDims``): expert TP is 1 or tp, and EP borrows all of
     cp (and tp when expert TP is 1) and part of the FSDP degree ``data_parallel_shard_degree``,
-    which a plan without sharded parameters (ZeRO 0/1: DDP) leaves at 1."""
+    which a plan without sharded state (ZeRO 0: DDP) leaves at 1."""
     tp, cp, ep, etp = c["tp"], c["cp"], c["ep"], c["etp"]
-    shard = c["dp"] if c["zero"] >= 2 else 1
+    shard = _torchtitan_dp(c)[1]
     if etp not in (1, tp):
         return f"torchtitan takes expert TP 1 or tp={tp}, not etp={etp}"
     borrowed = cp * (tp if etp == 1 else 1)
@@ -236,9 +252,10 @@ def torchtitan_config(plan) -> dict:
     """A torchtitan job config (the [parallelism] and [training] sections) for the plan."""
     c = _check_expressible(plan, "torchtitan")
     n = plan.cluster.n_devices
-    shard = c["dp"] if c["zero"] >= 2 else 1
-    return {
-        "parallelism": {"data_parallel_replicate_degree": c["dp"] // shard, "data_parallel_shard_degree": shard,
+    replicate, shard, reshard = _torchtitan_dp(c)
+    out = {
+        "parallelism": {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
+                        "fsdp_reshard_after_forward": reshard,
                         "tensor_parallel_degree": c["tp"], "context_parallel_degree": c["cp"],
                         "pipeline_parallel_degree": c["pp"], "expert_parallel_degree": c["ep"],
                         "expert_tensor_parallel_degree": c["etp"],
@@ -249,6 +266,11 @@ def torchtitan_config(plan) -> dict:
         "activation_checkpoint": {"mode": {"none": "none", "selective": "selective", "full": "full"}[c["recompute"]]},
         "_devices": n,
     }
+    if c["zero"] == 1:
+        out["_zero_note"] = ("torchtitan has no ZeRO-1: this plan runs as FSDP2 with fsdp_reshard_after_forward "
+                             "'never', which shards the gradients too (ZeRO-2); under the fsdp2 engine that is the "
+                             "same collectives and no more memory than the plan predicts (--zero 2 costs it)")
+    return out
 
 
 def dtensor_plan(plan) -> dict:
