@@ -32,8 +32,8 @@ from symtensor.search.pool import Costed, EvaluatorPool
 def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None
                   ) -> tuple[Costed | None, int]:
     """The best Megatron configuration (the one that fits fastest; the least memory when none
-    fits) and how many configurations were costed in full."""
-    cfg = pool.cfg
+    fits) and how many configurations it costed in full."""
+    cfg, start = pool.cfg, pool.costed
     points = []
     for base in pool.grid(global_batch):
         if micro_batch is not None and base["micro_batch"] != micro_batch:
@@ -45,7 +45,7 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
             continue
         points.append((lower, len(points), base, vpps))
     points.sort(key=lambda p: p[:2])
-    best, count = None, 0
+    best = None
     overflowing = []
     for lower, _, base, vpps in points:
         fitting = best is not None and best.report.fits
@@ -58,30 +58,25 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
             # per virtual-stage count, the cheapest recomputation that fits, if it beats the best
             for vpp in reversed(vpps):
                 cand, _ = fastest_fitting(pool, dict(base, vpp=vpp), best.report.step_time_s)
-                count += 1
                 if cand is not None and cand.key < best.key:
                     best = cand
             continue
-        best, costed = _every_variant(pool, base, vpps, best)
-        count += costed
+        best = _every_variant(pool, base, vpps, best)
     if best is None or not best.report.fits:
         # nothing fits: the least memory may be among the points whose state alone overflows
         for base, vpps in overflowing:
-            best, costed = _every_variant(pool, base, vpps, best)
-            count += costed
-    return best, count
+            best = _every_variant(pool, base, vpps, best)
+    return best, pool.costed - start
 
 
-def _every_variant(pool: EvaluatorPool, base: dict, vpps: list[int], best: Costed | None) -> tuple[Costed | None, int]:
+def _every_variant(pool: EvaluatorPool, base: dict, vpps: list[int], best: Costed | None) -> Costed | None:
     """While nothing fits: every variant of a point, for one that fits or holds the least memory."""
-    count = 0
     for rc in pool.recomputations():
         for vpp in reversed(vpps):
             cand = pool.try_config(**base, recompute=rc, vpp=vpp)
-            count += 1
             if cand is not None and (best is None or cand.key < best.key):
                 best = cand
-    return best, count
+    return best
 
 
 def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")):

@@ -52,6 +52,7 @@ class EvaluatorPool:
         self.graph_factory = graph_factory
         self._param_sums = None
         self._recomputations = None
+        self.costed = 0  # Megatron configurations costed in full (``evaluate``)
         # the search's layouts are one family (see OpLayout): equal layouts are one object, and
         # what is derived from them is memoised once for every evaluator
         self.family = OpLayout.family()
@@ -129,6 +130,7 @@ class EvaluatorPool:
         """Cost a Megatron configuration (its layouts are legal by construction; ``check`` checks
         them anyway, for a configuration a user gave)."""
         ev, layouts = self.layouts(pc)
+        self.costed += 1
         return Costed(pc.train_config(), layouts, ev.evaluate(layouts, pc.train_config(), check=check), pc)
 
     def layer_seconds(self, point: dict) -> dict[int, float]:
