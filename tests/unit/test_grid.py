@@ -94,3 +94,24 @@ def test_more_devices_never_slower_at_a_fixed_batch():
                        for note in plan.notes)
     assert steps[8] <= steps[4] <= steps[2]
     assert plan.cluster.n_devices < 8  # two sequences cannot keep 8 devices busy
+
+
+def test_the_megatron_space_plan_is_its_grid_baseline():
+    """Under ``--space megatron`` the plan is the grid's best, so it is the ``megatron_grid_best``
+    baseline (costed once): the same configuration, layouts, time and memory as the baseline
+    costed on its own, and the other baselines are still costed."""
+    from symtensor import api
+    from symtensor.search.baselines import baseline_plans
+
+    plan, base = api.plan_with_baselines("gpt3-1.3b", "dgx-a100-80g", devices=16, global_batch=64, seq=2048,
+                                         space="megatron", names=("megatron_grid_best", "fsdp"))
+    alone = baseline_plans(load_model_config("gpt3-1.3b"), load_cluster("dgx-a100-80g", devices=16), 64, 2048,
+                           names=("megatron_grid_best", "fsdp"))
+    assert list(base) == ["megatron_grid_best", "fsdp"]
+    for name in base:
+        got, want = base[name], alone[name]
+        assert got.config == want.config and got.layouts == want.layouts
+        assert got.report.step_time_s == want.report.step_time_s
+        assert got.report.memory_peak == want.report.memory_peak
+        assert got.notes == want.notes and got.search_time_s == want.search_time_s == 0.0
+    assert plan.config == base["megatron_grid_best"].config and plan.search_time_s > 0
