@@ -1,9 +1,10 @@
 """What the planner promises about the plan it returns, whatever its search found.
 
-- **Never worse than the Megatron grid.** Up to ``seeds.SMALL_GRID`` points the search seeds itself
-  with the exhaustive grid; above, its seeds are a scan of the grid, which can miss the best point.
-  So the exhaustive grid (``search.grid``, costed once: it is also the ``megatron_grid_best``
-  baseline) is compared with the search's plan, and its best is the plan when it is faster.
+- **Never worse than the Megatron grid.** On small grids and clusters (``seeds.seed_plan``) the
+  search seeds itself with the exhaustive grid, so its plan is no worse by construction. Elsewhere
+  its seeds are a scan of the grid, which can miss the best point: there the exhaustive grid
+  (``search.grid``, costed once: it is also the ``megatron_grid_best`` baseline) is compared with
+  the search's plan, and its best is the plan when it is faster.
 - **Monotone in devices.** At a fixed global batch a plan for 2N devices can do whatever the plan for
   N does, with half the devices idle, so the plan for 2N considers the plan for N (recursively).
   The recursion stops where it cannot win: no plan on N devices is faster than their step floor
@@ -26,6 +27,7 @@ from symtensor.plan.plan import Plan
 from symtensor.search.baselines import baseline_plans
 from symtensor.search.megatron import ParallelConfig
 from symtensor.search.pool import EvaluatorPool
+from symtensor.search.seeds import seed_plan
 
 GRID = "megatron_grid_best"
 IDLE = "this plan uses"  # how the note of a plan on fewer devices begins
@@ -44,9 +46,10 @@ def guaranteed_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: 
 
 
 def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=()):
-    wanted = names + ((GRID,) if GRID not in names else ())
+    seeded, _, _ = seed_plan(EvaluatorPool(cfg, cluster, seq, framework=framework), global_batch)
+    wanted = names + ((GRID,) if GRID not in names and not seeded else ())
     base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted)
-    plan = never_worse_than_grid(search(cluster), base[GRID])
+    plan = never_worse_than_grid(search(cluster), base.get(GRID))
     n = cluster.n_devices
     if n % 2 == 0 and _may_win(cfg, cluster, n // 2, global_batch, seq, framework, plan):
         try:
