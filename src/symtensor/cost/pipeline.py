@@ -9,14 +9,12 @@ from symtensor.cost.params import Params
 from symtensor.cost.segment import Segment, out_slot
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
-from symtensor.hardware import Cluster, Mesh
+from symtensor.hardware import Cluster, Mesh, prime_factors
 from symtensor.layout import REPLICATED
 
 
 def split_mesh(cluster: Cluster, pp: int):
     """Take the pipeline axes from the outermost levels; return (stage mesh, pipeline axes)."""
-    from symtensor.hardware import prime_factors
-
     mesh = list(cluster.mesh())
     need = prime_factors(pp) if pp > 1 else []
     if cluster.n_devices % pp:

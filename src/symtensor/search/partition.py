@@ -31,6 +31,7 @@ from symtensor.cost.segment import recomputed
 from symtensor.cost.terms import edge_seconds, edge_terms, op_cost, saved_bytes
 from symtensor.graph import layer_repeat, op_no_cut
 from symtensor.layout import REPLICATED, OpLayout, cut_factor, linked_layout, matmul_roles, refusal
+from symtensor.search.megatron import expert_op, sp_dim, tp_dim
 
 
 @dataclass(frozen=True, slots=True)
@@ -479,14 +480,10 @@ FOLDED = ("tensor_ep", "context_ep")
 def level_templates(ops) -> tuple[str, ...]:
     """The level templates worth trying on a graph: the folded ones only where there are experts
     (elsewhere they equal ``tensor`` and ``context``)."""
-    from symtensor.search.megatron import expert_op
-
     return TEMPLATES + (FOLDED if any(expert_op(op) for op in ops) else ())
 
 
 def _template_dim(op, kind: str) -> str | None:
-    from symtensor.search.megatron import expert_op, sp_dim, tp_dim
-
     sizes = op.dim_sizes
     expert = expert_op(op)
     if kind in FOLDED:
