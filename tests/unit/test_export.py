@@ -194,3 +194,50 @@ def test_torchtitan_reshards_after_forward_exactly_at_zero3(zero, pp, expected):
     p = torchtitan_config(_zero(zero, pp))["parallelism"]
     assert (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"],
             p["fsdp_reshard_after_forward"]) == expected
+
+
+@pytest.mark.parametrize("zero, expected", [(0, ("replicate", False, None)), (1, ("fully_shard", True, False)),
+                                             (2, ("fully_shard", True, False)), (3, ("fully_shard", True, True))])
+def test_dtensor_shards_each_zero_stage_as_the_fsdp2_engine_costs_it(zero, expected):
+    """The DTensor plan wrote fully_shard at ZeRO 3 only: a ZeRO-1/2 plan, which the fsdp2 engine
+    costs as FSDP2 without resharding after forward (state sharded over dp, one gather per
+    micro-batch), ran as DDP with every rank keeping the whole state (the ZeRO-0 plan of these
+    degrees does not fit). It writes fully_shard with reshard_after_forward False at ZeRO 1/2 and
+    True at ZeRO 3, and says that ZeRO 1 runs as ZeRO 2."""
+    plan = _zero(zero)
+    d = dtensor_plan(plan)
+    assert (d["data_parallel"], d["fully_shard"], d["reshard_after_forward"]) == expected
+    assert d["data_parallel_axes"] == ["dp"] and d["mesh"] == {"dp": 16}
+    assert ("_zero_note" in d) == (zero == 1)
+    if zero in (1, 2):
+        assert _zero(0).report.memory_peak > plan.report.capacity >= plan.report.memory_peak  # DDP would not fit
+
+
+def test_torchtitan_refuses_a_zero0_plan_with_context_parallelism(capsys):
+    """torchtitan applies FSDP2 over its dp_shard_cp mesh whenever cp > 1 (ParallelDims.fsdp_enabled),
+    even at data_parallel_shard_degree 1: the export wrote DDP (data_parallel_replicate_degree 8, cp 2)
+    for a ZeRO-0 plan, which torchtitan would run sharded over 16 ranks. It refuses in one line with
+    the nearest exportable configuration, the same degrees at ZeRO-1, which exports as the FSDP2 over
+    dp x cp that the cost model shards ZeRO's state over."""
+    import json
+    import shlex
+
+    from symtensor import api
+    from symtensor.cli import main
+
+    degrees = dict(dp=8, cp=2, micro_batch=1, global_batch=64, seq=4096, framework="fsdp2")
+    plan = api.evaluate("llama3-8b", "dgx-h100", devices=16, zero=0, **degrees)
+    with pytest.raises(PlanError, match=r"torchtitan would not run this plan as it is costed: with context parallelism "
+                                        r"\(cp=2\) it shards the parameters with FSDP over dp x cp = 16 ranks .*DDP.*; "
+                                        r"the nearest exportable configuration: symtensor evaluate llama3-8b .*--cp 2 "
+                                        r".*--zero 1 .*--framework fsdp2") as refused:
+        torchtitan_config(plan)
+    assert len(str(refused.value).splitlines()) == 1
+    d = dtensor_plan(plan)  # DDP over dp x cp, as the plan costs it
+    assert (d["data_parallel"], d["data_parallel_axes"]) == ("replicate", ["dp", "cp"])
+    command = str(refused.value).split("exportable configuration: ")[1].split(" (")[0]
+    assert main(shlex.split(command)[1:] + ["--json"]) == 0  # the suggestion is a command that runs
+    assert json.loads(capsys.readouterr().out)["config"]["zero"] == 1
+    p = torchtitan_config(api.evaluate("llama3-8b", "dgx-h100", devices=16, zero=1, **degrees))["parallelism"]
+    degrees = (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"], p["context_parallel_degree"])
+    assert degrees == (1, 8, 2)

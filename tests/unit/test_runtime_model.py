@@ -151,3 +151,23 @@ def test_comm_counter_bytes(one_rank_group):
     assert counter.bytes == {"all_reduce": 120, "all_gather": 56, "reduce_scatter": 40, "all_to_all": 88}
     assert counter.calls == {"all_reduce": 2, "all_gather": 2, "reduce_scatter": 1, "all_to_all": 3}
     assert counter.summary()["bytes_by_axis"]["all_to_all@world"] == 88
+
+
+@pytest.mark.parametrize("reshard", [True, False])
+def test_fully_shard_keeps_or_reshards_every_group_as_the_spec_says(one_rank_group, reshard):
+    """apply_fsdp passed reshard_after_forward=True to every group whatever the plan: after forward
+    the registered parameters are the sharded DTensors when fully_shard reshards (ZeRO-3) and the
+    unsharded tensors when it does not (ZeRO-2; torch.distributed.fsdp.fully_shard), the root's
+    (embedding, final norm, LM head) included."""
+    from torch.distributed.tensor import DTensor
+
+    from symtensor.runtime.apply import apply_fsdp, build_mesh
+
+    spec = RunSpec(mesh={"dp": 1}, fsdp_axes=("dp",), reshard_after_forward=reshard)
+    model = build_torch_model(LLAMA)
+    apply_fsdp(model, spec, build_mesh(spec))
+    ids = torch.randint(0, LLAMA.vocab, (2, 16))
+    loss = loss_fn(model(ids), ids)
+    sharded = {name: isinstance(p, DTensor) for name, p in model.named_parameters()}
+    loss.backward()
+    assert set(sharded.values()) == {reshard} and "embed.weight" in sharded and "lm_head.weight" in sharded

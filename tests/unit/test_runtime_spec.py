@@ -171,3 +171,55 @@ def test_run_spec_refuses_before_launching(monkeypatch):
                         nproc=3)
     with pytest.raises(PlanError, match=r"optimizer 'lbfgs'"):
         launch.run_spec("tiny-llama", megatron(), optimizer="lbfgs", nproc=4)
+
+
+@pytest.mark.parametrize("framework, zero, axes, reshard, gathers", [
+    ("megatron", 0, (("dp",), ()), True, 0),
+    ("fsdp2", 1, ((), ("dp",)), False, 1),   # FSDP2 has no ZeRO-1: it runs as ZeRO-2, the same collectives
+    ("fsdp2", 2, ((), ("dp",)), False, 1),
+    ("fsdp2", 3, ((), ("dp",)), True, 2),
+    ("megatron", 3, ((), ("dp",)), True, 2),
+])
+def test_plan_to_spec_runs_each_zero_stage_as_the_plan_costs_it(framework, zero, axes, reshard, gathers):
+    """The fsdp2 engine costs ZeRO 1/2 as FSDP2 without resharding after forward (every parameter
+    gathered once per step), ZeRO 3 with it (twice); the runtime refused ZeRO 1/2 and always
+    resharded. Its spec now gathers as many times as the prediction it is judged against."""
+    from symtensor.runtime.verify import plan_to_spec, predicted_bytes
+    from symtensor.search.megatron import ParallelConfig
+
+    pc = ParallelConfig(dp=2, zero=zero, micro_batch=4, global_batch=8, seq=16, framework=framework)
+    spec = plan_to_spec(pc, LLAMA)
+    assert ((spec.dp_axes, spec.fsdp_axes), spec.reshard_after_forward) == (axes, reshard)
+    predicted = predicted_bytes(LLAMA, pc, 2)
+    reduced = predicted["reduce_scatter"] or predicted["all_reduce"]
+    assert predicted["all_gather"] == gathers * reduced and reduced > 0
+
+
+@pytest.mark.parametrize("zero", [1, 2])
+def test_plan_to_spec_still_refuses_megatrons_zero_1_and_2(zero):
+    """Megatron's distributed optimizer (replicated parameters, one gather after the step) is no
+    FSDP2: its ZeRO-1/2 plans stay refused, naming the engine and the fix."""
+    from symtensor.runtime.verify import plan_to_spec
+    from symtensor.search.megatron import ParallelConfig
+
+    with pytest.raises(PlanError, match=rf"not megatron's ZeRO-{zero}; plan with --framework fsdp2 or --zero 3"):
+        plan_to_spec(ParallelConfig(dp=2, zero=zero, micro_batch=4, global_batch=8, seq=16), LLAMA)
+
+
+def test_reshard_after_forward_is_fully_shards_setting():
+    spec = RunSpec(mesh={"dp": 2}, fsdp_axes=("dp",), reshard_after_forward=False)
+    assert RunSpec.from_dict(spec.to_dict()) == spec and spec.to_dict()["reshard_after_forward"] is False
+    assert RunSpec(mesh={"dp": 2}, fsdp_axes=("dp",)).reshard_after_forward  # ZeRO-3 by default
+    with pytest.raises(PlanError, match=r"reshard_after_forward=False needs fsdp_axes"):
+        RunSpec(mesh={"dp": 2}, dp_axes=("dp",), reshard_after_forward=False)
+    with pytest.raises(PlanError, match=r"reshard_after_forward must be true or false, got 'no'"):
+        RunSpec(mesh={"dp": 2}, fsdp_axes=("dp",), reshard_after_forward="no")
+
+
+def test_the_runtime_chooses_zero_2_under_the_fsdp2_engine():
+    """``symtensor run`` asked for ZeRO-2 costs and runs it as the fsdp2 engine (it was refused)."""
+    from symtensor.runtime.verify import _choose, plan_to_spec
+
+    pc = _choose(LLAMA, 2, 8, 16, 1, 2, None)
+    assert (pc.dp, pc.zero, pc.framework) == (2, 2, "fsdp2")
+    assert plan_to_spec(pc, LLAMA).reshard_after_forward is False

@@ -31,6 +31,10 @@ def _check_expressible(plan, engine: str) -> dict:
     why = launch_refusal(plan, c)
     if why is not None:
         raise PlanError(f"{engine} would refuse this plan at launch: {why}; {nearest(plan)}")
+    if engine == "torchtitan" and c["cp"] > 1 and c["zero"] == 0:
+        raise PlanError(f"torchtitan would not run this plan as it is costed: {_torchtitan_cp_fsdp(c)}; the nearest "
+                        f"exportable configuration: {_evaluate_command(plan, c, zero=1)} (FSDP2 over dp x cp, which "
+                        "torchtitan runs; or export this one to megatron)")
     if engine == "torchtitan" and plan.model.is_moe and c["ep"] > 1:
         why = _torchtitan_ep(c)
         if why is not None:
@@ -71,6 +75,25 @@ def _torchtitan_dp(c: dict) -> tuple[int, int, str]:
     return 1, c["dp"], "always" if c["zero"] == 3 else "never"
 
 
+def _torchtitan_cp_fsdp(c: dict) -> str:
+    """Why torchtitan cannot run a ZeRO-0 plan with context parallelism as DDP: it applies FSDP2
+    whenever cp > 1 (``ParallelDims.fsdp_enabled`` is ``dp_shard_enabled or cp_enabled``;
+    torchtitan/models/llama3/infra/parallelize.py shards over its ``dp_shard_cp`` mesh, dp_shard x
+    cp, before it considers DDP), even at data_parallel_shard_degree 1, and it has no setting that
+    keeps the parameters replicated there. Above ZeRO 0 it is what the plan costs: the cost model
+    shards ZeRO's state over the data-parallel axes dp x cp (``cost.params.data_axes``)."""
+    return (f"with context parallelism (cp={c['cp']}) it shards the parameters with FSDP over dp x cp = "
+            f"{c['dp'] * c['cp']} ranks (ParallelDims.fsdp_enabled, its dp_shard_cp mesh) even at "
+            "data_parallel_shard_degree 1, so a ZeRO-0 plan would not run as the DDP it is costed as")
+
+
+def _zero1_note(engine: str, setting: str) -> str:
+    """The note of a ZeRO-1 plan run as FSDP2 without resharding after forward (ZeRO-2)."""
+    return (f"{engine} has no ZeRO-1: this plan runs as FSDP2 with {setting}, which shards the gradients too "
+            "(ZeRO-2); under the fsdp2 engine that is the same collectives and no more memory than the plan "
+            "predicts (--zero 2 costs it)")
+
+
 def _torchtitan_ep(c: dict) -> str | None:
     """torchtitan's expert grid (``ParallelDims``): expert TP is 1 or tp, and EP borrows all of
     cp (and tp when expert TP is 1) and part of the FSDP degree ``data_parallel_shard_degree``,
@@ -94,6 +117,7 @@ def _evaluate_command(plan, c: dict, **changed) -> str:
     flags = " ".join(f"--{k} {c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "zero", "micro_batch",
                                                 "global_batch", "seq", "vpp"))
     flags = flags.replace("_", "-") + (" --sp" if c["sp"] else "") + f" --recompute {c['recompute']}"
+    flags += f" --framework {c['framework']}" if c["framework"] != "megatron" else ""
     return f"symtensor evaluate {_model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} {flags}"
 
 
@@ -267,14 +291,20 @@ def torchtitan_config(plan) -> dict:
         "_devices": n,
     }
     if c["zero"] == 1:
-        out["_zero_note"] = ("torchtitan has no ZeRO-1: this plan runs as FSDP2 with fsdp_reshard_after_forward "
-                             "'never', which shards the gradients too (ZeRO-2); under the fsdp2 engine that is the "
-                             "same collectives and no more memory than the plan predicts (--zero 2 costs it)")
+        out["_zero_note"] = _zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
     return out
 
 
 def dtensor_plan(plan) -> dict:
-    """Per module, the DTensor parallel style (``parallelize_module`` plan) and the mesh axes."""
+    """Per module, the DTensor parallel style (``parallelize_module`` plan) and the mesh axes, and
+    the data parallelism over ``data_parallel_axes`` (dp and cp: the axes the cost model reduces
+    gradients and shards ZeRO's state over, ``cost.params.data_axes``), as the fsdp2 engine costs
+    each ZeRO stage (``cost.engine``): ZeRO 0 replicates (DDP, PyTorch's ``replicate``); above it
+    ``fully_shard`` (FSDP2) shards parameters, gradients and optimizer state, with
+    ``reshard_after_forward`` True at ZeRO 3 (gathered again in backward) and False at ZeRO 1/2
+    (gathered once per micro-batch, kept to backward; torch.distributed.fsdp.fully_shard). FSDP2
+    has no ZeRO 1: it runs as ZeRO 2, which the fsdp2 engine costs with the same collectives and
+    no more memory; the export says so (``_zero_note``). The same rule as ``_torchtitan_dp``."""
     c = _check_expressible(plan, "the DTensor plan")
     from symtensor.runtime.spec import ATTN_TP, MLP_TP
 
@@ -289,9 +319,17 @@ def dtensor_plan(plan) -> dict:
                            "norm": "SequenceParallel"})
     mesh = {name: size for name, size in (("pp", c["pp"]), ("dp", c["dp"]), ("cp", c["cp"]), ("tp", c["tp"]))
             if size > 1} or {"dp": 1}
-    return {"mesh": mesh, "tp_plan": styles, "fully_shard": c["zero"] == 3,
-            "expert_parallel_degree": c["ep"], "expert_tensor_parallel_degree": c["etp"],
-            "context_parallel": c["cp"] > 1}
+    data_axes = [name for name in ("dp", "cp") if c[name] > 1]
+    shard = bool(data_axes) and c["zero"] >= 1
+    out = {"mesh": mesh, "tp_plan": styles,
+           "data_parallel": ("fully_shard" if shard else "replicate") if data_axes else None,
+           "data_parallel_axes": data_axes, "fully_shard": shard,
+           "reshard_after_forward": c["zero"] == 3 if shard else None,
+           "expert_parallel_degree": c["ep"], "expert_tensor_parallel_degree": c["etp"],
+           "context_parallel": c["cp"] > 1}
+    if shard and c["zero"] == 1:
+        out["_zero_note"] = _zero1_note("FSDP2 (fully_shard)", "reshard_after_forward=False")
+    return out
 
 
 # the engine whose semantics (cost.engine) each export format runs under

@@ -1,9 +1,9 @@
 """Apply a RunSpec to the runtime's torch model with PyTorch's own distributed stack.
 
 The order is fixed, as in torchtitan: tensor parallel (``parallelize_module``), then expert
-parallel (experts cut on dim 0, tokens moved by all-to-all), then ``fully_shard`` (FSDP2 / ZeRO-3)
-over ``fsdp_axes``. A pipeline spec instead cuts the layer stack into ``torch.distributed.pipelining``
-stages. Data parallelism over ``dp_axes`` is a plain gradient all-reduce after backward, so its
+parallel (experts cut on dim 0, tokens moved by all-to-all), then ``fully_shard`` (FSDP2: ZeRO-3,
+or ZeRO-2 without resharding after forward) over ``fsdp_axes``. A pipeline spec instead cuts the
+layer stack into ``torch.distributed.pipelining`` stages. Data parallelism over ``dp_axes`` is a plain gradient all-reduce after backward, so its
 bytes are exactly the gradients' size.
 
 The tensor-parallel plan of one layer, for ``sequence_parallel`` off / on (Megatron-LM, Megatron-SP):
@@ -173,18 +173,22 @@ def apply_ep(model: nn.Module, spec: RunSpec, mesh: DeviceMesh) -> None:
 
 # -- fully sharded data parallel -----------------------------------------------------------------
 def apply_fsdp(model: nn.Module, spec: RunSpec, mesh: DeviceMesh) -> None:
-    """ZeRO-3 over ``spec.fsdp_axes``: one FSDP group per layer, one for the rest (the root).
+    """FSDP2 over ``spec.fsdp_axes``: one FSDP group per layer, one for the rest (the root).
 
-    Every group, the root included, reshards after forward, so each layer's parameters are
-    all-gathered twice per step (forward and backward) and the root's too; gradients are
-    reduce-scattered once. On a 2-D mesh fully_shard composes with the tensor-parallel DTensors.
+    Every group, the root included, takes ``spec.reshard_after_forward`` as the fsdp2 engine costs
+    the ZeRO stage (``symtensor.cost.engine``): True (ZeRO-3) reshards after forward, so each
+    layer's parameters are all-gathered twice per step (forward and backward) and the root's too;
+    False (ZeRO-2, the engine's ZeRO 1/2) keeps them gathered from forward to backward, once per
+    step. The root is given the value explicitly: fully_shard's default (None) would keep the
+    root unsharded after forward whatever the layers do. Gradients are reduce-scattered once. On a
+    2-D mesh fully_shard composes with the tensor-parallel DTensors.
     """
     if not spec.fsdp_axes:
         return
-    fsdp_mesh = submesh(mesh, spec.fsdp_axes)
+    fsdp_mesh, reshard = submesh(mesh, spec.fsdp_axes), spec.reshard_after_forward
     for layer in model.layers.values():
-        fully_shard(layer, mesh=fsdp_mesh, reshard_after_forward=True)
-    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=True)
+        fully_shard(layer, mesh=fsdp_mesh, reshard_after_forward=reshard)
+    fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=reshard)
 
 
 # -- data parallel -----------------------------------------------------------------------------

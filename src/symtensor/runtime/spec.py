@@ -4,7 +4,10 @@ A RunSpec names a device mesh (ordered axis name -> size) and gives every mesh a
 
     tp_axis      tensor parallel: modules with a ``colwise``/``rowwise`` style are cut over it
     dp_axes      data parallel: the batch is cut over them, gradients are all-reduced
-    fsdp_axes    ZeRO-3 (``fully_shard``): the batch is cut over them, parameters are sharded
+    fsdp_axes    FSDP2 (``fully_shard``): the batch is cut over them, parameters, gradients and
+                 optimizer state are sharded; ``reshard_after_forward`` True (ZeRO-3) gathers each
+                 group's parameters again for backward, False (ZeRO-2: the fsdp2 engine's ZeRO 1/2)
+                 keeps them from forward to backward
     ep_axes      expert parallel: ``dp_axes`` and/or ``tp_axis`` (Megatron's MoE parallel folding:
                  the expert layers regroup the ranks attention uses); experts are cut on dim 0
                  over them (flattened in mesh order) and tokens travel to their experts by
@@ -108,7 +111,10 @@ class RunSpec:
         sequence_parallel: norms and the residual stream are cut on the sequence over ``tp_axis``
             (Megatron-SP: all-gather before, reduce-scatter after each tensor-parallel block).
         dp_axes: data-parallel axes (batch cut, gradient all-reduce).
-        fsdp_axes: fully_shard (ZeRO-3) axes (batch cut, parameters sharded on dim 0).
+        fsdp_axes: fully_shard axes (batch cut, parameters sharded on dim 0).
+        reshard_after_forward: with ``fsdp_axes``, fully_shard's ``reshard_after_forward``: True
+            (ZeRO-3: parameters gathered in forward and again in backward) or False (ZeRO-2: gathered
+            once, kept to backward).
         ep_axes: expert-parallel axes: ``dp_axes`` and/or ``tp_axis`` (with ``sequence_parallel``).
         pp_axis: pipeline axis; its size is the number of stages.
         pp_schedule: ``1f1b`` or ``gpipe``.
@@ -124,6 +130,7 @@ class RunSpec:
     sequence_parallel: bool = False
     dp_axes: tuple[str, ...] = ()
     fsdp_axes: tuple[str, ...] = ()
+    reshard_after_forward: bool = True
     ep_axes: tuple[str, ...] = ()
     pp_axis: str | None = None
     pp_schedule: str = "1f1b"
@@ -207,6 +214,11 @@ class RunSpec:
                                 "pipeline stages (pp_axis size)")
         elif self.microbatches != 1:
             raise PlanError(f"RunSpec.microbatches={self.microbatches} needs pp_axis; set microbatches=1")
+        if not isinstance(self.reshard_after_forward, bool):
+            raise PlanError(f"RunSpec.reshard_after_forward must be true or false, got {self.reshard_after_forward!r}")
+        if not self.reshard_after_forward and not self.fsdp_axes:
+            raise PlanError("RunSpec.reshard_after_forward=False needs fsdp_axes (it is fully_shard's setting); "
+                            "name the sharded axes or leave it true")
         if self.fsdp_axes and (self.dp_axes or self.ep_axes):
             raise PlanError("RunSpec: fsdp_axes with dp_axes (HSDP) or ep_axes is not supported by this runtime; "
                             "use either fsdp_axes or dp_axes")
@@ -295,7 +307,8 @@ class RunSpec:
         return {"mesh": dict(self.mesh), "tp_axis": self.tp_axis, "styles": dict(self.styles),
                 "layer_styles": {str(i): dict(st) for i, st in self.layer_styles},
                 "sequence_parallel": self.sequence_parallel, "dp_axes": list(self.dp_axes),
-                "fsdp_axes": list(self.fsdp_axes), "ep_axes": list(self.ep_axes), "pp_axis": self.pp_axis,
+                "fsdp_axes": list(self.fsdp_axes), "reshard_after_forward": self.reshard_after_forward,
+                "ep_axes": list(self.ep_axes), "pp_axis": self.pp_axis,
                 "pp_schedule": self.pp_schedule, "microbatches": self.microbatches,
                 "global_batch": self.global_batch, "seq": self.seq}
 

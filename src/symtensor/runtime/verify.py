@@ -2,7 +2,8 @@
 
 The runtime executes the plans its RunSpec can express: Megatron-style tensor parallelism (column
 then row per block, vocabulary-parallel embedding, sequence parallelism), data parallelism by
-gradient all-reduce, FSDP (ZeRO-3), expert parallelism and pipelines of data-parallel stages. A
+gradient all-reduce, FSDP2 (ZeRO-3, and the fsdp2 engine's ZeRO-1/2 without resharding after
+forward), expert parallelism and pipelines of data-parallel stages. A
 plan is mapped to a RunSpec (``plan_to_spec``); a plan that needs anything else is refused with the
 reason before any process starts. The same configuration is costed by the model with the
 runtime's precision (fp32 weights, activations and gradients) and its per-kind bytes per device
@@ -45,14 +46,18 @@ def plan_to_spec(pc: ParallelConfig, cfg, attention_only: bool = False) -> RunSp
         raise PlanError("the runtime has no context parallelism yet; plan with cp=1")
     if pc.recompute != "none":
         raise PlanError("the runtime does not recompute activations; plan with recompute=none")
-    if pc.zero in (1, 2):
-        raise PlanError(f"the runtime runs ZeRO-0 (all-reduce) or ZeRO-3 (FSDP), not ZeRO-{pc.zero}")
+    if pc.zero in (1, 2) and pc.framework != "fsdp2":
+        raise PlanError(f"the runtime runs ZeRO-0 (all-reduce), ZeRO-3 (FSDP) and the fsdp2 engine's ZeRO-1/2 "
+                        f"(FSDP2 without resharding after forward), not {pc.framework}'s ZeRO-{pc.zero}; plan with "
+                        "--framework fsdp2 or --zero 3")
     mesh, dp_axes, fsdp_axes = {}, (), ()
     if pc.pp > 1:
         mesh["pp"] = pc.pp
     if pc.dp > 1:
         mesh["dp"] = pc.dp
-        dp_axes, fsdp_axes = ((), ("dp",)) if pc.zero == 3 else (("dp",), ())
+        # the fsdp2 engine's ZeRO 1/2 is FSDP2 without resharding after forward (cost.engine); FSDP2
+        # has no ZeRO 1 (replicated gradients), so ZeRO 1 runs as ZeRO 2: the same collectives
+        dp_axes, fsdp_axes = ((), ("dp",)) if pc.zero > 0 else (("dp",), ())
     if pc.tp > 1:
         mesh["tp"] = pc.tp
     if not mesh:
@@ -67,6 +72,7 @@ def plan_to_spec(pc: ParallelConfig, cfg, attention_only: bool = False) -> RunSp
             layer_styles = {i: dict(MLP_TP) for i in range(cfg.layers) if not cfg.is_moe_layer(i)}
     return RunSpec(mesh=mesh, tp_axis="tp" if pc.tp > 1 else None, styles=styles, layer_styles=layer_styles,
                    sequence_parallel=pc.sp, dp_axes=dp_axes, fsdp_axes=fsdp_axes,
+                   reshard_after_forward=pc.zero == 3 or not fsdp_axes,
                    ep_axes=_expert_axes(pc, cfg, attention_only), pp_axis="pp" if pc.pp > 1 else None,
                    microbatches=pc.micro_steps() if pc.pp > 1 else 1, global_batch=pc.global_batch, seq=pc.seq)
 
@@ -241,8 +247,10 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
             try:
                 # a pipeline needs micro-batches: one sequence each; otherwise one micro-batch per step
                 mb = 1 if pp > 1 else global_batch // dp
-                pc = ParallelConfig(tp=t, pp=pp, dp=dp, ep=e, sp=t > 1,
-                                    zero=zero if dp > 1 else 0, micro_batch=mb, global_batch=global_batch, seq=seq)
+                z = zero if dp > 1 else 0  # ZeRO 1/2 runs as the fsdp2 engine costs it (plan_to_spec)
+                pc = ParallelConfig(tp=t, pp=pp, dp=dp, ep=e, sp=t > 1, zero=z, micro_batch=mb,
+                                    global_batch=global_batch, seq=seq,
+                                    framework="fsdp2" if z in (1, 2) else "megatron")
                 rep = megatron_plan(cfg, cluster, pc).report
             except PlanError:
                 continue
