@@ -155,7 +155,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))
     p.add_argument("--tp", type=int, help="tensor-parallel degree (default: what the model predicts fastest)")
-    p.add_argument("--zero", type=int, default=0, choices=(0, 3), help="0: all-reduce, 3: FSDP")
+    p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
+                   help="0: all-reduce; 1, 2: FSDP2 without resharding after forward (costed under the fsdp2 "
+                        "engine; FSDP2 has no ZeRO-1, so 1 runs as 2); 3: FSDP")
     p.add_argument("--ep", type=int, help="expert-parallel degree (MoE, expert TP 1): folded over whole mesh "
                    "axes, so tp, tp x dp, or dp when tp is 1")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (the runtime pipelines data-parallel stages)")

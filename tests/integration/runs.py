@@ -24,6 +24,8 @@ RUNS = (
     Run("llama-4", "tiny-llama", 4, ("--tp", "1")),
     Run("mixtral-4", "tiny-mixtral", 4, ("--tp", "1")),
     Run("llama-fsdp-2", "tiny-llama", 2, ("--zero", "3", "--optimizer", "adamw")),
+    # ZeRO-2 as FSDP2 without resharding after forward (the fsdp2 engine): one gather per step
+    Run("llama-zero2-2", "tiny-llama", 2, ("--tp", "1", "--zero", "2", "--optimizer", "adamw")),
     Run("llama-tp-sp-2", "tiny-llama", 2, ("--tp", "2")),
     # data x tensor parallelism without FSDP: the vocabulary-parallel embedding's gradient is
     # synchronised as its parameter is placed (it once moved the whole table)

@@ -510,7 +510,7 @@ CASES += [
     ("run-seq-0", RUN + ["--seq", "0"], ["--seq", "positive integer"]),
     ("run-seq-long", RUN + ["--seq", "100000"], ["--seq 100000", "800,000 tokens per step", "8,192"]),
     ("run-batch-huge", RUN + ["--global-batch", "100000"], ["1,600,000 tokens per step", "65,536"]),
-    ("run-zero-2", RUN + ["--zero", "2"], ["--zero", "invalid choice"]),
+    ("run-zero-4", RUN + ["--zero", "4"], ["--zero", "invalid choice"]),
     ("run-optimizer", RUN + ["--optimizer", "lbfgs"], ["--optimizer", "invalid choice"]),
     ("run-plan-other-dims", RUN[:2] + ["--devices", "8", "--plan", "{plan-other-dims}"],
      ["another model", "ffn 96 vs 128"]),
