@@ -14,12 +14,15 @@ from symtensor.search import search
 pytestmark = pytest.mark.skipif(not parallel.can_fork(), reason="no fork here: the search runs serially")
 
 
-@pytest.mark.parametrize("name, devices, gb, seq", [
-    ("llama3-8b", 64, 512, 4096),  # seeds || partition; polishing changes it: the child's rollbacks
-    ("llama2-7b", 64, 1024, 4096),  # the same; polishing changes nothing: this process's rollbacks
-    ("mixtral-8x7b", 256, 512, 4096)])  # split seed scan
-def test_parallel_search_equals_serial(monkeypatch, name, devices, gb, seq):
+@pytest.mark.parametrize("name, layers, devices, gb, seq", [
+    ("llama3-8b", None, 64, 64, 2048),  # seeds || partition; polishing changes it: the child's rollbacks
+    ("llama2-7b", None, 64, 1024, 4096),  # the same; polishing changes nothing: this process's rollbacks
+    # over FULL_MESH devices: the seed scan split by TP degree (1, 4 | 2, 8 here), then the child
+    # refines the best seed while this process partitions (two layers: the same split, half the time)
+    ("mixtral-8x7b", 2, 256, 512, 4096)])
+def test_parallel_search_equals_serial(monkeypatch, name, layers, devices, gb, seq):
     cfg, cl = load_model_config(name), load_cluster("dgx-h100", devices=devices)
+    cfg = cfg.replace(layers=layers) if layers else cfg
     forked = search(cfg, cl, gb, seq)
     monkeypatch.setenv("SYMTENSOR_SERIAL", "1")
     assert not parallel.can_fork()
