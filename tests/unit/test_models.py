@@ -11,6 +11,7 @@ Notation: B sequences per step, s tokens per sequence, l layers, h hidden, V the
 
 import csv
 import dataclasses
+import functools
 import json
 import re
 from importlib import resources
@@ -64,9 +65,16 @@ def _count(text: str) -> float:
     return float(m.group(1)) * {"M": 1e6, "B": 1e9, "T": 1e12}[m.group(2)]
 
 
+@functools.cache  # the graphs are only read: each is built once for this module (and dropped after it)
 def _full_graph(name: str, **changes) -> Graph:
     cfg = PRESETS[name].replace(**changes) if changes else PRESETS[name]
     return build_graph(cfg, micro_batch=1, seq=min(cfg.max_context, 128))
+
+
+@pytest.fixture(scope="module", autouse=True)
+def _drop_full_graphs():
+    yield
+    _full_graph.cache_clear()
 
 
 def test_every_preset_is_judged():
