@@ -218,9 +218,11 @@ def partitions(s: OuterSearch, base: dict | None = None) -> None:
         lam = (ref.step_time_s / ref.capacity) * (4.0 ** attempt)
 
 
-def rollbacks(s: OuterSearch, base: dict) -> None:
-    """Pipeline depths from a whole-mesh partition: the outermost axes become stages."""
-    for pp in s.pipeline_depths():
+def rollbacks(s: OuterSearch, base: dict, depths: list[int] | None = None) -> None:
+    """Pipeline depths from a whole-mesh partition: the outermost axes become stages. ``depths``:
+    a part of ``s.pipeline_depths()`` (default all of it), ascending; the rest of it, called
+    next, continues where that part stopped."""
+    for pp in s.pipeline_depths() if depths is None else depths:
         if s.best is not None and pp > 2 and s.best.train.pp < pp // 2:
             break  # the last depth did not help: deeper pipelines will not either
         k = s.cluster.mesh().outer_axes_for(pp)
@@ -248,12 +250,15 @@ def refine_plan(pool: EvaluatorPool, plan: Costed) -> list[Costed]:
     return out
 
 
-def refine_best(s: OuterSearch, plan: Costed | None) -> None:
-    """Refine ``plan`` unless it is None or was refined (or came from a refinement) already."""
+def refine_best(s: OuterSearch, plan: Costed | None, speculated: tuple | None = None) -> None:
+    """Refine ``plan`` unless it is None or was refined (or came from a refinement) already.
+    ``speculated``: (a point, the ``parallel.Background`` refining it, started before the search
+    knew its best), whose result is taken when that point is ``plan`` itself."""
     if plan is None or id(plan) in s.refined:
         return
     s.refined.add(id(plan))
-    for better in refine_plan(s.pool, plan):
+    found = speculated[1].result() if speculated is not None and speculated[0] is plan else refine_plan(s.pool, plan)
+    for better in found:
         s.refined.add(id(s.offer(better)))
 
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import pickle
+import select
 import signal
 import sys
 import traceback
@@ -68,6 +69,11 @@ class Background:
                 pass
             os.close(self.fd)
             self.pid = None
+
+    def ready(self) -> bool:
+        """Whether ``result()`` would not wait for the child: it has sent its result (or there is
+        no child, and ``result()`` computes it here)."""
+        return self.pid is None or bool(select.select([self.fd], [], [], 0)[0])
 
     def result(self):
         if self.pid is None:

@@ -19,16 +19,18 @@ around the recursive partitioner.
 Step 0 is ``search.seeds``, steps 1-5 ``search.outer``; this module runs them. Steps 0 and 1-3
 are independent up to FULL_MESH devices and run in two processes (a forked child
 computes the seeds while this process partitions and rolls back; the best of all is refined
-after); beyond, the two processes split the seeds' scan, then the child refines the best seed
-while this process partitions its stage mesh. The result does not depend on whether the halves
-ran in parallel.
+after, by a child that started on the likely best as soon as it was known: ``_speculate``);
+beyond, the two processes split the seeds' scan, then the child refines the best seed while this
+process partitions its stage mesh. The result does not depend on whether the halves ran in
+parallel.
 """
 
 from __future__ import annotations
 
 import gc
 import time
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
+from functools import cache
 
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
@@ -84,55 +86,61 @@ def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_fa
     # the Megatron seeds and the partition are computed in two processes (parallel.py)
     exhaustive, tps, _ = seed_plan(pool, global_batch)
     fork = graph_factory is None  # captured graphs come from torch.export: not in a fork
-    if exhaustive or cluster.n_devices <= FULL_MESH:
-        base = _seeds_beside_partition(s, fork)
-    else:
-        base = None
-        _split_seeds(s, tps, fork)
-    t1 = time.perf_counter()
-    if base is None and s.best is not None:
-        # the child refines the best seed while this process partitions its stage mesh
-        seed = s.best
-        with Background(lambda: refine_plan(s.pool, seed), fork=fork) as job:
+    with ExitStack() as children:  # (a speculative refinement outlives the phase that starts it)
+        speculated = None
+        if exhaustive or cluster.n_devices <= FULL_MESH:
+            base, speculated = _seeds_beside_partition(s, fork, children)
+        else:
+            base = None
+            _split_seeds(s, tps, fork)
+        t1 = time.perf_counter()
+        if base is None and s.best is not None:
+            # the child refines the best seed while this process partitions its stage mesh
+            seed = s.best
+            with Background(lambda: refine_plan(s.pool, seed), fork=fork) as job:
+                partitions(s, base)
+                _adopt(s, job.result())
+            s.refined.add(id(seed))
+        else:
             partitions(s, base)
-            _adopt(s, job.result())
-        s.refined.add(id(seed))
-    else:
-        partitions(s, base)
-    t2 = time.perf_counter()
-    # the best plan refined op by op (the least-memory plan when nothing fits), unless it was
-    refine_best(s, s.best or s.least_memory)
+        t2 = time.perf_counter()
+        # the best plan refined op by op (the least-memory plan when nothing fits), unless it was
+        refine_best(s, s.best or s.least_memory, speculated)
     # (up to FULL_MESH devices the whole-mesh partition runs alongside the seeds, in their phase)
     s.phases = {"seeds_s": t1 - t0, "partition_s": t2 - t1, "refine_s": time.perf_counter() - t2}
     return finish(s, t0)
 
 
-def _seeds_beside_partition(s: OuterSearch, fork: bool) -> dict:
+def _seeds_beside_partition(s: OuterSearch, fork: bool, children: ExitStack) -> tuple[dict, tuple | None]:
     """Up to FULL_MESH devices: a forked child computes the Megatron seeds while this process
     partitions the whole mesh and rolls it back to every pipeline depth; returns the whole-mesh
-    partition. Only the better of the two best plans is refined, afterwards: refining the best
-    seed as well was a third of the child's work (which slows this process down while both run
-    on the two cores), and on the plan-quality scenarios it never changed the winner."""
+    partition and the speculative refinement (``_speculate``). Only the better of the two best
+    plans is refined, afterwards: refining the best seed as well was a third of the child's work
+    (which slows this process down while both run on the two cores), and on the plan-quality
+    scenarios it never changed the winner."""
     pool, gb, mb = s.pool, s.global_batch, s.micro_batch
     m0 = nominal_steps(s)
     # the partition's graph is built before the fork: the seeds' data-parallel points with one
     # sequence per device share it, and then neither process builds it on a shared core
     s.evaluator(gb // m0, 1)
     with Background(lambda: seed_phase(pool, gb, mb, None, descend=True), fork=fork) as job:
-        base = _partition_rolled_back(s, m0, fork)
-        best, least, count = job.result()
+        seeds = cache(job.result)  # (read early by _speculate when the child is done)
+        base, speculated = _partition_rolled_back(s, m0, fork, job, seeds, children)
+        best, least, count = seeds()
     _offer_seeds(s, best, least, count)
-    return base
+    return base, speculated
 
 
-def _partition_rolled_back(s: OuterSearch, m0: int, fork: bool) -> dict:
+def _partition_rolled_back(s: OuterSearch, m0: int, fork: bool, seeds_job: Background, seeds,
+                           children: ExitStack) -> tuple[dict, tuple | None]:
     """The whole-mesh partition at ``m0`` micro-batches rolled back to every pipeline depth
     (``outer.rollbacks``), pipelined over two processes: once the recursion is done, a forked child
     polishes its layouts (the op and block moves of ``solve``) while this process rolls the
     unpolished layouts back in a search of its own. When polishing changed nothing (most
     scenarios) those are the rollbacks of the polished layouts and their plans are kept; otherwise
     they are dropped and the child rolls its layouts back and sends its plans, so the result is
-    ``rollbacks(s, solve(...))``'s either way. Returns the polished layouts."""
+    ``rollbacks(s, solve(...))``'s either way. Returns the polished layouts and the speculative
+    refinement started after the unpipelined rollback (``_speculate``)."""
     problem = s.problem(1, m0, 0.0)
     raw = partition(problem, order=s.order)
 
@@ -146,15 +154,36 @@ def _partition_rolled_back(s: OuterSearch, m0: int, fork: bool) -> dict:
 
     with Background(polished_rollbacks, fork=fork) as job:
         guess = OuterSearch(s.pool, s.global_batch, s.micro_batch, s.order)
-        rollbacks(guess, raw)
+        depths = guess.pipeline_depths()
+        rollbacks(guess, raw, depths[:1])
+        speculated = _speculate(s.pool, guess, seeds_job, seeds, children, fork)
+        rollbacks(guess, raw, depths[1:])
         polished = job.result()
     if polished is None:
         s.absorb(guess)
-        return raw
+        return raw, speculated
     base, plans, count = polished
     s.evaluations += count - len(plans)
     _adopt(s, plans, refined=False)
-    return base
+    return base, speculated
+
+
+def _speculate(pool: EvaluatorPool, guess: OuterSearch, seeds_job: Background, seeds, children: ExitStack,
+               fork: bool) -> tuple[Costed, Background] | None:
+    """The point the search will most likely refine at its end, refined now in a forked child
+    while this process rolls the partition back to deeper pipelines: the better of the whole-mesh
+    partition's unpipelined plans and the seeds (when their child is done). On every plan-quality
+    scenario up to FULL_MESH devices it is the point refined at the end. ``refine_best`` takes the
+    child's refinement only when it refines this very point, and refines the point itself
+    otherwise, so the plan does not depend on the guess. Returns (the point, its refinement)."""
+    points = [p for p in (guess.best, guess.least_memory) if p is not None]
+    if seeds_job.ready():
+        best, least, _ = seeds()
+        points += [p for p in (best, least) if p is not None]
+    if not points:
+        return None
+    point = min(points, key=lambda p: p.key)  # (the first of equals, as OuterSearch.offer keeps)
+    return point, children.enter_context(Background(lambda: refine_plan(pool, point), fork=fork))
 
 
 def _split_seeds(s: OuterSearch, tps: list[int], fork: bool) -> None:
