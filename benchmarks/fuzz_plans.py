@@ -34,6 +34,7 @@ from fixtures.fuzzing import PROPERTIES, TOLERANCE, CaseResult, check_case, seed
 from results_files import write_results  # noqa: E402
 
 LISTED = 25  # violations listed per property in the markdown (the csv has them all)
+SLOWEST = 10  # the slowest cases listed
 FIELDS = ["kind", "property", "checked", "violating_cases", "case", "description", "message", "reproduce"]
 
 
@@ -136,6 +137,13 @@ def report(args, done: dict[int, tuple], elapsed: float, stopped: str | None) ->
         rows.append({"kind": "summary", "property": p, "checked": checked, "violating_cases": cases})
     failing = sum(bool(r.violations) for r in results.values())
     lines += ["", f"{failing} of {len(results)} cases violate at least one property.", ""]
+    slow = sorted(results.items(), key=lambda kv: -done[kv[0]][1])[:SLOWEST]
+    if slow:
+        lines += ["## Slowest cases", "",
+                  "Seconds of every check of the case: the plan, the grid best, the reload and export checks and "
+                  "the plan on twice the devices.", "", "| case | seconds | case | outcome |", "|---|---|---|---|"]
+        lines += [f"| `{args.seed}:{i}` | {done[i][1]:.1f} | {r.case.describe()} | {r.outcome} |" for i, r in slow]
+        lines.append("")
     for p in PROPERTIES:
         found = by_prop[p]
         if not found:
