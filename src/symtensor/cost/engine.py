@@ -87,6 +87,12 @@ def sharded_parameters(zero: int, framework: str) -> bool:
     return zero == 3 or (framework == "fsdp2" and zero > 0)
 
 
+def reshards_after_forward(zero: int) -> bool:
+    """Whether sharded parameters are freed after forward and gathered again for backward (FSDP2's
+    ``reshard_after_forward``): at ZeRO 3 only; FSDP2's ZeRO 1/2 keep them to backward."""
+    return zero == 3
+
+
 def tp_overlapped(train) -> bool:
     """Whether tensor-parallel communication overlaps the GEMMs for this configuration."""
     return engine_of(train).tp_overlap if train.tp_overlap is None else train.tp_overlap
@@ -190,7 +196,7 @@ def _sharded(units, train, eng, overlap, ends) -> Exposure:
     behind this unit's compute; each unit's gradients are reduce-scattered behind the next unit's
     backward. The first gather of forward and the last reduction of backward wait."""
     m, z = train.micro_steps, train.zero
-    regather = z == 3  # reshard after forward: gather again for backward
+    regather = reshards_after_forward(z)  # gather again for backward
     redo = eng.regather_recompute and regather and train.recompute == "full"
     gathers = 1 + (1 if regather else 0) + (1 if redo else 0)
     exposed = total = copies = 0.0

@@ -12,6 +12,7 @@ launch. No torch import here: the DTensor plan is data (module name -> parallel 
 
 from __future__ import annotations
 
+from symtensor.cost.engine import reshards_after_forward, sharded_parameters
 from symtensor.errors import PlanError
 from symtensor.plan.summary import MEGATRON_KEYS, repeated_work
 from symtensor.search.megatron import ParallelConfig, grid_points, pipeline_args
@@ -70,9 +71,9 @@ def _torchtitan_dp(c: dict) -> tuple[int, int, str]:
     backward). torchtitan has no ZeRO 1 (sharded optimizer state beside replicated gradients):
     ZeRO 1 runs as ZeRO 2, which the fsdp2 engine costs with the same collectives and no more memory
     (the gradients sharded too); the export says so (``_zero_note``)."""
-    if c["zero"] == 0:
+    if not sharded_parameters(c["zero"], "fsdp2"):
         return c["dp"], 1, "default"
-    return 1, c["dp"], "always" if c["zero"] == 3 else "never"
+    return 1, c["dp"], "always" if reshards_after_forward(c["zero"]) else "never"
 
 
 def _torchtitan_cp_fsdp(c: dict) -> str:
@@ -320,11 +321,11 @@ def dtensor_plan(plan) -> dict:
     mesh = {name: size for name, size in (("pp", c["pp"]), ("dp", c["dp"]), ("cp", c["cp"]), ("tp", c["tp"]))
             if size > 1} or {"dp": 1}
     data_axes = [name for name in ("dp", "cp") if c[name] > 1]
-    shard = bool(data_axes) and c["zero"] >= 1
+    shard = bool(data_axes) and sharded_parameters(c["zero"], "fsdp2")
     out = {"mesh": mesh, "tp_plan": styles,
            "data_parallel": ("fully_shard" if shard else "replicate") if data_axes else None,
            "data_parallel_axes": data_axes, "fully_shard": shard,
-           "reshard_after_forward": c["zero"] == 3 if shard else None,
+           "reshard_after_forward": reshards_after_forward(c["zero"]) if shard else None,
            "expert_parallel_degree": c["ep"], "expert_tensor_parallel_degree": c["etp"],
            "context_parallel": c["cp"] > 1}
     if shard and c["zero"] == 1:

@@ -15,6 +15,7 @@ No torch import at module level: ``symtensor.runtime.launch`` imports it when a 
 from __future__ import annotations
 
 from symtensor.cost import Evaluator
+from symtensor.cost.engine import reshards_after_forward, sharded_parameters
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB
 from symtensor.models import build_graph, load_model_config
@@ -57,7 +58,7 @@ def plan_to_spec(pc: ParallelConfig, cfg, attention_only: bool = False) -> RunSp
         mesh["dp"] = pc.dp
         # the fsdp2 engine's ZeRO 1/2 is FSDP2 without resharding after forward (cost.engine); FSDP2
         # has no ZeRO 1 (replicated gradients), so ZeRO 1 runs as ZeRO 2: the same collectives
-        dp_axes, fsdp_axes = ((), ("dp",)) if pc.zero > 0 else (("dp",), ())
+        dp_axes, fsdp_axes = ((), ("dp",)) if sharded_parameters(pc.zero, pc.framework) else (("dp",), ())
     if pc.tp > 1:
         mesh["tp"] = pc.tp
     if not mesh:
@@ -72,7 +73,7 @@ def plan_to_spec(pc: ParallelConfig, cfg, attention_only: bool = False) -> RunSp
             layer_styles = {i: dict(MLP_TP) for i in range(cfg.layers) if not cfg.is_moe_layer(i)}
     return RunSpec(mesh=mesh, tp_axis="tp" if pc.tp > 1 else None, styles=styles, layer_styles=layer_styles,
                    sequence_parallel=pc.sp, dp_axes=dp_axes, fsdp_axes=fsdp_axes,
-                   reshard_after_forward=pc.zero == 3 or not fsdp_axes,
+                   reshard_after_forward=reshards_after_forward(pc.zero) or not fsdp_axes,
                    ep_axes=_expert_axes(pc, cfg, attention_only), pp_axis="pp" if pc.pp > 1 else None,
                    microbatches=pc.micro_steps() if pc.pp > 1 else 1, global_batch=pc.global_batch, seq=pc.seq)
 
