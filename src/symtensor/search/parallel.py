@@ -26,12 +26,15 @@ def can_fork() -> bool:
 
 class Background:
     """``fn()`` running in a forked child; ``result()`` waits for it and returns its value (or
-    raises what it raised). Serial fallback: ``fn`` runs on the first ``result()``, also when the
-    child died without a result. Use it as a context manager, so that a child is not left behind
-    when this process fails first."""
+    raises what it raised); later calls return the same value. Serial fallback: ``fn`` runs on the
+    first ``result()``, also when the child died without a result. Use it as a context manager, so
+    that a child is not left behind when this process fails first."""
+
+    _NONE = object()  # no value yet
 
     def __init__(self, fn, fork: bool = True):
         self.fn, self.pid, self.fd = fn, None, None
+        self._value = Background._NONE
         if not (fork and can_fork()):
             return
         r, w = os.pipe()
@@ -72,10 +75,15 @@ class Background:
 
     def ready(self) -> bool:
         """Whether ``result()`` would not wait for the child: it has sent its result (or there is
-        no child, and ``result()`` computes it here)."""
+        no child, and ``result()`` computes it here, or has)."""
         return self.pid is None or bool(select.select([self.fd], [], [], 0)[0])
 
     def result(self):
+        if self._value is Background._NONE:
+            self._value = self._receive()
+        return self._value
+
+    def _receive(self):
         if self.pid is None:
             return self.fn()
         with os.fdopen(self.fd, "rb") as f:

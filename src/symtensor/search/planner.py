@@ -30,7 +30,6 @@ from __future__ import annotations
 import gc
 import time
 from contextlib import ExitStack, contextmanager
-from functools import cache
 
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
@@ -124,14 +123,13 @@ def _seeds_beside_partition(s: OuterSearch, fork: bool, children: ExitStack) -> 
     # sequence per device share it, and then neither process builds it on a shared core
     s.evaluator(gb // m0, 1)
     with Background(lambda: seed_phase(pool, gb, mb, None, descend=True), fork=fork) as job:
-        seeds = cache(job.result)  # (read early by _speculate when the child is done)
-        base, speculated = _partition_rolled_back(s, m0, fork, job, seeds, children)
-        best, least, count = seeds()
+        base, speculated = _partition_rolled_back(s, m0, fork, job, children)  # (may read the seeds early)
+        best, least, count = job.result()
     _offer_seeds(s, best, least, count)
     return base, speculated
 
 
-def _partition_rolled_back(s: OuterSearch, m0: int, fork: bool, seeds_job: Background, seeds,
+def _partition_rolled_back(s: OuterSearch, m0: int, fork: bool, seeds: Background,
                            children: ExitStack) -> tuple[dict, tuple | None]:
     """The whole-mesh partition at ``m0`` micro-batches rolled back to every pipeline depth
     (``outer.rollbacks``), pipelined over two processes: once the recursion is done, a forked child
@@ -156,7 +154,7 @@ def _partition_rolled_back(s: OuterSearch, m0: int, fork: bool, seeds_job: Backg
         guess = OuterSearch(s.pool, s.global_batch, s.micro_batch, s.order)
         depths = guess.pipeline_depths()
         rollbacks(guess, raw, depths[:1])
-        speculated = _speculate(s.pool, guess, seeds_job, seeds, children, fork)
+        speculated = _speculate(s.pool, guess, seeds, children, fork)
         rollbacks(guess, raw, depths[1:])
         polished = job.result()
     if polished is None:
@@ -168,7 +166,7 @@ def _partition_rolled_back(s: OuterSearch, m0: int, fork: bool, seeds_job: Backg
     return base, speculated
 
 
-def _speculate(pool: EvaluatorPool, guess: OuterSearch, seeds_job: Background, seeds, children: ExitStack,
+def _speculate(pool: EvaluatorPool, guess: OuterSearch, seeds: Background, children: ExitStack,
                fork: bool) -> tuple[Costed, Background] | None:
     """The point the search will most likely refine at its end, refined now in a forked child
     while this process rolls the partition back to deeper pipelines: the better of the whole-mesh
@@ -177,8 +175,8 @@ def _speculate(pool: EvaluatorPool, guess: OuterSearch, seeds_job: Background, s
     child's refinement only when it refines this very point, and refines the point itself
     otherwise, so the plan does not depend on the guess. Returns (the point, its refinement)."""
     points = [p for p in (guess.best, guess.least_memory) if p is not None]
-    if seeds_job.ready():
-        best, least, _ = seeds()
+    if seeds.ready():
+        best, least, _ = seeds.result()
         points += [p for p in (best, least) if p is not None]
     if not points:
         return None
