@@ -19,10 +19,10 @@ from __future__ import annotations
 import time
 from dataclasses import replace
 
-from symtensor.cost import Evaluator, TrainConfig
+from symtensor.cost import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster
-from symtensor.models import ModelConfig, build_graph
+from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
 from symtensor.search.baselines import baseline_plans
 from symtensor.search.megatron import ParallelConfig
@@ -46,12 +46,13 @@ def guaranteed_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: 
 
 
 def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=()):
-    seeded, _, _ = seed_plan(EvaluatorPool(cfg, cluster, seq, framework=framework), global_batch)
+    pool = EvaluatorPool(cfg, cluster, seq, framework=framework)  # (the grid's points and the state's bound)
+    seeded, _, _ = seed_plan(pool, global_batch)
     wanted = names + ((GRID,) if GRID not in names and not seeded else ())
     base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted)
     plan = never_worse_than_grid(search(cluster), base.get(GRID))
     n = cluster.n_devices
-    if n % 2 == 0 and _may_win(cfg, cluster, n // 2, global_batch, seq, framework, plan):
+    if n % 2 == 0 and _may_win(pool, n // 2, global_batch, plan):
         try:
             half = replace(cluster, n_devices=n // 2)
         except PlanError:
@@ -110,21 +111,19 @@ def _adopt(better: Plan, searched: Plan, note: str) -> Plan:
                    partitions=searched.partitions)
 
 
-def _may_win(cfg: ModelConfig, cluster: Cluster, devices: int, global_batch: int, seq: int, framework: str,
-             plan: Plan) -> bool:
-    """Whether some plan on ``devices`` of the cluster's devices could beat ``plan``: the
+def _may_win(pool: EvaluatorPool, devices: int, global_batch: int, plan: Plan) -> bool:
+    """Whether some plan on ``devices`` of the pool's cluster's devices could beat ``plan``: the
     parameters, gradients and optimizer state alone, sharded over all of them, do not overflow a
     device, and (when ``plan`` fits) their step floor is below ``plan``'s time."""
-    pool = EvaluatorPool(cfg, cluster, seq, framework=framework)
+    cluster, framework = pool.cluster, pool.framework
     # (the state does not depend on the batch: one sequence per device)
-    state = pool.static_lower_bound(ParallelConfig(dp=devices, zero=3, global_batch=devices, seq=seq,
+    state = pool.static_lower_bound(ParallelConfig(dp=devices, zero=3, global_batch=devices, seq=pool.seq,
                                                    framework=framework))
     if state > cluster.device.memory * MEMORY_HEADROOM:
         return False
     if not plan.report.fits:
         return True
     # one micro-step of the whole batch: the floor of any split into micro-batches is at least its
-    graph = build_graph(cfg, micro_batch=global_batch, seq=seq, skeleton=True, validate=False)
-    ev = Evaluator(graph, cluster, framework=framework)
+    ev = pool.get(global_batch, 1)
     floor = ev.step_floor(TrainConfig(global_batch=global_batch, micro_steps=1, framework=framework))
     return floor * cluster.n_devices / devices < plan.report.step_time_s
