@@ -3,8 +3,8 @@
 The order is fixed, as in torchtitan: tensor parallel (``parallelize_module``), then expert
 parallel (experts cut on dim 0, tokens moved by all-to-all), then ``fully_shard`` (FSDP2: ZeRO-3,
 or ZeRO-2 without resharding after forward) over ``fsdp_axes``. A pipeline spec instead cuts the
-layer stack into ``torch.distributed.pipelining`` stages. Data parallelism over ``dp_axes`` is a plain gradient all-reduce after backward, so its
-bytes are exactly the gradients' size.
+layer stack into ``torch.distributed.pipelining`` stages. Data parallelism over ``dp_axes`` is a
+plain gradient all-reduce after backward, so its bytes are exactly the gradients' size.
 
 The tensor-parallel plan of one layer, for ``sequence_parallel`` off / on (Megatron-LM, Megatron-SP):
 
