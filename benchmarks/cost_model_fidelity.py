@@ -29,7 +29,7 @@ from symtensor import api, calibration
 from symtensor.cost import bands
 from symtensor.hardware import GIB, load_cluster
 from symtensor.models import load_model_config
-from symtensor.search.megatron import ParallelConfig, megatron_plan
+from symtensor.search.megatron import megatron_plan
 
 RESULTS = Path(__file__).resolve().parent / "results"
 FIELDS = ("device", "regime", "source", "model", "metric", "config", "measured", "predicted", "error")
@@ -37,7 +37,7 @@ RUNS = 20
 
 # the speed case: LLaMA-3.1-405B pretraining layout (Llama 3 paper, arXiv:2407.21783, Table 4)
 SPEED_MODEL, SPEED_CLUSTER, SPEED_DEVICES = "llama3-405b", "dgx-h100", 16384
-SPEED_CONFIG = ParallelConfig(tp=8, pp=16, dp=128, sp=True, micro_batch=1, global_batch=2048, seq=8192)
+SPEED_CONFIG = dict(tp=8, pp=16, dp=128, sp=True, micro_batch=1, global_batch=2048, seq=8192)  # megatron_plan keys
 
 
 def _config(fields: dict) -> str:
@@ -114,9 +114,7 @@ def time_evaluation() -> dict:
     """Median seconds of one full evaluation (graph build, layouts, cost), and of the library entry point."""
     cfg = load_model_config(SPEED_MODEL)
     cluster = load_cluster(SPEED_CLUSTER, devices=SPEED_DEVICES)
-    pc = SPEED_CONFIG
-    api_args = {"devices": SPEED_DEVICES, "tp": pc.tp, "pp": pc.pp, "dp": pc.dp, "sp": pc.sp,
-                "micro_batch": pc.micro_batch, "global_batch": pc.global_batch, "seq": pc.seq}
+    api_args = {"devices": SPEED_DEVICES, **SPEED_CONFIG}
 
     def median_seconds(fn) -> float:
         fn()  # warm-up: imports, first-touch allocations
@@ -127,17 +125,17 @@ def time_evaluation() -> dict:
             times.append(time.perf_counter() - start)
         return statistics.median(times)
 
-    report = megatron_plan(cfg, cluster, pc).report
-    return {"megatron_plan_s": median_seconds(lambda: megatron_plan(cfg, cluster, pc)),
+    report = megatron_plan(cfg, cluster, **SPEED_CONFIG).report
+    return {"megatron_plan_s": median_seconds(lambda: megatron_plan(cfg, cluster, **SPEED_CONFIG)),
             "api_evaluate_s": median_seconds(lambda: api.evaluate(SPEED_MODEL, SPEED_CLUSTER, **api_args)),
             "step_time_s": report.step_time_s, "mfu": report.mfu, "memory_gib": report.memory_peak / GIB,
             "fits": report.fits}
 
 
 def write_speed(speed: dict, path: Path) -> None:
-    pc = SPEED_CONFIG
-    config = (f"tp={pc.tp} pp={pc.pp} dp={pc.dp} sp={pc.sp} seq={pc.seq} global batch={pc.global_batch} "
-              f"micro batch={pc.micro_batch}")
+    c = SPEED_CONFIG
+    config = (f"tp={c['tp']} pp={c['pp']} dp={c['dp']} sp={c['sp']} seq={c['seq']} global batch={c['global_batch']} "
+              f"micro batch={c['micro_batch']}")
     verdict = (f"The configuration costs {speed['step_time_s']:.3f} s per step, MFU {100 * speed['mfu']:.1f}%, "
                f"{speed['memory_gib']:.1f} GiB per device (fits: {speed['fits']}).")
     lines = ["# Evaluation speed", "",

@@ -20,7 +20,7 @@ from symtensor.cost import TrainConfig
 from symtensor.hardware import GIB, load_cluster
 from symtensor.models import load_model_config
 from symtensor.search.pool import EvaluatorPool
-from symtensor.search.megatron import ParallelConfig
+from symtensor.search.megatron import configuration
 from symtensor.search.partition import Problem, partition, refine, refine_blocks
 
 from results_files import write_results
@@ -49,8 +49,8 @@ def run(label, name, cluster, devices, gb, seq, m, weight):
         ev = pool.get(gb // m, 1)
         lam = 0.0
         if weight:  # seconds per byte: `weight` steps of the pure data-parallel plan per device memory
-            ref = pool.evaluate(ParallelConfig(dp=devices, zero=1, micro_batch=gb // m // devices, global_batch=gb,
-                                               seq=seq))
+            ref = pool.evaluate(configuration(dict(dp=devices, zero=1, micro_batch=gb // m // devices,
+                                                   global_batch=gb, seq=seq)))
             lam = weight * ref.report.step_time_s / cl.device.memory
         problem = Problem(ev, train, lam)
         t = time.process_time()

@@ -16,7 +16,7 @@ from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config, params_active
 from symtensor.plan import Plan
-from symtensor.search.megatron import ParallelConfig, megatron_plan
+from symtensor.search.megatron import check_config, megatron_plan
 
 TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
 
@@ -54,20 +54,20 @@ def graph_summary(model, micro_batch: int = 1, seq: int | None = None, global_ba
     }
 
 
-def _best_micro_batch(cfg, cluster, pc: ParallelConfig) -> ParallelConfig:
-    """``--micro-batch auto``: the fastest micro batch that fits (the fastest overall if none fits)."""
-    per_replica = pc.global_batch // pc.dp
+def _best_micro_batch(cfg, cluster, config: dict) -> Plan:
+    """``--micro-batch auto``: the plan of ``config`` at the fastest micro batch that fits (the
+    fastest overall if none fits)."""
+    per_replica = config["global_batch"] // config["dp"]
     best, why = None, None
     for mb in [d for d in range(1, min(per_replica, 64) + 1) if per_replica % d == 0]:
-        trial = ParallelConfig(**{**pc.as_dict(), "micro_batch": mb})
         try:
-            rep = megatron_plan(cfg, cluster, trial).report
+            plan = megatron_plan(cfg, cluster, **{**config, "micro_batch": mb})
         except PlanError as exc:
             why = why or exc
             continue
-        key = (not rep.fits, rep.step_time_s)
+        key = (not plan.report.fits, plan.report.step_time_s)
         if best is None or key < best[0]:
-            best = (key, trial)
+            best = (key, plan)
     if best is None:
         raise PlanError(f"no micro batch size is valid for this configuration: {why}")
     return best[1]
@@ -78,7 +78,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
              vpp=1, overrides=None, framework: str = "megatron") -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
-    the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``ParallelConfig``)."""
+    the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``)."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     seq = seq or default_seq(cfg)
@@ -88,13 +88,13 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
         dp = cl.n_devices // (tp * pp * cp)
     global_batch = global_batch or default_global_batch(seq)
     sp = tp > 1 if sp is None else sp
-    pc = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
-                        micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
-                        seq=seq, vpp=vpp, framework=framework)
-    pc.validate(cfg, cl.n_devices)
+    config = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
+                  micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
+                  seq=seq, vpp=vpp, framework=framework)
+    check_config(cfg, cl.n_devices, config)
     if micro_batch == "auto":
-        pc = _best_micro_batch(cfg, cl, pc)
-    return megatron_plan(cfg, cl, pc)
+        return _best_micro_batch(cfg, cl, config)
+    return megatron_plan(cfg, cl, **config)
 
 
 def captured_graphs(model, seq: int, overrides=None):

@@ -30,7 +30,7 @@ from symtensor.hardware import load_cluster
 from symtensor.graph import model_flops
 from symtensor.models import ModelConfig, build_graph
 from symtensor.models.config import PRESETS, apply_overrides
-from symtensor.search.megatron import ParallelConfig, megatron_layouts
+from symtensor.search.megatron import configuration, megatron_layouts, train_config
 
 # tolerance per metric: the acceptance bounds (stricter than the 8% per time row asked of cost model v2)
 TOLERANCE = {"iteration time (s)": ("rel", 0.05), "MFU (%)": ("abs", 2.0),
@@ -113,22 +113,24 @@ class _Cache:
         self.evs: dict = {}
 
     @staticmethod
-    def key(cfg, pc, gpu="dgx-a100-80g", dtype="fp16") -> tuple:
-        return (cfg, gpu, dtype, pc.tp, pc.pp, pc.dp, pc.cp, pc.micro_batch, pc.seq)
+    def key(cfg, c: dict, gpu="dgx-a100-80g", dtype="fp16") -> tuple:
+        return (cfg, gpu, dtype, c["tp"], c["pp"], c["dp"], c["cp"], c["micro_batch"], c["seq"])
 
-    def report(self, cfg: ModelConfig, pc: ParallelConfig, grad_bytes: int = 4, gpu="dgx-a100-80g",
+    def report(self, cfg: ModelConfig, config: dict, grad_bytes: int = 4, gpu="dgx-a100-80g",
                dtype="fp16", modern=False):
         """Megatron-LM as Korthikanti et al. ran it in 2022 (gradients all-reduced after backward,
         no communication overlap), or with ``modern`` as NeMo 2 runs Megatron-core + Transformer
-        Engine (overlapped gradient reduce and parameter gather, TP communication overlap)."""
-        key = self.key(cfg, pc, gpu, dtype)
+        Engine (overlapped gradient reduce and parameter gather, TP communication overlap).
+        ``config``: a Megatron configuration (``search.megatron``; the rest its defaults)."""
+        c = configuration(config)
+        key = self.key(cfg, c, gpu, dtype)
         if key not in self.evs:
-            cluster = load_cluster(gpu, devices=pc.devices)
-            graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype=dtype, skeleton=True)
-            self.evs[key] = Evaluator(graph, cluster, pp=pc.pp, eff=self.effs["H100" if "h100" in gpu else "A100"])
+            cluster = load_cluster(gpu, devices=c["tp"] * c["pp"] * c["dp"] * c["cp"])
+            graph = build_graph(cfg, micro_batch=c["micro_batch"] * c["dp"], seq=c["seq"], dtype=dtype, skeleton=True)
+            self.evs[key] = Evaluator(graph, cluster, pp=c["pp"], eff=self.effs["H100" if "h100" in gpu else "A100"])
         ev = self.evs[key]
-        layouts = megatron_layouts(ev.graph, ev.mesh, pc)
-        train = pc.train_config().replace(grad_bytes=grad_bytes)
+        layouts = megatron_layouts(ev.graph, ev.mesh, c)
+        train = train_config(c).replace(grad_bytes=grad_bytes)
         if not modern:
             train = train.replace(overlap_grad_reduce=False, tp_overlap=False)
         return ev.evaluate(layouts, train, check=False)
@@ -145,25 +147,24 @@ def _korthikanti(row: Row, cache: _Cache) -> float:
     gbatch = int(r["global_batch"]) if r["global_batch"] else 280 * dp
     sp = r["sp"] == "yes"
     rec = _recompute(r["recompute"])
-    pc = ParallelConfig(tp=tp, pp=pp, dp=dp, sp=sp, recompute=rec, micro_batch=micro, global_batch=gbatch,
-                        seq=int(r["seq"]), vpp=vpp)
+    config = configuration(dict(tp=tp, pp=pp, dp=dp, sp=sp, recompute=rec, micro_batch=micro,
+                                global_batch=gbatch, seq=int(r["seq"]), vpp=vpp))
     metric = row.metric
     if metric == "iteration time (s)":
-        return cache.report(cfg, pc).step_time_s
+        return cache.report(cfg, config).step_time_s
     if metric == "MFU (%)":  # Korthikanti et al. count attention in full, not causally halved
-        rep = cache.report(cfg, pc)
-        ev = cache.evs[cache.key(cfg, pc)]
+        rep = cache.report(cfg, config)
+        ev = cache.evs[cache.key(cfg, config)]
         full = model_flops(ev.graph, ev.grad_operands, causal_halved=False) / ev.model_flops_per_microstep
         return 100 * rep.mfu * full
     if metric.startswith("weights+grads+optimizer"):
-        rep = cache.report(cfg, pc)
+        rep = cache.report(cfg, config)
         return rep.memory["layer_state"] / GIB
     if metric == "activation memory per GPU (GiB)":
-        return cache.report(cfg, pc).memory["activations_layers"] / GIB
+        return cache.report(cfg, config).memory["activations_layers"] / GIB
     if metric.startswith("activation memory, %"):
-        base = ParallelConfig(tp=tp, pp=pp, dp=dp, sp=False, recompute="none", micro_batch=micro,
-                              global_batch=gbatch, seq=int(r["seq"]), vpp=vpp)
-        act = cache.report(cfg, pc).memory["activations_layers"]
+        base = {**config, "sp": False, "recompute": "none"}
+        act = cache.report(cfg, config).memory["activations_layers"]
         return 100 * act / cache.report(cfg, base).memory["activations_layers"]
     raise ValueError(f"no prediction for metric {metric!r}")
 
@@ -176,8 +177,8 @@ ZERO_MODEL = ModelConfig(name="zero-7.5b", family="gpt", layers=36, hidden=4096,
 def _zero(row: Row, cache: _Cache) -> float:
     stage = int(row.metric.rsplit(" ", 1)[-1])
     gpus = int(row.fields["gpus"])
-    pc = ParallelConfig(dp=gpus, zero=stage, micro_batch=1, global_batch=gpus, seq=1024)
-    rep = cache.report(ZERO_MODEL, pc, grad_bytes=2)
+    config = dict(dp=gpus, zero=stage, micro_batch=1, global_batch=gpus, seq=1024)
+    rep = cache.report(ZERO_MODEL, config, grad_bytes=2)
     return (rep.memory["params"] + rep.memory["grads"] + rep.memory["optimizer"]) / 1e9
 
 
@@ -193,10 +194,10 @@ def _nemo(row: Row, cache: _Cache) -> float:
     distributed optimizer (ZeRO 1), fp32 main gradients, overlapped gradient reduce and parameter
     gather, TP communication overlap, BF16, no recomputation (the recipes' default)."""
     r = row.fields
-    pc = ParallelConfig(tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), cp=int(r["cp"]), sp=r["sp"] == "yes",
-                        zero=1, recompute="none", micro_batch=int(r["micro_batch"]),
-                        global_batch=int(r["global_batch"]), seq=int(r["seq"]), vpp=int(r["vpp"]))
-    rep = cache.report(_llama31(r), pc, gpu="dgx-h100", dtype="bf16", modern=True)
+    config = dict(tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), cp=int(r["cp"]), sp=r["sp"] == "yes",
+                  zero=1, recompute="none", micro_batch=int(r["micro_batch"]),
+                  global_batch=int(r["global_batch"]), seq=int(r["seq"]), vpp=int(r["vpp"]))
+    rep = cache.report(_llama31(r), config, gpu="dgx-h100", dtype="bf16", modern=True)
     if row.metric == "iteration time (s)":
         return rep.step_time_s
     raise ValueError(f"no prediction for metric {row.metric!r}")

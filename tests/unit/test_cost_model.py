@@ -26,7 +26,7 @@ from symtensor.hardware import PRESETS as CLUSTERS
 from symtensor.hardware import load_cluster
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 from symtensor.models import PRESETS, ModelConfig, build_graph
-from symtensor.search.megatron import ParallelConfig, megatron_plan
+from symtensor.search.megatron import megatron_plan
 
 PROPERTY = settings(max_examples=25, deadline=None, database=None)
 
@@ -175,8 +175,8 @@ def test_zero_stages_shrink_model_state(model, dp, micro_batch):
     cluster = load_cluster("dgx-h100", devices=dp)
     state = []
     for zero in (0, 1, 2, 3):
-        pc = ParallelConfig(dp=dp, zero=zero, micro_batch=micro_batch, global_batch=2 * dp * micro_batch, seq=64)
-        mem = megatron_plan(PRESETS[model], cluster, pc).report.memory
+        mem = megatron_plan(PRESETS[model], cluster, dp=dp, zero=zero, micro_batch=micro_batch,
+                            global_batch=2 * dp * micro_batch, seq=64).report.memory
         state.append(mem["params"] + mem["grads"] + mem["optimizer"])
     assert state[3] <= state[2] <= state[1] <= state[0]
     assert state[3] < state[0]
@@ -236,24 +236,22 @@ def test_replicated_plan_moves_no_bytes(model, devices, pp):
 
 
 CONFIGS = {
-    "dp8": ("tiny-llama", 8, ParallelConfig(dp=8, global_batch=16, seq=64)),
-    "gpt-dp8-zero3": ("gpt3-125m", 8, ParallelConfig(dp=8, zero=3, global_batch=16, seq=128)),
-    "pp2-dp4": ("tiny-llama", 8, ParallelConfig(pp=2, dp=4, global_batch=16, seq=64)),
-    "cp2-dp4": ("tiny-llama", 8, ParallelConfig(cp=2, dp=4, global_batch=16, seq=64)),
-    "ep2-dp8": ("tiny-mixtral", 8, ParallelConfig(dp=8, ep=2, global_batch=16, seq=64)),
-    "dp8-full-recompute": ("tiny-llama", 8, ParallelConfig(dp=8, recompute="full", global_batch=16, seq=64)),
-    "tp2-sp-pp2-vpp2": ("tiny-llama", 8, ParallelConfig(tp=2, sp=True, pp=2, vpp=2, dp=2, global_batch=16, seq=64)),
-    "tp8-selective": ("llama2-7b", 16, ParallelConfig(tp=8, dp=2, sp=True, recompute="selective", global_batch=8,
-                                                       seq=2048)),
-    "mixtral-tp2-ep4": ("mixtral-8x7b", 64, ParallelConfig(tp=2, pp=4, dp=8, ep=4, sp=True, zero=1, global_batch=64,
-                                                            seq=1024)),
+    "dp8": ("tiny-llama", 8, dict(dp=8, global_batch=16, seq=64)),
+    "gpt-dp8-zero3": ("gpt3-125m", 8, dict(dp=8, zero=3, global_batch=16, seq=128)),
+    "pp2-dp4": ("tiny-llama", 8, dict(pp=2, dp=4, global_batch=16, seq=64)),
+    "cp2-dp4": ("tiny-llama", 8, dict(cp=2, dp=4, global_batch=16, seq=64)),
+    "ep2-dp8": ("tiny-mixtral", 8, dict(dp=8, ep=2, global_batch=16, seq=64)),
+    "dp8-full-recompute": ("tiny-llama", 8, dict(dp=8, recompute="full", global_batch=16, seq=64)),
+    "tp2-sp-pp2-vpp2": ("tiny-llama", 8, dict(tp=2, sp=True, pp=2, vpp=2, dp=2, global_batch=16, seq=64)),
+    "tp8-selective": ("llama2-7b", 16, dict(tp=8, dp=2, sp=True, recompute="selective", global_batch=8, seq=2048)),
+    "mixtral-tp2-ep4": ("mixtral-8x7b", 64, dict(tp=2, pp=4, dp=8, ep=4, sp=True, zero=1, global_batch=64, seq=1024)),
 }
 
 
 def _evaluate(name):
-    model, devices, pc = CONFIGS[name]
+    model, devices, config = CONFIGS[name]
     cfg = PRESETS[model].replace(layers=4) if name == "tp2-sp-pp2-vpp2" else PRESETS[model]
-    return megatron_plan(cfg, load_cluster("dgx-h100", devices=devices), pc).report
+    return megatron_plan(cfg, load_cluster("dgx-h100", devices=devices), **config).report
 
 
 # the category of an edge's collective comes from the op kind (model._CATEGORY_BY_KIND, default
@@ -263,7 +261,7 @@ _TP1_BUGS: dict = {}
 
 @pytest.mark.parametrize("name", [
     pytest.param(n, marks=pytest.mark.xfail(strict=True, reason=_TP1_BUGS[n])) if n in _TP1_BUGS else n
-    for n, (_, _, pc) in CONFIGS.items() if pc.tp == 1])
+    for n, (_, _, config) in CONFIGS.items() if config.get("tp", 1) == 1])
 def test_tp1_has_no_tp_comm(name):
     rep = _evaluate(name)
     assert rep.breakdown["tp_comm"] == 0
@@ -286,9 +284,9 @@ def test_step_is_the_sum_of_its_parts(name):
 # -- communication volume, counted by hand ---------------------------------------------------------------
 
 def _tp_report(cfg, tp, dp, sp, micro_batch, global_batch, seq):
-    pc = ParallelConfig(tp=tp, dp=dp, sp=sp, micro_batch=micro_batch, global_batch=global_batch, seq=seq)
-    rep = megatron_plan(cfg, load_cluster("dgx-h100", devices=tp * dp), pc).report
-    return rep, pc.micro_steps()
+    plan = megatron_plan(cfg, load_cluster("dgx-h100", devices=tp * dp), tp=tp, dp=dp, sp=sp, micro_batch=micro_batch,
+                         global_batch=global_batch, seq=seq)
+    return plan.report, plan.train.micro_steps
 
 
 @pytest.mark.parametrize("layers", [1, 3])

@@ -131,7 +131,7 @@ def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_
     """80 layers over 3 stages (27, 27, 26) exported with no split argument, so Megatron-LM
     asserted num_layers % pp at launch; 13 layers over 8 (1, 2 x 5, 1, 1) is no split it takes."""
     from symtensor.cost import TrainConfig
-    from symtensor.search.megatron import ParallelConfig, pipeline_args
+    from symtensor.search.megatron import check_config, configuration, pipeline_args
 
     from symtensor.search import megatron_plan
 
@@ -142,7 +142,7 @@ def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_
     split = TrainConfig(global_batch=8, micro_steps=8, pp=8).stage_layers(13)
     assert pipeline_args(13, 8, 1, split) is None
     with pytest.raises(PlanError, match=r"Megatron-LM cannot split 13 layers over pp=8 stages as \[1, 2, 2"):
-        ParallelConfig(tp=1, pp=8, dp=1, global_batch=8, seq=1024).validate(PRESETS["llama2-7b"].replace(layers=13), 8)
+        check_config(PRESETS["llama2-7b"].replace(layers=13), 8, configuration(dict(pp=8, global_batch=8, seq=1024)))
 
 
 def test_an_export_refuses_a_tp_that_does_not_divide_the_mlp():

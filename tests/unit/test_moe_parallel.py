@@ -1,6 +1,6 @@
 """Mixture-of-experts parallelism as it is trained today (issue 13): the expert layers' own grid
 (Megatron's MoE parallel folding, EP x expert TP over the tp x cp x dp ranks of a stage) in
-``ParallelConfig``, the Megatron layouts, the grid, the search's level templates, ``evaluate``
+the Megatron configurations' checks (``check_config``), the Megatron layouts, the grid, the search's level templates, ``evaluate``
 and the Megatron-LM export."""
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from symtensor.export.formats import layer_pattern
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config
 from symtensor.search import megatron_plan
-from symtensor.search.megatron import ParallelConfig, expert_op, grid_points, megatron_layouts, tp_dim
+from symtensor.search.megatron import check_config, configuration, expert_op, grid_points, megatron_layouts, tp_dim
 from symtensor.search.partition import level_templates
 
 QWEN3 = load_model_config("qwen3-235b-a22b")
@@ -30,7 +30,7 @@ def test_ep_may_exceed_dp():
     with DP 4 and PP 32, EP 8 over CP; all were refused while EP had to divide DP."""
     n = 256
     for pc in (dict(tp=2, pp=8, dp=16, ep=32), dict(tp=2, pp=32, dp=4, ep=8), dict(tp=2, pp=8, dp=4, cp=4, ep=8)):
-        ParallelConfig(sp=True, global_batch=1024, seq=4096, **pc).validate(QWEN3, n)
+        check_config(QWEN3, n, configuration(dict(sp=True, global_batch=1024, seq=4096, **pc)))
 
 
 @pytest.mark.parametrize("pc, message", [
@@ -41,12 +41,12 @@ def test_ep_may_exceed_dp():
 ])
 def test_expert_grid_refusals(pc, message):
     with pytest.raises(PlanError, match=message):
-        ParallelConfig(global_batch=8, seq=64, **pc).validate(TINY, 8)
+        check_config(TINY, 8, configuration(dict(global_batch=8, seq=64, **pc)))
 
 
 def test_dense_models_have_no_expert_grid():
     with pytest.raises(PlanError, match=r"model tiny-llama has no experts; leave ep and etp at 1"):
-        ParallelConfig(dp=8, etp=2, global_batch=8, seq=64).validate(load_model_config("tiny-llama"), 8)
+        check_config(load_model_config("tiny-llama"), 8, configuration(dict(dp=8, etp=2, global_batch=8, seq=64)))
 
 
 def test_experts_fold_over_the_tensor_parallel_ranks_first():

@@ -18,6 +18,15 @@ LLAMA = load_model_config("tiny-llama")      # heads 4, kv_heads 2, ffn 128, voc
 MIXTRAL = load_model_config("tiny-mixtral")  # the same with experts 4, top_k 2
 
 
+def local_plan(cfg, **config):
+    """The plan of a Megatron configuration on as many of this machine's processes as it takes."""
+    from symtensor.runtime.verify import local_cluster
+    from symtensor.search import megatron_plan
+
+    devices = config.get("tp", 1) * config.get("pp", 1) * config.get("dp", 1) * config.get("cp", 1)
+    return megatron_plan(cfg, local_cluster(devices), **config)
+
+
 def megatron(**kw) -> RunSpec:
     return RunSpec(**({"mesh": {"dp": 2, "tp": 2}, "tp_axis": "tp", "dp_axes": ("dp",),
                        "styles": ATTN_TP | MLP_TP} | kw))
@@ -100,9 +109,8 @@ def test_experts_fold_over_tp_and_dp():
 def test_plan_to_spec_folds_experts_as_megatron_orders_ranks(pc, axes):
     """EP takes the tensor-parallel ranks first, then the data-parallel ones (megatron.assign_axes)."""
     from symtensor.runtime.verify import plan_to_spec
-    from symtensor.search.megatron import ParallelConfig
 
-    spec = plan_to_spec(ParallelConfig(global_batch=8, seq=16, **pc), MIXTRAL)
+    spec = plan_to_spec(local_plan(MIXTRAL, global_batch=8, seq=16, **pc))
     assert spec.ep_axes == axes
 
 
@@ -113,10 +121,10 @@ def test_plan_to_spec_folds_experts_as_megatron_orders_ranks(pc, axes):
 ])
 def test_plan_to_spec_refuses_expert_grids_it_cannot_run(pc, message):
     from symtensor.runtime.verify import plan_to_spec
-    from symtensor.search.megatron import ParallelConfig
 
+    plan = local_plan(MIXTRAL, global_batch=8, seq=16, **pc)
     with pytest.raises(PlanError, match=message):
-        plan_to_spec(ParallelConfig(global_batch=8, seq=16, **pc), MIXTRAL)
+        plan_to_spec(plan)
 
 
 def test_style_without_tp_axis():
@@ -185,12 +193,11 @@ def test_plan_to_spec_runs_each_zero_stage_as_the_plan_costs_it(framework, zero,
     gathered once per step), ZeRO 3 with it (twice); the runtime refused ZeRO 1/2 and always
     resharded. Its spec now gathers as many times as the prediction it is judged against."""
     from symtensor.runtime.verify import plan_to_spec, predicted_bytes
-    from symtensor.search.megatron import ParallelConfig
 
-    pc = ParallelConfig(dp=2, zero=zero, micro_batch=4, global_batch=8, seq=16, framework=framework)
-    spec = plan_to_spec(pc, LLAMA)
+    plan = local_plan(LLAMA, dp=2, zero=zero, micro_batch=4, global_batch=8, seq=16, framework=framework)
+    spec = plan_to_spec(plan)
     assert ((spec.dp_axes, spec.fsdp_axes), spec.reshard_after_forward) == (axes, reshard)
-    predicted = predicted_bytes(LLAMA, pc, 2)
+    predicted = predicted_bytes(plan)
     reduced = predicted["reduce_scatter"] or predicted["all_reduce"]
     assert predicted["all_gather"] == gathers * reduced and reduced > 0
 
@@ -200,10 +207,10 @@ def test_plan_to_spec_still_refuses_megatrons_zero_1_and_2(zero):
     """Megatron's distributed optimizer (replicated parameters, one gather after the step) is no
     FSDP2: its ZeRO-1/2 plans stay refused, naming the engine and the fix."""
     from symtensor.runtime.verify import plan_to_spec
-    from symtensor.search.megatron import ParallelConfig
 
+    plan = local_plan(LLAMA, dp=2, zero=zero, micro_batch=4, global_batch=8, seq=16)
     with pytest.raises(PlanError, match=rf"not megatron's ZeRO-{zero}; plan with --framework fsdp2 or --zero 3"):
-        plan_to_spec(ParallelConfig(dp=2, zero=zero, micro_batch=4, global_batch=8, seq=16), LLAMA)
+        plan_to_spec(plan)
 
 
 def test_reshard_after_forward_is_fully_shards_setting():
@@ -220,6 +227,6 @@ def test_the_runtime_chooses_zero_2_under_the_fsdp2_engine():
     """``symtensor run`` asked for ZeRO-2 costs and runs it as the fsdp2 engine (it was refused)."""
     from symtensor.runtime.verify import _choose, plan_to_spec
 
-    pc = _choose(LLAMA, 2, 8, 16, 1, 2, None)
-    assert (pc.dp, pc.zero, pc.framework) == (2, 2, "fsdp2")
-    assert plan_to_spec(pc, LLAMA).reshard_after_forward is False
+    plan = _choose(LLAMA, 2, 8, 16, 1, 2, None)
+    assert (plan.config["dp"], plan.train.zero, plan.engine) == (2, 2, "fsdp2")
+    assert plan_to_spec(plan).reshard_after_forward is False

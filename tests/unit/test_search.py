@@ -56,18 +56,18 @@ def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, ind
     from dataclasses import replace
 
     from symtensor.hardware import MEMORY_HEADROOM
-    from symtensor.search.megatron import ParallelConfig, grid_points
+    from symtensor.search.megatron import configuration, grid_points, train_config
 
     cfg = load_model_config(name).replace(layers=4, **({"lora_rank": 8} if lora else {}))
     cl = load_cluster("dgx-h100", devices=devices)
     points = list(grid_points(cfg, devices, 8, 4 * devices, 2048))
     point = points[index % len(points)]
-    pc = ParallelConfig(**dict(point, zero=zero if point["dp"] > 1 else 0))
+    pc = configuration(dict(point, zero=zero if point["dp"] > 1 else 0))
     bound = EvaluatorPool(cfg, cl, 2048).static_lower_bound(pc)
     # a device whose usable memory is just below the bound cannot hold the exact state either
     small = replace(cl, device=replace(cl.device, memory=bound / MEMORY_HEADROOM * (1 - 1e-9)))
     ev, layouts = EvaluatorPool(cfg, small, 2048).layouts(pc)
-    assert bound > 0 and not ev.static_fits(layouts, pc.train_config())
+    assert bound > 0 and not ev.static_fits(layouts, train_config(pc))
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -77,15 +77,15 @@ def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, ind
 def test_step_floor_never_exceeds_a_step(name, lora, devices, index, recompute):
     """The step floor that ends the recomputation variants of a point is a lower bound of every
     plan's step time, whatever its layouts, pipeline, micro-batches and ZeRO stage."""
-    from symtensor.search.megatron import ParallelConfig, grid_points
+    from symtensor.search.megatron import configuration, grid_points, train_config
 
     cfg = load_model_config(name).replace(layers=4, **({"lora_rank": 8} if lora else {}))
     cl = load_cluster("dgx-h100", devices=devices)
     pool = EvaluatorPool(cfg, cl, 2048)
     points = list(grid_points(cfg, devices, 8, 4 * devices, 2048))
-    pc = ParallelConfig(**dict(points[index % len(points)], recompute=recompute))
+    pc = configuration(dict(points[index % len(points)], recompute=recompute))
     ev, layouts = pool.layouts(pc)
-    train = pc.train_config()
+    train = train_config(pc)
     step = ev.evaluate(layouts, train, check=False).step_time_s
     floor = ev.step_floor(train)
     assert 0 < floor <= step

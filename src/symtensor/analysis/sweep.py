@@ -163,7 +163,7 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
     fastest micro batch that fits, else the smallest): its step, memory and fit, or why it is
     impossible there."""
     from symtensor.hardware import load_cluster
-    from symtensor.search.megatron import ParallelConfig, megatron_plan
+    from symtensor.search.megatron import megatron_plan
 
     cl = load_cluster(cluster, devices=point["devices"])
     n = cl.n_devices
@@ -173,23 +173,22 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
     dp = n // (tp * pp * cp)
     best, error = None, None
     for mb in (1, 2, 4, 8):
-        pc = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=config["ep"], etp=config.get("etp", 1),
-                            sp=config["sp"] and tp > 1,
-                            zero=config["zero"], recompute=config["recompute"], micro_batch=mb,
-                            global_batch=point["global_batch"], seq=point["seq"], vpp=config["vpp"])
         try:
-            rep = megatron_plan(cfg, cl, pc).report
+            rep = megatron_plan(cfg, cl, tp=tp, pp=pp, dp=dp, cp=cp, ep=config["ep"], etp=config.get("etp", 1),
+                                sp=config["sp"] and tp > 1, zero=config["zero"], recompute=config["recompute"],
+                                micro_batch=mb, global_batch=point["global_batch"], seq=point["seq"],
+                                vpp=config["vpp"]).report
         except PlanError as exc:
             error = error or str(exc)
             continue
         key = (not rep.fits, rep.step_time_s if rep.fits else rep.memory_peak)
         if best is None or key < best[0]:
-            best = (key, pc, rep)
+            best = (key, mb, rep)
     if best is None:
         return {"valid": False, "error": error}
-    _, pc, rep = best
+    _, mb, rep = best
     out = rep.as_dict()
-    return {"valid": True, "micro_batch": pc.micro_batch, "step_time_s": out["step_time_s"],
+    return {"valid": True, "micro_batch": mb, "step_time_s": out["step_time_s"],
             "memory_gib_per_device": out["memory_gib_per_device"],
             "usable_gib": MEMORY_HEADROOM * out["capacity_gib"],
             "fits": out["fits"], "breakdown": out["breakdown"]}

@@ -15,7 +15,7 @@ from __future__ import annotations
 from symtensor.cost.engine import reshards_after_forward, sharded_parameters
 from symtensor.errors import PlanError
 from symtensor.plan.summary import MEGATRON_KEYS, repeated_work
-from symtensor.search.megatron import ParallelConfig, grid_points, pipeline_args
+from symtensor.search.megatron import check_config, configuration, grid_points, pipeline_args
 
 FORMATS = ("megatron", "torchtitan", "dtensor")
 
@@ -46,13 +46,13 @@ def _check_expressible(plan, engine: str) -> dict:
 
 def launch_refusal(plan, c: dict) -> str | None:
     """The first rule that the engines assert at launch and the configuration ``c`` (the plan's
-    summary) breaks, or None: Megatron-LM's rules as ``ParallelConfig.validate`` states them
+    summary) breaks, or None: Megatron-LM's rules as ``megatron.check_config`` states them
     (the world size, dp x micro batch dividing the global batch, tp dividing the heads and the
     MLP widths, the sequence cut, the expert grid, the pipeline split), and context parallelism's
     load balancing (the sequence in 2cp chunks, as Megatron-LM and torchtitan cut it); torchtitan's
     expert grid is ``_torchtitan_ep``."""
     try:
-        ParallelConfig(**{k: c[k] for k in MEGATRON_KEYS}).validate(plan.model, plan.cluster.n_devices)
+        check_config(plan.model, plan.cluster.n_devices, {k: c[k] for k in MEGATRON_KEYS})
     except PlanError as exc:
         return str(exc)
     if c["cp"] > 1 and c["seq"] % (2 * c["cp"]):
@@ -148,7 +148,7 @@ def _megatron_runs(plan, global_batch: int) -> bool:
     node = cl.levels[0].fanout or cl.n_devices
     for point in grid_points(cfg, cl.n_devices, node, global_batch, plan.seq):
         try:
-            ParallelConfig(**point).validate(cfg, cl.n_devices)
+            check_config(cfg, cl.n_devices, configuration(point))
         except PlanError:
             continue
         return True

@@ -16,7 +16,7 @@ from __future__ import annotations
 import math
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
-# the keys of a Megatron-LM configuration (``search.megatron.ParallelConfig``'s fields)
+# the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq",
                  "vpp", "framework")
 

@@ -20,7 +20,8 @@ from symtensor.errors import PlanError
 from symtensor.hardware import GIB
 from symtensor.models import build_graph, load_model_config
 from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
-from symtensor.search.megatron import ParallelConfig, assign_axes, megatron_layouts
+from symtensor.search.megatron import (assign_axes, megatron_config, megatron_layouts, megatron_plan, micro_steps,
+                                       train_config)
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -40,86 +41,93 @@ ATTENTION_BLOCKS = ("q_proj", "k_proj", "v_proj", "q_rope", "k_rope", "core", "s
                     "o_proj")
 
 
-def plan_to_spec(pc: ParallelConfig, cfg, attention_only: bool = False) -> RunSpec:
-    """The RunSpec of a Megatron-style configuration of model ``cfg``; refuses what the runtime
+def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
+    """The RunSpec of a Megatron-style plan (``search.megatron_config``); refuses what the runtime
     cannot run."""
-    if pc.cp > 1:
+    c, cfg = megatron_config(plan), plan.model
+    if c["cp"] > 1:
         raise PlanError("the runtime has no context parallelism yet; plan with cp=1")
-    if pc.recompute != "none":
+    if c["recompute"] != "none":
         raise PlanError("the runtime does not recompute activations; plan with recompute=none")
-    if pc.zero in (1, 2) and pc.framework != "fsdp2":
+    if c["zero"] in (1, 2) and c["framework"] != "fsdp2":
         raise PlanError(f"the runtime runs ZeRO-0 (all-reduce), ZeRO-3 (FSDP) and the fsdp2 engine's ZeRO-1/2 "
-                        f"(FSDP2 without resharding after forward), not {pc.framework}'s ZeRO-{pc.zero}; plan with "
-                        "--framework fsdp2 or --zero 3")
+                        f"(FSDP2 without resharding after forward), not {c['framework']}'s ZeRO-{c['zero']}; plan "
+                        "with --framework fsdp2 or --zero 3")
+    tp, pp, dp = c["tp"], c["pp"], c["dp"]
     mesh, dp_axes, fsdp_axes = {}, (), ()
-    if pc.pp > 1:
-        mesh["pp"] = pc.pp
-    if pc.dp > 1:
-        mesh["dp"] = pc.dp
+    if pp > 1:
+        mesh["pp"] = pp
+    if dp > 1:
+        mesh["dp"] = dp
         # the fsdp2 engine's ZeRO 1/2 is FSDP2 without resharding after forward (cost.engine); FSDP2
         # has no ZeRO 1 (replicated gradients), so ZeRO 1 runs as ZeRO 2: the same collectives
-        dp_axes, fsdp_axes = ((), ("dp",)) if sharded_parameters(pc.zero, pc.framework) else (("dp",), ())
-    if pc.tp > 1:
-        mesh["tp"] = pc.tp
+        dp_axes, fsdp_axes = ((), ("dp",)) if sharded_parameters(c["zero"], c["framework"]) else (("dp",), ())
+    if tp > 1:
+        mesh["tp"] = tp
     if not mesh:
         mesh["dp"] = 1
         dp_axes = ("dp",)
     styles, layer_styles = {}, {}
-    if pc.tp > 1 and attention_only:  # a heterogeneous plan: attention TP, the rest data parallel
+    if tp > 1 and attention_only:  # a heterogeneous plan: attention TP, the rest data parallel
         styles = dict(ATTN_TP)
-    elif pc.tp > 1:
+    elif tp > 1:
         styles = dict(ATTN_TP) | ({} if cfg.is_moe else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
         if cfg.is_moe:  # the dense layers among the MoE ones keep a tensor-parallel MLP
             layer_styles = {i: dict(MLP_TP) for i in range(cfg.layers) if not cfg.is_moe_layer(i)}
-    return RunSpec(mesh=mesh, tp_axis="tp" if pc.tp > 1 else None, styles=styles, layer_styles=layer_styles,
-                   sequence_parallel=pc.sp, dp_axes=dp_axes, fsdp_axes=fsdp_axes,
-                   reshard_after_forward=reshards_after_forward(pc.zero) or not fsdp_axes,
-                   ep_axes=_expert_axes(pc, cfg, attention_only), pp_axis="pp" if pc.pp > 1 else None,
-                   microbatches=pc.micro_steps() if pc.pp > 1 else 1, global_batch=pc.global_batch, seq=pc.seq)
+    return RunSpec(mesh=mesh, tp_axis="tp" if tp > 1 else None, styles=styles, layer_styles=layer_styles,
+                   sequence_parallel=c["sp"], dp_axes=dp_axes, fsdp_axes=fsdp_axes,
+                   reshard_after_forward=reshards_after_forward(c["zero"]) or not fsdp_axes,
+                   ep_axes=_expert_axes(c, cfg, attention_only), pp_axis="pp" if pp > 1 else None,
+                   microbatches=micro_steps(c) if pp > 1 else 1, global_batch=c["global_batch"], seq=c["seq"])
 
 
-def _expert_axes(pc: ParallelConfig, cfg, attention_only: bool) -> tuple[str, ...]:
-    """The runtime's mesh axes that the expert grid of ``pc`` cuts the experts over. Megatron's
-    rank order (``megatron.assign_axes``) folds EP over the tensor-parallel ranks first, then the
-    data-parallel ones; the runtime cuts whole axes, so ep is tp, tp x dp, or (tp 1) dp."""
-    if cfg.is_moe and pc.tp > 1 and not (pc.sp or attention_only):
+def _expert_axes(c: dict, cfg, attention_only: bool) -> tuple[str, ...]:
+    """The runtime's mesh axes that the expert grid of configuration ``c`` cuts the experts over.
+    Megatron's rank order (``megatron.assign_axes``) folds EP over the tensor-parallel ranks
+    first, then the data-parallel ones; the runtime cuts whole axes, so ep is tp, tp x dp, or
+    (tp 1) dp."""
+    tp, dp, ep = c["tp"], c["dp"], c["ep"]
+    if cfg.is_moe and tp > 1 and not (c["sp"] or attention_only):
         raise PlanError("the runtime runs MoE layers with tensor parallelism under sequence parallelism only "
                         "(each rank routes its sequence shard, as Megatron requires); plan with sp")
-    if pc.ep == 1:
+    if ep == 1:
         return ()
-    if pc.etp != 1:
-        raise PlanError(f"the runtime has no expert tensor parallelism; plan with etp=1, got etp={pc.etp}")
+    if c["etp"] != 1:
+        raise PlanError(f"the runtime has no expert tensor parallelism; plan with etp=1, got etp={c['etp']}")
     if attention_only:
         raise PlanError("--attention-only-tp replicates the MoE layers over tp; run it without expert parallelism")
-    folds = {pc.tp: ("tp",), pc.tp * pc.dp: ("dp", "tp")} if pc.tp > 1 else {pc.dp: ("dp",)}
-    if pc.ep not in folds:
+    folds = {tp: ("tp",), tp * dp: ("dp", "tp")} if tp > 1 else {dp: ("dp",)}
+    if ep not in folds:
         raise PlanError(f"the runtime cuts experts over whole mesh axes: ep must be one of {sorted(folds)} "
-                        f"(tp={pc.tp}, dp={pc.dp}), got ep={pc.ep}")
-    return tuple(a for a in folds[pc.ep] if a == "tp" or pc.dp > 1)
+                        f"(tp={tp}, dp={dp}), got ep={ep}")
+    return tuple(a for a in folds[ep] if a == "tp" or dp > 1)
 
 
-def predicted_bytes(cfg, pc: ParallelConfig, devices: int, attention_only: bool = False) -> dict:
-    """Bytes per collective kind per device per step the model predicts, at fp32."""
-    rep = prediction(cfg, pc, local_cluster(devices), attention_only)
+def predicted_bytes(plan, attention_only: bool = False) -> dict:
+    """Bytes per collective kind per device per step the model predicts for the runtime's
+    execution of ``plan`` on its devices' processes, at fp32."""
+    rep = prediction(plan, local_cluster(plan.cluster.n_devices), attention_only)
     return {k: rep.comm_bytes.get(k, 0.0) for k in KINDS}
 
 
-def prediction(cfg, pc: ParallelConfig, cluster, attention_only: bool = False, dtype: str = "fp32"):
-    """The cost report of the runtime's execution of ``pc`` on ``cluster``: fp32 weights and
-    gradients, activations in ``dtype`` (fp32 on CPU, bf16 under the GPU run's autocast)."""
+def prediction(plan, cluster, attention_only: bool = False, dtype: str = "fp32"):
+    """The cost report of the runtime's execution of the Megatron-style ``plan`` on ``cluster``:
+    fp32 weights and gradients, activations in ``dtype`` (fp32 on CPU, bf16 under the GPU run's
+    autocast)."""
+    c, cfg = megatron_config(plan), plan.model
     if cfg.is_moe:
         # the runtime gives every expert room for all tokens (no dropping): capacity c = s
         cfg = cfg.replace(capacity_factor=cfg.experts / cfg.top_k)
-    graph = build_graph(cfg, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, dtype=dtype, skeleton=True)
-    train = pc.train_config().replace(param_bytes=4, grad_bytes=4, framework="fsdp2")
-    ev = Evaluator(graph, cluster, pp=pc.pp, framework=train.framework)
-    layouts = megatron_layouts(graph, ev.mesh, pc)
+    graph = build_graph(cfg, micro_batch=c["micro_batch"] * c["dp"], seq=c["seq"], dtype=dtype, skeleton=True)
+    train = train_config(c).replace(param_bytes=4, grad_bytes=4, framework="fsdp2")
+    ev = Evaluator(graph, cluster, pp=c["pp"], framework=train.framework)
+    layouts = megatron_layouts(graph, ev.mesh, c)
     # the runtime gathers the logits for the loss instead of a vocabulary-parallel cross-entropy
     for op in graph.ops:
         if op.kind == "cross_entropy":
             layouts[op.name] = layouts[op.name].without_axes(set(layouts[op.name].axes_of("v")))
     if attention_only:  # every op outside attention repeats over the tensor-parallel axes
-        tp_axes = set(assign_axes(ev.mesh, pc)["tp"])
+        tp_axes = set(assign_axes(ev.mesh, c)["tp"])
         for op in graph.ops:
             if op.block.split(".")[0] not in ATTENTION_BLOCKS:
                 layouts[op.name] = layouts[op.name].without_axes(tp_axes)
@@ -158,16 +166,18 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
     gpu_cluster = _gpu_cluster(cluster, devices) if device == "cuda" else None
     if device == "cpu":
         _small_enough(cfg)
-    pc = (runnable_config(plan_file, cfg, devices) if plan_file
-          else _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp))
+    plan = (runnable_plan(plan_file, cfg, devices) if plan_file
+            else _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp))
+    config = megatron_config(plan)
     if attention_only:
-        if pc.tp == 1:
+        if config["tp"] == 1:
             raise PlanError("--attention-only-tp needs --tp > 1")
-        pc = ParallelConfig(**{**pc.as_dict(), "sp": False})
-    spec = plan_to_spec(pc, cfg, attention_only)
+        config["sp"] = False
+        plan = megatron_plan(cfg, plan.cluster, **config)
+    spec = plan_to_spec(plan, attention_only)
     if device == "cpu":
-        _few_enough_tokens(pc)
-    predicted = predicted_bytes(cfg, pc, devices, attention_only)  # its errors come before any process starts
+        _few_enough_tokens(config)
+    predicted = predicted_bytes(plan, attention_only)  # its errors come before any process starts
     result = run_spec(model, spec, steps=steps, optimizer=optimizer, nproc=devices, timeout_s=timeout_s,
                       master_port=master_port, device=device)
     measured = measured_bytes(result)
@@ -177,13 +187,13 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
         ok = abs(p - m) <= TOLERANCE * max(p, m) + 1e-9
         rows.append({"kind": kind, "predicted_bytes": p, "measured_bytes": m, "ok": ok})
     numerics_ok = None if device == "cuda" else result["loss_max_abs_diff"] <= (1e-5 if optimizer == "sgd" else 1e-4)
-    out = {"model": cfg.name, "devices": devices, "device": device, "config": pc.as_dict(), "spec": spec.to_dict(),
+    out = {"model": cfg.name, "devices": devices, "device": device, "config": config, "spec": spec.to_dict(),
            "losses": result["losses"], "reference_losses": result["reference_losses"],
            "loss_max_abs_diff": result["loss_max_abs_diff"], "param_max_abs_diff": result["param_max_abs_diff"],
            "numerics_ok": numerics_ok, "bytes": rows, "bytes_ok": all(r["ok"] for r in rows),
            "step_times_s": result["step_times_s"], "wall_s": result["wall_s"]}
     if gpu_cluster is not None:
-        rep = prediction(cfg, pc, gpu_cluster, attention_only, dtype="bf16")
+        rep = prediction(plan, gpu_cluster, attention_only, dtype="bf16")
         timed = result["step_times_s"][1:] or result["step_times_s"]  # the first step warms up NCCL and the allocator
         out |= {"cluster": gpu_cluster.name, "predicted_step_s": rep.step_time_s,
                 "measured_step_s": sorted(timed)[len(timed) // 2], "predicted_memory_gib": rep.memory_peak / GIB,
@@ -208,10 +218,10 @@ def _gpu_cluster(spec: str | None, devices: int):
     return load_cluster(spec, devices=devices)
 
 
-def runnable_config(path: str, cfg, devices: int) -> ParallelConfig:
-    """The Megatron-style configuration of a plan file; refused when the runtime cannot run it."""
+def runnable_plan(path: str, cfg, devices: int):
+    """The Megatron-style plan of a plan file, for model ``cfg`` on ``devices`` processes; refused
+    when the runtime cannot run it."""
     from symtensor.plan import load_plan
-    from symtensor.search.megatron import megatron_config
     from symtensor.validate import same_model
 
     plan = load_plan(path)
@@ -223,13 +233,12 @@ def runnable_config(path: str, cfg, devices: int) -> ParallelConfig:
     if plan.config["heterogeneous"]:
         raise PlanError(f"plan {path} gives different ops different cuts; the runtime runs Megatron-style plans "
                         "(plan with --space megatron)")
-    return megatron_config(plan)
+    return plan
 
 
-def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConfig:
-    """The runnable configuration the model predicts fastest (or the one asked for)."""
-    from symtensor.search.megatron import megatron_plan
-
+def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1):
+    """The plan of the runnable configuration the model predicts fastest (or the one asked for)
+    on the ``devices`` processes of this machine."""
     cluster = local_cluster(devices)
     best = None
     if devices % pp:
@@ -249,19 +258,18 @@ def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1) -> ParallelConf
                 # a pipeline needs micro-batches: one sequence each; otherwise one micro-batch per step
                 mb = 1 if pp > 1 else global_batch // dp
                 z = zero if dp > 1 else 0  # ZeRO 1/2 runs as the fsdp2 engine costs it (plan_to_spec)
-                pc = ParallelConfig(tp=t, pp=pp, dp=dp, ep=e, sp=t > 1, zero=z, micro_batch=mb,
-                                    global_batch=global_batch, seq=seq,
-                                    framework="fsdp2" if z in (1, 2) else "megatron")
-                rep = megatron_plan(cfg, cluster, pc).report
+                plan = megatron_plan(cfg, cluster, tp=t, pp=pp, dp=dp, ep=e, sp=t > 1, zero=z, micro_batch=mb,
+                                     global_batch=global_batch, seq=seq,
+                                     framework="fsdp2" if z in (1, 2) else "megatron")
             except PlanError:
                 continue
             try:
-                plan_to_spec(pc, cfg)  # only what the runtime runs (experts over whole mesh axes)
+                plan_to_spec(plan)  # only what the runtime runs (experts over whole mesh axes)
             except PlanError as exc:
                 refused = exc
                 continue
-            if best is None or rep.step_time_s < best[0]:
-                best = (rep.step_time_s, pc)
+            if best is None or plan.report.step_time_s < best[0]:
+                best = (plan.report.step_time_s, plan)
     if best is None and refused is not None:
         raise refused
     if best is None:
@@ -285,10 +293,10 @@ RUN_MAX_PARAMS = 200_000_000
 RUN_MAX_TOKENS, RUN_MAX_SEQ = 65_536, 8192  # per step; attention's work grows with seq^2
 
 
-def _few_enough_tokens(pc: ParallelConfig) -> None:
-    tokens = pc.global_batch * pc.seq
-    if pc.seq > RUN_MAX_SEQ or tokens > RUN_MAX_TOKENS:
-        raise PlanError(f"run trains on CPU processes: --global-batch {pc.global_batch} x --seq {pc.seq} = "
+def _few_enough_tokens(c: dict) -> None:
+    tokens = c["global_batch"] * c["seq"]
+    if c["seq"] > RUN_MAX_SEQ or tokens > RUN_MAX_TOKENS:
+        raise PlanError(f"run trains on CPU processes: --global-batch {c['global_batch']} x --seq {c['seq']} = "
                         f"{tokens:,} tokens per step; the limits are {RUN_MAX_TOKENS:,} tokens and sequences of "
                         f"{RUN_MAX_SEQ:,}; give a smaller batch or sequence")
 

@@ -25,7 +25,7 @@ from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
 from symtensor.search.baselines import baseline_plans
-from symtensor.search.megatron import ParallelConfig
+from symtensor.search.megatron import configuration
 from symtensor.search.pool import EvaluatorPool
 from symtensor.search.seeds import seed_plan
 
@@ -117,8 +117,8 @@ def _may_win(pool: EvaluatorPool, devices: int, global_batch: int, plan: Plan) -
     device, and (when ``plan`` fits) their step floor is below ``plan``'s time."""
     cluster, framework = pool.cluster, pool.framework
     # (the state does not depend on the batch: one sequence per device)
-    state = pool.static_lower_bound(ParallelConfig(dp=devices, zero=3, global_batch=devices, seq=pool.seq,
-                                                   framework=framework))
+    state = pool.static_lower_bound(configuration(dict(dp=devices, zero=3, global_batch=devices, seq=pool.seq,
+                                                       framework=framework)))
     if state > cluster.device.memory * MEMORY_HEADROOM:
         return False
     if not plan.report.fits:

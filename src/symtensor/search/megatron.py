@@ -1,8 +1,10 @@
 """Megatron-LM configurations as layouts: (tp, pp, dp, cp, ep, etp, sp, zero, recompute, micro batch, vpp).
 
 A Megatron configuration is one point of SymTensor's space: every op gets the cuts Megatron's
-modules apply (``megatron_layouts``; ``megatron_plan`` makes it a Plan, ``grid_points`` enumerates
-the space). Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp; pp
+modules apply (``megatron_layouts``). It is no type of its own: it is the keywords of
+``megatron_plan``, the Megatron constructor of a Plan (a dict of ``DEFAULTS``' keys, checked by
+``check_config``); ``megatron_config`` reads them back from a plan, ``grid_points`` enumerates
+the space. Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp; pp
 slowest), which puts tensor parallelism inside a node.
 
 The expert layers have their own grid over the same ranks (Megatron's MoE parallel folding,
@@ -23,8 +25,6 @@ ranks too.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields
-
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.train import chunks_fit
 from symtensor.errors import PlanError
@@ -38,100 +38,93 @@ from symtensor.plan.summary import MEGATRON_KEYS
 MICRO_BATCHES = (1, 2, 4, 8)  # the micro-batch sizes the Megatron grid tries
 
 
-@dataclass(frozen=True, slots=True, kw_only=True)
-class ParallelConfig:
-    """A Megatron-LM configuration: the engine's own arguments (``megatron_plan`` builds the Plan
-    of one, ``megatron_config`` reads one back from a plan; the runtime runs one).
-
-    ``ep`` and ``etp`` are the expert layers' grid (``--expert-model-parallel-size``,
-    ``--expert-tensor-parallel-size``), folded over the tp x cp x dp ranks of a stage: ep x etp
-    must divide them. etp defaults to 1, as Megatron's MoE model zoo and practitioners run
-    experts (Megatron's own default is etp = tp); dense models have no expert grid: ep and etp
-    stay 1 there."""
-
-    tp: int = 1
-    pp: int = 1
-    dp: int = 1
-    cp: int = 1
-    ep: int = 1
-    etp: int = 1
-    sp: bool = False
-    zero: int = 0
-    recompute: str = "none"
-    micro_batch: int = 1
-    global_batch: int = 1
-    seq: int = 2048
-    vpp: int = 1
-    framework: str = "megatron"  # the engine whose semantics the costs follow (cost/engine.py)
-
-    def as_dict(self) -> dict:
-        return asdict(self)
-
-    @property
-    def devices(self) -> int:
-        return self.tp * self.pp * self.dp * self.cp
-
-    def micro_steps(self) -> int:
-        return self.global_batch // (self.micro_batch * self.dp)
-
-    def validate(self, cfg: ModelConfig, n_devices: int) -> None:
-        """Refuse an impossible configuration with one line naming the rule and the fix."""
-        for key in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp"):
-            v = getattr(self, key)
-            if not isinstance(v, int) or v <= 0:
-                raise PlanError(f"{key} must be a positive integer, got {v!r}")
-        if self.devices != n_devices:
-            raise PlanError(f"tp*pp*dp*cp = {self.tp}*{self.pp}*{self.dp}*{self.cp} = {self.devices} but the "
-                            f"cluster has {n_devices} devices; make the product equal the device count")
-        if cfg.heads % self.tp or cfg.kv_heads % self.tp:
-            raise PlanError(f"tp={self.tp} must divide heads={cfg.heads} and kv_heads={cfg.kv_heads}; "
-                            "choose a tp that divides both")
-        for width, what in ((cfg.ffn if has_dense_mlp(cfg) else 0, "MLP width"), (cfg.shared_ffn, "shared expert width")):
-            if width % self.tp:
-                raise PlanError(f"tp={self.tp} must divide the {what} {width}")
-        self._validate_experts(cfg)
-        if self.global_batch % (self.micro_batch * self.dp):
-            raise PlanError(f"global batch {self.global_batch} is not divisible by micro_batch*dp = "
-                            f"{self.micro_batch}*{self.dp}; change --global-batch or --micro-batch")
-        seq_cut = self.cp * (self.tp if self.sp else 1)
-        if self.seq % seq_cut:
-            raise PlanError(f"seq={self.seq} is not divisible by cp*tp(sp) = {seq_cut}")
-        if self.pp > cfg.layers:
-            raise PlanError(f"pp={self.pp} exceeds the {cfg.layers} layers")
-        if self.vpp > 1 and not chunks_fit(cfg.layers, self.pp, self.vpp):
-            raise PlanError(f"{cfg.layers} layers do not split into pp*vpp = {self.pp * self.vpp} chunks")
-        if self.tp == 1 and self.sp:
-            raise PlanError("sequence parallelism (--sp) needs tp > 1")
-        if self.pp > 1:
-            split = TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps(), pp=self.pp,
-                                vpp=self.vpp).stage_layers(cfg.layers)
-            if pipeline_args(cfg.layers, self.pp, self.vpp, split) is None:
-                raise PlanError(f"Megatron-LM cannot split {cfg.layers} layers over pp={self.pp} stages as "
-                                f"{list(split)}: it takes even stages, the embedding and loss as layer slots, or the "
-                                f"first and last stages apart from even middle ones; choose another pp")
-
-    def _validate_experts(self, cfg: ModelConfig) -> None:
-        """The expert grid: ep divides the experts, etp their MLP width, and ep x etp the ranks
-        of a pipeline stage it folds over."""
-        if not cfg.is_moe and (self.ep > 1 or self.etp > 1):
-            raise PlanError(f"ep={self.ep}, etp={self.etp}: model {cfg.name} has no experts; leave ep and etp at 1")
-        if cfg.experts % self.ep:
-            raise PlanError(f"ep={self.ep} must divide the number of experts ({cfg.experts})")
-        if cfg.moe_ffn % self.etp:
-            raise PlanError(f"etp={self.etp} must divide the expert MLP width {cfg.moe_ffn}")
-        stage = self.tp * self.cp * self.dp
-        if stage % (self.ep * self.etp):
-            raise PlanError(f"ep*etp = {self.ep}*{self.etp} must divide tp*cp*dp = {stage}: the expert layers regroup "
-                            "the ranks of a pipeline stage (MoE parallel folding); choose ep and etp whose product "
-                            f"divides {stage}")
-
-    def train_config(self) -> TrainConfig:
-        """The training configuration the cost model reads."""
-        return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps(), pp=self.pp,
-                           vpp=self.vpp, recompute=self.recompute, zero=self.zero, framework=self.framework)
+# A Megatron-LM configuration is the engine's own arguments, as the keywords of ``megatron_plan``
+# (the Megatron constructor of a Plan) and the Megatron keys of a plan's ``config``; these are
+# Megatron's defaults for the keys a configuration leaves out. ``ep`` and ``etp`` are the expert
+# layers' grid (``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``), folded over
+# the tp x cp x dp ranks of a stage: ep x etp must divide them. etp defaults to 1, as Megatron's
+# MoE model zoo and practitioners run experts (Megatron's own default is etp = tp); dense models
+# have no expert grid: ep and etp stay 1 there. ``framework``: the engine whose semantics the
+# costs follow (cost/engine.py).
+DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False, "zero": 0, "recompute": "none",
+            "micro_batch": 1, "global_batch": 1, "seq": 2048, "vpp": 1, "framework": "megatron"}
+assert tuple(DEFAULTS) == MEGATRON_KEYS  # one list of Megatron's arguments
 
 
-assert tuple(f.name for f in fields(ParallelConfig)) == MEGATRON_KEYS  # one list of Megatron's arguments
+def configuration(given: dict) -> dict:
+    """The Megatron configuration ``given`` with the defaults for the keys it leaves out; a
+    PlanError names a key that is not one of Megatron's (so a typo cannot fall back to a default)."""
+    unknown = given.keys() - DEFAULTS.keys()
+    if unknown:
+        raise PlanError(f"{', '.join(sorted(unknown))}: not a Megatron configuration key; use "
+                        f"{', '.join(DEFAULTS)}")
+    return {**DEFAULTS, **given}
+
+
+def micro_steps(c: dict) -> int:
+    """Micro-batches per step of each data-parallel replica of configuration ``c``."""
+    return c["global_batch"] // (c["micro_batch"] * c["dp"])
+
+
+def train_config(c: dict) -> TrainConfig:
+    """The training configuration the cost model reads, of the (complete) configuration ``c``."""
+    return TrainConfig(global_batch=c["global_batch"], micro_steps=micro_steps(c), pp=c["pp"], vpp=c["vpp"],
+                       recompute=c["recompute"], zero=c["zero"], framework=c["framework"])
+
+
+def check_config(cfg: ModelConfig, n_devices: int, c: dict) -> None:
+    """Refuse a configuration ``c`` (complete: ``configuration``) that Megatron-LM cannot run on
+    model ``cfg`` and ``n_devices`` devices, with one line naming the rule and the fix."""
+    for key in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp"):
+        v = c[key]
+        if not isinstance(v, int) or v <= 0:
+            raise PlanError(f"{key} must be a positive integer, got {v!r}")
+    tp, pp, dp, cp = c["tp"], c["pp"], c["dp"], c["cp"]
+    if tp * pp * dp * cp != n_devices:
+        raise PlanError(f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} but the cluster has {n_devices} "
+                        "devices; make the product equal the device count")
+    if cfg.heads % tp or cfg.kv_heads % tp:
+        raise PlanError(f"tp={tp} must divide heads={cfg.heads} and kv_heads={cfg.kv_heads}; "
+                        "choose a tp that divides both")
+    for width, what in ((cfg.ffn if has_dense_mlp(cfg) else 0, "MLP width"), (cfg.shared_ffn, "shared expert width")):
+        if width % tp:
+            raise PlanError(f"tp={tp} must divide the {what} {width}")
+    _check_experts(cfg, c)
+    if c["global_batch"] % (c["micro_batch"] * dp):
+        raise PlanError(f"global batch {c['global_batch']} is not divisible by micro_batch*dp = "
+                        f"{c['micro_batch']}*{dp}; change --global-batch or --micro-batch")
+    seq_cut = cp * (tp if c["sp"] else 1)
+    if c["seq"] % seq_cut:
+        raise PlanError(f"seq={c['seq']} is not divisible by cp*tp(sp) = {seq_cut}")
+    if pp > cfg.layers:
+        raise PlanError(f"pp={pp} exceeds the {cfg.layers} layers")
+    if c["vpp"] > 1 and not chunks_fit(cfg.layers, pp, c["vpp"]):
+        raise PlanError(f"{cfg.layers} layers do not split into pp*vpp = {pp * c['vpp']} chunks")
+    if tp == 1 and c["sp"]:
+        raise PlanError("sequence parallelism (--sp) needs tp > 1")
+    if pp > 1:
+        split = TrainConfig(global_batch=c["global_batch"], micro_steps=micro_steps(c), pp=pp,
+                            vpp=c["vpp"]).stage_layers(cfg.layers)
+        if pipeline_args(cfg.layers, pp, c["vpp"], split) is None:
+            raise PlanError(f"Megatron-LM cannot split {cfg.layers} layers over pp={pp} stages as {list(split)}: it "
+                            "takes even stages, the embedding and loss as layer slots, or the first and last stages "
+                            "apart from even middle ones; choose another pp")
+
+
+def _check_experts(cfg: ModelConfig, c: dict) -> None:
+    """The expert grid: ep divides the experts, etp their MLP width, and ep x etp the ranks of a
+    pipeline stage it folds over."""
+    ep, etp = c["ep"], c["etp"]
+    if not cfg.is_moe and (ep > 1 or etp > 1):
+        raise PlanError(f"ep={ep}, etp={etp}: model {cfg.name} has no experts; leave ep and etp at 1")
+    if cfg.experts % ep:
+        raise PlanError(f"ep={ep} must divide the number of experts ({cfg.experts})")
+    if cfg.moe_ffn % etp:
+        raise PlanError(f"etp={etp} must divide the expert MLP width {cfg.moe_ffn}")
+    stage = c["tp"] * c["cp"] * c["dp"]
+    if stage % (ep * etp):
+        raise PlanError(f"ep*etp = {ep}*{etp} must divide tp*cp*dp = {stage}: the expert layers regroup the ranks "
+                        f"of a pipeline stage (MoE parallel folding); choose ep and etp whose product divides {stage}")
 
 
 def pipeline_args(layers: int, pp: int, vpp: int, split: tuple[int, ...]) -> list[str] | None:
@@ -177,17 +170,17 @@ def _take(mesh, free: list[int], degree: int, what: str) -> tuple[int, ...]:
     return tuple(sorted(taken))
 
 
-def assign_axes(mesh, pc: ParallelConfig) -> dict[str, tuple[int, ...]]:
+def assign_axes(mesh, c: dict) -> dict[str, tuple[int, ...]]:
     """The stage-mesh axes of each parallelism, in Megatron's rank order: tp, cp, dp for the
     attention grid; etp, ep and the expert data parallel rest (edp) for the expert grid, over the
     same axes (MoE parallel folding: Megatron's expert ranks are ordered etp fastest, then ep)."""
     free = list(range(len(mesh)))
-    tp = _take(mesh, free, pc.tp, "tp")
-    cp = _take(mesh, free, pc.cp, "cp")
-    dp = _take(mesh, free, pc.dp, "dp")
+    tp = _take(mesh, free, c["tp"], "tp")
+    cp = _take(mesh, free, c["cp"], "cp")
+    dp = _take(mesh, free, c["dp"], "dp")
     stage = list(tp + cp + dp)
-    etp = _take(mesh, stage, pc.etp, "etp")
-    ep = _take(mesh, stage, pc.ep, "ep")
+    etp = _take(mesh, stage, c["etp"], "etp")
+    ep = _take(mesh, stage, c["ep"], "ep")
     return {"tp": tp, "cp": cp, "dp": dp, "etp": etp, "ep": ep, "edp": tuple(sorted(stage))}
 
 
@@ -266,7 +259,7 @@ def op_roles(graph: Graph) -> dict[str, tuple]:
     return roles
 
 
-def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None = None,
+def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
                      family: OpLayout = REPLICATED) -> dict[str, OpLayout]:
     """Per-op layouts of a Megatron configuration on the stage mesh; a PlanError when one of
     them is illegal (``layout.refusal``, the one rule: e.g. sequence or context parallelism
@@ -276,7 +269,7 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None 
         roles: ``op_roles(graph)``, when the caller keeps it.
         family: a layout whose family the layouts join (``OpLayout.family``; a search's).
     """
-    ax = assign_axes(mesh, pc)
+    ax = assign_axes(mesh, c)
     roles = op_roles(graph) if roles is None else roles
     # the expert grid: e by ep, f by etp; on the edp axes the tokens keep the cut they have where
     # they are dispatched (the batch on dp axes, the slots on cp and, sequence parallel, tp axes)
@@ -296,47 +289,46 @@ def megatron_layouts(graph: Graph, mesh, pc: ParallelConfig, roles: dict | None 
             cuts[seq_dim] = ax["cp"]
         if ax["tp"] and tdim:
             cuts[tdim] = ax["tp"]
-        elif ax["tp"] and pc.sp and sp:
+        elif ax["tp"] and c["sp"] and sp:
             cuts[sp] = cuts.get(sp, ()) + ax["tp"]
         layouts[op.name] = family.relative(cuts)
     for op in graph.ops:
         why = refusal(op, layouts[op.name], mesh)
         if why is not None:
-            sp = " with sequence parallelism" if pc.sp else ""
-            raise PlanError(f"tp={pc.tp} cp={pc.cp} ep={pc.ep} etp={pc.etp}{sp}: op {op.name}: {why}; "
+            sp = " with sequence parallelism" if c["sp"] else ""
+            raise PlanError(f"tp={c['tp']} cp={c['cp']} ep={c['ep']} etp={c['etp']}{sp}: op {op.name}: {why}; "
                             "choose degrees whose cuts divide it")
     return layouts
 
 
-def megatron_plan(model: ModelConfig, cluster: Cluster, config: ParallelConfig | None = None,
-                  graph: Graph | None = None, **fields) -> Plan:
+def megatron_plan(model: ModelConfig, cluster: Cluster, graph: Graph | None = None, **config) -> Plan:
     """The plan of a Megatron-style configuration, costed by the SymTensor model: the Megatron
     constructor of a Plan.
 
     Args:
-        config: the configuration; or give its fields as keywords (``tp=2, dp=4, ...``).
+        config: the configuration's keys (``tp=2, dp=4, ...``; the rest are ``DEFAULTS``).
         graph: the graph of one micro-step (default: the builders' skeleton graph).
 
     A configuration that Megatron cannot run on this model and cluster is a PlanError naming the
-    rule (``ParallelConfig.validate``, then the layout check).
+    rule (``check_config``, then the layout check).
     """
-    pc = config if config is not None else ParallelConfig(**fields)
-    pc.validate(model, cluster.n_devices)
-    graph = graph or build_graph(model, micro_batch=pc.micro_batch * pc.dp, seq=pc.seq, skeleton=True)
-    ev = Evaluator(graph, cluster, pp=pc.pp, framework=pc.framework)
-    layouts = megatron_layouts(graph, ev.mesh, pc)
-    train = pc.train_config()
-    return Plan.of(model, cluster, train, pc.seq, graph, ev.mesh, ev.pp_axes, layouts, ev.evaluate(layouts, train))
+    c = configuration(config)
+    check_config(model, cluster.n_devices, c)
+    graph = graph or build_graph(model, micro_batch=c["micro_batch"] * c["dp"], seq=c["seq"], skeleton=True)
+    ev = Evaluator(graph, cluster, pp=c["pp"], framework=c["framework"])
+    layouts = megatron_layouts(graph, ev.mesh, c)
+    train = train_config(c)
+    return Plan.of(model, cluster, train, c["seq"], graph, ev.mesh, ev.pp_axes, layouts, ev.evaluate(layouts, train))
 
 
-def megatron_config(plan: Plan) -> ParallelConfig:
-    """The Megatron configuration of a plan whose ops agree on one (``plan.config``); a PlanError
-    names the rule when they do not."""
+def megatron_config(plan: Plan) -> dict:
+    """The Megatron configuration of a plan whose ops agree on one (``plan.config``): the keywords
+    of ``megatron_plan`` that rebuild it. A PlanError names the rule when its ops do not agree."""
     c = plan.config
     if c["heterogeneous"]:
         raise PlanError(f"this plan is heterogeneous ({c['differs'][0]}); a Megatron configuration cuts every "
                         "layer alike on every device (plan with --space megatron)")
-    return ParallelConfig(**{k: c[k] for k in MEGATRON_KEYS})
+    return {k: c[k] for k in MEGATRON_KEYS}
 
 
 def expert_grids(cfg: ModelConfig, tp: int, stage: int) -> list[tuple[int, int]]:

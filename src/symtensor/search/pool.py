@@ -17,7 +17,8 @@ from symtensor.layout import OpLayout
 from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.plan import Plan
-from symtensor.search.megatron import ParallelConfig, expert_op, grid_points, megatron_layouts, op_roles
+from symtensor.search.megatron import (check_config, configuration, expert_op, grid_points, megatron_layouts, op_roles,
+                                       train_config)
 from symtensor.search.partition import Problem
 
 
@@ -25,12 +26,13 @@ from symtensor.search.partition import Problem
 class Costed:
     """A point the search costed: ``layouts`` by mesh position on the stage mesh of the pool's
     evaluator for ``train`` (graph batch, pipeline depth); ``megatron``: the Megatron
-    configuration it was built from, if any. Crosses process boundaries (no evaluator in it)."""
+    configuration it was built from (``megatron.configuration``), if any. Crosses process
+    boundaries (no evaluator in it)."""
 
     train: TrainConfig
     layouts: dict[str, OpLayout]
     report: CostReport
-    megatron: ParallelConfig | None = None
+    megatron: dict | None = None
 
     @property
     def key(self):
@@ -89,7 +91,7 @@ class EvaluatorPool:
     def _megatron_layouts(self, key) -> dict:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key
         ev = self.get(graph_batch, pp)
-        degrees = ParallelConfig(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp)  # all the layouts read
+        degrees = dict(tp=tp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp)  # all the layouts read
         return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family)
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
@@ -120,18 +122,20 @@ class EvaluatorPool:
             self._recomputations = RECOMPUTE if core else tuple(rc for rc in RECOMPUTE if rc != "selective")
         return self._recomputations
 
-    def layouts(self, pc: ParallelConfig) -> tuple[Evaluator, dict]:
-        """The evaluator and Megatron layouts of ``pc`` (validated)."""
-        pc.validate(self.cfg, self.cluster.n_devices)
-        batch = pc.micro_batch * pc.dp
-        return self.get(batch, pc.pp), self._layouts[(batch, pc.pp, pc.tp, pc.cp, pc.dp, pc.ep, pc.etp, pc.sp)]
+    def layouts(self, c: dict) -> tuple[Evaluator, dict]:
+        """The evaluator and Megatron layouts of configuration ``c`` (complete; checked)."""
+        check_config(self.cfg, self.cluster.n_devices, c)
+        batch = c["micro_batch"] * c["dp"]
+        key = (batch, c["pp"], c["tp"], c["cp"], c["dp"], c["ep"], c["etp"], c["sp"])
+        return self.get(batch, c["pp"]), self._layouts[key]
 
-    def evaluate(self, pc: ParallelConfig, check: bool = False) -> Costed:
-        """Cost a Megatron configuration (its layouts are legal by construction; ``check`` checks
-        them anyway, for a configuration a user gave)."""
-        ev, layouts = self.layouts(pc)
+    def evaluate(self, c: dict, check: bool = False) -> Costed:
+        """Cost a Megatron configuration (complete: ``megatron.configuration``; its layouts are
+        legal by construction; ``check`` checks them anyway, for a configuration a user gave)."""
+        ev, layouts = self.layouts(c)
         self.costed += 1
-        return Costed(pc.train_config(), layouts, ev.evaluate(layouts, pc.train_config(), check=check), pc)
+        train = train_config(c)
+        return Costed(train, layouts, ev.evaluate(layouts, train, check=check), c)
 
     def layer_seconds(self, point: dict) -> dict[int, float]:
         """``Evaluator.layer_seconds`` of a Megatron grid point without recomputation, shared by
@@ -141,23 +145,23 @@ class EvaluatorPool:
         key = (point["tp"], point["cp"], point["ep"], point["etp"], point["sp"], point["micro_batch"])
         hit = self._layer_seconds.get(key)
         if hit is None:
-            pc = ParallelConfig(**{**point, "recompute": "none", "vpp": 1, "framework": self.framework})
-            ev, layouts = self.layouts(pc)
-            hit = self._layer_seconds[key] = ev.layer_seconds(layouts, pc.train_config())
+            c = configuration({**point, "recompute": "none", "vpp": 1, "framework": self.framework})
+            ev, layouts = self.layouts(c)
+            hit = self._layer_seconds[key] = ev.layer_seconds(layouts, train_config(c))
         return hit
 
     def try_config(self, **config) -> Costed | None:
         """``evaluate`` of the Megatron configuration ``config`` under this pool's engine; None
         when it is not a valid configuration."""
         try:
-            return self.evaluate(ParallelConfig(**{**config, "framework": self.framework}))
+            return self.evaluate(configuration({**config, "framework": self.framework}))
         except PlanError:
             return None
 
     def may_fit(self, **config) -> bool:
         """``static_fits`` of the Megatron configuration ``config``; False when it is invalid."""
         try:
-            return self.static_fits(ParallelConfig(**{**config, "framework": self.framework}))
+            return self.static_fits(configuration({**config, "framework": self.framework}))
         except PlanError:
             return False
 
@@ -169,21 +173,21 @@ class EvaluatorPool:
         return Plan.of(self.cfg, self.cluster, costed.train, self.seq, ev.graph, ev.mesh, ev.pp_axes, costed.layouts,
                        costed.report, **search)
 
-    def static_fits(self, pc: ParallelConfig) -> bool:
+    def static_fits(self, c: dict) -> bool:
         """False only when parameters, gradients and optimizer state alone overflow a device (so
-        no variant of ``pc`` fits): an arithmetic lower bound refuses most such points before
+        no variant of configuration ``c`` fits): an arithmetic lower bound refuses most such points before
         any graph is built, the exact sum (``Evaluator.static_fits``) the rest. True means "may
         fit": the evaluation decides."""
         usable = self.cluster.device.memory * MEMORY_HEADROOM
-        bound = self.static_lower_bound(pc)
+        bound = self.static_lower_bound(c)
         if bound > usable:
             return False
         if bound < usable / 2:
             return True  # far from the capacity the exact sum rarely refuses: leave it to the evaluation
-        ev, layouts = self.layouts(pc)
-        return ev.static_fits(layouts, pc.train_config())
+        ev, layouts = self.layouts(c)
+        return ev.static_fits(layouts, train_config(c))
 
-    def static_lower_bound(self, pc: ParallelConfig) -> float:
+    def static_lower_bound(self, c: dict) -> float:
         """Bytes of parameters, gradients and optimizer state on the most loaded device, from
         below: every weight divided by tp (norms are not, in fact), expert weights by ep x etp
         instead, the total spread evenly over the pp stages (the most loaded stage holds at least
@@ -191,17 +195,17 @@ class EvaluatorPool:
         over dp only), expert state over the stage's ranks / (ep x etp)."""
         if self._param_sums is None:
             self._param_sums = _param_sums(self.get(1, 1).graph)
-        train = pc.train_config()
+        train = train_config(c)
         total = 0.0
         z = train.zero
         for (expert, trainable), numel in self._param_sums.items():
-            model = pc.ep * pc.etp if expert else pc.tp  # the devices that split the weight
-            shard = max(1, pc.tp * pc.dp * pc.cp // model) if expert else pc.dp * pc.cp
+            model = c["ep"] * c["etp"] if expert else c["tp"]  # the devices that split the weight
+            shard = max(1, c["tp"] * c["dp"] * c["cp"] // model) if expert else c["dp"] * c["cp"]
             per = train.param_bytes / (shard if z >= 3 else 1)
             if trainable:
                 per += train.grad_bytes / (shard if z >= 2 else 1) + train.optim_bytes / (shard if z >= 1 else 1)
             total += numel * per / model
-        return total / pc.pp
+        return total / c["pp"]
 
 
 def _param_sums(graph) -> dict:

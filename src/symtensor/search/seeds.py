@@ -63,7 +63,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                     base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=tp > 1, zero=1 if dp > 1 else 0,
                                 micro_batch=mb, global_batch=global_batch, seq=pool.seq)
                     cand, score = fastest_fitting(pool, dict(base, vpp=vpp), bound)
-                    if vpp > 1 and (cand is None or cand.megatron.recompute != "none"):
+                    if vpp > 1 and (cand is None or cand.megatron["recompute"] != "none"):
                         # interleaving holds more micro-batches in flight: without it, recomputation
                         # may be unnecessary
                         plain, pscore = fastest_fitting(pool, dict(base, vpp=1), min(bound, score or bound))
@@ -74,7 +74,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                         if found is None or score < found.report.step_time_s:
                             found = cand
                     ep_chain.stopped = ep_chain.stops(None if cand is None else
-                                                      (score, cand.megatron.recompute == "none"))
+                                                      (score, cand.megatron["recompute"] == "none"))
                     if ep_chain.best is not None and (grid_best is None or ep_chain.best[0] < grid_best[0]):
                         grid_best = ep_chain.best
                 if found is not None:
@@ -124,7 +124,7 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
     cfg, n = pool.cfg, pool.cluster.n_devices
     cur = start
     for _ in range(max_steps):
-        pc = cur.megatron.as_dict()
+        pc = dict(cur.megatron)
         pc.pop("recompute")
         best = None
         for key in ("tp", "pp", "cp", "ep", "etp", "micro_batch", "vpp"):
