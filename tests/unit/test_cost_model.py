@@ -235,6 +235,12 @@ def test_replicated_plan_moves_no_bytes(model, devices, pp):
     assert (rep.breakdown["pp_comm"] > 0) == (pp > 1)
 
 
+def test_a_megatron_configuration_names_a_key_it_does_not_know():
+    """A misspelt key is refused, not left to its default (``tpp=2`` would cost tp 1)."""
+    with pytest.raises(PlanError, match=r"tpp: not a Megatron configuration key; use tp, pp, dp"):
+        megatron_plan(PRESETS["tiny-llama"], load_cluster("dgx-h100", devices=2), tpp=2, dp=1, global_batch=2, seq=64)
+
+
 CONFIGS = {
     "dp8": ("tiny-llama", 8, dict(dp=8, global_batch=16, seq=64)),
     "gpt-dp8-zero3": ("gpt3-125m", 8, dict(dp=8, zero=3, global_batch=16, seq=128)),

@@ -225,8 +225,8 @@ def test_reshard_after_forward_is_fully_shards_setting():
 
 def test_the_runtime_chooses_zero_2_under_the_fsdp2_engine():
     """``symtensor run`` asked for ZeRO-2 costs and runs it as the fsdp2 engine (it was refused)."""
-    from symtensor.runtime.verify import _choose, plan_to_spec
+    from symtensor.runtime.verify import choose_plan, plan_to_spec
 
-    plan = _choose(LLAMA, 2, 8, 16, 1, 2, None)
+    plan = choose_plan(LLAMA, 2, 8, 16, 1, 2, None)
     assert (plan.config["dp"], plan.train.zero, plan.engine) == (2, 2, "fsdp2")
     assert plan_to_spec(plan).reshard_after_forward is False

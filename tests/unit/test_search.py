@@ -224,15 +224,6 @@ class _Direct(Problem):
 
     SYMMETRIC_COSTS = False
 
-    def _op_terms(self, op, layout):
-        return super()._op_terms(op, layout)
-
-    def _saved_bytes(self, op, layout):
-        return super()._saved_bytes(op, layout)
-
-    def _edge_cost(self, e, lu, lv):
-        return super()._edge_cost(e, lu, lv)
-
 
 @pytest.mark.parametrize("model,changes,cluster,devices,train", [
     ("llama2-7b", dict(layers=2), "dgx-h100", 32,

@@ -167,7 +167,7 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
     if device == "cpu":
         _small_enough(cfg)
     plan = (runnable_plan(plan_file, cfg, devices) if plan_file
-            else _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp))
+            else choose_plan(cfg, devices, global_batch, seq, tp, zero, ep, pp))
     config = megatron_config(plan)
     if attention_only:
         if config["tp"] == 1:
@@ -236,7 +236,7 @@ def runnable_plan(path: str, cfg, devices: int):
     return plan
 
 
-def _choose(cfg, devices, global_batch, seq, tp, zero, ep, pp=1):
+def choose_plan(cfg, devices, global_batch, seq, tp, zero, ep, pp=1):
     """The plan of the runnable configuration the model predicts fastest (or the one asked for)
     on the ``devices`` processes of this machine."""
     cluster = local_cluster(devices)

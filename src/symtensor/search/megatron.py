@@ -25,6 +25,8 @@ ranks too.
 
 from __future__ import annotations
 
+from types import MappingProxyType
+
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.train import chunks_fit
 from symtensor.errors import PlanError
@@ -46,8 +48,9 @@ MICRO_BATCHES = (1, 2, 4, 8)  # the micro-batch sizes the Megatron grid tries
 # MoE model zoo and practitioners run experts (Megatron's own default is etp = tp); dense models
 # have no expert grid: ep and etp stay 1 there. ``framework``: the engine whose semantics the
 # costs follow (cost/engine.py).
-DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False, "zero": 0, "recompute": "none",
-            "micro_batch": 1, "global_batch": 1, "seq": 2048, "vpp": 1, "framework": "megatron"}
+DEFAULTS = MappingProxyType({"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False, "zero": 0,
+                             "recompute": "none", "micro_batch": 1, "global_batch": 1, "seq": 2048, "vpp": 1,
+                             "framework": "megatron"})  # read-only
 assert tuple(DEFAULTS) == MEGATRON_KEYS  # one list of Megatron's arguments
 
 
