@@ -57,6 +57,18 @@ def test_grid_equals_brute_force(case):
     assert best.megatron == brute.megatron
 
 
+@pytest.mark.parametrize("case", CASES[:3] + CASES[4:], ids=[c[0] for c in CASES[:3] + CASES[4:]])
+def test_the_grid_split_with_a_forked_child_finds_the_same_best(case):
+    """Two processes, each pruning with its own best, find the serial grid's best (the same
+    configuration, layouts and costs), costing at least the configurations it costs."""
+    model, cluster, devices, seq, gb, overrides = case
+    serial, count = megatron_grid(_pool(model, cluster, devices, seq, overrides), gb)
+    split, split_count = megatron_grid(_pool(model, cluster, devices, seq, overrides), gb, fork=True)
+    assert (split.megatron, split.train, split.layouts, split.report) == (serial.megatron, serial.train,
+                                                                          serial.layouts, serial.report)
+    assert split_count >= count > 0
+
+
 def test_a_plan_slower_than_the_grid_best_gives_way_to_it():
     """What the search returns is compared with the exhaustive grid (its seeds are a scan above
     SMALL_GRID points): a slower plan is replaced by the grid's best, which says so."""

@@ -83,11 +83,12 @@ def fsdp(pool: EvaluatorPool, global_batch: int) -> Costed | None:
 
 
 def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, framework: str = "megatron",
-                   names=BASELINES) -> dict[str, Plan | None]:
+                   names=BASELINES, fork: bool = False) -> dict[str, Plan | None]:
     """The named baselines as plans (None where a baseline has no valid configuration), through
     the same cost model and engine: the one place they are assembled (``symtensor plan``,
     ``compare`` and ``report`` read them). D-Rec's unitless costs have no engine: its layouts are
-    costed under Megatron's."""
+    costed under Megatron's. ``fork``: the grid shares its work with a forked child
+    (``grid.megatron_grid``; not where torch may be loaded: ``search.parallel``)."""
     from symtensor.search.drec import drec_plan
 
     unknown = [n for n in names if n not in BASELINES]
@@ -103,7 +104,7 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
             costed = megatron_recipe(pool, global_batch, params_active(cfg, build_graph(cfg, micro_batch=1,
                                                                                          seq=min(seq, 128))))
         elif name == "megatron_grid_best":
-            costed = megatron_grid(pool, global_batch)[0]
+            costed = megatron_grid(pool, global_batch, fork=fork)[0]
         else:
             costed = fsdp(pool, global_batch)
         out[name] = None if costed is None else pool.plan(costed)

@@ -26,47 +26,82 @@ from __future__ import annotations
 
 from symtensor.cost import TrainConfig
 from symtensor.errors import PlanError
+from symtensor.search.megatron import inner_grid
+from symtensor.search.parallel import Background
 from symtensor.search.pool import Costed, EvaluatorPool
 
 
-def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None
+FORK_POINTS = 64  # grids smaller than this are not worth a second process
+
+
+def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None, fork: bool = False
                   ) -> tuple[Costed | None, int]:
     """The best Megatron configuration (the one that fits fastest; the least memory when none
-    fits) and how many configurations it costed in full."""
-    cfg, start = pool.cfg, pool.costed
+    fits) and how many configurations it costed in full.
+
+    ``fork``: a forked child (``parallel.Background``) takes every other inner grid (with all its
+    points, which share its layer costs) and this process the rest; each bounds and searches its
+    own points. The best is the same either way: each process finds the best of its points, and
+    of two equal ones the one the serial order visits first is kept; more configurations may be
+    costed (each process prunes with its own best only)."""
+    start = pool.costed
+    bases = [b for b in pool.grid(global_batch) if micro_batch is None or b["micro_batch"] == micro_batch]
+    if not (fork and len(bases) >= FORK_POINTS):
+        return _bound_and_search(pool, bases)[0], pool.costed - start
+    inner = list(dict.fromkeys(inner_grid(b) for b in bases))
+    theirs = set(inner[1::2])
+    with Background(lambda: (*_bound_and_search(pool, bases, lambda b: inner_grid(b) in theirs),
+                             pool.costed - start)) as child:
+        ours = _bound_and_search(pool, bases, lambda b: inner_grid(b) not in theirs)
+        *found, costed = child.result()
+    pool.costed += costed  # (the child's configurations, costed on this pool's behalf)
+    best = min([f for f in (ours, tuple(found)) if f[0] is not None], key=lambda f: (f[0].key, f[1]),
+               default=(None,))[0]
+    return best, pool.costed - start
+
+
+def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None) -> tuple[Costed | None, tuple]:
+    """The best of the grid points ``bases`` (those that ``mine`` accepts), by exact branch and
+    bound (the module docstring), and when the serial order over all of ``bases`` visits it:
+    (0, its bound, its index) or, for a point whose state alone overflows (costed only when
+    nothing fits, after every other point), (1, ...)."""
     points = []
-    for base in pool.grid(global_batch):
-        if micro_batch is not None and base["micro_batch"] != micro_batch:
+    for index, base in enumerate(bases):
+        if mine is not None and not mine(base):
             continue
-        vpps = virtual_stages(cfg.layers, base["pp"])
+        vpps = virtual_stages(pool.cfg.layers, base["pp"])
         try:
             lower = point_bound(pool, base, vpps[-1])
         except PlanError:  # its layouts break the one legality rule (megatron_layouts): not a point
             continue
-        points.append((lower, len(points), base, vpps))
+        points.append((lower, index, base, vpps))
     points.sort(key=lambda p: p[:2])
-    best = None
+    best, visit = None, None
     overflowing = []
-    for lower, _, base, vpps in points:
+    for lower, index, base, vpps in points:
         fitting = best is not None and best.report.fits
         if fitting and lower >= best.report.step_time_s:
             break  # no point left can beat it
         if not pool.may_fit(**base):
-            overflowing.append((base, vpps))  # parameters and optimizer state alone overflow
+            overflowing.append((lower, index, base, vpps))  # parameters and optimizer state alone overflow
             continue
         if fitting:
             # per virtual-stage count, the cheapest recomputation that fits, if it beats the best
             for vpp in reversed(vpps):
                 cand, _ = fastest_fitting(pool, dict(base, vpp=vpp), best.report.step_time_s)
                 if cand is not None and cand.key < best.key:
-                    best = cand
+                    best, visit = cand, (0, lower, index)
             continue
-        best = _every_variant(pool, base, vpps, best)
+        found = _every_variant(pool, base, vpps, best)
+        if found is not best:
+            best, visit = found, (0, lower, index)
     if best is None or not best.report.fits:
         # nothing fits: the least memory may be among the points whose state alone overflows
-        for base, vpps in overflowing:
-            best = _every_variant(pool, base, vpps, best)
-    return best, pool.costed - start
+        for lower, index, base, vpps in overflowing:
+            found = _every_variant(pool, base, vpps, best)
+            if found is not best:
+                best, visit = found, (1, lower, index)
+    return best, visit
 
 
 def _every_variant(pool: EvaluatorPool, base: dict, vpps: list[int], best: Costed | None) -> Costed | None:

@@ -344,6 +344,12 @@ def expert_grids(cfg: ModelConfig, tp: int, stage: int) -> list[tuple[int, int]]
     return [(etp, ep) for etp in etps for ep in divisors(stage // etp) if cfg.experts % ep == 0]
 
 
+def inner_grid(point: dict) -> tuple:
+    """A grid point's inner grid (tp, cp, ep, etp, sp, micro batch): what its layers' costs
+    depend on, not the pipeline depth or the data-parallel degree around them (``search.grid``)."""
+    return point["tp"], point["cp"], point["ep"], point["etp"], point["sp"], point["micro_batch"]
+
+
 def grid_points(cfg: ModelConfig, n: int, node: int, global_batch: int, seq: int):
     """Every (tp, pp, cp, dp, ep, etp, micro batch) point of the Megatron space on n devices
     (``node`` devices per node: tensor parallelism stays inside one)."""

@@ -17,8 +17,8 @@ from symtensor.layout import OpLayout
 from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.plan import Plan
-from symtensor.search.megatron import (check_config, configuration, expert_op, grid_points, megatron_layouts, op_roles,
-                                       train_config)
+from symtensor.search.megatron import (check_config, configuration, expert_op, grid_points, inner_grid,
+                                       megatron_layouts, op_roles, train_config)
 from symtensor.search.partition import Problem
 
 
@@ -142,7 +142,7 @@ class EvaluatorPool:
         the points of its inner grid (tp, cp, ep, etp, sp, micro batch): a layer's costs do not
         depend on the pipeline depth or the data-parallel degree around it (``search.grid``),
         so they are computed once, on whichever point of the inner grid asks first."""
-        key = (point["tp"], point["cp"], point["ep"], point["etp"], point["sp"], point["micro_batch"])
+        key = inner_grid(point)
         hit = self._layer_seconds.get(key)
         if hit is None:
             c = configuration({**point, "recompute": "none", "vpp": 1, "framework": self.framework})
