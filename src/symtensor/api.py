@@ -174,7 +174,7 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     if space == "megatron" and factory is None and mb is None and GRID in names:
         # the plan is the grid's best (the same grid of the same cost model): costed once
         rest = baselines(p, [n for n in names if n != GRID]) if len(names) > 1 else {}
-        grid = replace(p, notes=(), search_time_s=0.0, search_phases_s={}, evaluations=0, partitions=0)
+        grid = replace(p, notes=()).with_account(None)
         return p, {n: grid if n == GRID else rest[n] for n in names}
     return p, baselines(p, names)
 

@@ -22,7 +22,7 @@ the search, and ``Plan.op_layouts`` turns them back for the analyses that re-cos
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from symtensor.cost import CostReport, TrainConfig
 from symtensor.graph import Graph
@@ -74,6 +74,15 @@ class Plan:
         search["notes"] = tuple(search.get("notes", ()))
         return Plan(model=model, cluster=cluster, train=train, seq=seq, graph=graph, mesh=mesh, pipeline=pipeline,
                     layouts=named, report=report, **search)
+
+    def with_account(self, of: "Plan | None") -> "Plan":
+        """This plan with the search's account (search_time_s, search_phases_s, evaluations,
+        partitions) of the plan ``of``; with none (zeros) when ``of`` is None: a plan that stands
+        for another search's, or for no search."""
+        if of is None:
+            return replace(self, search_time_s=0.0, search_phases_s={}, evaluations=0, partitions=0)
+        return replace(self, search_time_s=of.search_time_s, search_phases_s=of.search_phases_s,
+                       evaluations=of.evaluations, partitions=of.partitions)
 
     @property
     def engine(self) -> str:

@@ -106,9 +106,7 @@ def _time(plan: Plan) -> str:
 
 
 def _adopt(better: Plan, searched: Plan, note: str) -> Plan:
-    return replace(better, notes=(*better.notes, note), search_time_s=searched.search_time_s,
-                   search_phases_s=searched.search_phases_s, evaluations=searched.evaluations,
-                   partitions=searched.partitions)
+    return replace(better, notes=(*better.notes, note)).with_account(searched)
 
 
 def _may_win(pool: EvaluatorPool, devices: int, global_batch: int, plan: Plan) -> bool:
