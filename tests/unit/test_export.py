@@ -241,3 +241,17 @@ def test_torchtitan_refuses_a_zero0_plan_with_context_parallelism(capsys):
     p = torchtitan_config(api.evaluate("llama3-8b", "dgx-h100", devices=16, zero=1, **degrees))["parallelism"]
     degrees = (p["data_parallel_replicate_degree"], p["data_parallel_shard_degree"], p["context_parallel_degree"])
     assert degrees == (1, 8, 2)
+
+
+@pytest.mark.parametrize("zero, pp, noted", [(0, 2, True), (0, 1, False), (1, 2, False), (3, 2, False)])
+def test_torchtitan_says_when_ddp_beside_other_parallelism_depends_on_its_version(zero, pp, noted):
+    """A ZeRO-0 plan exports as DDP (data_parallel_replicate_degree). Beside a pipeline (or TP, EP)
+    torchtitan versions whose parallelize checks ``world_mesh.ndim > 1`` raise "DDP has not
+    supported > 1D parallelism" at launch; newer ones check the dp_replicate mesh only. The export
+    says so, with the FSDP2 plan that launches on either; pure DDP and FSDP2 need no note."""
+    out = torchtitan_config(_zero(zero, pp))
+    assert ("_ddp_note" in out) == noted
+    if noted:
+        note = out["_ddp_note"]
+        assert "DDP has not supported > 1D parallelism" in note and "world_mesh.ndim > 1" in note
+        assert f"--pp {pp}" in note and "--zero 1" in note and len(note.splitlines()) == 1

@@ -293,7 +293,21 @@ def torchtitan_config(plan) -> dict:
     }
     if c["zero"] == 1:
         out["_zero_note"] = _zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
+    if replicate > 1 and shard == 1 and (c["tp"] > 1 or c["pp"] > 1 or c["ep"] > 1):
+        out["_ddp_note"] = _ddp_note(plan, c)
     return out
+
+
+def _ddp_note(plan, c: dict) -> str:
+    """Why a ZeRO-0 plan with other parallelisms depends on the torchtitan version: it runs as DDP
+    over data_parallel_replicate_degree beside them. torchtitan's parallelize functions refused
+    that once (``if world_mesh.ndim > 1: raise RuntimeError("DDP has not supported > 1D
+    parallelism")``); later ones check the dp_replicate mesh only (``parallel_dims.get_mesh(
+    "dp_replicate")``), so it launches there."""
+    return ("this plan runs as DDP (data_parallel_replicate_degree) beside tensor, pipeline or expert parallelism: "
+            "torchtitan versions whose parallelize checks world_mesh.ndim > 1 raise 'DDP has not supported > 1D "
+            "parallelism' at launch (newer ones check the dp_replicate mesh only); with such a version, export "
+            f"the FSDP2 plan instead: {_evaluate_command(plan, c, zero=1)}")
 
 
 def dtensor_plan(plan) -> dict:
