@@ -236,8 +236,9 @@ def test_replicated_plan_moves_no_bytes(model, devices, pp):
 
 
 def test_a_megatron_configuration_names_a_key_it_does_not_know():
-    """A misspelt key is refused, not left to its default (``tpp=2`` would cost tp 1)."""
-    with pytest.raises(PlanError, match=r"tpp: not a Megatron configuration key; use tp, pp, dp"):
+    """A misspelt key is refused, not left to its default (``tpp=2`` would cost tp 1), and not as a
+    PlanError, which the grid and the runtime's choice read as "not a valid configuration"."""
+    with pytest.raises(TypeError, match=r"tpp: not a Megatron configuration key; use tp, pp, dp"):
         megatron_plan(PRESETS["tiny-llama"], load_cluster("dgx-h100", devices=2), tpp=2, dp=1, global_batch=2, seq=64)
 
 

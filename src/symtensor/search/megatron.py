@@ -55,11 +55,12 @@ assert tuple(DEFAULTS) == MEGATRON_KEYS  # one list of Megatron's arguments
 
 
 def configuration(given: dict) -> dict:
-    """The Megatron configuration ``given`` with the defaults for the keys it leaves out; a
-    PlanError names a key that is not one of Megatron's (so a typo cannot fall back to a default)."""
+    """The Megatron configuration ``given`` with the defaults for the keys it leaves out. A key
+    that is not one of Megatron's is a TypeError, as an unexpected keyword argument is (a typo
+    cannot fall back to a default, nor pass for an invalid configuration: PlanError)."""
     unknown = given.keys() - DEFAULTS.keys()
     if unknown:
-        raise PlanError(f"{', '.join(sorted(unknown))}: not a Megatron configuration key; use "
+        raise TypeError(f"{', '.join(sorted(unknown))}: not a Megatron configuration key; use "
                         f"{', '.join(DEFAULTS)}")
     return {**DEFAULTS, **given}
 
