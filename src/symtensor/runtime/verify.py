@@ -236,7 +236,8 @@ def runnable_plan(path: str, cfg, devices: int):
     return plan
 
 
-def choose_plan(cfg, devices, global_batch, seq, tp, zero, ep, pp=1):
+def choose_plan(cfg, devices: int, global_batch: int, seq: int, tp: int | None = None, zero: int = 0,
+                ep: int | None = None, pp: int = 1):
     """The plan of the runnable configuration the model predicts fastest (or the one asked for)
     on the ``devices`` processes of this machine."""
     cluster = local_cluster(devices)
