@@ -46,10 +46,10 @@ def guaranteed_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: 
 
 
 def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=()):
-    pool = EvaluatorPool(cfg, cluster, seq, framework=framework)  # (the grid's points and the state's bound)
+    pool = EvaluatorPool(cfg, cluster, seq, framework=framework)  # (the grid, the baselines, the state's bound)
     seeded, _, _ = seed_plan(pool, global_batch)
     wanted = names + ((GRID,) if GRID not in names and not seeded else ())
-    base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted, fork=True)  # (builders' graphs)
+    base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted, fork=True, pool=pool)  # (builders')
     plan = never_worse_than_grid(search(cluster), base.get(GRID))
     n = cluster.n_devices
     if n % 2 == 0 and _may_win(pool, n // 2, global_batch, plan):
