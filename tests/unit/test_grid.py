@@ -127,3 +127,23 @@ def test_the_megatron_space_plan_is_its_grid_baseline():
         assert got.report.memory_peak == want.report.memory_peak
         assert got.notes == want.notes and got.search_time_s == want.search_time_s == 0.0
     assert plan.config == base["megatron_grid_best"].config and plan.search_time_s > 0
+
+
+def test_the_monotone_recursion_stops_where_no_level_below_can_beat_the_plan_above():
+    """GPT-3 1.3B on 128 A100 at a global batch of 16: the plan for 64 devices is slower than the
+    one for 128, and 32 devices' step floor is slower than the one for 128 (though not than the
+    one for 64), so the recursion stops at 64; it went on to 32, whose plan cannot win either."""
+    from symtensor.search import search
+    from symtensor.search.guarantee import guaranteed_plan
+
+    cfg = load_model_config("gpt3-1.3b")
+    searched = []
+
+    def run(on):
+        searched.append(on.n_devices)
+        return search(cfg, on, 16, 2048)
+
+    plan, _ = guaranteed_plan(cfg, load_cluster("dgx-a100-80g", devices=128), 16, 2048, "megatron", run)
+    assert searched == [128, 64] and plan.cluster.n_devices == 128
+    fewer, _ = guaranteed_plan(cfg, load_cluster("dgx-a100-80g", devices=32), 16, 2048, "megatron", run)
+    assert fewer.report.step_time_s > plan.report.step_time_s

@@ -7,9 +7,10 @@
   the search's plan, and its best is the plan when it is faster.
 - **Monotone in devices.** At a fixed global batch a plan for 2N devices can do whatever the plan for
   N does, with half the devices idle, so the plan for 2N considers the plan for N (recursively).
-  The recursion stops where it cannot win: no plan on N devices is faster than their step floor
-  (``Evaluator.step_floor``: every FLOP at its kernel's best rate, spread evenly, nothing else),
-  and none fits where the parameters alone overflow the devices' memory.
+  The recursion stops where it cannot win: where the step floor of N devices
+  (``Evaluator.step_floor``: every FLOP at its kernel's best rate, spread evenly, nothing else)
+  is no faster than the best plan of the levels above (a plan on N devices that beats the plan
+  for 2N but not the one for 4N changes nothing), or where the parameters alone overflow them.
 
 Both say so in the plan's notes when they change the plan.
 """
@@ -45,20 +46,24 @@ def guaranteed_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: 
     return replace(plan, search_phases_s={**plan.search_phases_s, "guarantees_s": extra}), base
 
 
-def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=()):
+def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), above: Plan | None = None):
+    """``guaranteed_plan`` on ``cluster``; ``above``: the best plan of the levels above it (on more
+    devices), which a plan here must beat to matter there: the recursion below stops where no
+    plan can beat the better of it and this level's plan (the result above is the same)."""
     pool = EvaluatorPool(cfg, cluster, seq, framework=framework)  # (the grid, the baselines, the state's bound)
     seeded, _, _ = seed_plan(pool, global_batch)
     wanted = names + ((GRID,) if GRID not in names and not seeded else ())
     base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted, fork=True, pool=pool)  # (builders')
     plan = never_worse_than_grid(search(cluster), base.get(GRID))
     n = cluster.n_devices
-    if n % 2 == 0 and _may_win(pool, n // 2, global_batch, plan):
+    target = plan if above is None or _better(plan, above) else above  # what a plan on fewer devices must beat
+    if n % 2 == 0 and _may_win(pool, n // 2, global_batch, target):
         try:
             half = replace(cluster, n_devices=n // 2)
         except PlanError:
             half = None  # half the devices do not fill the cluster's levels evenly: no such cluster
         if half is not None:
-            fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search)
+            fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search, above=target)
             plan = fewer_devices(plan, fewer, n, global_batch)
     return plan, {k: base[k] for k in names}
 
