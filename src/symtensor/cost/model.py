@@ -252,17 +252,21 @@ class Evaluator:
         costing it (``search.grid``)."""
         akey = activation_key(train)
         out: dict[int, float] = {}
+        pieces: dict = {}  # id(ops) -> seconds: a skeleton run's copies share their ops, so their seconds
         for sig_id, ops, external, layer, _ in self.segments:
-            lay = tuple(layouts.get(op.name, REPLICATED) for op in ops)
-            # with every input arriving from another stage, the producers' layouts cost nothing:
-            # equal layers share the seconds whatever precedes them
-            key = (sig_id, lay, akey)
-            seconds = self._boundary_seconds.get(key)
+            seconds = pieces.get(id(ops))
             if seconds is None:
-                ext = tuple(layouts.get(prod.name, REPLICATED) for _, prod in external)
-                cross = frozenset(t for t, _ in external)
-                seconds = self._boundary_seconds[key] = self.segment(sig_id, ops, external, lay, ext, cross, akey,
-                                                                     layouts, train).seconds
+                lay = tuple(layouts.get(op.name, REPLICATED) for op in ops)
+                # with every input arriving from another stage, the producers' layouts cost nothing:
+                # equal layers share the seconds whatever precedes them
+                key = (sig_id, lay, akey)
+                seconds = self._boundary_seconds.get(key)
+                if seconds is None:
+                    ext = tuple(layouts.get(prod.name, REPLICATED) for _, prod in external)
+                    cross = frozenset(t for t, _ in external)
+                    seconds = self._boundary_seconds[key] = self.segment(sig_id, ops, external, lay, ext, cross,
+                                                                         akey, layouts, train).seconds
+                pieces[id(ops)] = seconds
             out[layer] = out.get(layer, 0.0) + seconds
         return out
 
