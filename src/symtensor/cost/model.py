@@ -23,7 +23,7 @@ from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
 from symtensor.cost.engine import exposure
 from symtensor.cost.memory import memory_peak, static_peak
-from symtensor.cost.opcost import (collectives_time, compute_floor, input_layout, op_time, output_layout, param_layout,
+from symtensor.cost.opcost import (collectives_time, input_layout, op_floor, op_time, output_layout, param_layout,
                                    redistribute)
 from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
 from symtensor.cost.pipeline import Stage, bubble, merge, p2p, split_mesh
@@ -225,17 +225,19 @@ class Evaluator:
 
     def step_floor(self, train: TrainConfig) -> float:
         """A lower bound of the step time of every plan of this graph with ``train``'s micro-batches
-        and recomputation, whatever its layouts, pipeline and ZeRO stage: the FLOPs of every op
-        (forward, backward, recomputed forward) at the best rate of its kernels, spread evenly over
-        all devices, with no knee, memory time, communication or bubble. (A stage's time per
-        micro-batch is at least its share of these FLOPs over its devices, the critical stage's at
-        least the mean, and a step at least micro-batches times the critical stage.)"""
+        and recomputation, whatever its layouts, pipeline and ZeRO stage: every whole op (forward,
+        backward, recomputed forward) on one device at its kernels' best rates, the larger of its
+        FLOP time and its activations' memory time (``opcost.op_floor``), spread evenly over all
+        devices, with no knee, communication or bubble. (A stage's time per micro-batch is at least its ops'
+        share over its devices, the critical stage's at least the mean, and a step at least
+        micro-batches times the critical stage.)"""
         per_mb = self._floor_cache.get(train.recompute)
         if per_mb is None:
             layers = self.graph.meta["layers"]
             per_mb = 0.0
             for op in self.graph.ops:
-                fwd, bwd = compute_floor(op, self.cluster.device, self.eff, self.grad_operands[op.name], self.dtype)
+                fwd, bwd = op_floor(op, self.cluster.device, self.eff, self.tensors, self.grad_operands[op.name],
+                                    self.dtype)
                 redo = recomputed(op, train.recompute, layers)
                 per_mb += (fwd * (2 if redo else 1) + bwd) * layer_repeat(self.graph, op.layer)
             self._floor_cache[train.recompute] = per_mb

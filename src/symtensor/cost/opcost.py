@@ -41,11 +41,32 @@ def _tensor_local_bytes(dims, sizes, dtype):
 
 def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int, dtype="bf16") -> OpTime:
     """Roofline time of the op's local piece, forward and backward."""
-    kind = kind_of(op.kind)
     sizes = local_sizes(op, layout, mesh)
-    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
+    return _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, eff.gemm_knee)
+
+
+def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16") -> tuple[float, float]:
+    """Seconds of the whole op on one device, forward and backward, with no knee and only its
+    activations' bytes: ``op_time`` of any layout, summed over the devices that share the op, is
+    at least this. A device's piece runs at most at the whole op's rates (a smaller piece only
+    lowers attention's shape factor and a grouped GEMM's tile fill), and the pieces' FLOPs and
+    activation bytes add up to at least the whole op's (FLOPs are linear in every dim; every
+    activation element is read or written by some device), so the roofline's larger term is at
+    least each term's share. (Weights are left out: what they add depends on the micro-batch
+    count, and this bound must not; FLOPs and activations scale with the batch.)"""
+    sizes = op.dim_sizes
+    nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
+                 for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims) if not tensors[t].param)
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee=0.0)
+    return t.fwd_s, t.bwd_s
+
+
+def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float) -> OpTime:
+    """The larger of compute and memory time of an op of these sizes moving ``nbytes``."""
+    kind = kind_of(op.kind)
+    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype)
     hbm = device.hbm_bandwidth * eff.hbm
     if kind.memory_bound:
         eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
@@ -55,7 +76,6 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
             fwd_bytes, bwd_bytes = nbytes, kind.bwd_fixed * 2 * nbytes
         return OpTime(fwd_bytes / hbm, bwd_bytes / hbm if kind.bwd_fixed else 0.0, flops)
     # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
-    knee = eff.gemm_knee
     fwd = max((flops + knee) / rate, nbytes / hbm)
     bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
         if bwd_flops else 0.0
@@ -129,19 +149,6 @@ def grouped_tile_factor(op, sizes) -> float:
     if not c:
         return 1.0
     return c / (GEMM_TILE_ROWS * math.ceil(c / GEMM_TILE_ROWS))
-
-
-def compute_floor(op, device, eff, grad_operands: int, dtype="bf16") -> tuple[float, float]:
-    """Seconds of the whole op's forward and backward FLOPs at the best rate, without the knee:
-    ``op_time`` of any layout is at least this divided by the devices sharing the op (FLOPs are
-    linear in every dim, and the roofline takes the larger of compute and memory time).
-    Memory-bound kinds: (0, 0)."""
-    kind = kind_of(op.kind)
-    if kind.memory_bound:
-        return 0.0, 0.0
-    # attention's shape factor reads its key sequence and head dim, which no layout cuts
-    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, op.dim_sizes, device, eff, grad_operands, dtype)
-    return flops / rate, (bwd_flops / bwd_rate if bwd_flops else 0.0)
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,7 +8,8 @@
 - **Monotone in devices.** At a fixed global batch a plan for 2N devices can do whatever the plan for
   N does, with half the devices idle, so the plan for 2N considers the plan for N (recursively).
   The recursion stops where it cannot win: where the step floor of N devices
-  (``Evaluator.step_floor``: every FLOP at its kernel's best rate, spread evenly, nothing else)
+  (``Evaluator.step_floor``: every op's FLOPs or activation bytes, whichever take longer, at the
+  best rates, spread evenly, nothing else)
   is no faster than the best plan of the levels above (a plan on N devices that beats the plan
   for 2N but not the one for 4N changes nothing), or where the parameters alone overflow them.
 

@@ -144,8 +144,9 @@ class OuterSearch:
 
     def _variants(self, bound: float) -> list[tuple[str, int]]:
         """(recomputation, ZeRO stage) pairs in the order ``consider`` costs them, up to the first
-        recomputation whose step floor (``Evaluator.step_floor``: FLOPs at the best rate over all
-        devices, the same for every layout, micro-batch count and pipeline) cannot beat ``bound``;
+        recomputation whose step floor (``Evaluator.step_floor``: every op's roofline at the best
+        rates over all devices, the same for every layout, micro-batch count and pipeline) cannot
+        beat ``bound``;
         a floor not yet known (no evaluator of this search has computed it) does not stop."""
         out = []
         for rc in self.pool.recomputations():
