@@ -228,9 +228,9 @@ class Evaluator:
         and recomputation, whatever its layouts, pipeline and ZeRO stage: every whole op (forward,
         backward, recomputed forward) on one device at its kernels' best rates, the larger of its
         FLOP time and its activations' memory time (``opcost.op_floor``), spread evenly over all
-        devices, with no knee, communication or bubble. (A stage's time per micro-batch is at least its ops'
-        share over its devices, the critical stage's at least the mean, and a step at least
-        micro-batches times the critical stage.)"""
+        devices, with no knee, communication or bubble. (A stage's time per micro-batch is at
+        least its ops' share over its devices, the critical stage's at least the mean, and a step
+        at least micro-batches times the critical stage.)"""
         per_mb = self._floor_cache.get(train.recompute)
         if per_mb is None:
             layers = self.graph.meta["layers"]

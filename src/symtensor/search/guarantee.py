@@ -9,9 +9,9 @@
   N does, with half the devices idle, so the plan for 2N considers the plan for N (recursively).
   The recursion stops where it cannot win: where the step floor of N devices
   (``Evaluator.step_floor``: every op's FLOPs or activation bytes, whichever take longer, at the
-  best rates, spread evenly, nothing else)
-  is no faster than the best plan of the levels above (a plan on N devices that beats the plan
-  for 2N but not the one for 4N changes nothing), or where the parameters alone overflow them.
+  best rates, spread evenly, nothing else) is no faster than the best plan of the levels above (a
+  plan on N devices that beats the plan for 2N but not the one for 4N changes nothing), or where
+  the parameters alone overflow them.
 
 Both say so in the plan's notes when they change the plan.
 """
