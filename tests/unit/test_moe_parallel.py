@@ -14,7 +14,7 @@ from symtensor.export.formats import layer_pattern
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config
 from symtensor.search import megatron_plan
-from symtensor.search.megatron import check_config, configuration, expert_op, grid_points, megatron_layouts, tp_dim
+from symtensor.search.megatron import check_config, configuration, expert_op, grid_points, tp_dim
 from symtensor.search.partition import level_templates
 
 QWEN3 = load_model_config("qwen3-235b-a22b")
