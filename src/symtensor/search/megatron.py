@@ -107,8 +107,7 @@ def check_config(cfg: ModelConfig, n_devices: int, c: dict) -> None:
     if tp == 1 and c["sp"]:
         raise PlanError("sequence parallelism (--sp) needs tp > 1")
     if pp > 1:
-        split = TrainConfig(global_batch=c["global_batch"], micro_steps=micro_steps(c), pp=pp,
-                            vpp=c["vpp"]).stage_layers(cfg.layers)
+        split = train_config(c).stage_layers(cfg.layers)
         if pipeline_args(cfg.layers, pp, c["vpp"], split) is None:
             raise PlanError(f"Megatron-LM cannot split {cfg.layers} layers over pp={pp} stages as {list(split)}: it "
                             "takes even stages, the embedding and loss as layer slots, or the first and last stages "

@@ -146,8 +146,8 @@ class OuterSearch:
         """(recomputation, ZeRO stage) pairs in the order ``consider`` costs them, up to the first
         recomputation whose step floor (``Evaluator.step_floor``: every op's roofline at the best
         rates over all devices, the same for every layout, micro-batch count and pipeline) cannot
-        beat ``bound``;
-        a floor not yet known (no evaluator of this search has computed it) does not stop."""
+        beat ``bound``; a floor not yet known (no evaluator of this search has computed it) does
+        not stop."""
         out = []
         for rc in self.pool.recomputations():
             floor = self._floors.get(rc)
