@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field, replace
 
+from symtensor.cost.engine import ENGINES
+
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Efficiency:
@@ -108,8 +110,8 @@ def device_table(device_name: str) -> str:
     return next((k for k in TABLES if k in name), "A100")
 
 
-# engines whose kernels are PyTorch's own (SDPA attention, eager elementwise composites)
-PYTORCH_KERNELS = ("fsdp2", "deepspeed")
+# engines whose kernels are PyTorch's own (SDPA attention, eager elementwise composites): ``Engine.pytorch_kernels``
+PYTORCH_KERNELS = tuple(name for name, engine in ENGINES.items() if engine.pytorch_kernels)
 
 # The fused-attention kernels a run may name (``models.config.ATTENTION``; the graph's attention op
 # carries it as its ``kernel`` attr) other than ``flash``, the engine's own (``Efficiency.attention``:

@@ -36,6 +36,14 @@ al. 2022); FSDP2 with torchtitan's mixed precision keeps the sharded fp32 parame
 copy), fp32 gradients and Adam m, v (4 + 4 + 8) and gathers bf16 units; DeepSpeed ZeRO as the ZeRO
 paper counts it, 16-bit weights and gradients, fp32 master + m, v (2 + 2 + 12).
 
+Which state each shards, by ZeRO stage (``Engine.sharded_from``: the lowest stage that shards the
+weights, gradients and optimizer state over the data-parallel replicas): the stages as the ZeRO paper
+defines them (Rajbhandari et al. 2020: optimizer state at 1, + gradients at 2, + parameters at 3) under
+Megatron and DeepSpeed. FSDP2 has no replicated-parameter mode: ``fully_shard`` turns every parameter
+into a dim-0 sharded DTensor and only its ``reshard_after_forward`` varies (PyTorch docs,
+torch.distributed.fsdp.fully_shard), so it shards parameters from stage 1; its ZeRO 1/2 are
+``reshard_after_forward=False`` (as export/formats.py lowers them for torchtitan), ZeRO 3 ``True``.
+
 Bucket sizes are the engines' defaults: Megatron ``--ddp-bucket-size`` max(40M, 1M x dp)
 parameters (megatron/core/distributed/distributed_data_parallel_config.py); PyTorch DDP
 ``bucket_cap_mb=25``; DeepSpeed ``reduce_bucket_size=5e8`` elements.
@@ -46,9 +54,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 
+# indices of ``Engine.state_bytes`` and ``Engine.sharded_from``
+WEIGHTS, GRADIENTS, OPTIMIZER = 0, 1, 2
+
+
 @dataclass(frozen=True, slots=True)
 class Engine:
-    """What an engine does with one step's parameter and gradient communication."""
+    """What an engine does with one step's parameters, gradients and optimizer state and their
+    communication; every rule that differs between engines is a field here (the module docstring
+    gives each engine's source)."""
 
     name: str
     # gradient bucket in bytes of the reduced dtype, or None for "per engine rule" (see bucket_bytes)
@@ -61,19 +75,43 @@ class Engine:
     copy_out: bool  # each all-gathered unit is copied out of the gather buffer on the compute stream
     # bytes per parameter of the weights, gradients and optimizer state the engine keeps
     state_bytes: tuple[int, int, int]
+    # the lowest ZeRO stage at which the weights, gradients and optimizer state are sharded over the
+    # data-parallel replicas (the module docstring); sharded weights are gathered unit by unit for compute
+    sharded_from: tuple[int, int, int]
+    # the lowest ZeRO stage at which sharded weights are freed after forward and gathered again for
+    # backward (FSDP2's ``reshard_after_forward``, DeepSpeed stage 3's release after use)
+    reshards_from: int
+    # its kernels are PyTorch's own (SDPA attention, eager elementwise composites), not Transformer
+    # Engine's fused ones (``efficiency.efficiency_for``)
+    pytorch_kernels: bool
+
+    def shards(self, state: int, zero: int) -> bool:
+        """Whether ZeRO stage ``zero`` shards ``state`` (WEIGHTS, GRADIENTS or OPTIMIZER) over the replicas."""
+        return zero >= self.sharded_from[state]
+
+    def zero_sharded(self, zero: int) -> bool:
+        """Whether ``zero`` shards any state: gradients are then reduce-scattered to their shard's
+        owner and the updated (or sharded) weights all-gathered, instead of all-reduced."""
+        return zero >= min(self.sharded_from)
+
+    def reshards(self, zero: int) -> bool:
+        """Whether sharded weights are freed after forward and gathered again for backward."""
+        return self.shards(WEIGHTS, zero) and zero >= self.reshards_from
 
 
 ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
-                       state_bytes=(2, 4, 12)),
+                       state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
-                    state_bytes=(4, 4, 8)),
+                    state_bytes=(4, 4, 8), sharded_from=(1, 2, 1), reshards_from=3, pytorch_kernels=True),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
-                        state_bytes=(2, 2, 12)),
+                        state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True),
 }
+# other names of an engine a configuration may give: ``torch`` (PyTorch's own FSDP2)
+ALIASES = {"torch": "fsdp2"}
 
 
 def engine_of(train) -> Engine:
@@ -81,16 +119,17 @@ def engine_of(train) -> Engine:
 
 
 def sharded_parameters(zero: int, framework: str) -> bool:
-    """Whether parameters are sharded over their replicas and gathered unit by unit for compute:
-    ZeRO 3 under every engine; FSDP2 at every stage above 0 (ZeRO 1/2 = FSDP2 without resharding
-    after forward)."""
-    return zero == 3 or (framework == "fsdp2" and zero > 0)
+    """Whether parameters are sharded over their replicas and gathered unit by unit for compute
+    (``Engine.sharded_from``): ZeRO 3 under every engine; FSDP2 at every stage above 0 (ZeRO 1/2 =
+    FSDP2 without resharding after forward)."""
+    return ENGINES[ALIASES.get(framework, framework)].shards(WEIGHTS, zero)
 
 
-def reshards_after_forward(zero: int) -> bool:
+def reshards_after_forward(zero: int, framework: str = "fsdp2") -> bool:
     """Whether sharded parameters are freed after forward and gathered again for backward (FSDP2's
-    ``reshard_after_forward``): at ZeRO 3 only; FSDP2's ZeRO 1/2 keep them to backward."""
-    return zero == 3
+    ``reshard_after_forward``, ``Engine.reshards_from``): at ZeRO 3 only; FSDP2's ZeRO 1/2 keep them
+    to backward. ``framework``: FSDP2 by default, the engine the runtime and torchtitan run."""
+    return ENGINES[ALIASES.get(framework, framework)].reshards(zero)
 
 
 def tp_overlapped(train) -> bool:
@@ -169,18 +208,18 @@ def exposure(units: list[Unit], train, ends: bool = True) -> Exposure:
     gather = sum(u.gather_s * u.times for u in units)
     reduce = sum(u.reduce_s * u.times for u in units)
     overlap = train.overlap_grad_reduce
-    if sharded_parameters(z, eng.name):
+    if eng.shards(WEIGHTS, z):
         return _sharded(units, train, eng, overlap, ends)
     # once per step, the reduction runs beside the pipeline's cool-down backward and the gather
     # beside its warm-up forward: micro-batches of the stage's compute to hide behind (ZeRO 2
     # reduces every micro-batch, beside that micro-batch's backward only)
     window = pipeline_window(train)
-    reduce_window = window if z < 2 else 1.0
-    if z == 0:
+    reduce_window = 1.0 if eng.shards(GRADIENTS, z) else window
+    if not eng.zero_sharded(z):
         seconds = _bucketed(units, reduce, reduce_window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
         return Exposure(seconds, {"all_reduce": 1})
     # ZeRO 1/2: reduce-scatter (per step, or per micro-batch at stage 2), then the parameter gather
-    times = m if z == 2 else 1
+    times = m if eng.shards(GRADIENTS, z) else 1
     fwd *= window
     one = _bucketed(units, reduce, reduce_window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
     if eng.exposed_param_gather or not overlap:
@@ -195,8 +234,8 @@ def _sharded(units, train, eng, overlap, ends) -> Exposure:
     """Per-unit gathers every micro-batch (FSDP / ZeRO 3): the next unit's gather is prefetched
     behind this unit's compute; each unit's gradients are reduce-scattered behind the next unit's
     backward. The first gather of forward and the last reduction of backward wait."""
-    m, z = train.micro_steps, train.zero
-    regather = reshards_after_forward(z)  # gather again for backward
+    m = train.micro_steps
+    regather = eng.reshards(train.zero)  # gather again for backward
     redo = eng.regather_recompute and regather and train.recompute == "full"
     gathers = 1 + (1 if regather else 0) + (1 if redo else 0)
     exposed = total = copies = 0.0

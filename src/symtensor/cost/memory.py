@@ -4,21 +4,23 @@ FSDP units) and the recomputation buffers."""
 
 from __future__ import annotations
 
+from symtensor.cost.engine import WEIGHTS, engine_of
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.train import TrainConfig
 
 
 def gathered_transient(st: Stage, train: TrainConfig) -> float:
-    """Parameters gathered for compute beyond the resident shards: with per-unit gathers
-    (ZeRO 3; FSDP2 at any stage > 0) the unit being computed and the one prefetched, two
-    of the largest unit; FSDP2 without resharding after forward (ZeRO 1/2) keeps every unit
-    gathered from its forward to its backward."""
-    z, fw = train.zero, train.framework
-    if z == 3:
+    """Parameters gathered for compute beyond the resident shards, when the engine shards them at
+    this ZeRO stage (``Engine.sharded_from``: ZeRO 3; FSDP2 at any stage > 0): an engine that
+    reshards after forward holds the unit being computed and the one prefetched, two of the
+    largest unit; one that does not (FSDP2 at ZeRO 1/2) keeps every unit gathered from its forward
+    to its backward."""
+    eng, z = engine_of(train), train.zero
+    if not eng.shards(WEIGHTS, z):
+        return 0.0
+    if eng.reshards(z):
         return 2 * st.unsharded
-    if fw == "fsdp2" and z in (1, 2):
-        return sum(p.unsharded * times for p, times in st.params)
-    return 0.0
+    return sum(p.unsharded * times for p, times in st.params)
 
 
 def memory_peak(stages: list[Stage], train: TrainConfig) -> tuple[dict, float]:

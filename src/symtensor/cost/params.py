@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from symtensor.cost.engine import Unit, engine_of, sharded_parameters
+from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, Unit, engine_of
 from symtensor.cost.train import TrainConfig
 from symtensor.graph import DTYPE_BYTES
 from symtensor.layout import REPLICATED, OpLayout
@@ -79,23 +79,25 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     shard = 1
     for a in replicas:
         shard *= ev.mesh[a].size
-    z = train.zero
-    params = local * train.param_bytes / (shard if sharded_parameters(z, train.framework) else 1)
+    eng, z = engine_of(train), train.zero
+    params = local * train.param_bytes / (shard if eng.shards(WEIGHTS, z) else 1)
     # parameters are gathered in the compute dtype (FSDP2 keeps fp32 shards, gathers bf16)
     gathered = local * min(train.param_bytes, DTYPE_BYTES[ev.dtype])
     if not t.trainable:  # frozen (LoRA's base weights): sharded at ZeRO 3, so gathered there too
         gather = (gathered, replicas) if z >= 3 and replicas else None
         gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
         return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered, gather_s)
-    grads = local * train.grad_bytes / (shard if z >= 2 else 1)
-    optimizer = local * train.optim_bytes / (shard if z >= 1 else 1)
-    moved = local / (shard if z >= 1 else 1) * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
+    grads = local * train.grad_bytes / (shard if eng.shards(GRADIENTS, z) else 1)
+    owned = shard if eng.shards(OPTIMIZER, z) else 1  # the optimizer step updates its own shard
+    optimizer = local * train.optim_bytes / owned
+    moved = local / owned * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
     opt_time = moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
     gbytes = local * train.grad_bytes
     reduce = gather = None
     if replicas:
-        reduce = ("all_reduce" if z == 0 else "reduce_scatter", gbytes, replicas)
-        gather = (gathered, replicas) if z >= 1 else None
+        zero = eng.zero_sharded(z)  # reduce-scatter to the shards' owners, all-gather the weights back
+        reduce = ("reduce_scatter" if zero else "all_reduce", gbytes, replicas)
+        gather = (gathered, replicas) if zero else None
     other_s = ev.coll_time("all_reduce", gbytes, other) if other else 0.0
     gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
     reduce_s = ev.coll_time(*reduce) if reduce else 0.0

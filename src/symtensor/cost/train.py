@@ -4,11 +4,11 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from symtensor.cost.engine import ENGINES
+from symtensor.cost.engine import ALIASES, ENGINES
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
-FRAMEWORKS = ("megatron", "fsdp2", "deepspeed")
+FRAMEWORKS = tuple(ENGINES)
 
 
 def chunks_fit(layers: int, pp: int, vpp: int) -> bool:
@@ -74,8 +74,7 @@ class TrainConfig:
             raise PlanError(f"recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         if self.zero not in (0, 1, 2, 3):
             raise PlanError(f"zero={self.zero!r}; use 0, 1, 2 or 3")
-        if self.framework == "torch":
-            object.__setattr__(self, "framework", "fsdp2")
+        object.__setattr__(self, "framework", ALIASES.get(self.framework, self.framework))
         if self.framework not in FRAMEWORKS:
             raise PlanError(f"framework={self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
         for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"), ENGINES[self.framework].state_bytes):
