@@ -49,10 +49,11 @@ def test_drec_problem_runs_the_same_recursion():
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(["llama2-7b", "llama3-8b", "mixtral-8x7b", "gpt3-1.3b", "qwen2-7b"]),
        lora=st.booleans(), devices=st.sampled_from([8, 16, 24, 64]), index=st.integers(0, 10**6),
-       zero=st.integers(0, 3))
-def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, index, zero):
+       zero=st.integers(0, 3), framework=st.sampled_from(["megatron", "fsdp2", "deepspeed"]))
+def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, index, zero, framework):
     """The arithmetic bound that refuses grid points before any graph is built must never refuse
-    one whose parameters, gradients and optimizer state would fit."""
+    one whose parameters, gradients and optimizer state would fit, under every engine (FSDP2
+    shards parameters from ZeRO 1)."""
     from dataclasses import replace
 
     from symtensor.hardware import MEMORY_HEADROOM
@@ -62,12 +63,24 @@ def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, ind
     cl = load_cluster("dgx-h100", devices=devices)
     points = list(grid_points(cfg, devices, 8, 4 * devices, 2048))
     point = points[index % len(points)]
-    pc = configuration(dict(point, zero=zero if point["dp"] > 1 else 0))
-    bound = EvaluatorPool(cfg, cl, 2048).static_lower_bound(pc)
+    pc = configuration(dict(point, zero=zero if point["dp"] > 1 else 0, framework=framework))
+    bound = EvaluatorPool(cfg, cl, 2048, framework=framework).static_lower_bound(pc)
     # a device whose usable memory is just below the bound cannot hold the exact state either
     small = replace(cl, device=replace(cl.device, memory=bound / MEMORY_HEADROOM * (1 - 1e-9)))
-    ev, layouts = EvaluatorPool(cfg, small, 2048).layouts(pc)
+    ev, layouts = EvaluatorPool(cfg, small, 2048, framework=framework).layouts(pc)
     assert bound > 0 and not ev.static_fits(layouts, train_config(pc))
+
+
+def test_fsdp2_zero1_point_that_fits_is_not_refused():
+    """Under FSDP2 the parameters are sharded from ZeRO 1 (``Engine.sharded_from``): llama2-70b on
+    64 H100s, tp=1 pp=8 dp=8 at ZeRO 1 with full recomputation fits (67.6 GiB of 80), so the grid's
+    arithmetic bound must not refuse the point (it did with parameters counted replicated, in
+    fp32: 72.3 GiB of state per device)."""
+    pool = EvaluatorPool(load_model_config("llama2-70b"), load_cluster("dgx-h100", devices=64), 4096,
+                         framework="fsdp2")
+    point = dict(tp=1, pp=8, dp=8, cp=1, ep=1, etp=1, sp=False, zero=1, micro_batch=1, global_batch=64, seq=4096)
+    assert pool.try_config(**point, recompute="full").report.fits
+    assert pool.may_fit(**point)
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
