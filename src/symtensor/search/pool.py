@@ -11,6 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
+from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import OpLayout
@@ -192,18 +193,20 @@ class EvaluatorPool:
         below: every weight divided by tp (norms are not, in fact), expert weights by ep x etp
         instead, the total spread evenly over the pp stages (the most loaded stage holds at least
         that), ZeRO sharding over dp x cp (Megatron's distributed optimizer; the cost model shards
-        over dp only), expert state over the stage's ranks / (ep x etp)."""
+        over dp only), expert state over the stage's ranks / (ep x etp). What the ZeRO stage shards
+        is the engine's rule (``Engine.sharded_from``: FSDP2 shards the weights from ZeRO 1)."""
         if self._param_sums is None:
             self._param_sums = _param_sums(self.get(1, 1).graph)
         train = train_config(c)
+        eng, z = engine_of(train), train.zero
         total = 0.0
-        z = train.zero
         for (expert, trainable), numel in self._param_sums.items():
             model = c["ep"] * c["etp"] if expert else c["tp"]  # the devices that split the weight
             shard = max(1, c["tp"] * c["dp"] * c["cp"] // model) if expert else c["dp"] * c["cp"]
-            per = train.param_bytes / (shard if z >= 3 else 1)
+            per = train.param_bytes / (shard if eng.shards(WEIGHTS, z) else 1)
             if trainable:
-                per += train.grad_bytes / (shard if z >= 2 else 1) + train.optim_bytes / (shard if z >= 1 else 1)
+                per += (train.grad_bytes / (shard if eng.shards(GRADIENTS, z) else 1)
+                        + train.optim_bytes / (shard if eng.shards(OPTIMIZER, z) else 1))
             total += numel * per / model
         return total / c["pp"]
 
