@@ -83,8 +83,8 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     params = local * train.param_bytes / (shard if eng.shards(WEIGHTS, z) else 1)
     # parameters are gathered in the compute dtype (FSDP2 keeps fp32 shards, gathers bf16)
     gathered = local * min(train.param_bytes, DTYPE_BYTES[ev.dtype])
-    if not t.trainable:  # frozen (LoRA's base weights): sharded at ZeRO 3, so gathered there too
-        gather = (gathered, replicas) if z >= 3 and replicas else None
+    if not t.trainable:  # frozen (LoRA's base weights): gathered for compute wherever they are sharded
+        gather = (gathered, replicas) if eng.shards(WEIGHTS, z) and replicas else None
         gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
         return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered, gather_s)
     grads = local * train.grad_bytes / (shard if eng.shards(GRADIENTS, z) else 1)

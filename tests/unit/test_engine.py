@@ -1,0 +1,62 @@
+"""Engine facts as data (``cost.engine.Engine``): which state each engine shards at each ZeRO stage,
+when it reshards, and that the cost model, the memory and the search's bounds read those facts."""
+
+import pytest
+
+from symtensor.cost.efficiency import PYTORCH_KERNELS
+from symtensor.cost.engine import ENGINES, reshards_after_forward, sharded_parameters
+from symtensor.cost.train import TrainConfig
+from symtensor.hardware import load_cluster
+from symtensor.models import load_model_config
+from symtensor.search.pool import EvaluatorPool
+
+# (framework, zero) -> (weights, gradients, optimizer state) sharded over the replicas: the ZeRO
+# paper's stages (Rajbhandari et al. 2020) under Megatron and DeepSpeed; FSDP2's fully_shard always
+# shards weights and reduce-scatters gradients, so its ZeRO 1 is its ZeRO 2.
+SHARDED = {
+    ("megatron", 0): (False, False, False), ("megatron", 1): (False, False, True),
+    ("megatron", 2): (False, True, True), ("megatron", 3): (True, True, True),
+    ("deepspeed", 0): (False, False, False), ("deepspeed", 1): (False, False, True),
+    ("deepspeed", 2): (False, True, True), ("deepspeed", 3): (True, True, True),
+    ("fsdp2", 0): (False, False, False), ("fsdp2", 1): (True, True, True),
+    ("fsdp2", 2): (True, True, True), ("fsdp2", 3): (True, True, True),
+}
+
+
+@pytest.mark.parametrize("framework, zero", sorted(SHARDED))
+def test_each_engine_shards_what_its_zero_stage_names(framework, zero):
+    eng = ENGINES[framework]
+    assert tuple(eng.shards(state, zero) for state in range(3)) == SHARDED[(framework, zero)]
+    assert sharded_parameters(zero, framework) == SHARDED[(framework, zero)][0]
+    # sharded weights are freed after forward at ZeRO 3 only (FSDP2's reshard_after_forward)
+    assert eng.reshards(zero) == (zero == 3)
+    assert reshards_after_forward(zero, framework) == (zero == 3)
+
+
+def test_torch_is_fsdp2_and_pytorch_stacks_run_pytorch_kernels():
+    assert TrainConfig(global_batch=1, framework="torch").framework == "fsdp2"
+    assert sharded_parameters(1, "torch") and not sharded_parameters(1, "megatron")
+    assert PYTORCH_KERNELS == ("fsdp2", "deepspeed")
+
+
+def _costed(framework, zero, lora=False):
+    cfg = load_model_config("llama2-7b").replace(layers=2, **({"lora_rank": 8} if lora else {}))
+    pool = EvaluatorPool(cfg, load_cluster("dgx-h100", devices=8), 2048, framework=framework)
+    return pool.try_config(tp=1, pp=1, dp=8, zero=zero, micro_batch=1, global_batch=16, seq=2048).report
+
+
+def test_fsdp2_runs_zero1_as_zero2():
+    """FSDP2 has no ZeRO 1 (its gradients are reduce-scattered into shards every backward): ZeRO 1
+    and 2 cost the same memory and time; under Megatron ZeRO 2 also shards the gradients."""
+    one, two = _costed("fsdp2", 1), _costed("fsdp2", 2)
+    assert one.memory == two.memory and one.step_time_s == two.step_time_s
+    mega_one, mega_two = _costed("megatron", 1), _costed("megatron", 2)
+    assert mega_one.memory["grads"] == pytest.approx(8 * mega_two.memory["grads"])
+
+
+def test_frozen_weights_sharded_by_fsdp2_are_gathered_for_compute():
+    """LoRA's frozen base weights are sharded by FSDP2 from ZeRO 1, like the trainable ones, so
+    each micro-batch gathers them: at least the bytes the same model gathers without LoRA."""
+    base, lora = _costed("fsdp2", 1), _costed("fsdp2", 1, lora=True)
+    assert lora.memory["params"] == pytest.approx(base.memory["params"], rel=0.05)
+    assert lora.comm_bytes["all_gather"] >= base.comm_bytes["all_gather"] > 0
