@@ -41,8 +41,10 @@ weights, gradients and optimizer state over the data-parallel replicas): the sta
 defines them (Rajbhandari et al. 2020: optimizer state at 1, + gradients at 2, + parameters at 3) under
 Megatron and DeepSpeed. FSDP2 has no replicated-parameter mode: ``fully_shard`` turns every parameter
 into a dim-0 sharded DTensor and only its ``reshard_after_forward`` varies (PyTorch docs,
-torch.distributed.fsdp.fully_shard), so it shards parameters from stage 1; its ZeRO 1/2 are
-``reshard_after_forward=False`` (as export/formats.py lowers them for torchtitan), ZeRO 3 ``True``.
+torch.distributed.fsdp.fully_shard), and each backward reduce-scatters the gradients into shards of
+the same placement. It shards parameters and gradients from stage 1 (it has no ZeRO 1: ZeRO 1 runs
+as ZeRO 2); its ZeRO 1/2 are ``reshard_after_forward=False`` (as export/formats.py lowers them for
+torchtitan), ZeRO 3 ``True``.
 
 Bucket sizes are the engines' defaults: Megatron ``--ddp-bucket-size`` max(40M, 1M x dp)
 parameters (megatron/core/distributed/distributed_data_parallel_config.py); PyTorch DDP
@@ -52,7 +54,6 @@ parameters (megatron/core/distributed/distributed_data_parallel_config.py); PyTo
 from __future__ import annotations
 
 from dataclasses import dataclass
-
 
 # indices of ``Engine.state_bytes`` and ``Engine.sharded_from``
 WEIGHTS, GRADIENTS, OPTIMIZER = 0, 1, 2
@@ -105,7 +106,7 @@ ENGINES = {
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
-                    state_bytes=(4, 4, 8), sharded_from=(1, 2, 1), reshards_from=3, pytorch_kernels=True),
+                    state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True),
