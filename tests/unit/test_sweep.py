@@ -10,9 +10,10 @@ import re
 
 import pytest
 
-from symtensor.analysis.sweep import headline, layout_label, parse_range
+from symtensor.analysis.sweep import headline, layout_label
 from symtensor.cli import main
 from symtensor.errors import PlanError
+from symtensor.validate import parse_range
 
 
 def run_json(capsys, argv) -> dict:

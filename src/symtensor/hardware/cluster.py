@@ -15,6 +15,7 @@ from pathlib import Path
 
 from symtensor import validate
 from symtensor.errors import PlanError, did_you_mean
+from symtensor.hardware.efficiency import KINDS, Efficiency
 from symtensor.hardware.mesh import Axis, Mesh
 
 
@@ -203,6 +204,20 @@ def cluster_names() -> list[str]:
     return sorted(PRESETS)
 
 
+# a device name containing the key is that preset's device (torch.cuda.get_device_name)
+PRESET_DEVICES = (("H100", "dgx-h100"), ("A100", "dgx-a100-80g"), ("910B", "ascend-910b"))
+
+
+def preset_for(device_name: str, like: str | None) -> str | None:
+    """The preset of a device: ``like`` (a preset name), else the one whose device ``device_name``
+    names (``symtensor profile`` keeps its published peaks; ``run --device cuda`` predicts on it)."""
+    if like is not None:
+        if like not in PRESETS:
+            raise PlanError(f"--like {like!r} is not a cluster preset." + did_you_mean(like, PRESETS))
+        return like
+    return next((preset for key, preset in PRESET_DEVICES if key in device_name), None)
+
+
 def _from_file(path: Path, n_devices: int) -> Cluster:
     return cluster_from_dict(validate.read_mapping(path, "cluster file"), n_devices, str(path))
 
@@ -272,8 +287,6 @@ def _link_efficiency(lv: dict, here: str) -> tuple[tuple[str, float], ...]:
     """A level's measured ``link_efficiency: {kind: fraction}`` as sorted (kind, fraction) pairs."""
     if "link_efficiency" not in lv:
         return ()
-    from symtensor.cost.collectives import KINDS  # imported late: cost reads clusters
-
     fractions = _mapping(lv["link_efficiency"], f"{here}: link_efficiency", (), KINDS)
     return tuple(sorted((k, _number(fractions, k, f"{here}: link_efficiency")) for k in fractions))
 
@@ -286,8 +299,6 @@ def _efficiency(data: dict, where: str) -> dict:
         _mapping(data["measured"], f"{where}: measured", (), MEASURED_KEYS)
     if "efficiency" not in data:
         return {}
-    from symtensor.cost.efficiency import Efficiency  # imported late: cost reads clusters
-
     names = tuple(f.name for f in fields(Efficiency) if f.name != "source")
     here = f"{where}: efficiency"
     eff = _mapping(data["efficiency"], here, (), names + ("source",))

@@ -24,7 +24,8 @@ import math
 
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, Op, Tensor
-from symtensor.models.config import ModelConfig, load_model_config
+from symtensor.models.config import ModelConfig
+from symtensor.models.hf_config import load_model_config
 
 
 # Megatron-LM pads the vocabulary to a multiple of 128 (--make-vocab-size-divisible-by) so that

@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from symtensor.errors import PlanError
-from symtensor.profile.document import check_writable, curves, preset_for, read
+from symtensor.hardware.cluster import preset_for
+from symtensor.profile.document import check_writable, curves, read
 from symtensor.profile.grid import STEP_MARK
 
 BACKENDS = ("nccl", "gloo")

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from symtensor.hardware import GIB
 from symtensor.output import shown  # names and paths from users: printed as text, never as markup
+from symtensor.report.tables import breakdown_table, prediction_line
 
 
 def _console() -> Console:
@@ -86,17 +87,6 @@ def graph(out: dict, as_json: bool) -> int:
     return 0
 
 
-def breakdown_table(title: str, breakdown: dict, total: float) -> Table:
-    t = Table(title=title)
-    t.add_column("component")
-    t.add_column("seconds", justify="right")
-    t.add_column("share", justify="right")
-    for k, v in breakdown.items():
-        if v > 0:
-            t.add_row(k, f"{v:.4f}", f"{100 * v / total:.1f}%")
-    return t
-
-
 def evaluation(out: dict, as_json: bool) -> int:
     if as_json:
         return _json(out)
@@ -112,14 +102,6 @@ def evaluation(out: dict, as_json: bool) -> int:
     c.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: {fits}")
     c.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
     return 0
-
-
-def prediction_line(out: dict) -> str:
-    """The engine, the efficiency table and the error band of a prediction, in one line."""
-    lo, hi = out["step_time_band_s"]
-    how = "calibrated" if out["band_calibrated"] else "extrapolated: no calibration runs of this regime"
-    return (f"engine {out['framework']}, {out['efficiency_table']} efficiencies; band {lo:.3f}-{hi:.3f} s "
-            f"({out['regime']}, {how})")
 
 
 def calibration(results, summary: dict, effs: dict, as_json: bool) -> int:

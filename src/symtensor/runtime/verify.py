@@ -205,8 +205,7 @@ def _gpu_cluster(spec: str | None, devices: int):
     """The cluster a GPU run is predicted on, checked before any process starts."""
     import torch
 
-    from symtensor.hardware import load_cluster
-    from symtensor.profile.document import preset_for
+    from symtensor.hardware.cluster import load_cluster, preset_for
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if devices > gpus:
