@@ -18,8 +18,10 @@ plan: $(VENV)/.installed
 # processes, end to end)
 test: lint unit integration
 
-# import-linter: the layers of ARCHITECTURE.md, no import circle, no torch in the planner (pyproject.toml)
+# ruff (style, import order, likely mistakes) and import-linter (the layers of ARCHITECTURE.md, no
+# import circle, no torch in the planner), both configured in pyproject.toml
 lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks
 	$(VENV)/bin/lint-imports
 
 # The tests start many Python processes (CLI entry points, torchrun ranks): they let Python cache
