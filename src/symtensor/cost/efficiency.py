@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from symtensor.hardware.efficiency import Efficiency
 
-
 # Fused attention's backward reaches 0.86 of its forward's fraction of peak (FlashAttention-2,
 # Dao 2023: up to 73% of A100 peak forward, 63% backward); its sequence knee is in opcost.py.
 ATTENTION_BWD_RATIO = 0.63 / 0.73
@@ -25,7 +24,8 @@ ATTENTION_KNEE_TOKENS = 340.0
 A100 = Efficiency(gemm=0.784, bmm=0.3417, attention=0.73, attention_bwd=0.73 * ATTENTION_BWD_RATIO, attention_sdpa=0.73,
                   attention_knee=ATTENTION_KNEE_TOKENS, hbm=0.882, link=0.8194, link_gather=0.7872,
                   gemm_knee=1e10,
-                  source="A100: fitted on shared/data/calibration.csv (Korthikanti et al. 2022); see symtensor calibrate")
+                  source="A100: fitted on shared/data/calibration.csv (Korthikanti et al. 2022); "
+                         "see symtensor calibrate")
 CALIBRATED = A100
 
 # H100 [Fitted] gemm and attention (the backward at ATTENTION_BWD_RATIO) by ``symtensor calibrate
@@ -83,9 +83,10 @@ def attention_fractions(eff: Efficiency, kernel: str | None = None) -> tuple[flo
 
 def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:
     """The efficiency table of ``cluster``: the fields its cluster file sets (``Cluster.efficiency``,
-    e.g. measured by ``symtensor profile``) over else the calibrated table of its device (other devices reuse the A100 fractions, a
-    documented transfer), with the kernels of ``framework``'s stack (``PYTORCH_KERNELS``: SDPA
-    attention and eager elementwise ops). ``cluster`` may also be a device name."""
+    e.g. measured by ``symtensor profile``) over else the calibrated table of its device (other
+    devices reuse the A100 fractions, a documented transfer), with the kernels of ``framework``'s
+    stack (``PYTORCH_KERNELS``: SDPA attention and eager elementwise ops). ``cluster`` may also be
+    a device name."""
     name = cluster if isinstance(cluster, str) else cluster.device.name
     base = TABLES[device_table(name)]
     if framework in PYTORCH_KERNELS:

@@ -92,7 +92,7 @@ class Cluster:
             if lvl.fanout <= 0:
                 raise PlanError(f"cluster {self.name}: level {lvl.name} needs a positive fanout (only the outermost "
                                 "level may be unbounded)")
-        self.level_counts  # validates divisibility
+        _ = self.level_counts  # validates divisibility
 
     @property
     def level_counts(self) -> tuple[int, ...]:
@@ -114,7 +114,8 @@ class Cluster:
             if rest % lvl.fanout:
                 raise PlanError(
                     f"cluster {self.name}: {self.n_devices} devices is not a whole number of {lvl.name} groups of "
-                    f"{lvl.fanout}; use a multiple of {lvl.fanout} (e.g. {self.n_devices // lvl.fanout * lvl.fanout or lvl.fanout}"
+                    f"{lvl.fanout}; use a multiple of {lvl.fanout} "
+                    f"(e.g. {self.n_devices // lvl.fanout * lvl.fanout or lvl.fanout}"
                     f" or {(self.n_devices // lvl.fanout + 1) * lvl.fanout}) or a custom cluster file")
             counts.append(lvl.fanout)
             rest //= lvl.fanout
@@ -273,8 +274,8 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
                             latency=_number(lv, "latency_us", here, positive=False) * US,
                             link_efficiency=_link_efficiency(lv, here),
                             source=str(lv.get("source", f"cluster file {where}"))))
-    return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels), n_devices=n_devices,
-                   **_efficiency(data, where))
+    return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels),
+                   n_devices=n_devices, **_efficiency(data, where))
 
 
 # The raw tables and provenance that ``symtensor profile`` writes under ``measured:`` (their rows are
@@ -318,7 +319,8 @@ def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None
     else:
         path = Path(spec)
         if not path.exists():
-            raise PlanError(f"unknown cluster {spec!r}: give a preset or a YAML/JSON file." + did_you_mean(spec, PRESETS))
+            raise PlanError(f"unknown cluster {spec!r}: give a preset or a YAML/JSON file."
+                            + did_you_mean(spec, PRESETS))
         proto = _from_file(path, 1)
         device, levels, name = proto.device, proto.levels, proto.name
         extra = dict(efficiency=proto.efficiency, efficiency_source=proto.efficiency_source)

@@ -64,7 +64,7 @@ class Efficiency:
         if not self.attention_bwd:
             object.__setattr__(self, "attention_bwd", self.attention)
 
-    def replace(self, **kw) -> "Efficiency":
+    def replace(self, **kw) -> Efficiency:
         return replace(self, **kw)
 
     def link_for(self, kind: str) -> float:

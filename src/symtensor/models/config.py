@@ -12,7 +12,6 @@ from dataclasses import dataclass, field
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.validate import MAX_SEQ, MAX_WIDTH, integer, model_config
 
-
 # The attention kernels a run may name (``ModelConfig.attention``, ``--set attention=...``). Every
 # fused one is one ``attention`` op with O(s) memory; ``cost.efficiency.ATTENTION_KERNELS`` prices
 # the named ones against FlashAttention-2.
@@ -210,7 +209,7 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.experts > 1
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -281,7 +280,8 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
     ModelConfig(name="deepseek-v3", layers=61, hidden=7168, heads=128, head_dim=192, v_head_dim=128, rope_dim=64,
                 q_latent=1536, kv_latent=512, ffn=18432, moe_ffn=2048, shared_ffn=2048, dense_layers=3,
                 experts=256, top_k=8, vocab=129280, max_context=163840, active_with_embedding=False,
-                source="DeepSeek-V3 HF config.json; DeepSeek-V3 report arXiv:2412.19437 (shared/data/model_configs.csv)"),
+                source="DeepSeek-V3 HF config.json; DeepSeek-V3 report arXiv:2412.19437 "
+                       "(shared/data/model_configs.csv)"),
     # a 128-token window on every other layer (from layer 0), attention sinks, biases on attention,
     # router and experts; OpenAI's "5.1B active" leaves the input embedding out
     ModelConfig(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,

@@ -46,8 +46,7 @@ from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.models.config import ALIASES, PRESETS, ModelConfig, apply_overrides
-from symtensor.validate import (MAX_EXPERTS, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, boolean, hf_config, integer, name,
-                                read_json)
+from symtensor.validate import MAX_EXPERTS, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, boolean, hf_config, integer, name, read_json
 
 _DENSE = ("llama", "mistral", "qwen2", "qwen3")
 _MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")

@@ -8,8 +8,20 @@ import dataclasses
 from symtensor.cost import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.models import ModelConfig
-from symtensor.validate import (HARDWARE_MAX_SI, MAX_BATCH, MAX_DEVICES, MAX_LAYERS, MAX_LEVELS, MAX_SEQ, _show,
-                                boolean, integer, keys, name, number)
+from symtensor.validate import (
+    HARDWARE_MAX_SI,
+    MAX_BATCH,
+    MAX_DEVICES,
+    MAX_LAYERS,
+    MAX_LEVELS,
+    MAX_SEQ,
+    _show,
+    boolean,
+    integer,
+    keys,
+    name,
+    number,
+)
 
 
 def _typed(value, annotation: str, what: str):

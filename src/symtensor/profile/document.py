@@ -14,11 +14,22 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from symtensor.errors import PlanError, did_you_mean
+from symtensor.errors import PlanError
 from symtensor.hardware import PRESETS, cluster_from_dict
 from symtensor.hardware.cluster import preset_for
-from symtensor.profile.fit import (BUS_FACTOR, Curve, Point, alpha_beta, attention_points, bmm_points,
-                                   collective_points, fit_curve, gemm_points, median, memory_points)
+from symtensor.profile.fit import (
+    BUS_FACTOR,
+    Curve,
+    Point,
+    alpha_beta,
+    attention_points,
+    bmm_points,
+    collective_points,
+    fit_curve,
+    gemm_points,
+    median,
+    memory_points,
+)
 from symtensor.profile.grid import KINDS, MEMORY_KERNELS
 
 GB, TFLOPS, GIB, US = 1e9, 1e12, 2**30, 1e-6

@@ -205,14 +205,15 @@ def run(out: dict, as_json: bool) -> int:
         return _json(out)
     c = _console()
     cfg = out["config"]
-    c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} processes ({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
+    c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} processes "
+            f"({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
             + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "ep", "etp", "sp", "zero")))
     if out["reference_losses"] is None:  # a GPU run: no single-process reference
-        c.print(f"losses {['%.6f' % x for x in out['losses']]}")
+        c.print(f"losses {[f'{x:.6f}' for x in out['losses']]}")
     else:
         ok = "[green]match[/]" if out["numerics_ok"] else "[red]differ[/]"
-        c.print(f"losses {['%.6f' % x for x in out['losses']]} vs one process "
-                f"{['%.6f' % x for x in out['reference_losses']]}: {ok} (max |loss diff| {out['loss_max_abs_diff']:.2e}"
+        c.print(f"losses {[f'{x:.6f}' for x in out['losses']]} vs one process "
+                f"{[f'{x:.6f}' for x in out['reference_losses']]}: {ok} (max |loss diff| {out['loss_max_abs_diff']:.2e}"
                 f", max |param diff| {out['param_max_abs_diff']:.2e})")
     t = Table(title="bytes per device per step: cost model vs measured (TorchDispatchMode)")
     for col in ("collective", "predicted", "measured", ""):

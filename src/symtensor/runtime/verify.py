@@ -20,8 +20,14 @@ from symtensor.errors import PlanError
 from symtensor.hardware import GIB
 from symtensor.models import build_graph, load_model_config
 from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
-from symtensor.search.megatron import (assign_axes, megatron_config, megatron_layouts, megatron_plan, micro_steps,
-                                       train_config)
+from symtensor.search.megatron import (
+    assign_axes,
+    megatron_config,
+    megatron_layouts,
+    megatron_plan,
+    micro_steps,
+    train_config,
+)
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
