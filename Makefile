@@ -3,7 +3,7 @@ PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 
-.PHONY: plan test unit integration bench clean
+.PHONY: plan test lint unit integration bench clean
 
 $(VENV)/.installed: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -14,8 +14,15 @@ $(VENV)/.installed: pyproject.toml
 plan: $(VENV)/.installed
 	$(VENV)/bin/symtensor plan
 
-# the unit tests (CPU, under a minute), then the integration runs (torchrun processes, end to end)
-test: unit integration
+# the linters (seconds), the unit tests (CPU, under a minute), then the integration runs (torchrun
+# processes, end to end)
+test: lint unit integration
+
+# ruff (style, import order, likely mistakes) and import-linter (the layers of ARCHITECTURE.md, no
+# import circle, no torch in the planner), both configured in pyproject.toml
+lint: $(VENV)/.installed
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/lint-imports
 
 # The tests start many Python processes (CLI entry points, torchrun ranks): they let Python cache
 # the compiled modules (in the gitignored __pycache__ folders), which PYTHONDONTWRITEBYTECODE=1 in

@@ -32,7 +32,8 @@ def main() -> int:
              f"- capture_hf LLaMA-2-7B (fake tensors, seq 4096): median {statistics.median(times):.1f} s "
              f"(runs: {', '.join(f'{x:.1f}' for x in times)}); {g.params_total() / 1e9:.3f}B parameters, "
              f"{len(g.ops)} operators; goal 30 s",
-             f"- plan --capture on 64 H100 (capture + search): {plan_s:.1f} s; step {captured.report.step_time_s:.3f} s "
+             f"- plan --capture on 64 H100 (capture + search): {plan_s:.1f} s; "
+             f"step {captured.report.step_time_s:.3f} s "
              f"vs {zoo.report.step_time_s:.3f} s for the built-in graph "
              f"({100 * (captured.report.step_time_s / zoo.report.step_time_s - 1):+.2f}%)",
              f"- configurations: captured {captured.config}, built-in {zoo.config}"]

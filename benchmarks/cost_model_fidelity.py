@@ -47,7 +47,8 @@ def _config(fields: dict) -> str:
 
 
 def fidelity_rows(results) -> list[dict]:
-    return [{"device": r.row.device, "regime": r.row.regime, "source": r.row.source, "model": r.row.model, "metric": r.row.metric, "config": _config(r.row.fields),
+    return [{"device": r.row.device, "regime": r.row.regime, "source": r.row.source, "model": r.row.model,
+             "metric": r.row.metric, "config": _config(r.row.fields),
              "measured": r.row.measured, "predicted": r.predicted, "error": r.error} for r in results]
 
 
@@ -74,8 +75,9 @@ def write_markdown(results, path: Path) -> None:
              "| device | model | metric | config | measured | predicted | error | within |",
              "|---|---|---|---|---:|---:|---:|:---:|"]
     for r in results:
-        lines.append(f"| {r.row.device} | {r.row.model} | {r.row.metric} | {_config(r.row.fields)} | {r.row.measured:.4g} | "
-                     f"{r.predicted:.4g} | {_error_text(r.metric_key, r.error)} | {'yes' if r.within else '**no**'} |")
+        lines.append(f"| {r.row.device} | {r.row.model} | {r.row.metric} | {_config(r.row.fields)} | "
+                     f"{r.row.measured:.4g} | {r.predicted:.4g} | {_error_text(r.metric_key, r.error)} | "
+                     f"{'yes' if r.within else '**no**'} |")
     lines += ["", "## Error per metric", "", "| metric | rows | mean abs error | max abs error | tolerance |",
               "|---|---:|---:|---:|---:|"]
     for key, s in calibration.summary(results).items():

@@ -93,7 +93,10 @@ def code_version() -> str:
 
     src = Path(symtensor.__file__).resolve().parents[1]
     repo = Path(__file__).resolve().parents[1]
-    git = lambda *a: subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True).stdout.strip()
+
+    def git(*a):
+        return subprocess.run(["git", "-C", str(repo), *a], capture_output=True, text=True).stdout.strip()
+
     head = git("rev-parse", "--short", "HEAD") or "unknown"
     if src != repo / "src":
         return f"symtensor imported from {src}, not from this checkout (whose HEAD is {head})"

@@ -63,11 +63,10 @@ from collections import defaultdict
 from pathlib import Path
 
 from symtensor import api
-from symtensor.errors import PlanError
-from symtensor.hardware import GIB, PRESETS
 from symtensor.cost import Evaluator
+from symtensor.errors import PlanError
 from symtensor.graph import kind_of
-from symtensor.hardware import load_cluster
+from symtensor.hardware import GIB, PRESETS, load_cluster
 from symtensor.layout import REPLICATED
 from symtensor.models import build_graph
 from symtensor.models.config import PRESETS as MODEL_PRESETS, apply_overrides
@@ -274,12 +273,11 @@ def predict(rows: list[dict], clusters: dict) -> list[dict]:
                  compute_share=(bd.get("compute", 0) + bd.get("recompute", 0)) / step,
                  comm_share=sum(v for k, v in bd.items() if k.endswith("_comm")) / step,
                  bubble_share=bd.get("pp_bubble", 0) / step, note="")
-        if other:
-            if "error" not in alt:
-                o["bracket_tok_s_gpu"] = alt["tokens_per_s"] / alt["devices"]
-                o["bracket_error"] = o["bracket_tok_s_gpu"] / meas - 1
-                o["in_bracket"] = min(pred, o["bracket_tok_s_gpu"]) <= meas <= max(pred, o["bracket_tok_s_gpu"])
-                o["bracket_memory_gib"] = alt["memory_gib_per_device"]
+        if other and "error" not in alt:
+            o["bracket_tok_s_gpu"] = alt["tokens_per_s"] / alt["devices"]
+            o["bracket_error"] = o["bracket_tok_s_gpu"] / meas - 1
+            o["in_bracket"] = min(pred, o["bracket_tok_s_gpu"]) <= meas <= max(pred, o["bracket_tok_s_gpu"])
+            o["bracket_memory_gib"] = alt["memory_gib_per_device"]
         if r["source"] == "llm-foundry":
             o["params_check"] = mpt_params(r) == int(r["params_published"])
         out.append(o)

@@ -19,9 +19,9 @@ import time
 from symtensor.cost import TrainConfig
 from symtensor.hardware import GIB, load_cluster
 from symtensor.models import load_model_config
-from symtensor.search.pool import EvaluatorPool
 from symtensor.search.megatron import configuration
 from symtensor.search.partition import Problem, partition, refine, refine_blocks
+from symtensor.search.pool import EvaluatorPool
 
 from results_files import write_results
 

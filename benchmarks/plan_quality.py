@@ -57,7 +57,8 @@ def run(label, name, overrides, cluster, devices, gb, seq):
 
 
 def _pc(c: dict) -> str:
-    return f"tp{c['tp']} pp{c['pp']} dp{c['dp']} cp{c['cp']} ep{c['ep']} mb{c['micro_batch']} {c['recompute']} vpp{c['vpp']}"
+    return (f"tp{c['tp']} pp{c['pp']} dp{c['dp']} cp{c['cp']} ep{c['ep']} mb{c['micro_batch']} {c['recompute']} "
+            f"vpp{c['vpp']}")
 
 
 def _cfg(plan) -> str:

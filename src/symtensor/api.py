@@ -209,7 +209,8 @@ def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=
     """Plans across a range of one of ``seq``, ``devices``, ``nodes`` or ``global_batch`` (each an int, a
     list, or a range string ``A..B``, ``A..B:F``, ``A,B,C``); the JSON of ``symtensor sweep``.
     Without ``global_batch`` every point keeps about 4M tokens per step."""
-    from symtensor.analysis.sweep import parse_range, run_sweep
+    from symtensor.analysis.sweep import run_sweep
+    from symtensor.validate import parse_range
 
     cfg = load_model_config(model, overrides)
     given = {"seq": parse_range(seq, "--seq"), "devices": parse_range(devices, "--devices"),

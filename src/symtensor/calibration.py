@@ -25,9 +25,9 @@ from dataclasses import dataclass
 from importlib import resources
 
 from symtensor.cost import GIB, Efficiency, Evaluator
-from symtensor.cost.efficiency import CALIBRATED, TABLES
-from symtensor.hardware import load_cluster
+from symtensor.cost.efficiency import TABLES
 from symtensor.graph import model_flops
+from symtensor.hardware import load_cluster
 from symtensor.models import ModelConfig, build_graph
 from symtensor.models.config import PRESETS, apply_overrides
 from symtensor.search.megatron import configuration, megatron_layouts, train_config

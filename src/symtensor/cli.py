@@ -106,7 +106,8 @@ def build_parser() -> argparse.ArgumentParser:
     _model_args(p, model_required=False)
     _cluster_args(p, required=False)
     _search_args(p)
-    p.add_argument("--no-baselines", action="store_true", help="skip the baselines (the Megatron grid is costed anyway: the plan is never worse than its best)")
+    p.add_argument("--no-baselines", action="store_true", help="skip the baselines (the Megatron grid is costed "
+                                                                 "anyway: the plan is never worse than its best)")
     _framework_arg(p)
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
     p.add_argument("--force", action="store_true", help="write --out through a symbolic link")
@@ -150,7 +151,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--devices", type=int, required=True, help="processes")
     p.add_argument("--device", default="cpu", help="cpu (gloo processes; numerics checked) or cuda (this machine's "
                                                      "GPUs, NCCL: step time and peak memory vs the prediction)")
-    p.add_argument("--cluster", help="with --device cuda: the preset or cluster file to predict on (default: this GPU's)")
+    p.add_argument("--cluster",
+                   help="with --device cuda: the preset or cluster file to predict on (default: this GPU's)")
     p.add_argument("--plan", help="a plan file (symtensor plan --out); default: the fastest runnable configuration")
     p.add_argument("--steps", type=int, default=2)
     p.add_argument("--optimizer", default="sgd", choices=("sgd", "adamw"))

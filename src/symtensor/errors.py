@@ -19,10 +19,3 @@ def did_you_mean(name: str, valid) -> str:
     hint = f" Did you mean {', '.join(close)}?" if close else ""
     return f"{hint} Valid: {', '.join(valid)}."
 
-
-def read_json(path, what: str, missing_hint: str = ""):
-    """The JSON in ``path``; a missing, oversized or binary file or invalid JSON is a PlanError
-    naming ``what`` (see ``symtensor.validate.read_json``)."""
-    from symtensor.validate import read_json as read
-
-    return read(path, what, missing_hint)

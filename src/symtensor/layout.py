@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from symtensor.errors import PlanError
 from symtensor.graph import Op, op_no_cut
 
+
 @dataclass(frozen=True, slots=True, eq=False)
 class OpLayout:
     """``cuts``: ((dim, (axis position, ...)), ...) sorted by dim; hashable, so costs can be memoised.
@@ -57,13 +58,13 @@ class OpLayout:
         return OpLayout, (self.cuts,)
 
     @staticmethod
-    def of(mapping: dict[str, tuple[int, ...] | list[int]]) -> "OpLayout":
+    def of(mapping: dict[str, tuple[int, ...] | list[int]]) -> OpLayout:
         """Canonical: dims sorted, each dim's axes sorted (the cost of a cut depends on the set of
         axes it spans, not their order)."""
         return OpLayout(_canonical(mapping))
 
     @staticmethod
-    def constant() -> "OpLayout":
+    def constant() -> OpLayout:
         """A replicated layout that memoises nothing: a module constant's derivations would outlive
         every search (``REPLICATED``)."""
         layout = OpLayout()
@@ -71,13 +72,13 @@ class OpLayout:
         return layout
 
     @staticmethod
-    def family() -> "OpLayout":
+    def family() -> OpLayout:
         """A replicated layout that roots a family of layouts (see the class docstring)."""
         root = OpLayout()
         object.__setattr__(root, "_family", {(): root})
         return root
 
-    def relative(self, mapping) -> "OpLayout":
+    def relative(self, mapping) -> OpLayout:
         """The layout of ``mapping`` (dim -> axis positions) in this layout's family: the family's
         own object for those cuts (a new layout when this one has no family)."""
         cuts = _canonical(mapping)
@@ -90,7 +91,7 @@ class OpLayout:
             object.__setattr__(hit, "_family", family)
         return hit
 
-    def placement(self, axes, partial: frozenset) -> "TensorLayout":
+    def placement(self, axes, partial: frozenset) -> TensorLayout:
         """``TensorLayout(axes, partial)``, the family's own object for it (see ``relative``)."""
         family = self._family
         if family is None:
@@ -122,7 +123,7 @@ class OpLayout:
     # The derivations below are memoised on the layout (``_derived``, keyed by what they take);
     # the lookups are written out: the search calls them hundreds of thousands of times.
 
-    def with_cut(self, dim: str, axis: int) -> "OpLayout":
+    def with_cut(self, dim: str, axis: int) -> OpLayout:
         """This layout with one more cut: ``dim`` by ``axis``."""
         memo, key = self._derived, ("cut", dim, axis)
         hit = memo.get(key) if memo is not None else None
@@ -132,7 +133,7 @@ class OpLayout:
             hit = self._keep(key, self.relative(m))
         return hit
 
-    def without_axes(self, axes) -> "OpLayout":
+    def without_axes(self, axes) -> OpLayout:
         """This layout without the cuts of the mesh positions ``axes``."""
         axes = frozenset(axes)
         memo, key = self._derived, ("drop", axes)
@@ -141,7 +142,7 @@ class OpLayout:
             hit = self._keep(key, self.relative({d: tuple(a for a in ax if a not in axes) for d, ax in self.cuts}))
         return hit
 
-    def without_outer(self, k: int) -> "OpLayout":
+    def without_outer(self, k: int) -> OpLayout:
         """The layout on the mesh without its ``k`` outermost axes (``Mesh.drop_outer``): their
         cuts are dropped and the other positions shift down."""
         return self.relative({d: tuple(a - k for a in ax if a >= k) for d, ax in self.cuts})
@@ -151,7 +152,7 @@ class OpLayout:
         return {d: mesh.names_of(axes) for d, axes in self.cuts}
 
     @staticmethod
-    def from_names(cuts: dict, mesh) -> "OpLayout":
+    def from_names(cuts: dict, mesh) -> OpLayout:
         """The layout of cuts by mesh-axis names (``named``); an unknown name is a PlanError."""
         return OpLayout.of({d: tuple(mesh.position(a) for a in axes) for d, axes in cuts.items()})
 

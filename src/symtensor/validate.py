@@ -2,7 +2,9 @@
 
 What comes in: command-line options (``cli_args``), model configs (``hf_config`` for config.json,
 ``model_config`` for every ModelConfig, however built), cluster files (``read_mapping``, then
-``number``/``name`` from ``hardware.cluster``) and plan files (``plan_file``). The rules:
+``number``/``name`` from ``hardware.cluster``) and plan files (these rules, applied by
+``plan.schema``). It imports only ``errors`` and ``output``: the modules that build those values
+import it. The rules:
 
     sizes            positive integers, bounded: a limit names itself (MAX_DEVICES, MAX_LAYERS, ...)
     hardware         finite positive numbers, bounded (latency may be 0)
@@ -283,35 +285,7 @@ def model_config(cfg) -> None:
                         f"{_show(cfg.lora_targets)}")
 
 
-# -- plan files -----------------------------------------------------------------------------------
-def _typed(value, annotation: str, what: str):
-    """A JSON value against a dataclass field's annotation (``int``, ``float | None``, ``tuple[int, ...]``)."""
-    kinds = [k.strip() for k in annotation.split("|")]
-    if value is None:
-        if "None" in kinds:
-            return None
-        raise PlanError(f"{what} must not be null")
-    kind = next(k for k in kinds if k != "None")
-    if kind == "int":
-        return integer(value, what, lo=0, hi=MAX_BATCH)
-    if kind == "float":
-        return number(value, what, hi=1e6, positive=False)
-    if kind == "bool":
-        return boolean(value, what)
-    if kind == "str":
-        if not isinstance(value, str) or len(value) > 4096:
-            raise PlanError(f"{what} must be a string, got {_show(value)}")
-        return value
-    if kind.startswith("tuple["):
-        if not isinstance(value, list) or len(value) > MAX_LAYERS:
-            raise PlanError(f"{what} must be a list, got {_show(value)}")
-        item = kind[len("tuple["):].split(",")[0].strip()
-        return tuple(_typed(v, item, f"{what}[{i}]") for i, v in enumerate(value))
-    if isinstance(value, (dict, list)):
-        raise PlanError(f"{what} must be a single value, got {_show(value)}")
-    return value
-
-
+# -- mappings and dataclasses ---------------------------------------------------------------------
 def keys(data, where: str, required: tuple, optional: tuple = (), fix: str = "") -> dict:
     """A mapping with every ``required`` key and no key outside ``required + optional``."""
     if not isinstance(data, dict):
@@ -323,87 +297,6 @@ def keys(data, where: str, required: tuple, optional: tuple = (), fix: str = "")
     if unknown:
         raise PlanError(f"{where}: unknown key(s) {unknown}; allowed: {', '.join(required + optional)}")
     return data
-
-
-_REPLAN = "; write the plan again with symtensor plan --out"
-
-
-def _keys(data, where: str, required: tuple, optional: tuple = ()) -> dict:
-    return keys(data, where, required, optional, _REPLAN)
-
-
-def _fields(data, cls, where: str, required=()) -> dict:
-    """A JSON object read as a dataclass's fields: known keys only, each of its field's type."""
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
-    _keys(data, where, tuple(required), tuple(k for k in types if k not in required))
-    return {k: _typed(v, types[k], f"{where}.{k}") for k, v in data.items()}
-
-
-# the model dimensions a plan file must carry in full (run --plan and explain compare them)
-PLAN_MODEL_DIMS = ("name", "family", "layers", "hidden", "heads", "kv_heads", "head_dim", "ffn", "vocab",
-                   "experts", "top_k", "moe_ffn")
-
-
-def _plan_cluster(c, where: str) -> None:
-    _keys(c, where, ("name", "devices", "device", "levels"))
-    name(c["name"], f"{where}.name")
-    integer(c["devices"], f"{where}.devices", hi=MAX_DEVICES)
-    dev = _keys(c["device"], f"{where}.device", ("name", "peak_flops", "hbm_bandwidth", "memory"))
-    name(dev["name"], f"{where}.device.name")
-    peaks = dev["peak_flops"]
-    if not isinstance(peaks, dict) or not peaks:
-        raise PlanError(f"{where}.device.peak_flops must map dtypes to FLOP/s, e.g. {{\"bf16\": 9.89e14}}")
-    for dtype, flops in peaks.items():
-        number(flops, f"{where}.device.peak_flops.{dtype}", HARDWARE_MAX_SI["peak_flops"])
-    for key in ("hbm_bandwidth", "memory"):
-        number(dev[key], f"{where}.device.{key}", HARDWARE_MAX_SI[key])
-    levels = c["levels"]
-    if not isinstance(levels, list) or not 1 <= len(levels) <= MAX_LEVELS:
-        raise PlanError(f"{where}.levels must be a list of 1 to {MAX_LEVELS} levels")
-    for i, lv in enumerate(levels):
-        here = f"{where}.levels[{i}]"
-        _keys(lv, here, ("name", "fanout", "bandwidth", "latency"))
-        name(lv["name"], f"{here}.name", identifier=True)
-        integer(lv["fanout"], f"{here}.fanout", lo=0, hi=MAX_DEVICES)
-        number(lv["bandwidth"], f"{here}.bandwidth", HARDWARE_MAX_SI["bandwidth"])
-        number(lv["latency"], f"{here}.latency", HARDWARE_MAX_SI["latency"], positive=False)
-
-
-def plan_file(data, path):
-    """The structure and value types of a plan file; its ModelConfig and TrainConfig (``plan/io.py``
-    then rebuilds the rest and re-costs it)."""
-    from symtensor.cost import TrainConfig
-    from symtensor.models import ModelConfig
-
-    where = f"plan file {path}"
-    _keys(data, where, ("format", "model", "cluster", "train", "seq", "mesh", "layouts"), ("config", "predicted"))
-    model = _fields(data["model"], ModelConfig, f"{where}: model", required=PLAN_MODEL_DIMS)
-    train = _fields(data["train"], TrainConfig, f"{where}: train", required=("global_batch",))
-    _plan_cluster(data["cluster"], f"{where}: cluster")
-    integer(data["seq"], f"{where}: seq", hi=MAX_SEQ)
-    mesh = data["mesh"]
-    if not isinstance(mesh, list) or len(mesh) > 64:
-        raise PlanError(f"{where}: mesh must be a list of axes {{name, size, level}}")
-    for i, axis in enumerate(mesh):
-        _keys(axis, f"{where}: mesh[{i}]", ("name", "size", "level"))
-        name(axis["name"], f"{where}: mesh[{i}].name")
-        integer(axis["size"], f"{where}: mesh[{i}].size", hi=MAX_DEVICES)
-        integer(axis["level"], f"{where}: mesh[{i}].level", lo=0, hi=MAX_LEVELS)
-    layouts = data["layouts"]
-    if not isinstance(layouts, dict):
-        raise PlanError(f"{where}: layouts must map op names to {{dim: [mesh axis, ...]}}")
-    for op, cuts in layouts.items():
-        if not isinstance(cuts, dict) or not all(
-                isinstance(axes, list) and all(isinstance(a, str) for a in axes) for axes in cuts.values()):
-            raise PlanError(f"{where}: layouts.{_show(op)} must map dims to lists of mesh axis names, "
-                            f"got {_show(cuts)}")
-    for key in ("config", "predicted"):
-        if key in data and not isinstance(data[key], dict):
-            raise PlanError(f"{where}: {key} must be an object")
-    try:
-        return ModelConfig(**model), TrainConfig(**train)
-    except PlanError as exc:
-        raise PlanError(f"{where}: {exc}") from None
 
 
 def same_model(planned, given, where: str) -> None:
@@ -423,6 +316,39 @@ _CLI_SIZES = {"seq": MAX_SEQ, "global_batch": MAX_BATCH, "nodes": MAX_DEVICES, "
               "dp": MAX_DEVICES,
               "vpp": MAX_LAYERS, "steps": MAX_STEPS}
 _SWEEP_SIZES = ("seq", "devices", "nodes", "global_batch")
+
+
+def parse_range(text, flag: str) -> list[int] | None:
+    """``"2048..131072"`` -> [2048, 4096, ..., 131072]; ``"8..64:4"`` -> [8, 32]; ``"1,3,9"``; ``"512"``.
+
+    >>> parse_range("2048..16384", "--seq")
+    [2048, 4096, 8192, 16384]
+    """
+    if text is None:
+        return None
+    if isinstance(text, int):
+        return [text]
+    if isinstance(text, (list, tuple)):
+        return [int(v) for v in text]
+    text = str(text).strip()
+    try:
+        if ".." in text:
+            lo, _, rest = text.partition("..")
+            hi, _, step = rest.partition(":")
+            lo, hi, factor = int(lo), int(hi), int(step or 2)
+            if lo <= 0 or hi < lo or factor < 2:
+                raise ValueError
+            out = [lo]
+            while out[-1] * factor <= hi:
+                out.append(out[-1] * factor)
+            return out
+        values = [int(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        raise PlanError(f"{flag} {text}: expected N, A..B (doubling), A..B:F (times F) or A,B,C with "
+                        "positive integers and A <= B") from None
+    if not values or min(values) <= 0:
+        raise PlanError(f"{flag} {text}: values must be positive integers")
+    return values
 
 
 def _flag(dest: str) -> str:
@@ -473,8 +399,6 @@ def _run_args(args) -> None:
 
 def _report_sweep(spec: str) -> None:
     """``report --sweep PARAM=RANGE`` checked before the plan search that precedes the sweep."""
-    from symtensor.analysis.sweep import parse_range
-
     param, _, rng = spec.partition("=")
     if param not in _SWEEP_SIZES or not rng:
         raise PlanError(f"--sweep {spec}: expected PARAM=RANGE with PARAM one of {', '.join(_SWEEP_SIZES)} "
@@ -487,8 +411,6 @@ def _report_sweep(spec: str) -> None:
 
 
 def _sweep_args(args) -> None:
-    from symtensor.analysis.sweep import parse_range
-
     for dest in _SWEEP_SIZES:
         values = parse_range(getattr(args, dest, None), _flag(dest))
         if values is None:

@@ -17,8 +17,9 @@ import time
 
 from hypothesis import HealthCheck, given, settings
 
-from fixtures.fuzzing import PROPERTIES, ROOT, check_case, cases, seeded_case
 from symtensor.cli import main
+
+from fixtures.fuzzing import PROPERTIES, ROOT, cases, check_case, seeded_case
 
 CASES = 40  # about 80 s on a 2-core machine at bb38bfa (each case: two plans with their grids, a grid, file, exports)
 

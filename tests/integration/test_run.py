@@ -11,6 +11,7 @@ import pytest
 pytest.importorskip("torch")
 
 from runs import RUNS  # noqa: E402
+
 from symtensor.cli import main  # noqa: E402
 
 pytestmark = pytest.mark.dist

@@ -9,8 +9,8 @@ import pytest
 from symtensor.hardware import load_cluster
 from symtensor.models import load_model_config
 from symtensor.search import drec_plan, search
-from symtensor.search.grid import megatron_grid
 from symtensor.search.exact import exact_layouts
+from symtensor.search.grid import megatron_grid
 from symtensor.search.partition import solve
 from symtensor.search.pool import EvaluatorPool
 

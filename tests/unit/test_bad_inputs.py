@@ -543,7 +543,8 @@ CASES += [
      ["--seq", "99 points", "limit of 64"]),
     ("sweep-two-ranges", ["sweep", "tiny-llama", "--devices", "8..16", "--seq", "16..32"], ["one parameter"]),
     ("sweep-nothing", ["sweep", "tiny-llama", "--devices", "8"], ["nothing to sweep"]),
-    ("sweep-batch-neg", ["sweep", "tiny-llama", "--devices", "8", "--global-batch=-1,8"], ["--global-batch", "positive"]),
+    ("sweep-batch-neg", ["sweep", "tiny-llama", "--devices", "8", "--global-batch=-1,8"],
+     ["--global-batch", "positive"]),
     ("sweep-micro-batch-0", ["sweep", "tiny-llama", "--devices", "8", "--seq", "16..32", "--micro-batch", "0"],
      ["--micro-batch", "positive integer"]),
     # -- the command line itself -------------------------------------------------------------------

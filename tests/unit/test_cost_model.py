@@ -13,8 +13,7 @@ import functools
 import math
 
 import pytest
-from hypothesis import given, settings
-from hypothesis import strategies as st
+from hypothesis import given, settings, strategies as st
 
 from symtensor import calibration
 from symtensor.cost import CALIBRATED, Evaluator, TrainConfig
@@ -22,8 +21,7 @@ from symtensor.cost.collectives import KINDS, collective_time
 from symtensor.cost.opcost import op_time
 from symtensor.errors import PlanError
 from symtensor.graph import grad_operands
-from symtensor.hardware import PRESETS as CLUSTERS
-from symtensor.hardware import load_cluster
+from symtensor.hardware import PRESETS as CLUSTERS, load_cluster
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 from symtensor.models import PRESETS, ModelConfig, build_graph
 from symtensor.search.megatron import megatron_plan

@@ -6,11 +6,10 @@ Each test names the physical reason it encodes; none is a fitted number.
 import pytest
 
 from symtensor import api, calibration
-from symtensor.cost import bands
+from symtensor.cost import Evaluator, bands
 from symtensor.cost.efficiency import ATTENTION_BWD_RATIO, ATTENTION_KERNELS, TABLES, device_table
 from symtensor.cost.engine import COMM_SM_FRACTION, Unit, exposure
 from symtensor.cost.opcost import attention_shape_factor
-from symtensor.cost import Evaluator
 from symtensor.cost.train import TrainConfig
 from symtensor.hardware import load_cluster
 from symtensor.layout import REPLICATED
@@ -144,7 +143,7 @@ def test_attention_kernels_are_named_once_and_keep_fused_memory():
     """The model's kernel names (``ModelConfig.attention``) are the ones the cost model prices, and
     every fused kernel keeps attention's O(s) memory: only the step time moves, and the default
     (``flash``) plan is the plan of a model that names no kernel."""
-    assert FUSED_ATTENTION == ("flash", *ATTENTION_KERNELS)
+    assert ("flash", *ATTENTION_KERNELS) == FUSED_ATTENTION
     base = _step("llama3-8b", 64, zero=1)
     assert _step("llama3-8b", 64, zero=1, overrides={"attention": "flash"}) == base
     assert base["attention_kernel"] == "flash"

@@ -65,7 +65,8 @@ def test_a_megatron_export_refuses_a_dp_that_does_not_divide_the_global_batch(pl
     for fmt in ("megatron", "torchtitan"):
         with pytest.raises(PlanError, match=rf"would refuse this plan at launch: global batch {batch} is not "
                                             r"divisible by micro_batch\*dp = \d+\*\d+.*; the nearest exportable plan: "
-                                            r"symtensor plan llama3-70b --set layers=8 --cluster dgx-h100 --devices 64"):
+                                            r"symtensor plan llama3-70b --set layers=8 --cluster dgx-h100 "
+                                            r"--devices 64"):
             export(odd, fmt)
 
 
@@ -131,9 +132,8 @@ def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_
     """80 layers over 3 stages (27, 27, 26) exported with no split argument, so Megatron-LM
     asserted num_layers % pp at launch; 13 layers over 8 (1, 2 x 5, 1, 1) is no split it takes."""
     from symtensor.cost import TrainConfig
-    from symtensor.search.megatron import check_config, configuration, pipeline_args
-
     from symtensor.search import megatron_plan
+    from symtensor.search.megatron import check_config, configuration, pipeline_args
 
     plan = megatron_plan(PRESETS["llama3-70b"], load_cluster("dgx-h100", devices=24), tp=8, pp=3, dp=1, sp=True,
                          global_batch=8, seq=2048)

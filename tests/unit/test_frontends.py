@@ -51,9 +51,9 @@ def test_importing_frontends_does_not_import_torch():
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-from symtensor.frontends import CaptureWarning, capture_hf, capture_module
-from symtensor.graph import grad_operands, model_flops, op_model_flops
-from symtensor.models import PRESETS, build_graph, build_model
+from symtensor.frontends import CaptureWarning, capture_hf, capture_module  # noqa: E402
+from symtensor.graph import grad_operands, model_flops, op_model_flops  # noqa: E402
+from symtensor.models import PRESETS, build_graph, build_model  # noqa: E402
 
 MAIN = ("linear", "attention", "norm", "embedding", "cross_entropy", "moe_dispatch", "moe_combine")
 

@@ -20,8 +20,15 @@ import pytest
 
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, Op, Tensor, model_flops
-from symtensor.models import (PRESETS, ModelConfig, apply_overrides, build_graph, from_hf_dict, load_model_config,
-                              params_active)
+from symtensor.models import (
+    PRESETS,
+    ModelConfig,
+    apply_overrides,
+    build_graph,
+    from_hf_dict,
+    load_model_config,
+    params_active,
+)
 from symtensor.models.builder import VOCAB_PAD, padded_vocab
 
 # -- published counts ----------------------------------------------------------------------------

@@ -13,14 +13,15 @@ import re
 
 import pytest
 import sympy as sp
+from test_models import MOE_PRESET_OF_ROW, ROWS, _count
 
-from fixtures.hub_configs import PRESET_OF as HUB_CONFIGS
 from symtensor.cli import main
 from symtensor.errors import PlanError
 from symtensor.graph import kind_of, model_flops, op_fwd_flops, op_saves
 from symtensor.models import PRESETS, apply_overrides, build_graph, from_hf_dict, load_model_config, params_active
 from symtensor.models.builder import layer_runs
-from test_models import MOE_PRESET_OF_ROW, ROWS, _count
+
+from fixtures.hub_configs import PRESET_OF as HUB_CONFIGS
 
 NEW = ("qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3", "gpt-oss-120b")
 

@@ -1,7 +1,7 @@
 """Mixture-of-experts parallelism as it is trained today (issue 13): the expert layers' own grid
 (Megatron's MoE parallel folding, EP x expert TP over the tp x cp x dp ranks of a stage) in
-the Megatron configurations' checks (``check_config``), the Megatron layouts, the grid, the search's level templates, ``evaluate``
-and the Megatron-LM export."""
+the Megatron configurations' checks (``check_config``), the Megatron layouts, the grid, the
+search's level templates, ``evaluate`` and the Megatron-LM export."""
 
 from __future__ import annotations
 

@@ -10,8 +10,8 @@ from symtensor import api
 from symtensor.errors import PlanError
 from symtensor.hardware import load_cluster
 from symtensor.layout import refusal
-from symtensor.plan import load_plan, save_plan
 from symtensor.models import load_model_config
+from symtensor.plan import load_plan, save_plan
 from symtensor.search import megatron_plan
 
 # A small MoE whose expert capacity c = ceil(1.25 * 3 * 4096 / 7) = 2195 is odd: no sequence or

@@ -4,7 +4,6 @@ writes a file whose curves change the plan's costs as the measured fractions say
 
 from __future__ import annotations
 
-import copy
 import os
 import re
 from types import SimpleNamespace
@@ -14,8 +13,8 @@ import yaml
 
 from symtensor.cli import main
 from symtensor.cost.collectives import collective_time
-from symtensor.cost.opcost import attention_shape_factor
 from symtensor.cost.efficiency import efficiency_for
+from symtensor.cost.opcost import attention_shape_factor
 from symtensor.errors import PlanError
 from symtensor.hardware import PRESETS, Level, load_cluster
 from symtensor.profile import build, curves, write
@@ -164,7 +163,8 @@ def test_missing_or_malformed_curves_are_one_line(edit, match, tmp_path, capsys)
     assert err.count("\n") == 1 and err.startswith("error: ") and re.search(match, err), err
 
 
-TORCHRUN_TAIL = """W1201 .../torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 1 closing signal SIGTERM
+TORCHRUN_TAIL = """\
+W1201 .../torch/distributed/elastic/multiprocessing/api.py:1028] Sending process 1 closing signal SIGTERM
 Traceback (most recent call last):
 torch.distributed.elastic.multiprocessing.errors.ChildFailedError:
 ============================================================"""
@@ -182,5 +182,6 @@ def test_failed_workers_are_one_line_with_their_log(workers, shown):
     line = failure_line(1, workers + "\n" + TORCHRUN_TAIL)
     assert "\n" not in line and shown in line and "=====" not in line
     log = line.rsplit("their output: ", 1)[1]
-    assert open(log).read().startswith(workers)
+    with open(log) as f:
+        assert f.read().startswith(workers)
     os.unlink(log)

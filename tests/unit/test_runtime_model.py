@@ -4,13 +4,13 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-import torch.distributed as dist
-import torch.nn.functional as F
+import torch.distributed as dist  # noqa: E402
+import torch.nn.functional as F  # noqa: E402
 
-from symtensor.errors import PlanError
-from symtensor.models import load_model_config
-from symtensor.runtime.spec import ATTN_TP, MLP_TP, VOCAB_TP, RunSpec
-from symtensor.runtime.torch_models import build_torch_model, loss_fn
+from symtensor.errors import PlanError  # noqa: E402
+from symtensor.models import load_model_config  # noqa: E402
+from symtensor.runtime.spec import ATTN_TP, MLP_TP, VOCAB_TP, RunSpec  # noqa: E402
+from symtensor.runtime.torch_models import build_torch_model, loss_fn  # noqa: E402
 
 pytestmark = pytest.mark.torch
 

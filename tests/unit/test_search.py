@@ -7,8 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings
-from hypothesis import strategies as st
+from hypothesis import HealthCheck, given, settings, strategies as st
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.errors import PlanError

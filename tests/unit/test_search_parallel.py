@@ -8,8 +8,7 @@ import pytest
 from symtensor.errors import PlanError
 from symtensor.hardware import load_cluster
 from symtensor.models import load_model_config
-from symtensor.search import parallel
-from symtensor.search import search
+from symtensor.search import parallel, search
 
 pytestmark = pytest.mark.skipif(not parallel.can_fork(), reason="no fork here: the search runs serially")
 
@@ -46,10 +45,10 @@ def test_child_is_reaped_when_this_process_fails_first():
     import os
     import time
 
-    with pytest.raises(ValueError, match="the partition failed"):
-        with parallel.Background(lambda: time.sleep(30) or 1) as job:
-            pid = job.pid
-            raise ValueError("the partition failed")
+    with (pytest.raises(ValueError, match="the partition failed"),
+          parallel.Background(lambda: time.sleep(30) or 1) as job):
+        pid = job.pid
+        raise ValueError("the partition failed")
     with pytest.raises(ChildProcessError):
         os.waitpid(pid, os.WNOHANG)  # already reaped
 

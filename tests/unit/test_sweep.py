@@ -10,9 +10,10 @@ import re
 
 import pytest
 
-from symtensor.analysis.sweep import headline, layout_label, parse_range
+from symtensor.analysis.sweep import headline, layout_label
 from symtensor.cli import main
 from symtensor.errors import PlanError
+from symtensor.validate import parse_range
 
 
 def run_json(capsys, argv) -> dict:
@@ -54,7 +55,8 @@ def test_llama3_8b_sweep_has_an_explained_breakpoint(capsys):
     pts = out["points"]
     assert [p["seq"] for p in pts] == [2048, 16384, 131072]
     for p in pts:
-        assert {"step_time_s", "memory_gib_per_device", "fits", "breakdown", "config", "layout", "layer_types"} <= set(p)
+        assert {"step_time_s", "memory_gib_per_device", "fits", "breakdown", "config", "layout",
+                "layer_types"} <= set(p)
         assert p["global_batch"] * p["seq"] == 2**22, "about 4M tokens per step at every point"
         assert p["fits"]
     assert pts[-1]["config"]["dp"] <= 32, "128K x 32 sequences cannot be 64-way data parallel"

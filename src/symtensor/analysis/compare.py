@@ -28,6 +28,7 @@ from symtensor.hardware import GIB
 from symtensor.plan.document import config_band
 from symtensor.plan.summary import degrees, layer_types
 from symtensor.search import BASELINES, baseline_plans
+
 CONFIG_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "micro_steps", "vpp",
                "heterogeneous")
 
@@ -39,7 +40,8 @@ def resolve(spec: str, other=None):
 
     if spec in BASELINES:
         if other is None:
-            raise PlanError(f"{spec} is a baseline: compare it with a plan file, e.g. symtensor compare plan.json {spec}")
+            raise PlanError(f"{spec} is a baseline: compare it with a plan file, e.g. "
+                            f"symtensor compare plan.json {spec}")
         plan = baseline_plans(other.model, other.cluster, other.train.global_batch, other.seq, other.engine,
                               (spec,))[spec]
         if plan is None:

@@ -23,9 +23,9 @@ from types import SimpleNamespace
 
 import sympy as sp
 
-from symtensor.cost.opcost import attention_shape_factor, grouped_tile_factor, local_sizes
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import attention_fractions
+from symtensor.cost.opcost import attention_shape_factor, grouped_tile_factor, local_sizes
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
 

@@ -11,7 +11,8 @@ three ways:
                     (speed, with the components that make the difference)
     what it did     the step-time components that changed most from one point to the next
 
-Ranges: ``A..B`` doubles from A up to B, ``A..B:F`` multiplies by F, ``A,B,C`` lists values.
+Ranges (``validate.parse_range``): ``A..B`` doubles from A up to B, ``A..B:F`` multiplies by F,
+``A,B,C`` lists values.
 """
 
 from __future__ import annotations
@@ -24,39 +25,6 @@ from symtensor.hardware import MEMORY_HEADROOM
 BREAK_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "vpp")
 DEGREE_WORDS = {"tp": "tensor parallel", "cp": "context parallel", "dp": "data parallel", "pp": "pipeline parallel",
                 "ep": "expert parallel", "etp": "expert tensor parallel", "vpp": "virtual pipeline stages"}
-
-
-def parse_range(text, flag: str) -> list[int] | None:
-    """``"2048..131072"`` -> [2048, 4096, ..., 131072]; ``"8..64:4"`` -> [8, 32]; ``"1,3,9"``; ``"512"``.
-
-    >>> parse_range("2048..16384", "--seq")
-    [2048, 4096, 8192, 16384]
-    """
-    if text is None:
-        return None
-    if isinstance(text, int):
-        return [text]
-    if isinstance(text, (list, tuple)):
-        return [int(v) for v in text]
-    text = str(text).strip()
-    try:
-        if ".." in text:
-            lo, _, rest = text.partition("..")
-            hi, _, step = rest.partition(":")
-            lo, hi, factor = int(lo), int(hi), int(step or 2)
-            if lo <= 0 or hi < lo or factor < 2:
-                raise ValueError
-            out = [lo]
-            while out[-1] * factor <= hi:
-                out.append(out[-1] * factor)
-            return out
-        values = [int(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        raise PlanError(f"{flag} {text}: expected N, A..B (doubling), A..B:F (times F) or A,B,C with "
-                        "positive integers and A <= B") from None
-    if not values or min(values) <= 0:
-        raise PlanError(f"{flag} {text}: values must be positive integers")
-    return values
 
 
 def layout_label(config: dict) -> str:

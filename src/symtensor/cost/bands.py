@@ -36,7 +36,7 @@ class Band:
     regime: str
     calibrated: bool
 
-    def overlaps(self, other: "Band") -> bool:
+    def overlaps(self, other: Band) -> bool:
         """Two predictions the model cannot tell apart: their bands overlap."""
         return self.low_s <= other.high_s and other.low_s <= self.high_s
 

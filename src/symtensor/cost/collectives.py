@@ -24,7 +24,7 @@ of size 1 moves no bytes. Formulas use plain arithmetic and work on sympy symbol
 
 from __future__ import annotations
 
-KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+from symtensor.hardware.efficiency import KINDS
 
 
 def level_counts(axes, mesh, n_levels: int) -> list[int]:

@@ -23,8 +23,15 @@ from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
 from symtensor.cost.engine import exposure
 from symtensor.cost.memory import memory_peak, static_peak
-from symtensor.cost.opcost import (collectives_time, input_layout, op_floor, op_time, output_layout, param_layout,
-                                   redistribute)
+from symtensor.cost.opcost import (
+    collectives_time,
+    input_layout,
+    op_floor,
+    op_time,
+    output_layout,
+    param_layout,
+    redistribute,
+)
 from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
 from symtensor.cost.pipeline import Stage, bubble, merge, p2p, split_mesh
 from symtensor.cost.report import CostReport

@@ -106,7 +106,7 @@ def p2p(ev, stage: dict[int, int], layouts) -> tuple[float, float]:
     all-gather the slices over their replica axes. ``ev``: the evaluator; ``stage``: the stage of
     each layer index (``Evaluator.stage_of``).
     """
-    for _, ops, external, layer, repeated in ev.segments:
+    for _, _ops, external, layer, repeated in ev.segments:
         for tname, prod in external:
             if stage[layer - 1 if repeated else prod.layer] == stage[layer]:
                 continue

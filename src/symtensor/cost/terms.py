@@ -21,6 +21,7 @@ from symtensor.cost.engine import Exposure, Unit, exposure
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
 from symtensor.cost.params import data_axes, weight_axes
 from symtensor.cost.segment import recomputed
+from symtensor.cost.train import TrainConfig
 from symtensor.graph import op_saves
 from symtensor.layout import OpLayout
 
@@ -41,7 +42,7 @@ class ParamTerms:
 _NO_SYNC = Exposure(0.0, {})
 
 
-def param_terms(ev: "Evaluator", op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
+def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
     """What the search and ``explain`` charge an op for its parameters (see ``ParamTerms``)."""
     sync = opt = static = 0.0
     transfers = []

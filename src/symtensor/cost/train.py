@@ -88,7 +88,7 @@ class TrainConfig:
         """Sequences in the graph of one micro-step (all devices together)."""
         return self.global_batch // self.micro_steps
 
-    def replace(self, **kw) -> "TrainConfig":
+    def replace(self, **kw) -> TrainConfig:
         return replace(self, **kw)
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:

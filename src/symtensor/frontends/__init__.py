@@ -11,9 +11,7 @@ torch is an optional extra: importing this package never imports torch; ``captur
 
 from __future__ import annotations
 
-
-class CaptureWarning(UserWarning):
-    """A captured graph holds ATen ops with no mapping (they became ``generic`` ops)."""
+from symtensor.frontends.lower import CaptureWarning  # defined where it is raised
 
 
 def capture_module(module, example_inputs, name: str | None = None, fake: bool = True):

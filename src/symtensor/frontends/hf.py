@@ -22,7 +22,8 @@ import re
 from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean
-from symtensor.models.config import ALIASES, PRESETS, ModelConfig, from_hf_dict
+from symtensor.models.config import ALIASES, PRESETS, ModelConfig
+from symtensor.models.hf_config import from_hf_dict
 
 _ARCHS = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "mixtral": "MixtralForCausalLM",
           "gpt2": "GPT2LMHeadModel"}

@@ -20,9 +20,12 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from symtensor.errors import PlanError
-from symtensor.frontends import CaptureWarning
 from symtensor.frontends.dims import DimTable
 from symtensor.graph import Graph, Op, Tensor
+
+
+class CaptureWarning(UserWarning):
+    """A captured graph holds ATen ops with no mapping (they became ``generic`` ops)."""
 
 
 @dataclass(slots=True)

@@ -16,8 +16,8 @@ Legend of dim names used by the model builders:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Iterable
 
 from symtensor.errors import PlanError
 
@@ -168,7 +168,7 @@ class Graph:
         return [op for op in self.ops if op.layer == layer]
 
     # -- validation ---------------------------------------------------------------------------
-    def validate(self) -> "Graph":
+    def validate(self) -> Graph:
         """Check names, shapes against iteration dims, and topological order (no cycles)."""
         names = set()
         defined = {t.name for t in self.tensors.values() if t.param or t.name in self.meta.get("inputs", ())}

@@ -23,8 +23,8 @@ Kinds:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 from symtensor.errors import PlanError, did_you_mean
 

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from symtensor import validate
 from symtensor.errors import PlanError, did_you_mean
+from symtensor.hardware.efficiency import KINDS, Efficiency
 from symtensor.hardware.mesh import Axis, Mesh
 
 
@@ -91,7 +92,7 @@ class Cluster:
             if lvl.fanout <= 0:
                 raise PlanError(f"cluster {self.name}: level {lvl.name} needs a positive fanout (only the outermost "
                                 "level may be unbounded)")
-        self.level_counts  # validates divisibility
+        _ = self.level_counts  # validates divisibility
 
     @property
     def level_counts(self) -> tuple[int, ...]:
@@ -113,7 +114,8 @@ class Cluster:
             if rest % lvl.fanout:
                 raise PlanError(
                     f"cluster {self.name}: {self.n_devices} devices is not a whole number of {lvl.name} groups of "
-                    f"{lvl.fanout}; use a multiple of {lvl.fanout} (e.g. {self.n_devices // lvl.fanout * lvl.fanout or lvl.fanout}"
+                    f"{lvl.fanout}; use a multiple of {lvl.fanout} "
+                    f"(e.g. {self.n_devices // lvl.fanout * lvl.fanout or lvl.fanout}"
                     f" or {(self.n_devices // lvl.fanout + 1) * lvl.fanout}) or a custom cluster file")
             counts.append(lvl.fanout)
             rest //= lvl.fanout
@@ -203,6 +205,20 @@ def cluster_names() -> list[str]:
     return sorted(PRESETS)
 
 
+# a device name containing the key is that preset's device (torch.cuda.get_device_name)
+PRESET_DEVICES = (("H100", "dgx-h100"), ("A100", "dgx-a100-80g"), ("910B", "ascend-910b"))
+
+
+def preset_for(device_name: str, like: str | None) -> str | None:
+    """The preset of a device: ``like`` (a preset name), else the one whose device ``device_name``
+    names (``symtensor profile`` keeps its published peaks; ``run --device cuda`` predicts on it)."""
+    if like is not None:
+        if like not in PRESETS:
+            raise PlanError(f"--like {like!r} is not a cluster preset." + did_you_mean(like, PRESETS))
+        return like
+    return next((preset for key, preset in PRESET_DEVICES if key in device_name), None)
+
+
 def _from_file(path: Path, n_devices: int) -> Cluster:
     return cluster_from_dict(validate.read_mapping(path, "cluster file"), n_devices, str(path))
 
@@ -258,8 +274,8 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
                             latency=_number(lv, "latency_us", here, positive=False) * US,
                             link_efficiency=_link_efficiency(lv, here),
                             source=str(lv.get("source", f"cluster file {where}"))))
-    return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels), n_devices=n_devices,
-                   **_efficiency(data, where))
+    return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels),
+                   n_devices=n_devices, **_efficiency(data, where))
 
 
 # The raw tables and provenance that ``symtensor profile`` writes under ``measured:`` (their rows are
@@ -272,8 +288,6 @@ def _link_efficiency(lv: dict, here: str) -> tuple[tuple[str, float], ...]:
     """A level's measured ``link_efficiency: {kind: fraction}`` as sorted (kind, fraction) pairs."""
     if "link_efficiency" not in lv:
         return ()
-    from symtensor.cost.collectives import KINDS  # imported late: cost reads clusters
-
     fractions = _mapping(lv["link_efficiency"], f"{here}: link_efficiency", (), KINDS)
     return tuple(sorted((k, _number(fractions, k, f"{here}: link_efficiency")) for k in fractions))
 
@@ -286,8 +300,6 @@ def _efficiency(data: dict, where: str) -> dict:
         _mapping(data["measured"], f"{where}: measured", (), MEASURED_KEYS)
     if "efficiency" not in data:
         return {}
-    from symtensor.cost.efficiency import Efficiency  # imported late: cost reads clusters
-
     names = tuple(f.name for f in fields(Efficiency) if f.name != "source")
     here = f"{where}: efficiency"
     eff = _mapping(data["efficiency"], here, (), names + ("source",))
@@ -307,7 +319,8 @@ def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None
     else:
         path = Path(spec)
         if not path.exists():
-            raise PlanError(f"unknown cluster {spec!r}: give a preset or a YAML/JSON file." + did_you_mean(spec, PRESETS))
+            raise PlanError(f"unknown cluster {spec!r}: give a preset or a YAML/JSON file."
+                            + did_you_mean(spec, PRESETS))
         proto = _from_file(path, 1)
         device, levels, name = proto.device, proto.levels, proto.name
         extra = dict(efficiency=proto.efficiency, efficiency_source=proto.efficiency_source)

@@ -77,7 +77,7 @@ class Mesh(tuple):
         """The names of the axes at positions ``axes``."""
         return tuple(self[a].name for a in axes)
 
-    def drop_outer(self, k: int) -> "Mesh":
+    def drop_outer(self, k: int) -> Mesh:
         """The mesh without its ``k`` outermost axes (they became pipeline stages)."""
         return Mesh(self[k:])
 

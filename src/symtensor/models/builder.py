@@ -24,8 +24,8 @@ import math
 
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, Op, Tensor
-from symtensor.models.config import ModelConfig, load_model_config
-
+from symtensor.models.config import ModelConfig
+from symtensor.models.hf_config import load_model_config
 
 # Megatron-LM pads the vocabulary to a multiple of 128 (--make-vocab-size-divisible-by) so that
 # vocab-parallel cuts divide it; GPT-2's 50257 becomes 50304. Every other zoo vocabulary already is.
@@ -124,7 +124,8 @@ class _Builder:
         self.g.add_tensor(Tensor(name="ids", shape=(b, s), labels=("batch", "seq"), dtype="int64"))
         self.g.add_tensor(Tensor(name="labels", shape=(b, s), labels=("batch", "seq"), dtype="int64"))
         sizes = {"b": b, "s": s, "h": cfg.hidden, "v": cfg.vocab}
-        table = self.param("word.weight", (cfg.vocab, cfg.hidden), ("v", "h"), tie="word_embeddings" if cfg.tied else None)
+        table = self.param("word.weight", (cfg.vocab, cfg.hidden), ("v", "h"),
+                           tie="word_embeddings" if cfg.tied else None)
         x = self.act("word", (b, s, cfg.hidden), ("b", "s", "h"))
         self.op("word", "embedding", sizes, ["ids", table], [("b", "s"), ("v", "h")], [x], [("b", "s", "h")])
         if cfg.learned_pos:

@@ -1,4 +1,4 @@
-"""Model descriptions: the zoo of real models, Hugging Face config.json loading, overrides.
+"""Model descriptions: the zoo of real models and overrides (config.json loading: ``hf_config``).
 
 Dimensions come from ../shared/data/model_configs.csv (which cites NVIDIA NeMo's configs, the
 Hugging Face config.json files and the model papers); each preset repeats its source.
@@ -8,11 +8,9 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
-from pathlib import Path
 
-from symtensor.errors import PlanError, did_you_mean, read_json
+from symtensor.errors import PlanError, did_you_mean
 from symtensor.validate import MAX_SEQ, MAX_WIDTH, integer, model_config
-
 
 # The attention kernels a run may name (``ModelConfig.attention``, ``--set attention=...``). Every
 # fused one is one ``attention`` op with O(s) memory; ``cost.efficiency.ATTENTION_KERNELS`` prices
@@ -211,7 +209,7 @@ class ModelConfig:
     def is_moe(self) -> bool:
         return self.experts > 1
 
-    def replace(self, **changes) -> "ModelConfig":
+    def replace(self, **changes) -> ModelConfig:
         return dataclasses.replace(self, **changes)
 
 
@@ -282,7 +280,8 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
     ModelConfig(name="deepseek-v3", layers=61, hidden=7168, heads=128, head_dim=192, v_head_dim=128, rope_dim=64,
                 q_latent=1536, kv_latent=512, ffn=18432, moe_ffn=2048, shared_ffn=2048, dense_layers=3,
                 experts=256, top_k=8, vocab=129280, max_context=163840, active_with_embedding=False,
-                source="DeepSeek-V3 HF config.json; DeepSeek-V3 report arXiv:2412.19437 (shared/data/model_configs.csv)"),
+                source="DeepSeek-V3 HF config.json; DeepSeek-V3 report arXiv:2412.19437 "
+                       "(shared/data/model_configs.csv)"),
     # a 128-token window on every other layer (from layer 0), attention sinks, biases on attention,
     # router and experts; OpenAI's "5.1B active" leaves the input embedding out
     ModelConfig(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
@@ -359,24 +358,3 @@ def _cut_layer_lists(cfg: ModelConfig, changes: dict) -> dict:
             raise PlanError(f"--set layers={depth}: none of {key} {listed} is below {depth}; set {key} too")
         kept[key] = cut
     return kept
-
-
-def from_hf_dict(data: dict, name: str = "hf-model", path: str = "config.json") -> ModelConfig:
-    """Read a Hugging Face config.json (see ``symtensor.models.hf_config``)."""
-    from symtensor.models.hf_config import read_hf_config  # it builds ModelConfigs: imported late
-
-    return read_hf_config(data, name, path)
-
-
-def load_model_config(spec: str | Path, overrides=None) -> ModelConfig:
-    """A preset name, an alias, or a path to a Hugging Face style config.json; then ``--set`` overrides."""
-    key = str(spec)
-    key = ALIASES.get(key, key)
-    if key in PRESETS:
-        return apply_overrides(PRESETS[key], overrides)
-    path = Path(key)
-    if path.suffix == ".json" or path.exists():
-        data = read_json(path, "model config file")
-        return apply_overrides(from_hf_dict(data, name=path.stem if path.stem != "config" else path.parent.name,
-                                            path=str(path)), overrides)
-    raise PlanError(f"unknown model {key!r}: give a preset name or a config.json path." + did_you_mean(key, PRESETS))

@@ -1,4 +1,5 @@
-"""Hugging Face config.json -> ModelConfig, one reader per ``model_type``.
+"""Hugging Face config.json -> ModelConfig, one reader per ``model_type``; ``load_model_config``:
+a preset, an alias or a config.json.
 
 The keys each family's reader reads ([optional]):
 
@@ -41,10 +42,11 @@ are for bf16 training), RoPE scaling, norm epsilons and dropout rates.
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 from symtensor.errors import PlanError, did_you_mean
-from symtensor.models.config import ModelConfig
-from symtensor.validate import MAX_EXPERTS, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, boolean, hf_config, integer, name
+from symtensor.models.config import ALIASES, PRESETS, ModelConfig, apply_overrides
+from symtensor.validate import MAX_EXPERTS, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, boolean, hf_config, integer, name, read_json
 
 _DENSE = ("llama", "mistral", "qwen2", "qwen3")
 _MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
@@ -274,3 +276,22 @@ def _windows(k: _Keys, model_type: str) -> dict:
 
 _READERS = {**{t: _dense for t in _DENSE}, "mixtral": _mixtral, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
             "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "gpt_oss": _gpt_oss}
+
+
+def from_hf_dict(data: dict, name: str = "hf-model", path: str = "config.json") -> ModelConfig:
+    """Read a Hugging Face config.json (``read_hf_config``)."""
+    return read_hf_config(data, name, path)
+
+
+def load_model_config(spec: str | Path, overrides=None) -> ModelConfig:
+    """A preset name, an alias, or a path to a Hugging Face style config.json; then ``--set`` overrides."""
+    key = str(spec)
+    key = ALIASES.get(key, key)
+    if key in PRESETS:
+        return apply_overrides(PRESETS[key], overrides)
+    path = Path(key)
+    if path.suffix == ".json" or path.exists():
+        data = read_json(path, "model config file")
+        return apply_overrides(from_hf_dict(data, name=path.stem if path.stem != "config" else path.parent.name,
+                                            path=str(path)), overrides)
+    raise PlanError(f"unknown model {key!r}: give a preset name or a config.json path." + did_you_mean(key, PRESETS))

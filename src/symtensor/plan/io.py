@@ -17,14 +17,15 @@ import dataclasses
 import json
 from pathlib import Path
 
-from symtensor import validate
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.errors import PlanError, read_json
+from symtensor.errors import PlanError
 from symtensor.hardware import Cluster, Device, Level
 from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig, build_graph
 from symtensor.output import write_atomic
 from symtensor.plan.plan import Plan
+from symtensor.plan.schema import plan_file
+from symtensor.validate import read_json
 
 FORMAT = "symtensor-plan/1"
 KEYS = {"format", "model", "cluster", "train", "seq", "mesh", "layouts", "config", "predicted"}
@@ -73,7 +74,7 @@ def load_plan(path: str | Path) -> Plan:
         raise PlanError(f"plan file {p}: unknown key(s) {sorted(unknown)}")
     if data["format"] != FORMAT:
         raise PlanError(f"plan file {p}: format {data['format']!r}, expected {FORMAT!r}")
-    cfg, train = validate.plan_file(data, p)  # every key typed and in range; the full model dims
+    cfg, train = plan_file(data, p)  # every key typed and in range; the full model dims
     c = data["cluster"]
     _need(c, ("name", "devices", "device", "levels"), "cluster")
     dev = Device(name=c["device"]["name"], peak_flops=dict(c["device"]["peak_flops"]),

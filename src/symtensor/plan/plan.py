@@ -30,6 +30,7 @@ from symtensor.hardware import Cluster, Mesh
 from symtensor.layout import OpLayout
 from symtensor.models import ModelConfig
 
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Plan:
     """A costed plan (see the module docstring).
@@ -67,7 +68,7 @@ class Plan:
 
     @staticmethod
     def of(model: ModelConfig, cluster: Cluster, train: TrainConfig, seq: int, graph: Graph, mesh: Mesh,
-           pipeline: Mesh, layouts: dict[str, OpLayout], report: CostReport, **search) -> "Plan":
+           pipeline: Mesh, layouts: dict[str, OpLayout], report: CostReport, **search) -> Plan:
         """The plan of layouts by mesh position (the search's and the cost model's form) on
         ``mesh``; ``search``: notes, search_time_s, search_phases_s, evaluations, partitions."""
         named = {name: lay.named(mesh) for name, lay in layouts.items()}
@@ -75,7 +76,7 @@ class Plan:
         return Plan(model=model, cluster=cluster, train=train, seq=seq, graph=graph, mesh=mesh, pipeline=pipeline,
                     layouts=named, report=report, **search)
 
-    def with_account(self, of: "Plan | None") -> "Plan":
+    def with_account(self, of: Plan | None) -> Plan:
         """This plan with the search's account (search_time_s, search_phases_s, evaluations,
         partitions) of the plan ``of``; with none (zeros) when ``of`` is None: a plan that stands
         for another search's, or for no search."""

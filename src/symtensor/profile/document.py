@@ -14,15 +14,25 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from symtensor.errors import PlanError, did_you_mean
+from symtensor.errors import PlanError
 from symtensor.hardware import PRESETS, cluster_from_dict
-from symtensor.profile.fit import (BUS_FACTOR, Curve, Point, alpha_beta, attention_points, bmm_points,
-                                   collective_points, fit_curve, gemm_points, median, memory_points)
+from symtensor.hardware.cluster import preset_for
+from symtensor.profile.fit import (
+    BUS_FACTOR,
+    Curve,
+    Point,
+    alpha_beta,
+    attention_points,
+    bmm_points,
+    collective_points,
+    fit_curve,
+    gemm_points,
+    median,
+    memory_points,
+)
 from symtensor.profile.grid import KINDS, MEMORY_KERNELS
 
 GB, TFLOPS, GIB, US = 1e9, 1e12, 2**30, 1e-6
-# a device name containing the key is that preset's device (torch.cuda.get_device_name)
-PRESET_DEVICES = (("H100", "dgx-h100"), ("A100", "dgx-a100-80g"), ("910B", "ascend-910b"))
 # the columns of each measured table: name -> type (bool before int: a bool is an int)
 COLUMNS = {"gemm": {"m": int, "n": int, "k": int, "seconds": float},
            "bmm": {"batch": int, "m": int, "n": int, "k": int, "seconds": float},
@@ -31,15 +41,6 @@ COLUMNS = {"gemm": {"m": int, "n": int, "k": int, "seconds": float},
            "memory": {"kernel": str, "elements": int, "bytes": int, "seconds": float}}
 MESSAGE_COLUMNS = {"bytes": int, "seconds": float}
 LEVEL_NAMES = {0: "intra", 1: "inter"}  # levels of a device without a preset: within a node, across nodes
-
-
-def preset_for(device_name: str, like: str | None) -> str | None:
-    """The preset whose published peaks the file keeps: ``like``, else one matched by name."""
-    if like is not None:
-        if like not in PRESETS:
-            raise PlanError(f"--like {like!r} is not a cluster preset." + did_you_mean(like, PRESETS))
-        return like
-    return next((preset for key, preset in PRESET_DEVICES if key in device_name), None)
 
 
 def compute_points(tables: dict, gemm_knee: float) -> dict[str, tuple[str, str, list[Point]]]:

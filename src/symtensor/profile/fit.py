@@ -99,7 +99,7 @@ def fit_curve(name: str, unit: str, points: list[Point], knee: float | None = No
     candidates = [0.0] + [lo * (hi / lo) ** (i / (KNEE_STEPS - 1)) for i in range(KNEE_STEPS)]
     i = min(range(len(candidates)), key=lambda j: _best_a(points, candidates[j])[1])
     best = candidates[i]
-    if 1 <= i:  # refine between the neighbours by golden section on log(knee)
+    if i >= 1:  # refine between the neighbours by golden section on log(knee)
         a, b = math.log(candidates[max(i - 1, 1)]), math.log(candidates[min(i + 1, len(candidates) - 1)])
         for _ in range(GOLDEN_STEPS):
             c, d = b - GOLDEN * (b - a), a + GOLDEN * (b - a)

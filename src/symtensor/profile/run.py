@@ -16,7 +16,8 @@ import time
 from pathlib import Path
 
 from symtensor.errors import PlanError
-from symtensor.profile.document import check_writable, curves, preset_for, read
+from symtensor.hardware.cluster import preset_for
+from symtensor.profile.document import check_writable, curves, read
 from symtensor.profile.grid import STEP_MARK
 
 BACKENDS = ("nccl", "gloo")
@@ -85,7 +86,7 @@ def profile(out: str, devices: int | None = None, backend: str | None = None, qu
     Returns:
         ``out``, ``wall_s``, the written ``cluster`` document and ``curves`` (each fit's summary).
     """
-    from symtensor.runtime.launch import GLOO_TEARDOWN_ABORT, worker_env, run_process_group
+    from symtensor.runtime.launch import GLOO_TEARDOWN_ABORT, run_process_group, worker_env
 
     devices, backend = check_request(out, devices, backend, force, like, ranks_per_node)
     cmd = worker_command(out, devices, backend, quick, force, like, ranks_per_node)

@@ -27,7 +27,7 @@ import platform
 import signal
 import sys
 import time
-from datetime import datetime, timezone
+from datetime import UTC, datetime
 
 import torch
 import torch.distributed as dist
@@ -215,7 +215,7 @@ def environment(backend: str, device: torch.device, dtype: str) -> dict:
     else:
         name = _cpu_name()
         nccl = None
-    return {"date": datetime.now(timezone.utc).isoformat(timespec="seconds"), "device": name,
+    return {"date": datetime.now(UTC).isoformat(timespec="seconds"), "device": name,
             "torch": str(torch.__version__), "cuda": torch.version.cuda, "nccl": nccl, "backend": backend,
             "dtype": dtype, "world_size": dist.get_world_size()}
 

@@ -49,9 +49,9 @@ def print_explain(console, out: dict, full: bool) -> None:
         t.add_column(col, justify="right" if col not in ("op", "layers", "cuts") else "left", overflow="fold")
     for lt in out["layer_types"]:
         m = lt["terms"]
-        t.add_row(lt["block"], layer_spans(lt["layers"]), compact_cuts(lt["cuts"], sizes), *(str(lt[k]) for k in ("dp", "tp", "cp", "ep")),
-                  f"{m['compute_s']:.4f}", f"{m['communication_s']:.4f}", f"{m['redistribution_s']:.4f}",
-                  f"{m['memory_bytes'] / GIB:.2f}")
+        t.add_row(lt["block"], layer_spans(lt["layers"]), compact_cuts(lt["cuts"], sizes),
+                  *(str(lt[k]) for k in ("dp", "tp", "cp", "ep")), f"{m['compute_s']:.4f}",
+                  f"{m['communication_s']:.4f}", f"{m['redistribution_s']:.4f}", f"{m['memory_bytes'] / GIB:.2f}")
     console.print(t)
     w = Table(title="why: the cut on each mesh axis (next best candidate, + seconds per step); red = not the "
                     "locally cheapest")

@@ -10,6 +10,7 @@ from rich.table import Table
 
 from symtensor.hardware import GIB
 from symtensor.output import shown  # names and paths from users: printed as text, never as markup
+from symtensor.report.tables import breakdown_table, prediction_line
 
 
 def _console() -> Console:
@@ -86,17 +87,6 @@ def graph(out: dict, as_json: bool) -> int:
     return 0
 
 
-def breakdown_table(title: str, breakdown: dict, total: float) -> Table:
-    t = Table(title=title)
-    t.add_column("component")
-    t.add_column("seconds", justify="right")
-    t.add_column("share", justify="right")
-    for k, v in breakdown.items():
-        if v > 0:
-            t.add_row(k, f"{v:.4f}", f"{100 * v / total:.1f}%")
-    return t
-
-
 def evaluation(out: dict, as_json: bool) -> int:
     if as_json:
         return _json(out)
@@ -112,14 +102,6 @@ def evaluation(out: dict, as_json: bool) -> int:
     c.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: {fits}")
     c.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
     return 0
-
-
-def prediction_line(out: dict) -> str:
-    """The engine, the efficiency table and the error band of a prediction, in one line."""
-    lo, hi = out["step_time_band_s"]
-    how = "calibrated" if out["band_calibrated"] else "extrapolated: no calibration runs of this regime"
-    return (f"engine {out['framework']}, {out['efficiency_table']} efficiencies; band {lo:.3f}-{hi:.3f} s "
-            f"({out['regime']}, {how})")
 
 
 def calibration(results, summary: dict, effs: dict, as_json: bool) -> int:
@@ -223,14 +205,15 @@ def run(out: dict, as_json: bool) -> int:
         return _json(out)
     c = _console()
     cfg = out["config"]
-    c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} processes ({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
+    c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} processes "
+            f"({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
             + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "ep", "etp", "sp", "zero")))
     if out["reference_losses"] is None:  # a GPU run: no single-process reference
-        c.print(f"losses {['%.6f' % x for x in out['losses']]}")
+        c.print(f"losses {[f'{x:.6f}' for x in out['losses']]}")
     else:
         ok = "[green]match[/]" if out["numerics_ok"] else "[red]differ[/]"
-        c.print(f"losses {['%.6f' % x for x in out['losses']]} vs one process "
-                f"{['%.6f' % x for x in out['reference_losses']]}: {ok} (max |loss diff| {out['loss_max_abs_diff']:.2e}"
+        c.print(f"losses {[f'{x:.6f}' for x in out['losses']]} vs one process "
+                f"{[f'{x:.6f}' for x in out['reference_losses']]}: {ok} (max |loss diff| {out['loss_max_abs_diff']:.2e}"
                 f", max |param diff| {out['param_max_abs_diff']:.2e})")
     t = Table(title="bytes per device per step: cost model vs measured (TorchDispatchMode)")
     for col in ("collective", "predicted", "measured", ""):

@@ -21,7 +21,8 @@ from symtensor.report.plan_view import layer_spans
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1280px;
        color: #222; padding: 0 1em; }
-h1 { font-size: 1.6em; margin-bottom: .2em; } h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
+h1 { font-size: 1.6em; margin-bottom: .2em; } \
+h2 { border-bottom: 1px solid #ddd; padding-bottom: .2em; margin-top: 2em; }
 table { border-collapse: collapse; margin: .8em 0; font-size: 13px; }
 th, td { border: 1px solid #ddd; padding: 3px 8px; text-align: left; vertical-align: top; }
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }

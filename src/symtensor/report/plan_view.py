@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from symtensor.output import shown
-from symtensor.report.console import breakdown_table
+from symtensor.report.tables import breakdown_table, prediction_line
 
 
 def _cuts(c: dict) -> str:
@@ -41,8 +41,6 @@ def print_plan(console, out: dict) -> None:
     console.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {100 * out['mfu']:.1f}%   found in {out['search_time_s'] * 1000:.0f} ms")
     if "step_time_band_s" in out:
-        from symtensor.report.console import prediction_line
-
         console.print(prediction_line(out), markup=False)
     fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
     console.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: "

@@ -60,8 +60,11 @@ def _batch_p2p(args) -> list[tuple[str, int]]:
     return [("send" if "send" in op else "recv", _nbytes(t)) for op, t in zip(ops, tensors)]
 
 
+def _one(kind, pos):
+    return lambda a: [(kind, _nbytes(a[pos]))]
+
+
 # op overload packet -> (args -> [(kind, bytes)]); the argument positions follow the op schemas
-_one = lambda kind, pos: (lambda a: [(kind, _nbytes(a[pos]))])
 _RULES: dict[object, Callable[[tuple], list[tuple[str, int]]]] = {
     _funcol.all_reduce: _one("all_reduce", 0),
     _funcol.all_reduce_: _one("all_reduce", 0),

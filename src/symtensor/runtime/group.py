@@ -12,8 +12,9 @@ Launcher side (``WorkerGroup``):
                  where its main thread is (``step 3: forward``) since when. A rank whose heartbeat
                  is older than ``stall_s`` (stopped, frozen) or that stays in one place longer than
                  ``timeout_s`` (hung in a collective or a loop; places named ``startup: ...`` get at
-                 least STARTUP_S) stops the run, named with where it was. The launcher beats too (``launcher.beat``); a worker whose launcher stopped
-                 beating (SIGSTOP, a frozen terminal) exits.
+                 least STARTUP_S) stops the run, named with where it was. The launcher beats too
+                 (``launcher.beat``); a worker whose launcher stopped beating (SIGSTOP, a frozen
+                 terminal) exits.
     stopping     on an error, a stall, Ctrl-C or SIGTERM: SIGTERM to the group, SIGKILL after 2 s,
                  then every worker is reaped.
 
@@ -27,6 +28,7 @@ in one group that one signal reaches; the worker still runs under torchrun as we
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
 import signal
@@ -119,7 +121,7 @@ class WorkerGroup:
         self._old_term = None
 
     # -- starting -------------------------------------------------------------------------------
-    def __enter__(self) -> "WorkerGroup":
+    def __enter__(self) -> WorkerGroup:
         sock = listen(self.master_port)
         if threading.current_thread() is threading.main_thread():
             self._old_term = signal.signal(signal.SIGTERM, _interrupt)
@@ -205,10 +207,8 @@ class WorkerGroup:
         """SIGTERM to the group, SIGKILL 2 s later, and reap every worker."""
         if self.procs:
             for sig, wait_s in ((signal.SIGCONT, 0), (signal.SIGTERM, 2.0), (signal.SIGKILL, 10.0)):
-                try:
+                with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.killpg(self.procs[0].pid, sig)
-                except (ProcessLookupError, PermissionError):
-                    pass
                 deadline = time.time() + wait_s
                 while any(p.poll() is None for p in self.procs) and time.time() < deadline:
                     time.sleep(0.05)
@@ -235,7 +235,7 @@ class Heartbeat:
         self.where, self.since = "starting", time.time()
 
     @classmethod
-    def from_env(cls, env=os.environ) -> "Heartbeat":
+    def from_env(cls, env=os.environ) -> Heartbeat:
         if ENV_DIR not in env:
             return cls(None)
         return cls(Path(env[ENV_DIR]) / f"beat{env.get('RANK', '0')}", float(env.get(ENV_STALL, STALL_S)),
@@ -245,7 +245,7 @@ class Heartbeat:
         """Where this rank's main thread is now (shown when it stalls)."""
         self.where, self.since = where, time.time()
 
-    def start(self) -> "Heartbeat":
+    def start(self) -> Heartbeat:
         if self.path is not None:
             self._write()
             threading.Thread(target=self._loop, name="symtensor-heartbeat", daemon=True).start()

@@ -154,7 +154,7 @@ def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, se
     spec_file.write_text(json.dumps(spec.to_dict()))
     cmd = worker_command(model, spec_file, steps, optimizer, out, seed, device)
     try:
-        for attempt in range(2):
+        for _attempt in range(2):
             with WorkerGroup(cmd, nproc, run_dir, timeout_s, master_port, env=worker_env()) as group:
                 codes = group.wait()
             aborted = any(GLOO_TEARDOWN_ABORT in group.log(r).read_text(errors="replace") for r in range(nproc))

@@ -139,7 +139,9 @@ class RunSpec:
     seq: int = 16
 
     def __post_init__(self):
-        set_ = lambda name, value: object.__setattr__(self, name, value)
+        def set_(name, value):
+            object.__setattr__(self, name, value)
+
         # mesh order is meaningful; styles are sorted so that equal layouts compare and hash equal
         set_("mesh", _pairs(self.mesh, "mesh"))
         set_("styles", tuple(sorted(_pairs(self.styles, "styles"), key=str)))

@@ -17,7 +17,6 @@ from torch import nn
 
 from symtensor.errors import PlanError
 
-
 # what the runtime does not build, and the field that asks for it (0 / False / empty: absent)
 UNSUPPORTED = {"kv_latent": "multi-head latent attention (MLA)", "shared_ffn": "shared experts",
                "window": "sliding-window attention", "sinks": "attention sinks"}

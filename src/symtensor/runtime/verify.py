@@ -20,8 +20,14 @@ from symtensor.errors import PlanError
 from symtensor.hardware import GIB
 from symtensor.models import build_graph, load_model_config
 from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
-from symtensor.search.megatron import (assign_axes, megatron_config, megatron_layouts, megatron_plan, micro_steps,
-                                       train_config)
+from symtensor.search.megatron import (
+    assign_axes,
+    megatron_config,
+    megatron_layouts,
+    megatron_plan,
+    micro_steps,
+    train_config,
+)
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -205,8 +211,7 @@ def _gpu_cluster(spec: str | None, devices: int):
     """The cluster a GPU run is predicted on, checked before any process starts."""
     import torch
 
-    from symtensor.hardware import load_cluster
-    from symtensor.profile.document import preset_for
+    from symtensor.hardware.cluster import load_cluster, preset_for
 
     gpus = torch.cuda.device_count() if torch.cuda.is_available() else 0
     if devices > gpus:

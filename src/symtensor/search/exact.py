@@ -79,8 +79,8 @@ def exact_layouts(problem: Problem, upper: dict[str, OpLayout] | None = None) ->
     for e in problem.edges:
         lu, lv = cands[e.src.name], cands[e.dst.name]
         base = col
-        for i, a in enumerate(lu):
-            for j, b in enumerate(lv):
+        for a in lu:
+            for b in lv:
                 costs.append(problem.edge_cost(e, a, b))
                 col += 1
         yblocks.append((e, base, len(lu), len(lv)))

@@ -30,7 +30,6 @@ from symtensor.search.megatron import inner_grid
 from symtensor.search.parallel import Background
 from symtensor.search.pool import Costed, EvaluatorPool
 
-
 FORK_POINTS = 64  # grids smaller than this are not worth a second process
 
 

@@ -23,6 +23,7 @@ from symtensor.search.grid import virtual_stages
 from symtensor.search.partition import Problem, refine, refine_blocks, solve
 from symtensor.search.pool import Costed, EvaluatorPool
 
+
 class OuterSearch:
     """The outer enumeration of one search: it costs variants of layouts with the full model and
     keeps the fastest point that fits (``best``) and, while nothing fits, the smallest
@@ -64,7 +65,7 @@ class OuterSearch:
         self.partitions += 1
         return self.pool.problem(train, lam)
 
-    def absorb(self, other: "OuterSearch") -> None:
+    def absorb(self, other: OuterSearch) -> None:
         """Take the plans of a search run beside this one (its fastest and its smallest) and its
         count of evaluations."""
         offered = [p for p in (other.best, other.least_memory) if p is not None]

@@ -59,7 +59,7 @@ class Background:
         os.close(w)
         self.pid, self.fd = pid, r
 
-    def __enter__(self) -> "Background":
+    def __enter__(self) -> Background:
         return self
 
     def __exit__(self, exc_type, exc, tb) -> None:

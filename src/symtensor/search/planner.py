@@ -35,8 +35,16 @@ from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
 from symtensor.search.grid import megatron_grid
-from symtensor.search.outer import (FULL_MESH, OuterSearch, finish, nominal_steps, partitions, refine_best,
-                                    refine_plan, rollbacks)
+from symtensor.search.outer import (
+    FULL_MESH,
+    OuterSearch,
+    finish,
+    nominal_steps,
+    partitions,
+    refine_best,
+    refine_plan,
+    rollbacks,
+)
 from symtensor.search.parallel import Background
 from symtensor.search.partition import partition, polish
 from symtensor.search.pool import Costed, EvaluatorPool

@@ -18,8 +18,16 @@ from symtensor.layout import OpLayout
 from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.plan import Plan
-from symtensor.search.megatron import (check_config, configuration, expert_op, grid_points, inner_grid,
-                                       megatron_layouts, op_roles, train_config)
+from symtensor.search.megatron import (
+    check_config,
+    configuration,
+    expert_op,
+    grid_points,
+    inner_grid,
+    megatron_layouts,
+    op_roles,
+    train_config,
+)
 from symtensor.search.partition import Problem
 
 
