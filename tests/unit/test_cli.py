@@ -37,7 +37,7 @@ def test_clusters(capsys):
     assert main(["clusters"]) == 0
     assert "dgx-h100" in capsys.readouterr().out
     rows = {r["name"]: r for r in run_json(capsys, ["clusters"])}
-    assert set(rows) == {"dgx-a100-80g", "dgx-h100", "ascend-910b"}
+    assert set(rows) == {"dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "ascend-910b"}
     assert rows["dgx-h100"]["peak_bf16_tflops"] == pytest.approx(989)
     assert [lv["bandwidth_gbps"] for lv in rows["dgx-h100"]["levels"]] == pytest.approx([450, 50])
 
@@ -95,7 +95,7 @@ def test_evaluate_options(capsys):
     (["evaluate", "llama9-7b", "--cluster", "dgx-h100", "--devices", "8", "--tp", "8"],
      r"unknown model 'llama9-7b'.*Did you mean llama2-7b"),
     (["evaluate", "llama2-7b", "--cluster", "dgx-h900", "--devices", "8", "--tp", "8"],
-     r"unknown cluster 'dgx-h900'.*Did you mean dgx-h100"),
+     r"unknown cluster 'dgx-h900'.*Did you mean .*dgx-h100"),
     (["evaluate", "llama2-7b", "--cluster", "dgx-h100", "--devices", "24", "--tp", "3", "--dp", "8",
       "--global-batch", "64"], r"tp=3 must divide heads=32"),
     (["evaluate", "llama2-7b", "--cluster", "dgx-h100", "--devices", "16", "--tp", "8", "--dp", "4"],

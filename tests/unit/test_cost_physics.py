@@ -179,7 +179,27 @@ def test_h100_never_above_a100_fraction_of_peak_for_the_same_gemm():
 def test_devices_get_their_own_tables():
     assert device_table("H100-SXM5-80GB") == "H100"
     assert device_table("A100-SXM4-80GB") == "A100"
-    assert device_table("Ascend-910B") == "A100"  # the documented transfer
+    # the documented transfers (efficiency.TRANSFERS)
+    assert device_table("Ascend-910B") == "A100"
+    assert device_table("H200-SXM-141GB") == device_table("B200-SXM-180GB") == "H100"
+    assert device_table("GB200-B200-186GB") == "H100"
+
+
+@pytest.mark.parametrize("preset", ["dgx-h200", "dgx-b200", "gb200-nvl72", "ascend-910b"])
+def test_a_borrowed_table_is_said_and_its_band_is_uncalibrated(preset):
+    """A device without calibration rows of its own borrows another's fractions of peak: the
+    prediction says so (the table's source) and its band is the uncalibrated one, never the
+    lender's measured spread (Ascend 910B once took A100's +-4%)."""
+    from symtensor.cost.bands import UNCALIBRATED, band_of
+    from symtensor.cost.efficiency import efficiency_for
+
+    cluster = load_cluster(preset, devices=8)
+    assert "transferred to " + cluster.device.name in efficiency_for(cluster).source
+    b = band_of(10.0, cluster.device.name, zero=1, seq=4096, lora=False, moe=False, framework="megatron")
+    assert not b.calibrated
+    assert b.as_list() == pytest.approx([10.0 / (1 + UNCALIBRATED[1]), 10.0 / (1 + UNCALIBRATED[0])])
+    own = band_of(10.0, "H100-SXM5-80GB", zero=1, seq=4096, lora=False, moe=False, framework="megatron")
+    assert own.calibrated
 
 
 def test_deepspeed_gathers_again_for_a_recomputed_forward():

@@ -19,12 +19,15 @@ GIB = 2**30
 DATASHEET = {
     "dgx-a100-80g": (80, 312, 2039, 300, 25),
     "dgx-h100": (80, 989, 3350, 450, 50),
+    "dgx-h200": (141, 989, 4800, 450, 50),
+    "dgx-b200": (180, 2250, 8000, 900, 50),
     "ascend-910b": (64, 313, 1600, 50, 10),
 }
+NODE = {"gb200-nvl72": 72}  # GPUs per NVLink domain where it is not 8
 
 
 def test_preset_names():
-    assert cluster_names() == sorted(DATASHEET)
+    assert cluster_names() == sorted([*DATASHEET, *NODE])
 
 
 @pytest.mark.parametrize("name", sorted(DATASHEET))
@@ -76,6 +79,18 @@ def test_dgx_h100_mesh(devices, counts, axes):
     assert total == devices
 
 
+def test_gb200_nvl72_is_one_nvlink_domain_of_72():
+    """A rack of 72 GB200 GPUs is one NVLink domain (9 and 8 inside it as 3 x 3 x 2 x 2 x 2 axes):
+    tensor and expert parallelism up to 72 ranks stay on NVLink; racks join over InfiniBand."""
+    c = load_cluster("gb200-nvl72", nodes=2)
+    assert c.n_devices == 144 and c.level_counts == (72, 2)
+    assert [f"{a.name}:{a.size}" for a in c.mesh()] == ["ib0:2", "nvlink0:3", "nvlink1:3", "nvlink2:2",
+                                                         "nvlink3:2", "nvlink4:2"]
+    assert c.device.flops("bf16") == pytest.approx(2500e12) and c.device.flops("fp8") == pytest.approx(5000e12)
+    assert c.device.memory == 186 * GIB and c.levels[0].bandwidth == pytest.approx(900e9)
+    assert load_cluster("gb200-nvl72", devices=36).level_counts == (36, 1)  # half a rack
+
+
 def test_nodes_and_devices_agree():
     assert load_cluster("dgx-h100", nodes=3) == load_cluster("dgx-h100", devices=24)
     assert load_cluster("dgx-h100", devices=1).mesh() == ()
@@ -107,8 +122,8 @@ def test_bad_cluster_requests():
         load_cluster("dgx-h100", devices=8, nodes=1)
     with pytest.raises(PlanError, match=r"--nodes must be a positive integer, got -1"):
         load_cluster("dgx-h100", nodes=-1)
-    with pytest.raises(PlanError, match=r"unknown cluster 'dgx-h200'.*Did you mean dgx-h100"):
-        load_cluster("dgx-h200", devices=8)
+    with pytest.raises(PlanError, match=r"unknown cluster 'dgx-h300'.*Did you mean dgx-h200, dgx-h100"):
+        load_cluster("dgx-h300", devices=8)
     with pytest.raises(PlanError, match=r"needs at least one level"):
         Cluster(name="x", device=PRESETS["dgx-h100"][0], levels=(), n_devices=8)
 

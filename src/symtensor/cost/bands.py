@@ -8,7 +8,8 @@ calibrate`` prints (tests/test_cost_model.py checks these constants against it):
     H100 dense 3D   17 NeMo 2 Llama 3.1 runs (calibration_h100.csv)            -4.17% .. +4.57%
 
 A regime without calibration rows of its own (sharded data parallelism, long context, LoRA,
-mixture of experts), or a device without a calibration file (Ascend 910B), has no measured
+mixture of experts), or a device without calibration rows of its own (H200, B200, GB200, Ascend
+910B: they borrow another device's efficiency table, ``efficiency.TRANSFERS``), has no measured
 spread: it takes a residual range of +-25% and says it is extrapolated. That is a stated guess,
 the size of the errors analytic models show outside the regime they were fitted in (before v2,
 this model was 20-75% too fast on FSDP runs it had not been fitted on).
@@ -66,11 +67,13 @@ def verdict(a: Band, b: Band, a_s: float, b_s: float) -> str:
 
 def band_of(step_s: float, device_name: str, *, zero: int, seq: int, lora: bool, moe: bool,
             framework: str) -> Band:
-    """The band of a prediction for a configuration on a device (its table and regime)."""
-    from symtensor.cost.efficiency import device_table
+    """The band of a prediction for a configuration on a device (its own table and regime): a device
+    that borrows another's table (``efficiency.TRANSFERS``) has no calibration rows, so no measured
+    spread."""
+    from symtensor.cost.efficiency import own_table
 
     regime = regime_of(zero=zero, seq=seq, lora=lora, moe=moe, framework=framework)
-    return band(step_s, device_table(device_name), regime)
+    return band(step_s, own_table(device_name) or device_name, regime)
 
 
 def band(step_s: float, table: str, regime: str) -> Band:

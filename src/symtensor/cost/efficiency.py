@@ -40,14 +40,30 @@ H100 = A100.replace(gemm=0.6208, attention=0.6332, attention_bwd=0.6332 * ATTENT
                     source="H100: fitted on shared/data/calibration_h100.csv (NeMo 2 Llama 3.1 on DGX H100); "
                            "see symtensor calibrate")
 
-# One table per device; a device without its own (Ascend 910B) uses A100's, a documented transfer.
+# One table per device that has calibration rows of its own; the others use one of these, a
+# documented transfer (device name part, table, why): their predictions are uncalibrated (cost.bands).
 TABLES = {"A100": A100, "H100": H100}
+TRANSFERS = (
+    ("H200", "H100", "the H100's GH100 die: the same SMs, clocks and Tensor Cores; only the HBM differs, "
+                     "which the roofline reads from the device"),
+    ("B200", "H100", "no Blackwell rows in the calibration files: Hopper's fractions of peak, the nearest "
+                     "generation with Transformer Engine kernels, applied to Blackwell's own peaks"),
+    ("910B", "A100", "no Ascend rows in the calibration files: A100's fractions of peak (a similar BF16 peak "
+                     "and HBM2e bandwidth)"),
+)
+
+
+def own_table(device_name: str) -> str | None:
+    """The table fitted on this device's own calibration rows (A100, H100), or None."""
+    name = device_name.upper()
+    return next((k for k in TABLES if k in name), None)
 
 
 def device_table(device_name: str) -> str:
-    """The efficiency table a device uses: its own where one is fitted (A100, H100), else A100's."""
+    """The efficiency table a device uses: its own (``own_table``), else its documented transfer
+    (``TRANSFERS``), else A100's."""
     name = device_name.upper()
-    return next((k for k in TABLES if k in name), "A100")
+    return own_table(name) or next((table for part, table, _ in TRANSFERS if part in name), "A100")
 
 
 # engines whose kernels are PyTorch's own (SDPA attention, eager elementwise composites): ``Engine.pytorch_kernels``
@@ -84,12 +100,15 @@ def attention_fractions(eff: Efficiency, kernel: str | None = None) -> tuple[flo
 
 def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:
     """The efficiency table of ``cluster``: the fields its cluster file sets (``Cluster.efficiency``,
-    e.g. measured by ``symtensor profile``) over else the calibrated table of its device (other
-    devices reuse the A100 fractions, a documented transfer), with the kernels of ``framework``'s
-    stack (``PYTORCH_KERNELS``: SDPA attention and eager elementwise ops). ``cluster`` may also be
-    a device name."""
+    e.g. measured by ``symtensor profile``) over the calibrated table of its device (or the table a
+    device without one borrows: ``TRANSFERS``, said in its ``source``), with the kernels of
+    ``framework``'s stack (``PYTORCH_KERNELS``: SDPA attention and eager elementwise ops).
+    ``cluster`` may also be a device name."""
     name = cluster if isinstance(cluster, str) else cluster.device.name
     base = TABLES[device_table(name)]
+    if own_table(name) is None:
+        why = next((why for part, _, why in TRANSFERS if part in name.upper()), "no table of its own")
+        base = base.replace(source=f"{device_table(name)}'s table transferred to {name} ({why}); {base.source}")
     if framework in PYTORCH_KERNELS:
         sdpa = base.attention_sdpa or base.attention
         base = base.replace(attention=sdpa, attention_bwd=sdpa * ATTENTION_BWD_RATIO, eager_elementwise=True)

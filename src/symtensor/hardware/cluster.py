@@ -174,14 +174,40 @@ H100_SXM = Device(
                                        "fp32": 67 * TFLOPS},
     hbm_bandwidth=3350 * GB, memory=80 * GIB,
     source="NVIDIA H100 datasheet (dense BF16 989 TFLOP/s, FP8 1,979, HBM3 3.35 TB/s, 80 GB)")
+# Device memory counts the datasheet's GB as GiB, as the A100 and H100 presets do (an 80 GB H100 shows
+# 79.6 GiB in nvidia-smi); MEMORY_HEADROOM covers the difference.
+# H200: the H100's GH100 die (same SMs, clocks and Tensor Cores: the same dense peaks) with 141 GB of
+# HBM3e at 4.8 TB/s.
+H200_SXM = Device(
+    name="H200-SXM-141GB", peak_flops={"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp8": 1979 * TFLOPS,
+                                       "fp32": 67 * TFLOPS},
+    hbm_bandwidth=4800 * GB, memory=141 * GIB,
+    source="NVIDIA H200 Tensor Core GPU datasheet (SXM: dense BF16 989 TFLOP/s, FP8 1,979 = half the "
+           "with-sparsity figures; 141 GB HBM3e at 4.8 TB/s; the H100's GH100 die)")
+# B200 in an HGX/DGX B200 board (1,000 W): the Blackwell datasheet's dense (non-sparse) Tensor Core
+# peaks; DGX B200 holds 1,440 GB of HBM3e at 64 TB/s over 8 GPUs: 180 GB and 8 TB/s each.
+B200_HGX = Device(
+    name="B200-SXM-180GB", peak_flops={"bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS,
+                                       "fp4": 9000 * TFLOPS, "fp32": 80 * TFLOPS},
+    hbm_bandwidth=8000 * GB, memory=180 * GIB,
+    source="NVIDIA Blackwell datasheet, HGX B200 at 1,000 W: dense BF16 2,250 TFLOP/s, FP8 4,500, FP4 9,000 "
+           "(sparse figures are twice these); DGX B200: 1,440 GB HBM3e, 64 TB/s for 8 GPUs")
+# B200 in a GB200 superchip (1,200 W): higher clocks than HGX; GB200 NVL72 holds up to 13.4 TB of
+# HBM3e at 576 TB/s over 72 GPUs: 186 GB and 8 TB/s each.
+GB200 = Device(
+    name="GB200-B200-186GB", peak_flops={"bf16": 2500 * TFLOPS, "fp16": 2500 * TFLOPS, "fp8": 5000 * TFLOPS,
+                                         "fp4": 10000 * TFLOPS, "fp32": 90 * TFLOPS},
+    hbm_bandwidth=8000 * GB, memory=186 * GIB,
+    source="NVIDIA Blackwell datasheet, GB200 at 1,200 W: dense BF16 2,500 TFLOP/s, FP8 5,000, FP4 10,000; "
+           "GB200 NVL72 spec: up to 13.4 TB HBM3e and 576 TB/s for 72 GPUs (186 GB, 8 TB/s each)")
 ASCEND_910B = Device(
     name="Ascend-910B", peak_flops={"bf16": 313 * TFLOPS, "fp16": 313 * TFLOPS, "fp32": 75 * TFLOPS},
     hbm_bandwidth=1600 * GB, memory=64 * GIB,
     source="Huawei Atlas 800T A2 (Ascend 910B) public specs: ~313 TFLOP/s FP16, 64 GB HBM2e at ~1.6 TB/s")
 
 
-def _levels(intra_name, intra_bw, inter_name, inter_bw, intra_src, inter_src):
-    return (Level(name=intra_name, fanout=8, bandwidth=intra_bw, latency=_NVLINK_LAT, source=intra_src),
+def _levels(intra_name, intra_bw, inter_name, inter_bw, intra_src, inter_src, fanout=8):
+    return (Level(name=intra_name, fanout=fanout, bandwidth=intra_bw, latency=_NVLINK_LAT, source=intra_src),
             Level(name=inter_name, fanout=0, bandwidth=inter_bw, latency=_NET_LAT, source=inter_src))
 
 
@@ -194,6 +220,23 @@ PRESETS = {
         "nvlink", 450 * GB, "ib", 50 * GB,
         "NVLink 4 through NVSwitch: 900 GB/s bidirectional per GPU = 450 GB/s each way (H100 datasheet)",
         "8x NDR InfiniBand 400 Gb/s per node, one NIC per GPU = 50 GB/s each way (DGX H100 user guide)")),
+    "dgx-h200": (H200_SXM, _levels(
+        "nvlink", 450 * GB, "ib", 50 * GB,
+        "NVLink 4 through NVSwitch: 900 GB/s bidirectional per GPU = 450 GB/s each way (H200 datasheet)",
+        "8x NDR InfiniBand 400 Gb/s per node (ConnectX-7), one NIC per GPU = 50 GB/s each way (DGX H200)")),
+    "dgx-b200": (B200_HGX, _levels(
+        "nvlink", 900 * GB, "ib", 50 * GB,
+        "NVLink 5 through two NVSwitch chips: 1.8 TB/s bidirectional per GPU (14.4 TB/s for 8) = 900 GB/s "
+        "each way (DGX B200 datasheet)",
+        "8x ConnectX-7 400 Gb/s InfiniBand per node, one NIC per GPU = 50 GB/s each way (DGX B200 user guide)")),
+    # one NVLink domain of 72 GPUs (a rack: 18 compute trays of 2 GB200 superchips, 4 GPUs each, and
+    # 9 NVLink switch trays); racks joined by InfiniBand, one 400 Gb/s NIC per GPU
+    "gb200-nvl72": (GB200, _levels(
+        "nvlink", 900 * GB, "ib", 50 * GB,
+        "NVLink 5 switch system across the rack: 130 TB/s for 72 GPUs = 1.8 TB/s bidirectional per GPU = "
+        "900 GB/s each way (GB200 NVL72 spec)",
+        "ConnectX-7 400 Gb/s InfiniBand, one NIC per GPU = 50 GB/s each way (DGX GB200 reference "
+        "architecture)", fanout=72)),
     "ascend-910b": (ASCEND_910B, _levels(
         "hccs", 50 * GB, "roce", 10 * GB,
         "HCCS inside an 8-NPU Atlas 800T A2 node, ~50 GB/s per NPU (PARADISE hardware.py A2 preset)",
