@@ -131,9 +131,8 @@ def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_
     asserted num_layers % pp at launch; 13 layers over 8 (1, 2 x 5, 1, 1) is no split it takes."""
     from symtensor.cost import TrainConfig
     from symtensor.export.megatron import pipeline_args
-    from symtensor.search.megatron import check_config, configuration
-
     from symtensor.search import megatron_plan
+    from symtensor.search.megatron import check_config, configuration
 
     plan = megatron_plan(PRESETS["llama3-70b"], load_cluster("dgx-h100", devices=24), tp=8, pp=3, dp=1, sp=True,
                          global_batch=8, seq=2048)

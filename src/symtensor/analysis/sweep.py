@@ -60,15 +60,20 @@ def parse_range(text, flag: str) -> list[int] | None:
 
 
 def layout_label(config: dict) -> str:
-    """A short name of a plan's choices: ``tp2 dp32 sp zero1``; ``*`` marks per-op heterogeneity."""
-    parts = [f"{k}{config[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if config.get(k, 1) > 1 or k == "dp"]
-    if config.get("sp"):
+    """A short name of a plan's choices (its JSON ``config``, read once as a ``Parallelism``):
+    ``tp2 dp32 sp zero1``; ``*`` marks per-op heterogeneity."""
+    from symtensor.plan.parallelism import Parallelism
+
+    p = Parallelism.from_dict(config)
+    degrees = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep}
+    parts = [f"{k}{v}" for k, v in degrees.items() if v > 1 or k == "dp"]
+    if p.sp:
         parts.append("sp")
-    parts.append(f"zero{config.get('zero', 0)}")
-    if config.get("recompute", "none") != "none":
-        parts.append(f"rc-{config['recompute']}")
-    if config.get("vpp", 1) > 1:
-        parts.append(f"vpp{config['vpp']}")
+    parts.append(f"zero{p.zero}")
+    if p.recompute != "none":
+        parts.append(f"rc-{p.recompute}")
+    if p.vpp > 1:
+        parts.append(f"vpp{p.vpp}")
     return " ".join(parts) + ("*" if config.get("heterogeneous") else "")
 
 

@@ -40,12 +40,13 @@ def data_parallel(p: Parallelism) -> tuple[int, int, str]:
 
 
 def _cp_fsdp(p: Parallelism) -> str | None:
-    """With context parallelism (``cp_needs_fsdp``), why torchtitan cannot run a ZeRO-0 plan with context parallelism as DDP: it applies FSDP2
-    whenever cp > 1 (``ParallelDims.fsdp_enabled`` is ``dp_shard_enabled or cp_enabled``;
-    torchtitan/models/llama3/infra/parallelize.py shards over its ``dp_shard_cp`` mesh, dp_shard x
-    cp, before it considers DDP), even at data_parallel_shard_degree 1, and it has no setting that
-    keeps the parameters replicated there. Above ZeRO 0 it is what the plan costs: the cost model
-    shards ZeRO's state over the data-parallel axes dp x cp (``cost.params.data_axes``)."""
+    """With context parallelism (``cp_needs_fsdp``), why torchtitan cannot run a ZeRO-0 plan as
+    DDP: it applies FSDP2 whenever cp > 1 (``ParallelDims.fsdp_enabled`` is ``dp_shard_enabled or
+    cp_enabled``; torchtitan/models/llama3/infra/parallelize.py shards over its ``dp_shard_cp``
+    mesh, dp_shard x cp, before it considers DDP), even at data_parallel_shard_degree 1, and it
+    has no setting that keeps the parameters replicated there. Above ZeRO 0 it is what the plan
+    costs: the cost model shards ZeRO's state over the data-parallel axes dp x cp
+    (``cost.params.data_axes``)."""
     if not (CAPABILITIES.cp_needs_fsdp and p.cp > 1 and p.zero == 0):
         return None
     return (f"with context parallelism (cp={p.cp}) it shards the parameters with FSDP over dp x cp = "
@@ -54,9 +55,10 @@ def _cp_fsdp(p: Parallelism) -> str | None:
 
 
 def _expert_grid(p: Parallelism, model) -> str | None:
-    """An MoE model's expert grid as torchtitan takes it (``expert_fold`` borrowed) (``ParallelDims``): expert TP is 1 or tp, and EP borrows all of
-    cp (and tp when expert TP is 1) and part of the FSDP degree ``data_parallel_shard_degree``,
-    which a plan without sharded state (ZeRO 0: DDP) leaves at 1."""
+    """An MoE model's expert grid as torchtitan takes it (``ParallelDims``; ``expert_fold``
+    borrowed): expert TP is 1 or tp, and EP borrows all of cp (and tp when expert TP is 1) and part
+    of the FSDP degree ``data_parallel_shard_degree``, which a plan without sharded state (ZeRO 0:
+    DDP) leaves at 1."""
     if not model.is_moe or p.ep == 1:
         return None
     tp, cp, ep, etp = p.tp, p.cp, p.ep, p.etp

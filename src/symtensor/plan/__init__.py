@@ -6,5 +6,5 @@ from symtensor.plan.parallelism import Heterogeneous, Parallelism
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import config_summary, degrees, layer_types
 
-__all__ = ["Heterogeneous", "Parallelism", "Plan", "config_summary", "degrees", "layer_types", "load_plan", "plan_to_dict",
-           "save_plan"]
+__all__ = ["Heterogeneous", "Parallelism", "Plan", "config_summary", "degrees", "layer_types", "load_plan",
+           "plan_to_dict", "save_plan"]

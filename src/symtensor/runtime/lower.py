@@ -39,7 +39,8 @@ def refusal(p: Parallelism, model, attention_only: bool = False) -> str | None:
         return "the runtime does not recompute activations; plan with recompute=none"
     if p.zero > 0 and caps.zero_as_costed and not p.sharded_parameters:
         return (f"the runtime runs ZeRO-0 (all-reduce), ZeRO-3 (FSDP) and the fsdp2 engine's ZeRO-1/2 (FSDP2 without "
-                f"resharding after forward), not {p.framework}'s ZeRO-{p.zero}; plan with --framework fsdp2 or --zero 3")
+                f"resharding after forward), not {p.framework}'s ZeRO-{p.zero}; plan with --framework fsdp2 or "
+                "--zero 3")
     if model.is_moe and p.tp > 1 and not (p.sp or attention_only):
         return ("the runtime runs MoE layers with tensor parallelism under sequence parallelism only (each rank routes "
                 "its sequence shard, as Megatron requires); plan with sp")

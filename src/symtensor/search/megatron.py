@@ -1,12 +1,13 @@
 """Megatron-LM configurations as layouts: (tp, pp, dp, cp, ep, etp, sp, zero, recompute, micro batch, vpp).
 
 A Megatron configuration is one point of SymTensor's space: every op gets the cuts Megatron's
-modules apply (``megatron_layouts``). Its type is the engine-neutral ``plan.parallelism.Parallelism``;
-inside the search it is a dict of its keys (``DEFAULTS``), the grid's working record and the
-keywords of ``megatron_plan``, the Megatron constructor of a Plan, checked by ``check_config``
-(the one configuration rule, ``plan.parallelism.refusal``); ``megatron_config`` reads it back
-from a plan, ``grid_points`` enumerates the space. Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp; pp
-slowest), which puts tensor parallelism inside a node.
+modules apply (``megatron_layouts``). Its type is the engine-neutral
+``plan.parallelism.Parallelism``; inside the search it is a dict of its keys (``DEFAULTS``), the
+grid's working record and the keywords of ``megatron_plan``, the Megatron constructor of a Plan,
+checked by ``check_config`` (the one configuration rule, ``plan.parallelism.refusal``);
+``Plan.parallelism`` reads it back from a plan, ``grid_points`` enumerates the space. Mesh axes
+are assigned in Megatron's rank order (tp fastest, then cp, then dp; pp slowest), which puts
+tensor parallelism inside a node.
 
 The expert layers have their own grid over the same ranks (Megatron's MoE parallel folding,
 ``--expert-tensor-parallel-size`` and ``--expert-model-parallel-size``): the tp x cp x dp ranks of
@@ -34,7 +35,7 @@ from symtensor.graph import Graph
 from symtensor.hardware import Cluster, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
 from symtensor.models import ModelConfig, build_graph
-from symtensor.plan.parallelism import Parallelism, has_dense_mlp, parallelism
+from symtensor.plan.parallelism import Parallelism, has_dense_mlp
 from symtensor.plan.parallelism import refusal as config_refusal
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import MEGATRON_KEYS
@@ -246,13 +247,6 @@ def megatron_plan(model: ModelConfig, cluster: Cluster, graph: Graph | None = No
     layouts = megatron_layouts(graph, ev.mesh, c)
     train = train_config(c)
     return Plan.of(model, cluster, train, c["seq"], graph, ev.mesh, ev.pp_axes, layouts, ev.evaluate(layouts, train))
-
-
-def megatron_config(plan: Plan) -> dict:
-    """The Megatron configuration of a plan whose ops agree on one (``plan.parallelism``, as a
-    dict): the keywords of ``megatron_plan`` that rebuild it. A PlanError names the rule when
-    its ops do not agree."""
-    return parallelism(plan).as_dict()
 
 
 def expert_grids(cfg: ModelConfig, tp: int, stage: int) -> list[tuple[int, int]]:
