@@ -15,8 +15,8 @@ from symtensor.errors import PlanError
 from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config, params_active
-from symtensor.plan import Plan
-from symtensor.search.megatron import check_config, megatron_plan
+from symtensor.plan import Parallelism, Plan
+from symtensor.search.megatron import megatron_plan
 
 TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
 
@@ -54,14 +54,14 @@ def graph_summary(model, micro_batch: int = 1, seq: int | None = None, global_ba
     }
 
 
-def _best_micro_batch(cfg, cluster, config: dict) -> Plan:
+def _best_micro_batch(cfg, cluster, config: Parallelism) -> Plan:
     """``--micro-batch auto``: the plan of ``config`` at the fastest micro batch that fits (the
     fastest overall if none fits)."""
-    per_replica = config["global_batch"] // config["dp"]
+    per_replica = config.global_batch // config.dp
     best, why = None, None
     for mb in [d for d in range(1, min(per_replica, 64) + 1) if per_replica % d == 0]:
         try:
-            plan = megatron_plan(cfg, cluster, **{**config, "micro_batch": mb})
+            plan = megatron_plan(cfg, cluster, **config.replace(micro_batch=mb).as_dict())
         except PlanError as exc:
             why = why or exc
             continue
@@ -88,13 +88,15 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
         dp = cl.n_devices // (tp * pp * cp)
     global_batch = global_batch or default_global_batch(seq)
     sp = tp > 1 if sp is None else sp
-    config = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
-                  micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
-                  seq=seq, vpp=vpp, framework=framework)
-    check_config(cfg, cl.n_devices, config)
+    config = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
+                         micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
+                         seq=seq, vpp=vpp, framework=framework)
+    why = config.refusal(cfg, cl.n_devices)  # the one configuration rule, before any costing
+    if why is not None:
+        raise PlanError(why)
     if micro_batch == "auto":
         return _best_micro_batch(cfg, cl, config)
-    return megatron_plan(cfg, cl, **config)
+    return megatron_plan(cfg, cl, **config.as_dict())
 
 
 def captured_graphs(model, seq: int, overrides=None):

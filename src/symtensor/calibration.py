@@ -30,7 +30,8 @@ from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
 from symtensor.models import ModelConfig, build_graph
 from symtensor.models.config import PRESETS, apply_overrides
-from symtensor.search.megatron import configuration, megatron_layouts, train_config
+from symtensor.plan.parallelism import Parallelism
+from symtensor.search.megatron import megatron_layouts
 
 # tolerance per metric: the acceptance bounds (stricter than the 8% per time row asked of cost model v2)
 TOLERANCE = {"iteration time (s)": ("rel", 0.05), "MFU (%)": ("abs", 2.0),
@@ -113,24 +114,23 @@ class _Cache:
         self.evs: dict = {}
 
     @staticmethod
-    def key(cfg, c: dict, gpu="dgx-a100-80g", dtype="fp16") -> tuple:
-        return (cfg, gpu, dtype, c["tp"], c["pp"], c["dp"], c["cp"], c["micro_batch"], c["seq"])
+    def key(cfg, p: Parallelism, gpu="dgx-a100-80g", dtype="fp16") -> tuple:
+        return (cfg, gpu, dtype, p.tp, p.pp, p.dp, p.cp, p.micro_batch, p.seq)
 
-    def report(self, cfg: ModelConfig, config: dict, grad_bytes: int = 4, gpu="dgx-a100-80g",
+    def report(self, cfg: ModelConfig, p: Parallelism, grad_bytes: int = 4, gpu="dgx-a100-80g",
                dtype="fp16", modern=False):
         """Megatron-LM as Korthikanti et al. ran it in 2022 (gradients all-reduced after backward,
         no communication overlap), or with ``modern`` as NeMo 2 runs Megatron-core + Transformer
         Engine (overlapped gradient reduce and parameter gather, TP communication overlap).
-        ``config``: a Megatron configuration (``search.megatron``; the rest its defaults)."""
-        c = configuration(config)
-        key = self.key(cfg, c, gpu, dtype)
+        ``p``: the configuration (Megatron's layouts)."""
+        key = self.key(cfg, p, gpu, dtype)
         if key not in self.evs:
-            cluster = load_cluster(gpu, devices=c["tp"] * c["pp"] * c["dp"] * c["cp"])
-            graph = build_graph(cfg, micro_batch=c["micro_batch"] * c["dp"], seq=c["seq"], dtype=dtype, skeleton=True)
-            self.evs[key] = Evaluator(graph, cluster, pp=c["pp"], eff=self.effs["H100" if "h100" in gpu else "A100"])
+            cluster = load_cluster(gpu, devices=p.world)
+            graph = build_graph(cfg, micro_batch=p.micro_batch * p.dp, seq=p.seq, dtype=dtype, skeleton=True)
+            self.evs[key] = Evaluator(graph, cluster, pp=p.pp, eff=self.effs["H100" if "h100" in gpu else "A100"])
         ev = self.evs[key]
-        layouts = megatron_layouts(ev.graph, ev.mesh, c)
-        train = train_config(c).replace(grad_bytes=grad_bytes)
+        layouts = megatron_layouts(ev.graph, ev.mesh, p.as_dict())
+        train = p.train.replace(grad_bytes=grad_bytes)
         if not modern:
             train = train.replace(overlap_grad_reduce=False, tp_overlap=False)
         return ev.evaluate(layouts, train, check=False)
@@ -147,8 +147,8 @@ def _korthikanti(row: Row, cache: _Cache) -> float:
     gbatch = int(r["global_batch"]) if r["global_batch"] else 280 * dp
     sp = r["sp"] == "yes"
     rec = _recompute(r["recompute"])
-    config = configuration(dict(tp=tp, pp=pp, dp=dp, sp=sp, recompute=rec, micro_batch=micro,
-                                global_batch=gbatch, seq=int(r["seq"]), vpp=vpp))
+    config = Parallelism(tp=tp, pp=pp, dp=dp, sp=sp, recompute=rec, micro_batch=micro, global_batch=gbatch,
+                         seq=int(r["seq"]), vpp=vpp)
     metric = row.metric
     if metric == "iteration time (s)":
         return cache.report(cfg, config).step_time_s
@@ -163,7 +163,7 @@ def _korthikanti(row: Row, cache: _Cache) -> float:
     if metric == "activation memory per GPU (GiB)":
         return cache.report(cfg, config).memory["activations_layers"] / GIB
     if metric.startswith("activation memory, %"):
-        base = {**config, "sp": False, "recompute": "none"}
+        base = config.replace(sp=False, recompute="none")
         act = cache.report(cfg, config).memory["activations_layers"]
         return 100 * act / cache.report(cfg, base).memory["activations_layers"]
     raise ValueError(f"no prediction for metric {metric!r}")
@@ -177,7 +177,7 @@ ZERO_MODEL = ModelConfig(name="zero-7.5b", family="gpt", layers=36, hidden=4096,
 def _zero(row: Row, cache: _Cache) -> float:
     stage = int(row.metric.rsplit(" ", 1)[-1])
     gpus = int(row.fields["gpus"])
-    config = dict(dp=gpus, zero=stage, micro_batch=1, global_batch=gpus, seq=1024)
+    config = Parallelism(dp=gpus, zero=stage, micro_batch=1, global_batch=gpus, seq=1024)
     rep = cache.report(ZERO_MODEL, config, grad_bytes=2)
     return (rep.memory["params"] + rep.memory["grads"] + rep.memory["optimizer"]) / 1e9
 
@@ -194,9 +194,9 @@ def _nemo(row: Row, cache: _Cache) -> float:
     distributed optimizer (ZeRO 1), fp32 main gradients, overlapped gradient reduce and parameter
     gather, TP communication overlap, BF16, no recomputation (the recipes' default)."""
     r = row.fields
-    config = dict(tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), cp=int(r["cp"]), sp=r["sp"] == "yes",
-                  zero=1, recompute="none", micro_batch=int(r["micro_batch"]),
-                  global_batch=int(r["global_batch"]), seq=int(r["seq"]), vpp=int(r["vpp"]))
+    config = Parallelism(tp=int(r["tp"]), pp=int(r["pp"]), dp=int(r["dp"]), cp=int(r["cp"]), sp=r["sp"] == "yes",
+                         zero=1, recompute="none", micro_batch=int(r["micro_batch"]),
+                         global_batch=int(r["global_batch"]), seq=int(r["seq"]), vpp=int(r["vpp"]))
     rep = cache.report(_llama31(r), config, gpu="dgx-h100", dtype="bf16", modern=True)
     if row.metric == "iteration time (s)":
         return rep.step_time_s

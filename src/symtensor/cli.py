@@ -249,15 +249,15 @@ def _dispatch(args) -> int:
     if args.command in ("explain", "compare", "sweep", "report"):
         return _dispatch_analysis(args)
     if args.command == "export":
-        from symtensor.export import export
-        from symtensor.export.formats import engine_note
+        from symtensor.export import engine_note, export
         from symtensor.plan import load_plan
 
         plan = load_plan(args.plan)
         out = export(plan, args.to)
-        print(" \\\n  ".join(out) if args.to == "megatron" else json.dumps(out, indent=2))
+        lines = isinstance(out, list)  # argument lines (Megatron-LM); a dict carries its note as _engine_note
+        print(" \\\n  ".join(out) if lines else json.dumps(out, indent=2))
         note = engine_note(plan, args.to)
-        if note and args.to == "megatron":
+        if note and lines:
             print(f"note: {note}", file=sys.stderr)
         return 0
     if args.command == "run":

@@ -26,7 +26,7 @@ def test_ep4_folded_over_tp2_x_dp2(capsys):
     assert code == 0, out
     c = out["config"]
     assert (c["tp"], c["dp"], c["ep"], c["etp"], c["sp"]) == (2, 2, 4, 1, True)
-    assert out["spec"]["ep_axes"] == ["dp", "tp"]
+    assert out["spec"]["ep_axes"] == ["loopback0", "loopback1"]  # the plan's axes: dp's, then tp's
     assert out["numerics_ok"], (out["loss_max_abs_diff"], out["param_max_abs_diff"])
     rows = {r["kind"]: r for r in out["bytes"]}
     cfg = load_model_config("tiny-qwen3-moe")

@@ -8,8 +8,7 @@ import math
 import pytest
 
 from symtensor.errors import PlanError
-from symtensor.export import dtensor_plan, export, megatron_args, torchtitan_config
-from symtensor.export.formats import FORMATS
+from symtensor.export import FORMATS, dtensor_plan, export, megatron_args, torchtitan_config
 from symtensor.hardware import load_cluster
 from symtensor.models import PRESETS
 from symtensor.plan import config_summary
@@ -132,8 +131,9 @@ def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_
     """80 layers over 3 stages (27, 27, 26) exported with no split argument, so Megatron-LM
     asserted num_layers % pp at launch; 13 layers over 8 (1, 2 x 5, 1, 1) is no split it takes."""
     from symtensor.cost import TrainConfig
+    from symtensor.export.megatron import pipeline_args
     from symtensor.search import megatron_plan
-    from symtensor.search.megatron import check_config, configuration, pipeline_args
+    from symtensor.search.megatron import check_config, configuration
 
     plan = megatron_plan(PRESETS["llama3-70b"], load_cluster("dgx-h100", devices=24), tp=8, pp=3, dp=1, sp=True,
                          global_batch=8, seq=2048)

@@ -10,7 +10,7 @@ import pytest
 from symtensor.cli import main
 from symtensor.errors import PlanError
 from symtensor.export import megatron_args
-from symtensor.export.formats import layer_pattern
+from symtensor.export.megatron import layer_pattern
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config
 from symtensor.search import megatron_plan

@@ -108,10 +108,31 @@ def test_experts_fold_over_tp_and_dp():
 ])
 def test_plan_to_spec_folds_experts_as_megatron_orders_ranks(pc, axes):
     """EP takes the tensor-parallel ranks first, then the data-parallel ones (megatron.assign_axes)."""
-    from symtensor.runtime.verify import plan_to_spec
+    from symtensor.runtime.lower import plan_to_spec
 
     spec = plan_to_spec(local_plan(MIXTRAL, global_batch=8, seq=16, **pc))
-    assert spec.ep_axes == axes
+    role = {"tp": spec.tp_axis, "dp": (spec.dp_axes + spec.fsdp_axes + (None,))[0]}
+    assert spec.ep_axes == tuple(role[a] for a in axes)
+
+
+@pytest.mark.parametrize("pc, mesh, roles", [
+    (dict(tp=2, dp=2, sp=True), {"loopback0": 2, "loopback1": 2}, ("loopback1", ("loopback0",), None)),
+    (dict(tp=2, dp=4, sp=True), {"loopback0+loopback1": 4, "loopback2": 2},
+     ("loopback2", ("loopback0+loopback1",), None)),
+    (dict(dp=4), {"loopback0+loopback1": 4}, (None, ("loopback0+loopback1",), None)),
+    (dict(pp=2, dp=2, micro_batch=1), {"loopback0": 2, "loopback1": 2}, (None, ("loopback1",), "loopback0")),
+])
+def test_plan_to_spec_names_the_plans_mesh_axes(pc, mesh, roles):
+    """One mesh vocabulary (issue 24): the RunSpec's axes are the plan's (``loopback0`` on this
+    machine's processes), those of one role joined by "+" as the runtime flattens them; tp on the
+    innermost axes, pp on the outermost, as the plan's layouts put them."""
+    from symtensor.runtime.lower import plan_to_spec
+
+    plan = local_plan(LLAMA, global_batch=8, seq=16, **pc)
+    spec = plan_to_spec(plan)
+    assert dict(spec.mesh) == mesh and (spec.tp_axis, spec.dp_axes, spec.pp_axis) == roles
+    named = {a for cuts in plan.layouts.values() for axes in cuts.values() for a in axes} | set(plan.pipeline.names)
+    assert {a for axis, _ in spec.mesh for a in axis.split("+")} == named
 
 
 @pytest.mark.parametrize("pc, message", [
@@ -120,7 +141,7 @@ def test_plan_to_spec_folds_experts_as_megatron_orders_ranks(pc, axes):
     (dict(tp=2, dp=2, ep=4, sp=False), r"MoE layers with tensor parallelism under sequence parallelism only"),
 ])
 def test_plan_to_spec_refuses_expert_grids_it_cannot_run(pc, message):
-    from symtensor.runtime.verify import plan_to_spec
+    from symtensor.runtime.lower import plan_to_spec
 
     plan = local_plan(MIXTRAL, global_batch=8, seq=16, **pc)
     with pytest.raises(PlanError, match=message):
@@ -192,11 +213,13 @@ def test_plan_to_spec_runs_each_zero_stage_as_the_plan_costs_it(framework, zero,
     """The fsdp2 engine costs ZeRO 1/2 as FSDP2 without resharding after forward (every parameter
     gathered once per step), ZeRO 3 with it (twice); the runtime refused ZeRO 1/2 and always
     resharded. Its spec now gathers as many times as the prediction it is judged against."""
-    from symtensor.runtime.verify import plan_to_spec, predicted_bytes
+    from symtensor.runtime.lower import plan_to_spec
+    from symtensor.runtime.verify import predicted_bytes
 
     plan = local_plan(LLAMA, dp=2, zero=zero, micro_batch=4, global_batch=8, seq=16, framework=framework)
     spec = plan_to_spec(plan)
-    assert ((spec.dp_axes, spec.fsdp_axes), spec.reshard_after_forward) == (axes, reshard)
+    named = tuple(tuple(plan.mesh.names) if a else () for a in axes)  # the plan's one axis, loopback0
+    assert ((spec.dp_axes, spec.fsdp_axes), spec.reshard_after_forward) == (named, reshard)
     predicted = predicted_bytes(plan)
     reduced = predicted["reduce_scatter"] or predicted["all_reduce"]
     assert predicted["all_gather"] == gathers * reduced and reduced > 0
@@ -206,7 +229,7 @@ def test_plan_to_spec_runs_each_zero_stage_as_the_plan_costs_it(framework, zero,
 def test_plan_to_spec_still_refuses_megatrons_zero_1_and_2(zero):
     """Megatron's distributed optimizer (replicated parameters, one gather after the step) is no
     FSDP2: its ZeRO-1/2 plans stay refused, naming the engine and the fix."""
-    from symtensor.runtime.verify import plan_to_spec
+    from symtensor.runtime.lower import plan_to_spec
 
     plan = local_plan(LLAMA, dp=2, zero=zero, micro_batch=4, global_batch=8, seq=16)
     with pytest.raises(PlanError, match=rf"not megatron's ZeRO-{zero}; plan with --framework fsdp2 or --zero 3"):
@@ -225,8 +248,9 @@ def test_reshard_after_forward_is_fully_shards_setting():
 
 def test_the_runtime_chooses_zero_2_under_the_fsdp2_engine():
     """``symtensor run`` asked for ZeRO-2 costs and runs it as the fsdp2 engine (it was refused)."""
-    from symtensor.runtime.verify import choose_plan, plan_to_spec
+    from symtensor.runtime.lower import plan_to_spec
+    from symtensor.runtime.verify import choose_plan
 
     plan = choose_plan(LLAMA, 2, 8, 16, 1, 2, None)
-    assert (plan.config["dp"], plan.train.zero, plan.engine) == (2, 2, "fsdp2")
+    assert (plan.parallelism.dp, plan.train.zero, plan.engine) == (2, 2, "fsdp2")
     assert plan_to_spec(plan).reshard_after_forward is False

@@ -28,15 +28,20 @@ DEGREE_WORDS = {"tp": "tensor parallel", "cp": "context parallel", "dp": "data p
 
 
 def layout_label(config: dict) -> str:
-    """A short name of a plan's choices: ``tp2 dp32 sp zero1``; ``*`` marks per-op heterogeneity."""
-    parts = [f"{k}{config[k]}" for k in ("tp", "pp", "dp", "cp", "ep") if config.get(k, 1) > 1 or k == "dp"]
-    if config.get("sp"):
+    """A short name of a plan's choices (its JSON ``config``, read once as a ``Parallelism``):
+    ``tp2 dp32 sp zero1``; ``*`` marks per-op heterogeneity."""
+    from symtensor.plan.parallelism import Parallelism
+
+    p = Parallelism.from_dict(config)
+    degrees = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep}
+    parts = [f"{k}{v}" for k, v in degrees.items() if v > 1 or k == "dp"]
+    if p.sp:
         parts.append("sp")
-    parts.append(f"zero{config.get('zero', 0)}")
-    if config.get("recompute", "none") != "none":
-        parts.append(f"rc-{config['recompute']}")
-    if config.get("vpp", 1) > 1:
-        parts.append(f"vpp{config['vpp']}")
+    parts.append(f"zero{p.zero}")
+    if p.recompute != "none":
+        parts.append(f"rc-{p.recompute}")
+    if p.vpp > 1:
+        parts.append(f"vpp{p.vpp}")
     return " ".join(parts) + ("*" if config.get("heterogeneous") else "")
 
 
@@ -82,7 +87,7 @@ def _point(cfg, cluster: str, g: dict, micro_batch, space: str) -> dict:
     except PlanError as exc:
         return {**base, "devices": g.get("devices"), "error": str(exc)}
     rep = plan.report.as_dict()
-    config = plan.config
+    config = plan.config  # the JSON summary (of any plan, heterogeneous ones too)
     return {**base, "devices": cl.n_devices, "step_time_s": rep["step_time_s"], "tokens_per_s": rep["tokens_per_s"],
             "mfu": rep["mfu"], "memory_gib_per_device": rep["memory_gib_per_device"],
             "capacity_gib": rep["capacity_gib"], "fits": rep["fits"], "breakdown": rep["breakdown"],
@@ -131,21 +136,21 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
     fastest micro batch that fits, else the smallest): its step, memory and fit, or why it is
     impossible there."""
     from symtensor.hardware import load_cluster
+    from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Parallelism
     from symtensor.search.megatron import megatron_plan
 
     cl = load_cluster(cluster, devices=point["devices"])
     n = cl.n_devices
-    tp, pp, cp = config["tp"], config["pp"], config["cp"]
+    p = Parallelism.from_dict(config)  # the point's JSON summary, read once
+    tp, pp, cp = p.tp, p.pp, p.cp
     if n % (tp * pp * cp):
         return {"valid": False, "error": f"tp*pp*cp = {tp * pp * cp} does not divide the {n} devices"}
-    dp = n // (tp * pp * cp)
+    p = p.replace(dp=n // (tp * pp * cp), sp=p.sp and tp > 1, global_batch=point["global_batch"], seq=point["seq"],
+                  framework=DEFAULT_FRAMEWORK)
     best, error = None, None
     for mb in (1, 2, 4, 8):
         try:
-            rep = megatron_plan(cfg, cl, tp=tp, pp=pp, dp=dp, cp=cp, ep=config["ep"], etp=config.get("etp", 1),
-                                sp=config["sp"] and tp > 1, zero=config["zero"], recompute=config["recompute"],
-                                micro_batch=mb, global_batch=point["global_batch"], seq=point["seq"],
-                                vpp=config["vpp"]).report
+            rep = megatron_plan(cfg, cl, **p.replace(micro_batch=mb).as_dict()).report
         except PlanError as exc:
             error = error or str(exc)
             continue

@@ -62,16 +62,15 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
     each baseline's breakdown and memory when ``detail``."""
     cl = plan.cluster
     result = plan.report.as_dict()
-    config = plan.config
     result.update(model=plan.model.name, cluster=cl.name, devices=cl.n_devices, space=space, captured=captured,
                   search_time_s=plan.search_time_s, search_phases_s=dict(plan.search_phases_s),
-                  evaluations=plan.evaluations, partitions=plan.partitions, config=config, notes=notes(plan),
+                  evaluations=plan.evaluations, partitions=plan.partitions, config=plan.config, notes=notes(plan),
                   mesh=[{"name": a.name, "size": a.size, "level": cl.levels[a.level].name} for a in plan.mesh],
                   pipeline_axes=list(plan.pipeline.names),
                   layouts={name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},
                   layer_types=layer_types(plan))
-    result.update(prediction_terms(plan.model, cl, plan.report.step_time_s, zero=config["zero"], seq=plan.seq,
-                                   framework=config.get("framework", "megatron"), graph=plan.graph))
+    result.update(prediction_terms(plan.model, cl, plan.report.step_time_s, zero=plan.train.zero, seq=plan.seq,
+                                   framework=plan.engine, graph=plan.graph))
     if baselines is not None:
         result["baselines"] = baselines_json(plan, baselines, _band(result), detail)
     return result
@@ -98,8 +97,8 @@ def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False)
         entry = {"step_time_s": rep.step_time_s, "fits": rep.fits, "config": config, "mfu": rep.mfu,
                  "memory_gib_per_device": rep.memory_peak / GIB}
         entry["speedup_of_plan"] = rep.step_time_s / ref if rep.fits else None
-        band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=config.get("zero", 0), seq=plan.seq,
-                           framework=config.get("framework", "megatron"))
+        band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=b.train.zero, seq=plan.seq,
+                           framework=b.engine)
         entry["step_time_band_s"] = band.as_list()
         entry["verdict_of_plan"] = verdict(plan_band, band, ref, rep.step_time_s) if rep.fits else \
             "baseline does not fit"

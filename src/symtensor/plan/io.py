@@ -75,13 +75,14 @@ def load_plan(path: str | Path) -> Plan:
     if data["format"] != FORMAT:
         raise PlanError(f"plan file {p}: format {data['format']!r}, expected {FORMAT!r}")
     cfg, train = plan_file(data, p)  # every key typed and in range; the full model dims
-    c = data["cluster"]
-    _need(c, ("name", "devices", "device", "levels"), "cluster")
-    dev = Device(name=c["device"]["name"], peak_flops=dict(c["device"]["peak_flops"]),
-                 hbm_bandwidth=float(c["device"]["hbm_bandwidth"]), memory=float(c["device"]["memory"]))
+    cl = data["cluster"]
+    _need(cl, ("name", "devices", "device", "levels"), "cluster")
+    device = cl["device"]
+    dev = Device(name=device["name"], peak_flops=dict(device["peak_flops"]),
+                 hbm_bandwidth=float(device["hbm_bandwidth"]), memory=float(device["memory"]))
     levels = tuple(Level(name=lv["name"], fanout=int(lv["fanout"]), bandwidth=float(lv["bandwidth"]),
-                         latency=float(lv["latency"])) for lv in c["levels"])
-    cluster = Cluster(name=c["name"], device=dev, levels=levels, n_devices=int(c["devices"]))
+                         latency=float(lv["latency"])) for lv in cl["levels"])
+    cluster = Cluster(name=cl["name"], device=dev, levels=levels, n_devices=int(cl["devices"]))
     graph = build_graph(cfg, micro_batch=train.graph_batch, seq=int(data["seq"]), skeleton=True)
     ev = Evaluator(graph, cluster, pp=train.pp, framework=train.framework)
     mesh_names = [m["name"] for m in data["mesh"]]

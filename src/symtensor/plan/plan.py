@@ -14,7 +14,7 @@ the search, and ``Plan.op_layouts`` turns them back for the analyses that re-cos
     >>> from symtensor.search import megatron_plan
     >>> plan = megatron_plan(load_model_config("tiny-llama"), load_cluster("dgx-h100", devices=8),
     ...                      tp=2, dp=4, sp=True, global_batch=8, seq=64)
-    >>> plan.config["tp"], plan.config["dp"], plan.mesh.names
+    >>> plan.parallelism.tp, plan.parallelism.dp, plan.mesh.names
     (2, 4, ('nvlink0', 'nvlink1', 'nvlink2'))
     >>> plan.layouts["layers.0.q_proj"]
     {'b': ('nvlink0', 'nvlink1'), 'n': ('nvlink2',)}
@@ -29,6 +29,7 @@ from symtensor.graph import Graph
 from symtensor.hardware import Cluster, Mesh
 from symtensor.layout import OpLayout
 from symtensor.models import ModelConfig
+from symtensor.plan.parallelism import Parallelism, parallelism
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -96,6 +97,13 @@ class Plan:
         from symtensor.plan.summary import config_summary
 
         return config_summary(self)
+
+    @property
+    def parallelism(self) -> Parallelism:
+        """The engine-neutral configuration every layer runs (``plan.parallelism.parallelism``):
+        what the exports and the runtime lower; ``Heterogeneous`` (a PlanError) when the ops
+        do not agree on one. Computed on each read: read it once."""
+        return parallelism(self)
 
     def op_layouts(self) -> dict[str, OpLayout]:
         """The layouts by mesh position on ``mesh``, as the cost model reads them."""

@@ -91,7 +91,7 @@ def config_summary(plan) -> dict:
     """
     g, mesh, train = plan.graph, plan.mesh, plan.train
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
-    core = next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
+    core = _core(plan)
     deg = degrees(core, plan.layouts.get(core.name, {}), mesh)
     experts = [op for op in ops if _expert_gemm(op)]
     edeg = degrees(experts[0], plan.layouts[experts[0].name], mesh) if experts else {"ep": 1, "tp": 1}
@@ -104,6 +104,27 @@ def config_summary(plan) -> dict:
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
             "framework": train.framework}
+
+
+def _core(plan):
+    """The op whose degrees the summary gives: the first layer's attention core (the heaviest op
+    family), or the first op of the layers."""
+    g = plan.graph
+    ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
+    return next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
+
+
+def role_axes(plan) -> dict[str, tuple[str, ...]]:
+    """The names of the mesh axes that play each role of the summary, in mesh order: ``dp`` (the
+    batch), ``cp`` (the sequence) and ``tp`` (model dims) of the op the summary reads (``_core``),
+    and ``pp``, the pipeline's axes. What the runtime names its mesh by (``runtime.lower``)."""
+    cuts = plan.layouts.get(_core(plan).name, {})
+
+    def on(dims) -> tuple[str, ...]:
+        used = {a for d in dims for a in cuts.get(d, ())}
+        return tuple(a for a in plan.mesh.names if a in used)
+
+    return {"pp": plan.pipeline.names, "dp": on(("b",)), "cp": on(("s", "c")), "tp": on(MODEL_DIMS)}
 
 
 def differences(plan, deg: dict, edeg: dict | None) -> list[str]:

@@ -32,11 +32,11 @@ def _header(console, out: dict) -> None:
 
 
 def _cell(lv: dict) -> str:
-    alt = [c for c in lv["candidates"] if not c["chosen"]]
-    best = next(c for c in lv["candidates"] if c["chosen"])
+    alt = [cand for cand in lv["candidates"] if not cand["chosen"]]
+    best = next(cand for cand in lv["candidates"] if cand["chosen"])
     text = lv["chosen"] or "-"
     if alt:
-        runner = min(alt, key=lambda c: c["time_s"])
+        runner = min(alt, key=lambda cand: cand["time_s"])
         text += f" ({runner['cut'] or 'none'} {runner['time_s'] - best['time_s']:+.3g})"
     return text if lv["chosen"] == lv["cheapest"] else f"[red]{text}[/]"
 
@@ -74,11 +74,11 @@ def print_candidates(console, lt: dict) -> None:
     for col in ("axis", "cut", "compute s", "comm s", "redistr. s", "total s", "memory GiB", ""):
         t.add_column(col, justify="left" if col in ("axis", "cut", "") else "right")
     for lv in lt["levels"]:
-        for c in lv["candidates"]:
-            mark = ("plan" if c["chosen"] else "") + (" cheapest" if c["cheapest"] else "")
-            t.add_row(f"{lv['axis']} ({lv['level']})", c["meaning"], f"{c['compute_s']:.4f}",
-                      f"{c['communication_s']:.4f}", f"{c['redistribution_s']:.4f}", f"{c['time_s']:.4f}",
-                      f"{c['memory_bytes'] / GIB:.2f}", mark, style="bold" if c["chosen"] else "")
+        for cand in lv["candidates"]:
+            mark = ("plan" if cand["chosen"] else "") + (" cheapest" if cand["cheapest"] else "")
+            t.add_row(f"{lv['axis']} ({lv['level']})", cand["meaning"], f"{cand['compute_s']:.4f}",
+                      f"{cand['communication_s']:.4f}", f"{cand['redistribution_s']:.4f}", f"{cand['time_s']:.4f}",
+                      f"{cand['memory_bytes'] / GIB:.2f}", mark, style="bold" if cand["chosen"] else "")
         t.add_section()
     console.print(t)
     for lv in lt["levels"]:

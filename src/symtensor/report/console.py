@@ -200,6 +200,18 @@ def sweep_progress(enabled: bool):
             lambda i, n, point: on_step(i, n, f"{point['value']}: {point.get('layout') or 'no plan'}"))
 
 
+def _mesh_roles(spec: dict) -> str:
+    """The run's mesh as the plan names its axes (``runtime.lower``), each with its roles:
+    ``loopback0:2 (dp) x loopback1:2 (tp, ep)``."""
+    roles = {axis: [] for axis in spec["mesh"]}
+    for role, axes in (("pp", [spec["pp_axis"]]), ("dp", spec["dp_axes"]), ("fsdp", spec["fsdp_axes"]),
+                       ("tp", [spec["tp_axis"]]), ("ep", spec["ep_axes"])):
+        for axis in axes:
+            if axis in roles:
+                roles[axis].append(role)
+    return " x ".join(f"{axis}:{size} ({', '.join(roles[axis]) or '-'})" for axis, size in spec["mesh"].items())
+
+
 def run(out: dict, as_json: bool) -> int:
     if as_json:
         return _json(out)
@@ -208,6 +220,7 @@ def run(out: dict, as_json: bool) -> int:
     c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} processes "
             f"({'NCCL' if out.get('device') == 'cuda' else 'gloo'}): "
             + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "ep", "etp", "sp", "zero")))
+    c.print(f"mesh {_mesh_roles(out['spec'])}")
     if out["reference_losses"] is None:  # a GPU run: no single-process reference
         c.print(f"losses {[f'{x:.6f}' for x in out['losses']]}")
     else:

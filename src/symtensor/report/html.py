@@ -146,9 +146,9 @@ def why_section(ex: dict) -> str:
     for lt in ex["layer_types"]:
         cells = []
         for lv in lt["levels"]:
-            best = next(c for c in lv["candidates"] if c["chosen"])
-            alt = [c for c in lv["candidates"] if not c["chosen"]]
-            runner = min(alt, key=lambda c: c["time_s"]) if alt else None
+            best = next(cand for cand in lv["candidates"] if cand["chosen"])
+            alt = [cand for cand in lv["candidates"] if not cand["chosen"]]
+            runner = min(alt, key=lambda cand: cand["time_s"]) if alt else None
             margin = f" ({runner['cut'] or 'none'} {runner['time_s'] - best['time_s']:+.3g} s)" if runner else ""
             style = "" if lv["chosen"] == lv["cheapest"] else " class='bad'"
             cells.append(f"<td title='{_e(lv['verdict'])}'{style}>{_e((lv['chosen'] or '-') + margin)}</td>")

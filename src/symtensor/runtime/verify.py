@@ -1,11 +1,10 @@
 """``symtensor run``: plan (or load a plan), execute it under torchrun, check numerics and bytes.
 
-The runtime executes the plans its RunSpec can express: Megatron-style tensor parallelism (column
-then row per block, vocabulary-parallel embedding, sequence parallelism), data parallelism by
-gradient all-reduce, FSDP2 (ZeRO-3, and the fsdp2 engine's ZeRO-1/2 without resharding after
-forward), expert parallelism and pipelines of data-parallel stages. A
-plan is mapped to a RunSpec (``plan_to_spec``); a plan that needs anything else is refused with the
-reason before any process starts. The same configuration is costed by the model with the
+The runtime executes the plans its RunSpec can express (``runtime.lower``: Megatron-style tensor
+parallelism, data parallelism, FSDP2, expert parallelism over whole axes, pipelines of
+data-parallel stages). A plan is lowered to a RunSpec on the plan's own mesh axes
+(``runtime.lower.plan_to_spec``); a plan that needs anything else is refused with the reason
+before any process starts. The same configuration is costed by the model with the
 runtime's precision (fp32 weights, activations and gradients) and its per-kind bytes per device
 and step are compared with what the run issued.
 
@@ -15,19 +14,12 @@ No torch import at module level: ``symtensor.runtime.launch`` imports it when a 
 from __future__ import annotations
 
 from symtensor.cost import Evaluator
-from symtensor.cost.engine import reshards_after_forward, sharded_parameters
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB
 from symtensor.models import build_graph, load_model_config
-from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
-from symtensor.search.megatron import (
-    assign_axes,
-    megatron_config,
-    megatron_layouts,
-    megatron_plan,
-    micro_steps,
-    train_config,
-)
+from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Heterogeneous
+from symtensor.runtime.lower import CAPABILITIES, plan_to_spec
+from symtensor.search.megatron import assign_axes, megatron_layouts, megatron_plan
 
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
 
@@ -47,68 +39,6 @@ ATTENTION_BLOCKS = ("q_proj", "k_proj", "v_proj", "q_rope", "k_rope", "core", "s
                     "o_proj")
 
 
-def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
-    """The RunSpec of a Megatron-style plan (``search.megatron_config``); refuses what the runtime
-    cannot run."""
-    c, cfg = megatron_config(plan), plan.model
-    if c["cp"] > 1:
-        raise PlanError("the runtime has no context parallelism yet; plan with cp=1")
-    if c["recompute"] != "none":
-        raise PlanError("the runtime does not recompute activations; plan with recompute=none")
-    if c["zero"] in (1, 2) and c["framework"] != "fsdp2":
-        raise PlanError(f"the runtime runs ZeRO-0 (all-reduce), ZeRO-3 (FSDP) and the fsdp2 engine's ZeRO-1/2 "
-                        f"(FSDP2 without resharding after forward), not {c['framework']}'s ZeRO-{c['zero']}; plan "
-                        "with --framework fsdp2 or --zero 3")
-    tp, pp, dp = c["tp"], c["pp"], c["dp"]
-    mesh, dp_axes, fsdp_axes = {}, (), ()
-    if pp > 1:
-        mesh["pp"] = pp
-    if dp > 1:
-        mesh["dp"] = dp
-        # the fsdp2 engine's ZeRO 1/2 is FSDP2 without resharding after forward (cost.engine); FSDP2
-        # has no ZeRO 1 (replicated gradients), so ZeRO 1 runs as ZeRO 2: the same collectives
-        dp_axes, fsdp_axes = ((), ("dp",)) if sharded_parameters(c["zero"], c["framework"]) else (("dp",), ())
-    if tp > 1:
-        mesh["tp"] = tp
-    if not mesh:
-        mesh["dp"] = 1
-        dp_axes = ("dp",)
-    styles, layer_styles = {}, {}
-    if tp > 1 and attention_only:  # a heterogeneous plan: attention TP, the rest data parallel
-        styles = dict(ATTN_TP)
-    elif tp > 1:
-        styles = dict(ATTN_TP) | ({} if cfg.is_moe else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
-        if cfg.is_moe:  # the dense layers among the MoE ones keep a tensor-parallel MLP
-            layer_styles = {i: dict(MLP_TP) for i in range(cfg.layers) if not cfg.is_moe_layer(i)}
-    return RunSpec(mesh=mesh, tp_axis="tp" if tp > 1 else None, styles=styles, layer_styles=layer_styles,
-                   sequence_parallel=c["sp"], dp_axes=dp_axes, fsdp_axes=fsdp_axes,
-                   reshard_after_forward=reshards_after_forward(c["zero"]) or not fsdp_axes,
-                   ep_axes=_expert_axes(c, cfg, attention_only), pp_axis="pp" if pp > 1 else None,
-                   microbatches=micro_steps(c) if pp > 1 else 1, global_batch=c["global_batch"], seq=c["seq"])
-
-
-def _expert_axes(c: dict, cfg, attention_only: bool) -> tuple[str, ...]:
-    """The runtime's mesh axes that the expert grid of configuration ``c`` cuts the experts over.
-    Megatron's rank order (``megatron.assign_axes``) folds EP over the tensor-parallel ranks
-    first, then the data-parallel ones; the runtime cuts whole axes, so ep is tp, tp x dp, or
-    (tp 1) dp."""
-    tp, dp, ep = c["tp"], c["dp"], c["ep"]
-    if cfg.is_moe and tp > 1 and not (c["sp"] or attention_only):
-        raise PlanError("the runtime runs MoE layers with tensor parallelism under sequence parallelism only "
-                        "(each rank routes its sequence shard, as Megatron requires); plan with sp")
-    if ep == 1:
-        return ()
-    if c["etp"] != 1:
-        raise PlanError(f"the runtime has no expert tensor parallelism; plan with etp=1, got etp={c['etp']}")
-    if attention_only:
-        raise PlanError("--attention-only-tp replicates the MoE layers over tp; run it without expert parallelism")
-    folds = {tp: ("tp",), tp * dp: ("dp", "tp")} if tp > 1 else {dp: ("dp",)}
-    if ep not in folds:
-        raise PlanError(f"the runtime cuts experts over whole mesh axes: ep must be one of {sorted(folds)} "
-                        f"(tp={tp}, dp={dp}), got ep={ep}")
-    return tuple(a for a in folds[ep] if a == "tp" or dp > 1)
-
-
 def predicted_bytes(plan, attention_only: bool = False) -> dict:
     """Bytes per collective kind per device per step the model predicts for the runtime's
     execution of ``plan`` on its devices' processes, at fp32."""
@@ -120,13 +50,14 @@ def prediction(plan, cluster, attention_only: bool = False, dtype: str = "fp32")
     """The cost report of the runtime's execution of the Megatron-style ``plan`` on ``cluster``:
     fp32 weights and gradients, activations in ``dtype`` (fp32 on CPU, bf16 under the GPU run's
     autocast)."""
-    c, cfg = megatron_config(plan), plan.model
+    p, cfg = plan.parallelism, plan.model
     if cfg.is_moe:
         # the runtime gives every expert room for all tokens (no dropping): capacity c = s
         cfg = cfg.replace(capacity_factor=cfg.experts / cfg.top_k)
-    graph = build_graph(cfg, micro_batch=c["micro_batch"] * c["dp"], seq=c["seq"], dtype=dtype, skeleton=True)
-    train = train_config(c).replace(param_bytes=4, grad_bytes=4, framework="fsdp2")
-    ev = Evaluator(graph, cluster, pp=c["pp"], framework=train.framework)
+    graph = build_graph(cfg, micro_batch=p.micro_batch * p.dp, seq=p.seq, dtype=dtype, skeleton=True)
+    train = p.train.replace(param_bytes=4, grad_bytes=4, framework=CAPABILITIES.engine)
+    ev = Evaluator(graph, cluster, pp=p.pp, framework=train.framework)
+    c = p.as_dict()  # the Megatron layouts' working record
     layouts = megatron_layouts(graph, ev.mesh, c)
     # the runtime gathers the logits for the loss instead of a vocabulary-parallel cross-entropy
     for op in graph.ops:
@@ -174,12 +105,12 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
         _small_enough(cfg)
     plan = (runnable_plan(plan_file, cfg, devices) if plan_file
             else choose_plan(cfg, devices, global_batch, seq, tp, zero, ep, pp))
-    config = megatron_config(plan)
+    config = plan.parallelism
     if attention_only:
-        if config["tp"] == 1:
+        if config.tp == 1:
             raise PlanError("--attention-only-tp needs --tp > 1")
-        config["sp"] = False
-        plan = megatron_plan(cfg, plan.cluster, **config)
+        config = config.replace(sp=False)
+        plan = megatron_plan(cfg, plan.cluster, **config.as_dict())
     spec = plan_to_spec(plan, attention_only)
     if device == "cpu":
         _few_enough_tokens(config)
@@ -193,7 +124,7 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
         ok = abs(p - m) <= TOLERANCE * max(p, m) + 1e-9
         rows.append({"kind": kind, "predicted_bytes": p, "measured_bytes": m, "ok": ok})
     numerics_ok = None if device == "cuda" else result["loss_max_abs_diff"] <= (1e-5 if optimizer == "sgd" else 1e-4)
-    out = {"model": cfg.name, "devices": devices, "device": device, "config": config, "spec": spec.to_dict(),
+    out = {"model": cfg.name, "devices": devices, "device": device, "config": config.as_dict(), "spec": spec.to_dict(),
            "losses": result["losses"], "reference_losses": result["reference_losses"],
            "loss_max_abs_diff": result["loss_max_abs_diff"], "param_max_abs_diff": result["param_max_abs_diff"],
            "numerics_ok": numerics_ok, "bytes": rows, "bytes_ok": all(r["ok"] for r in rows),
@@ -235,9 +166,11 @@ def runnable_plan(path: str, cfg, devices: int):
     same_model(plan.model, cfg, f"plan {path}")
     if plan.cluster.n_devices != devices:
         raise PlanError(f"plan {path} is for {plan.cluster.n_devices} devices, not --devices {devices}")
-    if plan.config["heterogeneous"]:
+    try:
+        plan.parallelism  # noqa: B018 (read for its refusal)
+    except Heterogeneous:
         raise PlanError(f"plan {path} gives different ops different cuts; the runtime runs Megatron-style plans "
-                        "(plan with --space megatron)")
+                        "(plan with --space megatron)") from None
     return plan
 
 
@@ -266,7 +199,7 @@ def choose_plan(cfg, devices: int, global_batch: int, seq: int, tp: int | None =
                 z = zero if dp > 1 else 0  # ZeRO 1/2 runs as the fsdp2 engine costs it (plan_to_spec)
                 plan = megatron_plan(cfg, cluster, tp=t, pp=pp, dp=dp, ep=e, sp=t > 1, zero=z, micro_batch=mb,
                                      global_batch=global_batch, seq=seq,
-                                     framework="fsdp2" if z in (1, 2) else "megatron")
+                                     framework=CAPABILITIES.engine if z in (1, 2) else DEFAULT_FRAMEWORK)
             except PlanError:
                 continue
             try:
@@ -299,10 +232,10 @@ RUN_MAX_PARAMS = 200_000_000
 RUN_MAX_TOKENS, RUN_MAX_SEQ = 65_536, 8192  # per step; attention's work grows with seq^2
 
 
-def _few_enough_tokens(c: dict) -> None:
-    tokens = c["global_batch"] * c["seq"]
-    if c["seq"] > RUN_MAX_SEQ or tokens > RUN_MAX_TOKENS:
-        raise PlanError(f"run trains on CPU processes: --global-batch {c['global_batch']} x --seq {c['seq']} = "
+def _few_enough_tokens(p) -> None:
+    tokens = p.global_batch * p.seq
+    if p.seq > RUN_MAX_SEQ or tokens > RUN_MAX_TOKENS:
+        raise PlanError(f"run trains on CPU processes: --global-batch {p.global_batch} x --seq {p.seq} = "
                         f"{tokens:,} tokens per step; the limits are {RUN_MAX_TOKENS:,} tokens and sequences of "
                         f"{RUN_MAX_SEQ:,}; give a smaller batch or sequence")
 

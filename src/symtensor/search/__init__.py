@@ -15,7 +15,7 @@ seeds and the baselines; everything it returns is a ``symtensor.plan.Plan``.
 
 from symtensor.search.baselines import BASELINES, baseline_plans
 from symtensor.search.drec import drec_plan
-from symtensor.search.megatron import megatron_config, megatron_plan
+from symtensor.search.megatron import megatron_plan
 from symtensor.search.planner import search
 
-__all__ = ["BASELINES", "baseline_plans", "drec_plan", "megatron_config", "megatron_plan", "search"]
+__all__ = ["BASELINES", "baseline_plans", "drec_plan", "megatron_plan", "search"]

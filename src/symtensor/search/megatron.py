@@ -1,11 +1,13 @@
 """Megatron-LM configurations as layouts: (tp, pp, dp, cp, ep, etp, sp, zero, recompute, micro batch, vpp).
 
 A Megatron configuration is one point of SymTensor's space: every op gets the cuts Megatron's
-modules apply (``megatron_layouts``). It is no type of its own: it is the keywords of
-``megatron_plan``, the Megatron constructor of a Plan (a dict of ``DEFAULTS``' keys, checked by
-``check_config``); ``megatron_config`` reads them back from a plan, ``grid_points`` enumerates
-the space. Mesh axes are assigned in Megatron's rank order (tp fastest, then cp, then dp; pp
-slowest), which puts tensor parallelism inside a node.
+modules apply (``megatron_layouts``). Its type is the engine-neutral
+``plan.parallelism.Parallelism``; inside the search it is a dict of its keys (``DEFAULTS``), the
+grid's working record and the keywords of ``megatron_plan``, the Megatron constructor of a Plan,
+checked by ``check_config`` (the one configuration rule, ``plan.parallelism.refusal``);
+``Plan.parallelism`` reads it back from a plan, ``grid_points`` enumerates the space. Mesh axes
+are assigned in Megatron's rank order (tp fastest, then cp, then dp; pp slowest), which puts
+tensor parallelism inside a node.
 
 The expert layers have their own grid over the same ranks (Megatron's MoE parallel folding,
 ``--expert-tensor-parallel-size`` and ``--expert-model-parallel-size``): the tp x cp x dp ranks of
@@ -28,28 +30,25 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.train import chunks_fit
 from symtensor.errors import PlanError
 from symtensor.graph import Graph
 from symtensor.hardware import Cluster, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
 from symtensor.models import ModelConfig, build_graph
+from symtensor.plan.parallelism import Parallelism, has_dense_mlp, refusal as config_refusal
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import MEGATRON_KEYS
 
 MICRO_BATCHES = (1, 2, 4, 8)  # the micro-batch sizes the Megatron grid tries
 
 
-# A Megatron-LM configuration is the engine's own arguments, as the keywords of ``megatron_plan``
-# (the Megatron constructor of a Plan) and the Megatron keys of a plan's ``config``; these are
-# Megatron's defaults for the keys a configuration leaves out. ``ep`` and ``etp`` are the expert
-# layers' grid (``--expert-model-parallel-size``, ``--expert-tensor-parallel-size``), folded over
-# the tp x cp x dp ranks of a stage: ep x etp must divide them. etp defaults to 1, as Megatron's
-# MoE model zoo and practitioners run experts (Megatron's own default is etp = tp); dense models
-# have no expert grid: ep and etp stay 1 there. ``framework``: the engine whose semantics the
-# costs follow (cost/engine.py).
-_DEFAULTS = {"tp": 1, "pp": 1, "dp": 1, "cp": 1, "ep": 1, "etp": 1, "sp": False, "zero": 0, "recompute": "none",
-             "micro_batch": 1, "global_batch": 1, "seq": 2048, "vpp": 1, "framework": "megatron"}
+# A Megatron-LM configuration is the engine-neutral ``plan.parallelism.Parallelism`` as a dict of
+# its keys: the keywords of ``megatron_plan`` (the Megatron constructor of a Plan) and the grid's
+# working record (a dict: the grid builds and merges hundreds of thousands). These are Megatron's
+# defaults for the keys a configuration leaves out (``Parallelism``'s: ep and etp are the expert
+# layers' grid, folded over the tp x cp x dp ranks of a stage; ``framework``: the engine whose
+# semantics the costs follow, cost/engine.py).
+_DEFAULTS = Parallelism().as_dict()
 DEFAULTS = MappingProxyType(_DEFAULTS)  # read-only (configuration() merges the dict: twice as fast)
 _KEYS = frozenset(_DEFAULTS)
 assert tuple(DEFAULTS) == MEGATRON_KEYS  # one list of Megatron's arguments
@@ -67,96 +66,21 @@ def configuration(given: dict) -> dict:
 
 def micro_steps(c: dict) -> int:
     """Micro-batches per step of each data-parallel replica of configuration ``c``."""
-    return c["global_batch"] // (c["micro_batch"] * c["dp"])
+    return Parallelism(**c).micro_steps
 
 
 def train_config(c: dict) -> TrainConfig:
     """The training configuration the cost model reads, of the (complete) configuration ``c``."""
-    return TrainConfig(global_batch=c["global_batch"], micro_steps=micro_steps(c), pp=c["pp"], vpp=c["vpp"],
-                       recompute=c["recompute"], zero=c["zero"], framework=c["framework"])
+    return Parallelism(**c).train
 
 
 def check_config(cfg: ModelConfig, n_devices: int, c: dict) -> None:
-    """Refuse a configuration ``c`` (complete: ``configuration``) that Megatron-LM cannot run on
-    model ``cfg`` and ``n_devices`` devices, with one line naming the rule and the fix."""
-    for key in ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp"):
-        v = c[key]
-        if not isinstance(v, int) or v <= 0:
-            raise PlanError(f"{key} must be a positive integer, got {v!r}")
-    tp, pp, dp, cp = c["tp"], c["pp"], c["dp"], c["cp"]
-    if tp * pp * dp * cp != n_devices:
-        raise PlanError(f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {tp * pp * dp * cp} but the cluster has {n_devices} "
-                        "devices; make the product equal the device count")
-    if cfg.heads % tp or cfg.kv_heads % tp:
-        raise PlanError(f"tp={tp} must divide heads={cfg.heads} and kv_heads={cfg.kv_heads}; "
-                        "choose a tp that divides both")
-    for width, what in ((cfg.ffn if has_dense_mlp(cfg) else 0, "MLP width"), (cfg.shared_ffn, "shared expert width")):
-        if width % tp:
-            raise PlanError(f"tp={tp} must divide the {what} {width}")
-    _check_experts(cfg, c)
-    if c["global_batch"] % (c["micro_batch"] * dp):
-        raise PlanError(f"global batch {c['global_batch']} is not divisible by micro_batch*dp = "
-                        f"{c['micro_batch']}*{dp}; change --global-batch or --micro-batch")
-    seq_cut = cp * (tp if c["sp"] else 1)
-    if c["seq"] % seq_cut:
-        raise PlanError(f"seq={c['seq']} is not divisible by cp*tp(sp) = {seq_cut}")
-    if pp > cfg.layers:
-        raise PlanError(f"pp={pp} exceeds the {cfg.layers} layers")
-    if c["vpp"] > 1 and not chunks_fit(cfg.layers, pp, c["vpp"]):
-        raise PlanError(f"{cfg.layers} layers do not split into pp*vpp = {pp * c['vpp']} chunks")
-    if tp == 1 and c["sp"]:
-        raise PlanError("sequence parallelism (--sp) needs tp > 1")
-    if pp > 1:
-        split = train_config(c).stage_layers(cfg.layers)
-        if pipeline_args(cfg.layers, pp, c["vpp"], split) is None:
-            raise PlanError(f"Megatron-LM cannot split {cfg.layers} layers over pp={pp} stages as {list(split)}: it "
-                            "takes even stages, the embedding and loss as layer slots, or the first and last stages "
-                            "apart from even middle ones; choose another pp")
-
-
-def _check_experts(cfg: ModelConfig, c: dict) -> None:
-    """The expert grid: ep divides the experts, etp their MLP width, and ep x etp the ranks of a
-    pipeline stage it folds over."""
-    ep, etp = c["ep"], c["etp"]
-    if not cfg.is_moe and (ep > 1 or etp > 1):
-        raise PlanError(f"ep={ep}, etp={etp}: model {cfg.name} has no experts; leave ep and etp at 1")
-    if cfg.experts % ep:
-        raise PlanError(f"ep={ep} must divide the number of experts ({cfg.experts})")
-    if cfg.moe_ffn % etp:
-        raise PlanError(f"etp={etp} must divide the expert MLP width {cfg.moe_ffn}")
-    stage = c["tp"] * c["cp"] * c["dp"]
-    if stage % (ep * etp):
-        raise PlanError(f"ep*etp = {ep}*{etp} must divide tp*cp*dp = {stage}: the expert layers regroup the ranks "
-                        f"of a pipeline stage (MoE parallel folding); choose ep and etp whose product divides {stage}")
-
-
-def pipeline_args(layers: int, pp: int, vpp: int, split: tuple[int, ...]) -> list[str] | None:
-    """Megatron-LM's arguments for ``layers`` over pp stages of vpp virtual stages each, split as
-    ``split`` (layers per stage, ``TrainConfig.stage_layers``); None when Megatron-LM cannot take
-    that split (it asserts the layers divide at launch). Besides even chunks: the embedding and
-    the loss as a layer slot each (``cost.train.chunks_fit``: 126 layers in 64 chunks, 94 in 32),
-    or, without virtual stages, the first and the last stage apart from even middle ones that
-    hold as many layers as the split's fullest middle stage (80 layers in 3 stages: 27, 27, 26;
-    DeepSeek-V3's 61 in 16: 3, 4 x 14, 2 where the split is 3, 4 x 13, 3, 3: the same fullest
-    stage, so the same pipeline's pace; a split whose fullest stage would grow is None)."""
-    chunks = pp * vpp
-    if layers % chunks == 0:
-        return [f"--num-layers-per-virtual-pipeline-stage {layers // chunks}"] if vpp > 1 else []
-    if (layers + 2) % chunks == 0:
-        out = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
-        return out + ([f"--num-virtual-stages-per-pipeline-rank {vpp}"] if vpp > 1 else [])
-    if vpp > 1:
-        return None
-    middle = max(split[1:-1], default=0)
-    last = layers - split[0] - (pp - 2) * middle
-    if not 1 <= last <= max(split):
-        return None
-    return [f"--decoder-first-pipeline-num-layers {split[0]}", f"--decoder-last-pipeline-num-layers {last}"]
-
-
-def has_dense_mlp(cfg: ModelConfig) -> bool:
-    """Whether some layer has a dense MLP (of width ``cfg.ffn``), which tensor parallelism cuts."""
-    return not all(cfg.is_moe_layer(i) for i in range(cfg.layers))
+    """Refuse a configuration ``c`` (complete: ``configuration``) that does not run on model
+    ``cfg`` and ``n_devices`` devices, with one line naming the rule and the fix: the one
+    configuration rule, ``plan.parallelism.refusal``."""
+    why = config_refusal(Parallelism(**c), cfg, n_devices)
+    if why is not None:
+        raise PlanError(why)
 
 
 def _take(mesh, free: list[int], degree: int, what: str) -> tuple[int, ...]:
@@ -322,16 +246,6 @@ def megatron_plan(model: ModelConfig, cluster: Cluster, graph: Graph | None = No
     layouts = megatron_layouts(graph, ev.mesh, c)
     train = train_config(c)
     return Plan.of(model, cluster, train, c["seq"], graph, ev.mesh, ev.pp_axes, layouts, ev.evaluate(layouts, train))
-
-
-def megatron_config(plan: Plan) -> dict:
-    """The Megatron configuration of a plan whose ops agree on one (``plan.config``): the keywords
-    of ``megatron_plan`` that rebuild it. A PlanError names the rule when its ops do not agree."""
-    c = plan.config
-    if c["heterogeneous"]:
-        raise PlanError(f"this plan is heterogeneous ({c['differs'][0]}); a Megatron configuration cuts every "
-                        "layer alike on every device (plan with --space megatron)")
-    return {k: c[k] for k in MEGATRON_KEYS}
 
 
 def expert_grids(cfg: ModelConfig, tp: int, stage: int) -> list[tuple[int, int]]:

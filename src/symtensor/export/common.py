@@ -1,0 +1,111 @@
+"""What the exports share: the configuration an engine runs as one, the nearest exportable plan,
+the commands that name a configuration, and the notes.
+
+A SymTensor plan is per-op; an engine takes one configuration for the whole model. A plan exports
+when its ops agree on one (``Plan.parallelism``: not heterogeneous), that configuration passes the
+one configuration rule (``plan.parallelism.refusal``, what the engines assert at launch) and the
+engine's own capability table (its lowering module's ``refusal``); otherwise the export refuses
+in one line, naming what differs or the rule, and the nearest exportable plan (``nearest``): it
+never writes a configuration that would fail at launch.
+"""
+
+from __future__ import annotations
+
+from symtensor.errors import PlanError
+from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Capabilities, Heterogeneous, Parallelism
+from symtensor.plan.summary import repeated_work
+from symtensor.search.megatron import check_config, configuration, grid_points
+
+
+def lowered(plan, caps: Capabilities) -> Parallelism:
+    """The plan's configuration when it is one that passes the configuration rule; otherwise a
+    one-line PlanError naming the reason and the nearest exportable plan. The engine's own rules
+    are its lowering module's ``refusal``."""
+    try:
+        p = plan.parallelism
+    except Heterogeneous as exc:
+        differs = exc.differs
+        more = f" (and {len(differs) - 1} more)" if len(differs) > 1 else ""
+        raise PlanError(f"{caps.name} takes one configuration for every layer, but this plan is heterogeneous: "
+                        f"{differs[0]}{more}; {nearest(plan)}") from None
+    why = p.refusal(plan.model, plan.cluster.n_devices)
+    if why is not None:
+        raise PlanError(f"{caps.name} would refuse this plan at launch: {why}; {nearest(plan)}")
+    return p
+
+
+def evaluate_command(plan, p: Parallelism) -> str:
+    """The ``symtensor evaluate`` command of configuration ``p`` on the plan's model and cluster."""
+    cl = plan.cluster
+    flags = " ".join(f"--{k} {getattr(p, k)}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "zero", "micro_batch",
+                                                         "global_batch", "seq", "vpp"))
+    flags = flags.replace("_", "-") + (" --sp" if p.sp else "") + f" --recompute {p.recompute}"
+    flags += f" --framework {p.framework}" if p.framework != DEFAULT_FRAMEWORK else ""
+    return f"symtensor evaluate {model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} {flags}"
+
+
+def nearest(plan) -> str:
+    """The nearest exportable plan, as the command that finds it: the Megatron space at the plan's
+    global batch, or else at the least larger one that has a Megatron configuration (first the
+    batch that lets data parallelism use every device, when devices repeat work)."""
+    cl, gb, repeat = plan.cluster, plan.train.global_batch, repeated_work(plan)
+    framework = f" --framework {plan.engine}" if plan.engine != DEFAULT_FRAMEWORK else ""
+    command = (f"symtensor plan {model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} "
+               f"--seq {plan.seq}{framework}")
+    tail = f" (--global-batch {repeat[2]} lets every device take its own share)" if repeat else ""
+    batches = [gb] + ([repeat[2]] if repeat else []) + [gb * k for k in (2, 3, 4, 6, 8, 12, 16)]
+    for batch in dict.fromkeys(batches):
+        if _megatron_runs(plan, batch):
+            return (f"the nearest exportable plan: {command} --global-batch {batch} --space megatron"
+                    + (tail if batch == gb else ""))
+    return (f"no Megatron configuration runs {plan.model.name} on {cl.n_devices} devices at a global batch of "
+            f"{gb} to {16 * gb}; change the device count or the global batch{tail}")
+
+
+def _megatron_runs(plan, global_batch: int) -> bool:
+    """Whether some Megatron configuration (``search.megatron.grid_points``, validated) runs the
+    plan's model on its cluster at ``global_batch``."""
+    cfg, cl = plan.model, plan.cluster
+    node = cl.levels[0].fanout or cl.n_devices
+    for point in grid_points(cfg, cl.n_devices, node, global_batch, plan.seq):
+        try:
+            check_config(cfg, cl.n_devices, configuration(point))
+        except PlanError:
+            continue
+        return True
+    return False
+
+
+def model_arg(cfg) -> str:
+    """The model as ``symtensor plan`` takes it: its preset (with the ``--set`` overrides that
+    make it this model), or the config file it came from."""
+    from dataclasses import fields
+
+    from symtensor.models import PRESETS
+
+    preset = PRESETS.get(cfg.name)
+    if preset is None:
+        return cfg.source if cfg.source.endswith(".json") else cfg.name
+    changed = []
+    for f in fields(cfg):
+        value = getattr(cfg, f.name)
+        if f.compare and value != getattr(preset, f.name):
+            shown = ",".join(map(str, value)) if isinstance(value, tuple) else value  # as --set parses it
+            changed.append(f"--set {f.name}={shown}")
+    return " ".join([cfg.name] + changed)
+
+
+def zero1_note(engine: str, setting: str) -> str:
+    """The note of a ZeRO-1 plan run as FSDP2 without resharding after forward (ZeRO-2)."""
+    return (f"{engine} has no ZeRO-1: this plan runs as FSDP2 with {setting}, which shards the gradients too "
+            "(ZeRO-2); under the fsdp2 engine that is the same collectives and no more memory than the plan "
+            "predicts (--zero 2 costs it)")
+
+
+def engine_note(plan, caps: Capabilities, to: str) -> str | None:
+    """A note when the plan was costed under another engine than the one format ``to`` runs."""
+    want, got = caps.engine, plan.engine
+    if want == got:
+        return None
+    return (f"this plan was costed with {got} semantics; {to} runs {want}: its step time may differ, re-plan "
+            f"with --framework {want} for a prediction of that run")

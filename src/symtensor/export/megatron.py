@@ -1,0 +1,134 @@
+"""Plan -> Megatron-LM (megatron-core) command-line arguments.
+
+The plan's configuration (``Plan.parallelism``) lowered to Megatron-LM's arguments: its
+parallelism (the expert layers' own grid folded over the stage's ranks), the pipeline split,
+recomputation and the distributed optimizer, then the model. ``CAPABILITIES`` is what Megatron-LM
+runs beyond the configuration rule; ``refusal`` the rules it adds.
+"""
+
+from __future__ import annotations
+
+from symtensor.errors import PlanError
+from symtensor.export.common import lowered
+from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
+
+# Megatron-LM's distributed optimizer is ZeRO-1 (megatron/core/optimizer/distrib_optimizer.py); it
+# runs context parallelism without FSDP and any expert grid the configuration rule accepts
+CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1))
+
+
+def refusal(p: Parallelism) -> str | None:
+    """The first rule of ``CAPABILITIES`` that configuration ``p`` breaks, or None."""
+    if p.zero not in CAPABILITIES.zero:
+        return (f"Megatron-LM has no ZeRO-{p.zero}; its distributed optimizer is ZeRO-1 (plan with --space megatron, "
+                "or export to torchtitan for FSDP)")
+    return None
+
+
+def pipeline_args(layers: int, pp: int, vpp: int, split: tuple[int, ...]) -> list[str] | None:
+    """Megatron-LM's arguments for ``layers`` over pp stages of vpp virtual stages each, split as
+    ``split`` (``plan.parallelism.pipeline_split``); None when Megatron-LM cannot take it."""
+    how = pipeline_split(layers, pp, vpp, split)
+    if how is None:
+        return None
+    if how[0] == "even":
+        return [f"--num-layers-per-virtual-pipeline-stage {how[1]}"] if vpp > 1 else []
+    if how[0] == "slots":
+        out = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
+        return out + ([f"--num-virtual-stages-per-pipeline-rank {vpp}"] if vpp > 1 else [])
+    return [f"--decoder-first-pipeline-num-layers {how[1]}", f"--decoder-last-pipeline-num-layers {how[2]}"]
+
+
+def megatron_args(plan) -> list[str]:
+    """Megatron-LM (megatron-core) command-line arguments for the plan: its parallelism (the
+    expert layers' own grid folded over the stage's ranks), then the model."""
+    p = lowered(plan, CAPABILITIES)
+    why = refusal(p)
+    if why is not None:
+        raise PlanError(why)
+    cfg = plan.model
+    args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
+            f"--context-parallel-size {p.cp}", f"--micro-batch-size {p.micro_batch}",
+            f"--global-batch-size {p.global_batch}", f"--seq-length {p.seq}",
+            f"--num-layers {cfg.layers}", f"--hidden-size {cfg.hidden}", f"--num-attention-heads {cfg.heads}",
+            f"--ffn-hidden-size {cfg.ffn}"]
+    if p.sp:
+        args.append("--sequence-parallel")
+    # the configuration rule took this split (plan.parallelism.refusal): never None here
+    args += pipeline_args(cfg.layers, p.pp, p.vpp, plan.train.stage_layers(cfg.layers)) + _attention_args(cfg)
+    if cfg.is_moe:
+        args += _moe_args(cfg, p)
+    if p.recompute == "selective":
+        args.append("--recompute-activations")
+    elif p.recompute == "full":
+        args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    if p.zero >= 1:
+        args.append("--use-distributed-optimizer")
+    if cfg.family == "llama":
+        args += ["--normalization RMSNorm", "--swiglu", "--position-embedding-type rope",
+                 "--untie-embeddings-and-output-weights"]
+        args += ["--add-qkv-bias"] if cfg.qkv_bias and not cfg.bias else []
+        args += [] if cfg.bias else ["--disable-bias-linear"]
+    args += ["--use-flash-attn", "--bf16"]
+    return args
+
+
+def _attention_args(cfg) -> list[str]:
+    """GQA, head width, Q/K norms, multi-head latent attention, sliding windows and sinks."""
+    args = []
+    if cfg.kv_heads != cfg.heads:
+        args += ["--group-query-attention", f"--num-query-groups {cfg.kv_heads}"]
+    if cfg.kv_latent:  # Megatron's qk-head-dim is the non-rotary part of a head
+        args += ["--multi-latent-attention", f"--kv-lora-rank {cfg.kv_latent}",
+                 f"--qk-head-dim {cfg.head_dim - cfg.rope_dim}", f"--qk-pos-emb-head-dim {cfg.rope_dim}",
+                 f"--v-head-dim {cfg.value_dim}"]
+        args += [f"--q-lora-rank {cfg.q_latent}"] if cfg.q_latent else []
+    elif cfg.head_dim * cfg.heads != cfg.hidden:
+        args.append(f"--kv-channels {cfg.head_dim}")
+    if cfg.qk_norm:
+        args.append("--qk-layernorm")
+    if cfg.window:  # (left, right) keys; 1 marks a sliding-window layer, 0 a full one
+        args.append(f"--window-size {cfg.window},0")
+        if cfg.window_layers:
+            windowed = [int(cfg.is_window_layer(i)) for i in range(cfg.layers)]
+            args.append(f"--window-attn-skip-freq '{layer_pattern(windowed)}'")
+    if cfg.sinks:
+        args.append("--softmax-type learnable")
+    return args
+
+
+def _moe_args(cfg, p: Parallelism) -> list[str]:
+    """The experts and their grid: EP and expert TP folded over the tp x cp x dp ranks of a
+    stage (Megatron's MoE parallel folding), the alltoall dispatcher the cost model follows,
+    shared experts and the dense layers among the MoE ones."""
+    args = [f"--num-experts {cfg.experts}", f"--moe-router-topk {cfg.top_k}", f"--moe-ffn-hidden-size {cfg.moe_ffn}",
+            f"--expert-model-parallel-size {p.ep}", f"--expert-tensor-parallel-size {p.etp}",
+            "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+    if cfg.shared_ffn:
+        args.append(f"--moe-shared-expert-intermediate-size {cfg.shared_ffn}")
+        args += ["--moe-shared-expert-gate"] if cfg.shared_gate else []
+    moe = [int(cfg.is_moe_layer(i)) for i in range(cfg.layers)]
+    if not all(moe):
+        args.append(f"--moe-layer-freq '{layer_pattern(moe)}'")
+    return args
+
+
+def layer_pattern(bits: list[int]) -> str:
+    """A per-layer 0/1 list as the Python list expression Megatron's ``--moe-layer-freq`` and
+    ``--window-attn-skip-freq`` evaluate: a repeated period, or runs (quoted where it is printed
+    as a shell line).
+
+    >>> layer_pattern([0, 0, 0, 1, 1]), layer_pattern([1, 0, 1, 0])
+    ('([0]*3+[1]*2)', '([1,0])*2')
+    """
+    n = len(bits)
+    period = next(p for p in range(1, n + 1) if n % p == 0 and bits == bits[:p] * (n // p))
+    if 1 < period <= 4 and period < n:
+        return f"([{','.join(map(str, bits[:period]))}])*{n // period}"
+    runs: list[list[int]] = []
+    for b in bits:
+        if runs and runs[-1][0] == b:
+            runs[-1][1] += 1
+        else:
+            runs.append([b, 1])
+    return "(" + "+".join(f"[{b}]*{k}" for b, k in runs) + ")"

@@ -1,0 +1,117 @@
+"""Plan -> a torchtitan job config (its [parallelism], [training] and [activation_checkpoint]
+sections).
+
+The plan's configuration (``Plan.parallelism``) lowered to torchtitan's ``Parallelism`` degrees
+(torchtitan/config/job_config.py). torchtitan runs the fsdp2 engine's semantics; what it runs
+beyond the configuration rule is ``CAPABILITIES``, the rules it adds ``refusal``.
+"""
+
+from __future__ import annotations
+
+from symtensor.errors import PlanError
+from symtensor.export.common import evaluate_command, lowered, zero1_note
+from symtensor.plan.parallelism import Capabilities, Parallelism
+
+# torchtitan applies FSDP2 whenever cp > 1 (cp_needs_fsdp, ``_cp_fsdp``); its expert grid takes
+# expert TP 1 or tp and borrows ranks (``_expert_grid``); ZeRO 1 runs as ZeRO 2 (a note)
+CAPABILITIES = Capabilities(name="torchtitan", engine="fsdp2", cp_needs_fsdp=True, expert_tp="1 or tp",
+                            expert_fold="borrowed")
+
+
+def refusal(p: Parallelism, model) -> str | None:
+    """The first rule of ``CAPABILITIES`` that configuration ``p`` breaks on ``model``, or None."""
+    return _cp_fsdp(p) or _expert_grid(p, model)
+
+
+def data_parallel(p: Parallelism) -> tuple[int, int, str]:
+    """torchtitan's data parallelism for the plan's ZeRO stage: ``data_parallel_replicate_degree``,
+    ``data_parallel_shard_degree`` and ``fsdp_reshard_after_forward`` (torchtitan/config/job_config.py
+    ``Parallelism``; torchtitan/distributed/fsdp.py ``get_fsdp_reshard_after_forward_policy``).
+    ZeRO 0 is DDP. Above it FSDP2 (``fully_shard``) shards parameters, gradients and optimizer
+    state over dp and, as the fsdp2 engine costs it (``cost.engine``), reshards after forward at
+    ZeRO 3 only: "always" there (torchtitan's "default" does not reshard under pipeline
+    parallelism), "never" at ZeRO 1/2 (each block gathered once per micro-batch, kept to its
+    backward). torchtitan has no ZeRO 1 (sharded optimizer state beside replicated gradients):
+    ZeRO 1 runs as ZeRO 2, which the fsdp2 engine costs with the same collectives and no more memory
+    (the gradients sharded too); the export says so (``_zero_note``)."""
+    if not p.replace(framework=CAPABILITIES.engine).sharded_parameters:
+        return p.dp, 1, "default"
+    return 1, p.dp, "always" if p.reshards_after_forward else "never"
+
+
+def _cp_fsdp(p: Parallelism) -> str | None:
+    """With context parallelism (``cp_needs_fsdp``), why torchtitan cannot run a ZeRO-0 plan as
+    DDP: it applies FSDP2 whenever cp > 1 (``ParallelDims.fsdp_enabled`` is ``dp_shard_enabled or
+    cp_enabled``; torchtitan/models/llama3/infra/parallelize.py shards over its ``dp_shard_cp``
+    mesh, dp_shard x cp, before it considers DDP), even at data_parallel_shard_degree 1, and it
+    has no setting that keeps the parameters replicated there. Above ZeRO 0 it is what the plan
+    costs: the cost model shards ZeRO's state over the data-parallel axes dp x cp
+    (``cost.params.data_axes``)."""
+    if not (CAPABILITIES.cp_needs_fsdp and p.cp > 1 and p.zero == 0):
+        return None
+    return (f"with context parallelism (cp={p.cp}) it shards the parameters with FSDP over dp x cp = "
+            f"{p.dp * p.cp} ranks (ParallelDims.fsdp_enabled, its dp_shard_cp mesh) even at "
+            "data_parallel_shard_degree 1, so a ZeRO-0 plan would not run as the DDP it is costed as")
+
+
+def _expert_grid(p: Parallelism, model) -> str | None:
+    """An MoE model's expert grid as torchtitan takes it (``ParallelDims``; ``expert_fold``
+    borrowed): expert TP is 1 or tp, and EP borrows all of cp (and tp when expert TP is 1) and part
+    of the FSDP degree ``data_parallel_shard_degree``, which a plan without sharded state (ZeRO 0:
+    DDP) leaves at 1."""
+    if not model.is_moe or p.ep == 1:
+        return None
+    tp, cp, ep, etp = p.tp, p.cp, p.ep, p.etp
+    shard = data_parallel(p)[1]
+    if etp not in (1, tp):
+        return f"torchtitan takes expert TP 1 or tp={tp}, not etp={etp}"
+    borrowed = cp * (tp if etp == 1 else 1)
+    if ep % borrowed or (shard * borrowed) % ep:
+        return (f"its expert parallelism borrows cp{' x tp' if etp == 1 else ''} = {borrowed} and FSDP ranks "
+                f"(data_parallel_shard_degree {shard} at ZeRO-{p.zero}), so ep={ep} must be a multiple of "
+                f"{borrowed} dividing {shard * borrowed}")
+    return None
+
+
+def torchtitan_config(plan) -> dict:
+    """A torchtitan job config (the [parallelism] and [training] sections) for the plan."""
+    p = lowered(plan, CAPABILITIES)
+    why = _cp_fsdp(p)
+    if why is not None:
+        raise PlanError(f"torchtitan would not run this plan as it is costed: {why}; the nearest exportable "
+                        f"configuration: {evaluate_command(plan, p.replace(zero=1))} (FSDP2 over dp x cp, which "
+                        "torchtitan runs; or export this one to megatron)")
+    why = _expert_grid(p, plan.model)
+    if why is not None:
+        raise PlanError(f"torchtitan would refuse this plan at launch: {why}; the nearest exportable "
+                        f"configuration: {evaluate_command(plan, p.replace(zero=3))} (or export this one to megatron)")
+    replicate, shard, reshard = data_parallel(p)
+    out = {
+        "parallelism": {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,
+                        "fsdp_reshard_after_forward": reshard,
+                        "tensor_parallel_degree": p.tp, "context_parallel_degree": p.cp,
+                        "pipeline_parallel_degree": p.pp, "expert_parallel_degree": p.ep,
+                        "expert_tensor_parallel_degree": p.etp,
+                        "enable_async_tensor_parallel": False,
+                        "pipeline_parallel_schedule": "Interleaved1F1B" if p.vpp > 1 else "1F1B"},
+        "training": {"local_batch_size": p.micro_batch, "global_batch_size": p.global_batch, "seq_len": p.seq},
+        "activation_checkpoint": {"mode": {"none": "none", "selective": "selective", "full": "full"}[p.recompute]},
+        "_devices": plan.cluster.n_devices,
+    }
+    if p.zero == 1:
+        out["_zero_note"] = zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
+    if replicate > 1 and shard == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1):
+        out["_ddp_note"] = _ddp_note(plan, p)
+    return out
+
+
+def _ddp_note(plan, p: Parallelism) -> str:
+    """Why a ZeRO-0 plan with other parallelisms depends on the torchtitan version: it runs as DDP
+    over data_parallel_replicate_degree beside them. torchtitan's parallelize functions refused
+    that once (``if world_mesh.ndim > 1: raise RuntimeError("DDP has not supported > 1D
+    parallelism")``); later ones check the dp_replicate mesh only (``parallel_dims.get_mesh(
+    "dp_replicate")``), so it launches there."""
+    return ("this plan runs as DDP (data_parallel_replicate_degree) beside tensor, pipeline or expert parallelism: "
+            "torchtitan versions whose parallelize checks world_mesh.ndim > 1 raise 'DDP has not supported > 1D "
+            "parallelism' at launch (newer ones check the dp_replicate mesh only); with such a version, export "
+            f"the FSDP2 plan instead: {evaluate_command(plan, p.replace(zero=1))}")

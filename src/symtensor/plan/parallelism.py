@@ -1,0 +1,285 @@
+"""The engine-neutral parallel configuration of a plan: degrees, and the rules derived from them.
+
+A plan whose ops agree on one Megatron-style configuration (``plan.summary.config_summary``: not
+heterogeneous) has a ``Parallelism``: its degrees (tp, pp, dp, cp, ep, etp), sequence
+parallelism, ZeRO stage, recomputation, batch sizes, sequence and virtual stages, and the engine
+whose semantics its costs follow. It is read from a plan once (``parallelism(plan)``,
+``Plan.parallelism``) and everything that lowers a plan to an engine (``export/``,
+``runtime/lower.py``), or re-costs it as a configuration (``calibration``, ``analysis.sweep``,
+``api.evaluate``), reads its attributes. Like torchtitan's ``ParallelDims``
+(torchtitan/distributed/parallel_dims.py), what is derived from the degrees is written here once:
+
+    world           tp x pp x dp x cp devices
+    stage           tp x cp x dp ranks of one pipeline stage (the expert grid regroups them)
+    edp             the expert grid's data-parallel rest: stage / (ep x etp) (MoE parallel folding)
+    micro_steps     micro-batches per step of each data-parallel replica
+    seq_cut         cp x tp (sequence parallel): what the sequence must divide into
+    sharded_parameters, reshards_after_forward: the engine's rule (``cost.engine``)
+
+Whether a configuration runs on a model and a cluster is one function, ``refusal`` (the reason,
+or None; ``search.megatron.check_config`` raises on it): the Megatron grid, ``evaluate``, the
+exports and the runtime all apply it. What an engine can run beyond it is the engine's own
+capability table, in its lowering module. The Megatron configuration dict of ``search.megatron``
+is this value's keys (``as_dict``), the grid's working record.
+
+    >>> from symtensor.models import load_model_config
+    >>> p = Parallelism(tp=2, dp=4, sp=True, global_batch=16, seq=64)
+    >>> p.world, p.micro_steps, p.seq_cut
+    (8, 4, 2)
+    >>> p.refusal(load_model_config("tiny-llama"), 16)
+    'tp*pp*dp*cp = 2*1*4*1 = 8 but the cluster has 16 devices; make the product equal the device count'
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, fields, replace
+
+from symtensor.cost import engine as _engine
+from symtensor.cost.train import TrainConfig, chunks_fit
+from symtensor.errors import PlanError
+from symtensor.plan.summary import config_summary
+
+_COUNTS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Parallelism:
+    """A Megatron-expressible parallel configuration (see the module docstring). The defaults are
+    Megatron-LM's for the arguments a configuration leaves out.
+
+    Attributes:
+        tp, pp, dp, cp: tensor, pipeline, data and context parallel degrees.
+        ep, etp: the expert layers' grid (``--expert-model-parallel-size``,
+            ``--expert-tensor-parallel-size``), folded over the tp x cp x dp ranks of a stage.
+            etp defaults to 1, as Megatron's MoE model zoo runs experts; dense models keep 1, 1.
+        sp: sequence parallelism (norms and the residual stream cut on the sequence over tp).
+        zero: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp x cp.
+        recompute: ``none``, ``selective`` or ``full``.
+        micro_batch: sequences per micro-batch of one data-parallel replica.
+        global_batch: sequences per optimizer step; seq: tokens per sequence.
+        vpp: virtual pipeline stages (interleaved chunks) per device.
+        framework: the engine whose semantics the costs follow (``cost.engine``).
+    """
+
+    tp: int = 1
+    pp: int = 1
+    dp: int = 1
+    cp: int = 1
+    ep: int = 1
+    etp: int = 1
+    sp: bool = False
+    zero: int = 0
+    recompute: str = "none"
+    micro_batch: int = 1
+    global_batch: int = 1
+    seq: int = 2048
+    vpp: int = 1
+    framework: str = "megatron"
+
+    @classmethod
+    def from_dict(cls, data) -> Parallelism:
+        """The configuration of a dict with (some of) its keys, e.g. a plan's JSON ``config``
+        (the summary's other keys, ``micro_steps``, ``heterogeneous``, ``differs``, are left out)."""
+        return cls(**{k: data[k] for k in KEYS if k in data})
+
+    def as_dict(self) -> dict:
+        """The keys and values (``KEYS`` order): a Megatron configuration, as the grid and the
+        JSON's ``config`` write it."""
+        return asdict(self)
+
+    def replace(self, **changed) -> Parallelism:
+        return replace(self, **changed)
+
+    @property
+    def world(self) -> int:
+        """Devices: tp x pp x dp x cp."""
+        return self.tp * self.pp * self.dp * self.cp
+
+    @property
+    def stage(self) -> int:
+        """Ranks of one pipeline stage: tp x cp x dp (the expert grid regroups them)."""
+        return self.tp * self.cp * self.dp
+
+    @property
+    def edp(self) -> int:
+        """The expert grid's data-parallel degree: a stage's ranks over ep x etp."""
+        return self.stage // (self.ep * self.etp)
+
+    @property
+    def micro_steps(self) -> int:
+        """Micro-batches per step of each data-parallel replica."""
+        return self.global_batch // (self.micro_batch * self.dp)
+
+    @property
+    def seq_cut(self) -> int:
+        """What the sequence is cut into: cp, times tp under sequence parallelism."""
+        return self.cp * (self.tp if self.sp else 1)
+
+    @property
+    def sharded_parameters(self) -> bool:
+        """Whether parameters are sharded over their replicas and gathered for compute (the
+        engine's rule, ``cost.engine.sharded_parameters``)."""
+        return _engine.sharded_parameters(self.zero, self.framework)
+
+    @property
+    def reshards_after_forward(self) -> bool:
+        """Whether sharded parameters are freed after forward and gathered again for backward
+        (``cost.engine.reshards_after_forward``)."""
+        return _engine.reshards_after_forward(self.zero, self.framework)
+
+    @property
+    def train(self) -> TrainConfig:
+        """The training configuration the cost model reads."""
+        return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps, pp=self.pp, vpp=self.vpp,
+                           recompute=self.recompute, zero=self.zero, framework=self.framework)
+
+    def refusal(self, model, n_devices: int) -> str | None:
+        """``refusal(self, model, n_devices)``."""
+        return refusal(self, model, n_devices)
+
+
+KEYS = tuple(f.name for f in fields(Parallelism))
+DEFAULT_FRAMEWORK = Parallelism().framework  # the engine a configuration that names none runs
+
+
+def refusal(p: Parallelism, model, n_devices: int) -> str | None:
+    """The first rule that configuration ``p`` breaks on ``model`` and ``n_devices`` devices, in
+    one line naming the rule and the fix; None when it runs. The one configuration rule: the
+    grid, ``evaluate``, the exports and the runtime apply it (engines refuse more, each in its
+    lowering module). The sequence splits into 2cp chunks under context parallelism: Megatron-LM
+    (get_batch_on_this_cp_rank) and torch's context-parallel load balancer, which torchtitan
+    uses, cut it so."""
+    for key in _COUNTS:
+        v = getattr(p, key)
+        if not isinstance(v, int) or v <= 0:
+            return f"{key} must be a positive integer, got {v!r}"
+    tp, pp, dp, cp = p.tp, p.pp, p.dp, p.cp
+    if p.world != n_devices:
+        return (f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {p.world} but the cluster has {n_devices} devices; make the "
+                "product equal the device count")
+    if model.heads % tp or model.kv_heads % tp:
+        return f"tp={tp} must divide heads={model.heads} and kv_heads={model.kv_heads}; choose a tp that divides both"
+    for width, what in ((model.ffn if has_dense_mlp(model) else 0, "MLP width"),
+                        (model.shared_ffn, "shared expert width")):
+        if width % tp:
+            return f"tp={tp} must divide the {what} {width}"
+    why = _expert_refusal(p, model)
+    if why is not None:
+        return why
+    if p.global_batch % (p.micro_batch * dp):
+        return (f"global batch {p.global_batch} is not divisible by micro_batch*dp = {p.micro_batch}*{dp}; change "
+                "--global-batch or --micro-batch")
+    if p.seq % p.seq_cut:
+        return f"seq={p.seq} is not divisible by cp*tp(sp) = {p.seq_cut}"
+    if cp > 1 and p.seq % (2 * cp):
+        return f"seq={p.seq} does not split into 2cp = {2 * cp} load-balanced chunks"
+    if pp > model.layers:
+        return f"pp={pp} exceeds the {model.layers} layers"
+    if p.vpp > 1 and not chunks_fit(model.layers, pp, p.vpp):
+        return f"{model.layers} layers do not split into pp*vpp = {pp * p.vpp} chunks"
+    if tp == 1 and p.sp:
+        return "sequence parallelism (--sp) needs tp > 1"
+    if pp > 1:
+        split = p.train.stage_layers(model.layers)
+        if pipeline_split(model.layers, pp, p.vpp, split) is None:
+            return (f"Megatron-LM cannot split {model.layers} layers over pp={pp} stages as {list(split)}: it takes "
+                    "even stages, the embedding and loss as layer slots, or the first and last stages apart from "
+                    "even middle ones; choose another pp")
+    return None
+
+
+def _expert_refusal(p: Parallelism, model) -> str | None:
+    """The expert grid: ep divides the experts, etp their MLP width, and ep x etp the ranks of a
+    pipeline stage it folds over."""
+    ep, etp = p.ep, p.etp
+    if not model.is_moe and (ep > 1 or etp > 1):
+        return f"ep={ep}, etp={etp}: model {model.name} has no experts; leave ep and etp at 1"
+    if model.experts % ep:
+        return f"ep={ep} must divide the number of experts ({model.experts})"
+    if model.moe_ffn % etp:
+        return f"etp={etp} must divide the expert MLP width {model.moe_ffn}"
+    if p.stage % (ep * etp):
+        return (f"ep*etp = {ep}*{etp} must divide tp*cp*dp = {p.stage}: the expert layers regroup the ranks of a "
+                f"pipeline stage (MoE parallel folding); choose ep and etp whose product divides {p.stage}")
+    return None
+
+
+def pipeline_split(layers: int, pp: int, vpp: int, split: tuple[int, ...]) -> tuple | None:
+    """How Megatron-LM takes ``layers`` over pp stages of vpp virtual stages each, split as
+    ``split`` (layers per stage, ``TrainConfig.stage_layers``): ``("even", layers per chunk)``,
+    ``("slots",)`` (the embedding and the loss as a layer slot each, ``cost.train.chunks_fit``:
+    126 layers in 64 chunks, 94 in 32), or, without virtual stages, ``("ends", first, last)``:
+    the first and the last stage apart from even middle ones that hold as many layers as the
+    split's fullest middle stage (80 layers in 3 stages: 27, 27, 26; DeepSeek-V3's 61 in 16: 3,
+    4 x 14, 2 where the split is 3, 4 x 13, 3, 3: the same fullest stage, so the same pipeline's
+    pace); None when Megatron-LM cannot take it (it asserts the layers divide at launch; a split
+    whose fullest stage would grow)."""
+    chunks = pp * vpp
+    if layers % chunks == 0:
+        return ("even", layers // chunks)
+    if (layers + 2) % chunks == 0:
+        return ("slots",)
+    if vpp > 1:
+        return None
+    middle = max(split[1:-1], default=0)
+    last = layers - split[0] - (pp - 2) * middle
+    if not 1 <= last <= max(split):
+        return None
+    return ("ends", split[0], last)
+
+
+def has_dense_mlp(model) -> bool:
+    """Whether some layer has a dense MLP (of width ``model.ffn``), which tensor parallelism cuts."""
+    return not all(model.is_moe_layer(i) for i in range(model.layers))
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Capabilities:
+    """What an engine runs of a configuration that ``refusal`` accepts: the table each lowering
+    module (``export.megatron``, ``export.torchtitan``, ``export.dtensor``, ``runtime.lower``)
+    keeps of its engine, and its ``refusal`` reads (one reason per rule).
+
+    Attributes:
+        name: the engine as its refusals name it.
+        engine: the cost engine (``cost.engine``) whose semantics it runs a plan with.
+        zero: the ZeRO stages it runs.
+        zero_as_costed: ZeRO above 0 only where the plan's own engine shards the parameters
+            (FSDP2), not as a distributed optimizer beside replicated parameters.
+        context_parallel: whether it runs context parallelism at all; ``cp_needs_fsdp``: only
+            with FSDP over dp x cp (ZeRO above 0).
+        recompute: the recomputation modes it runs.
+        expert_tp: the expert tensor-parallel degrees it runs: ``any`` (that the grid allows),
+            ``1 or tp``, ``1``.
+        expert_fold: how its expert parallelism takes ranks: ``folded`` (ep x etp divide a
+            stage's ranks, Megatron's MoE parallel folding), ``borrowed`` (torchtitan: all of cp,
+            tp when expert TP is 1, and FSDP ranks), ``whole axes`` (the runtime: tp, tp x dp, dp).
+    """
+
+    name: str
+    engine: str
+    zero: tuple[int, ...] = (0, 1, 2, 3)
+    zero_as_costed: bool = False
+    context_parallel: bool = True
+    cp_needs_fsdp: bool = False
+    recompute: tuple[str, ...] = ("none", "selective", "full")
+    expert_tp: str = "any"
+    expert_fold: str = "folded"
+
+
+class Heterogeneous(PlanError):
+    """A plan whose ops do not agree on one configuration; ``differs``: what differs, in short
+    phrases (``plan.summary.differences``)."""
+
+    def __init__(self, differs: list[str]):
+        super().__init__(f"this plan is heterogeneous ({differs[0]}); a Megatron configuration cuts every layer "
+                         "alike on every device (plan with --space megatron)")
+        self.differs = differs
+
+
+def parallelism(plan) -> Parallelism:
+    """The configuration of a plan whose ops agree on one (``plan.summary.config_summary``);
+    ``Heterogeneous`` (a PlanError naming what differs) otherwise."""
+    summary = config_summary(plan)
+    if summary["heterogeneous"]:
+        raise Heterogeneous(summary["differs"])
+    return Parallelism.from_dict(summary)

@@ -1,0 +1,101 @@
+"""Plan -> the runtime's RunSpec: the plan's configuration (``Plan.parallelism``) lowered to what
+``symtensor run`` executes under torchrun, or refused with the reason before any process starts.
+
+The runtime runs Megatron-style tensor parallelism (column then row per block, vocabulary-parallel
+embedding, sequence parallelism), data parallelism by gradient all-reduce, FSDP2 (ZeRO-3, and the
+fsdp2 engine's ZeRO-1/2 without resharding after forward), expert parallelism over whole axes and
+pipelines of data-parallel stages: ``CAPABILITIES``, whose rules ``refusal`` applies after the
+one configuration rule (``plan.parallelism.refusal``).
+
+One mesh vocabulary: the RunSpec's mesh axes are the plan's own (``nvlink0``, ``ib1``, or
+``loopback0`` on this machine's processes), those of one role joined by ``+`` as the runtime
+flattens them (``runtime.apply.submesh``): tp = 4 on the two inner axes of 8 processes is the
+axis ``loopback1+loopback2`` of size 4, named in ``tp_axis``. The plan file, the RunSpec and the
+run's per-axis byte counts name the same axes. The runtime lays the roles out in Megatron's rank
+order (pp, dp, tp: tp fastest), as a Megatron-style plan's axes are.
+"""
+
+from __future__ import annotations
+
+from symtensor.errors import PlanError
+from symtensor.plan.parallelism import Capabilities, Parallelism
+from symtensor.plan.summary import role_axes
+from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
+
+# the runtime's worker: no context parallelism or recomputation; ZeRO above 0 only as FSDP2 (the
+# plan's engine shards the parameters: fsdp2's ZeRO 1/2, every engine's ZeRO 3); experts cut over
+# whole mesh axes with expert TP 1. Its predictions follow the fsdp2 engine (runtime.verify).
+CAPABILITIES = Capabilities(name="the runtime", engine="fsdp2", zero_as_costed=True, context_parallel=False,
+                            recompute=("none",), expert_tp="1", expert_fold="whole axes")
+
+
+def refusal(p: Parallelism, model, attention_only: bool = False) -> str | None:
+    """The first rule of ``CAPABILITIES`` that configuration ``p`` breaks on ``model`` (with
+    ``attention_only``: tensor parallelism in attention only), or None."""
+    caps = CAPABILITIES
+    if p.cp > 1 and not caps.context_parallel:
+        return "the runtime has no context parallelism yet; plan with cp=1"
+    if p.recompute not in caps.recompute:
+        return "the runtime does not recompute activations; plan with recompute=none"
+    if p.zero > 0 and caps.zero_as_costed and not p.sharded_parameters:
+        return (f"the runtime runs ZeRO-0 (all-reduce), ZeRO-3 (FSDP) and the fsdp2 engine's ZeRO-1/2 (FSDP2 without "
+                f"resharding after forward), not {p.framework}'s ZeRO-{p.zero}; plan with --framework fsdp2 or "
+                "--zero 3")
+    if model.is_moe and p.tp > 1 and not (p.sp or attention_only):
+        return ("the runtime runs MoE layers with tensor parallelism under sequence parallelism only (each rank routes "
+                "its sequence shard, as Megatron requires); plan with sp")
+    if p.ep == 1:
+        return None
+    if p.etp != 1:
+        return f"the runtime has no expert tensor parallelism; plan with etp=1, got etp={p.etp}"
+    if attention_only:
+        return "--attention-only-tp replicates the MoE layers over tp; run it without expert parallelism"
+    if p.ep not in _folds(p):
+        return (f"the runtime cuts experts over whole mesh axes: ep must be one of {sorted(_folds(p))} (tp={p.tp}, "
+                f"dp={p.dp}), got ep={p.ep}")
+    return None
+
+
+def _folds(p: Parallelism) -> dict[int, tuple[str, ...]]:
+    """The expert-parallel degrees the runtime runs, and the roles whose axes they cut, in mesh
+    order. Megatron's rank order (``megatron.assign_axes``) folds EP over the tensor-parallel
+    ranks first, then the data-parallel ones; the runtime cuts whole axes, so ep is tp, tp x dp,
+    or (tp 1) dp."""
+    return {p.tp: ("tp",), p.tp * p.dp: ("dp", "tp")} if p.tp > 1 else {p.dp: ("dp",)}
+
+
+def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
+    """The RunSpec of a plan whose ops agree on one configuration (``Plan.parallelism``), on the
+    plan's mesh axes (the module docstring); refuses what the runtime cannot run."""
+    p, cfg = plan.parallelism, plan.model
+    why = p.refusal(cfg, plan.cluster.n_devices) or refusal(p, cfg, attention_only)
+    if why is not None:
+        raise PlanError(why)
+    tp, pp, dp = p.tp, p.pp, p.dp
+    axis = {role: "+".join(names) for role, names in role_axes(plan).items()}  # one axis per role
+    mesh, dp_axes, fsdp_axes = {}, (), ()
+    if pp > 1:
+        mesh[axis["pp"]] = pp
+    if dp > 1:
+        mesh[axis["dp"]] = dp
+        # the fsdp2 engine's ZeRO 1/2 is FSDP2 without resharding after forward (cost.engine); FSDP2
+        # has no ZeRO 1 (replicated gradients), so ZeRO 1 runs as ZeRO 2: the same collectives
+        dp_axes, fsdp_axes = ((), (axis["dp"],)) if p.sharded_parameters else ((axis["dp"],), ())
+    if tp > 1:
+        mesh[axis["tp"]] = tp
+    if not mesh:  # one process: the plan has no mesh axis; the runtime's mesh needs one
+        mesh["dp"] = 1
+        dp_axes = ("dp",)
+    styles, layer_styles = {}, {}
+    if tp > 1 and attention_only:  # a heterogeneous plan: attention TP, the rest data parallel
+        styles = dict(ATTN_TP)
+    elif tp > 1:
+        styles = dict(ATTN_TP) | ({} if cfg.is_moe else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
+        if cfg.is_moe:  # the dense layers among the MoE ones keep a tensor-parallel MLP
+            layer_styles = {i: dict(MLP_TP) for i in range(cfg.layers) if not cfg.is_moe_layer(i)}
+    ep_axes = () if p.ep == 1 else tuple(axis[role] for role in _folds(p)[p.ep] if role == "tp" or dp > 1)
+    return RunSpec(mesh=mesh, tp_axis=axis["tp"] if tp > 1 else None, styles=styles, layer_styles=layer_styles,
+                   sequence_parallel=p.sp, dp_axes=dp_axes, fsdp_axes=fsdp_axes,
+                   reshard_after_forward=p.reshards_after_forward or not fsdp_axes, ep_axes=ep_axes,
+                   pp_axis=axis["pp"] if pp > 1 else None, microbatches=p.micro_steps if pp > 1 else 1,
+                   global_batch=p.global_batch, seq=p.seq)
