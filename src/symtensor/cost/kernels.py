@@ -1,0 +1,492 @@
+"""Measured kernel efficiency per device: GEMM by shape, grouped GEMM by tokens per expert, attention by
+kernel and shape, memory-bound kernels as a fraction of HBM bandwidth (issue 22, point 1).
+
+Every number here is a published microbenchmark (each table names its source, and its licence where rows are
+copied) or an exact conversion of one; none is fitted to an end-to-end run. A device without its own table uses
+another device's, and says which and why (``DeviceKernels.transfers``). The cost model does not read this
+module yet (``cost/efficiency.py`` still holds the fitted fractions); ``benchmarks/kernel_table_check.py``
+compares the two.
+
+Units: every lookup returns a fraction in (0, 1]: achieved FLOP/s over the device's dense peak of that dtype
+(``hardware`` presets: A100 312, H100/H200 989 BF16 and 1,979 FP8, B200 2,250 BF16 TFLOP/s), or achieved bytes/s
+over its HBM bandwidth. GEMM FLOPs are 2 M N K (Y[M,N] = X[M,K] W[K,N]); attention FLOPs are the executed ones,
+as ``graph.kinds`` counts them (causal kernels skip the masked half), so a causal fraction is comparable with
+the cost model's.
+
+Lookup rules (one per table kind):
+  GEMM   eff(M, N, K) = E(F), F = 2 M N K at the measured device's peak (a transferred table is read at the
+         same ideal time F / peak). E is the upper envelope of the measured rows over FLOPs: sorted by F, a row
+         enters when it beats every smaller one; between envelope rows E is linear in log F, clamped at both
+         ends, and capped at the device's measured ceiling. So a larger GEMM is never allowed less than a
+         smaller one, and every envelope row is returned exactly. Tile and wave quantisation are in the table:
+         each row is a real shape with its own quantisation loss, and the rows under the envelope (the same
+         FLOPs run slower at a worse shape: K = 512, N = 576, N = 3,584 on 108 SMs) are kept and returned by
+         ``gemm_measured``. The envelope is what the device was measured to allow at that size: the bound
+         issue 22 tests the model against, not a prediction for a given shape.
+  wave   ``gemm_wave``, NVIDIA's "Matrix Multiplication Background User's Guide" (tile and wave quantisation)
+         as a function: the output is cut into tiles, one per thread block; a tile that overhangs M or N
+         wastes its idle part, and tiles run in waves of one per SM, the last wave partly empty. wave(M, N) =
+         (M N / (tiles * tile area)) * (tiles / (waves * SMs)), maximised over the tile shapes a library can
+         choose (``TILES``), 1 when the device's SM count is unknown. Not applied by ``gemm_efficiency`` (the
+         measured rows already carry their quantisation; dividing it out overstated rows whose library tile
+         the model does not know): it is there for shapes no row is near, e.g. a tensor-parallel shard.
+  grouped  eff(tokens per expert) = upper envelope over tokens per expert of the measured rows (any N, K,
+         forward and backward), linear in log tokens, clamped.
+  attention  eff(seq) per (kernel, direction, causal, head dim): the published curve, linear in log seq,
+         clamped; a head dim between two tabulated ones is interpolated linearly in log head dim at the same
+         seq (clamped outside). A causal curve that was not published (backward) reads the non-causal one:
+         an upper bound, causal being slower at every published seq.
+  hbm    hbm_fraction(device, pattern): the measured fraction of STREAM-like kernels at full occupancy.
+
+Unknown devices, kernels, dtypes and directions raise a one-line ``PlanError``.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+from symtensor.cost import kernels_data as simumax
+from symtensor.errors import PlanError, did_you_mean
+
+# -- sources -----------------------------------------------------------------------------------------------------
+MAMF = ("Bekman, ml-engineering, compute/accelerator/README.md, 'Maximum Achievable Matmul FLOPS comparison table' "
+        "(BF16 torch.matmul, best of a brute-force shape search; CC BY-SA 4.0)")
+SIMUMAX = ("SimuMax (MooreThreads/SimuMax @4dcaae51, Apache-2.0): measured Transformer Engine kernels in "
+           "configs/system/{a100_pcie,b200_bf16_ceperm}.json, rows copied in cost/kernels_data.py")
+DEEPGEMM = ("DeepGEMM README 'Performance' (deepseek-ai/DeepGEMM @327ec92f, 2025-04-09, MIT): FP8 GEMMs with "
+            "1x128/128x128 block scaling on H800 SXM5 (same GH100 die and 1,979 TFLOP/s FP8 peak as H100 SXM5), "
+            "NVCC 12.8")
+FA3_PAPER = ("Shah et al. 2024, FlashAttention-3 (arXiv:2407.08608, CC BY 4.0), Fig. 5 (forward) and Fig. 6 "
+             "(backward), H100 80GB SXM5, BF16, batch x seq = 16k tokens, hidden 2048; TFLOP/s bar labels")
+FA2_PAPER = ("Dao 2023, FlashAttention-2 (arXiv:2307.08691): on A100 'up to 73% of the theoretical maximum "
+             "FLOPs/s' forward and up to 63% backward (head dim 128, long sequences)")
+GPU_BENCHES = ("te42kyfo/gpu-benches @1c36d509 (GPL-3.0), gpu-stream/{a100_80,h100_pcie,h200}.txt: STREAM-like "
+               "kernels, row 'blockSize 1024' (100% occupancy), GB/s over the datasheet bandwidth")
+NVIDIA_GEMM_GUIDE = "NVIDIA Deep Learning Performance docs, 'Matrix Multiplication Background User's Guide'"
+
+# SimuMax's attention benchmark counts a causal kernel's FLOPs as if it were not causal
+# (test_fa_efficiency.py: fwd = 2 b s^2 h (dqk + dv), bwd = 5 b s^2 h (dqk + dv)); the causal kernel executed
+# half of them, so the executed fraction is the reported one times this.
+SIMUMAX_CAUSAL_FLOPS = 0.5
+
+# Thread-block tiles (rows x columns of the output) the wave model may choose from: the guide's example tile
+# (256 x 128 on A100) and the smaller CUTLASS/cuBLAS tiles a heuristic falls back to for small outputs.
+TILES = ((256, 128), (128, 256), (128, 128), (128, 64), (64, 128), (64, 64))
+
+
+# -- table types -------------------------------------------------------------------------------------------------
+@dataclass(frozen=True, slots=True)
+class GemmTable:
+    """Measured dense GEMMs of one dtype on one device.
+
+    Attributes:
+        rows: (M, N, K, layout, efficiency) as measured (layout ``TN`` forward, ``NN`` input gradient, ``NT``
+            weight gradient, ``-`` not recorded); efficiency is achieved / peak of ``peak_tflops``.
+        peak_tflops: the dense peak the rows are a fraction of.
+        sms: SM count of the measured device (its rows' wave factors).
+        source: where the rows come from.
+    """
+
+    rows: tuple
+    peak_tflops: float
+    sms: int | None
+    source: str
+
+
+@dataclass(frozen=True, slots=True)
+class Curve:
+    """A published efficiency curve over one variable (sequence length, tokens per expert)."""
+
+    xs: tuple
+    ys: tuple
+    source: str
+
+    def __post_init__(self):
+        assert len(self.xs) == len(self.ys) and list(self.xs) == sorted(self.xs), self.source
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class DeviceKernels:
+    """One device's kernel tables.
+
+    Attributes:
+        name: the device (``hardware`` preset name where there is one).
+        sms: streaming multiprocessors (the wave model); None where no source is at hand.
+        peak_tflops: dense peak per dtype, TFLOP/s (the fractions' denominators).
+        gemm: dtype -> (GemmTable, scale): the table and the factor its efficiencies take on this device (1
+            for the device's own measurements; a ratio of measured ceilings for a transfer, ``transfers``).
+        grouped: dtype -> (Curve over tokens per expert, scale).
+        attention: (kernel, "fwd"/"bwd", causal, head dim) -> Curve over sequence length (executed FLOPs).
+        hbm: STREAM pattern -> measured fraction of HBM bandwidth (``HBM_PATTERNS``).
+        transfers: table -> why this device reads another device's numbers.
+        ceiling: dtype -> (best measured dense GEMM fraction, source): no lookup exceeds it.
+    """
+
+    name: str
+    sms: int | None
+    peak_tflops: dict
+    gemm: dict = field(default_factory=dict)
+    grouped: dict = field(default_factory=dict)
+    attention: dict = field(default_factory=dict)
+    hbm: dict = field(default_factory=dict)
+    transfers: dict = field(default_factory=dict)
+    ceiling: dict = field(default_factory=dict)
+
+
+# -- helpers -----------------------------------------------------------------------------------------------------
+def interp_log(xs, ys, x: float) -> float:
+    """``ys`` at ``x``, linear in log x between the points, clamped at both ends."""
+    if x <= xs[0]:
+        return ys[0]
+    if x >= xs[-1]:
+        return ys[-1]
+    for i in range(1, len(xs)):
+        if x <= xs[i]:
+            t = math.log(x / xs[i - 1]) / math.log(xs[i] / xs[i - 1])
+            return ys[i - 1] + t * (ys[i] - ys[i - 1])
+    raise AssertionError("unreachable")
+
+
+def envelope(points) -> tuple[tuple, tuple]:
+    """The upper envelope of (x, y) points over x: sorted by x, a point enters when its y beats every point
+    of smaller x (equal x: the best). Non-decreasing in y by construction; every kept point is a measured one."""
+    best: dict = {}
+    for x, y in points:
+        best[x] = max(y, best.get(x, 0.0))
+    xs, ys = [], []
+    for x in sorted(best):
+        if not ys or best[x] > ys[-1]:
+            xs.append(x)
+            ys.append(best[x])
+    return tuple(xs), tuple(ys)
+
+
+def wave(m: float, n: float, sms: int | None) -> float:
+    """Tile x wave quantisation efficiency of an M x N output on ``sms`` SMs, best over ``TILES``
+    (``NVIDIA_GEMM_GUIDE``); 1 when the SM count is unknown."""
+    if not sms:
+        return 1.0
+    best = 0.0
+    for tm, tn in TILES:
+        tiles = math.ceil(m / tm) * math.ceil(n / tn)
+        fill = (m * n) / (tiles * tm * tn)
+        waves = math.ceil(tiles / sms)
+        best = max(best, fill * tiles / (waves * sms))
+    return best
+
+
+def _gemm_envelope(table: GemmTable):
+    return envelope((2.0 * m * n * k, eff) for m, n, k, _, eff in table.rows)
+
+
+def gemm_envelope(device, dtype: str = "bf16") -> tuple[tuple, tuple]:
+    """The envelope points of ``device``'s GEMM table as (FLOPs on this device, fraction) pairs:
+    ``gemm_efficiency`` returns each exactly (below the ceiling)."""
+    dev = device_kernels(device)
+    table, scale = _gemm_table(dev, dtype)
+    xs, ys = _gemm_envelope(table)
+    ratio = dev.peak_tflops[dtype] / table.peak_tflops
+    return tuple(x * ratio for x in xs), tuple(min(y * scale, dev.ceiling.get(dtype, (1.0,))[0], 1.0) for y in ys)
+
+
+def gemm_wave(device, m: float, n: float) -> float:
+    """``wave`` on ``device``'s SM count."""
+    return wave(m, n, device_kernels(device).sms)
+
+
+def _curve_from_rows(points, source: str) -> Curve:
+    xs, ys = envelope(points)
+    return Curve(xs, ys, source)
+
+
+# -- the tables --------------------------------------------------------------------------------------------------
+# A100 PCIe, BF16 (SimuMax a100_pcie.json): 183 Transformer Engine GEMMs of LLM layer shapes (DeepSeek, LLaMA,
+# Qwen; M = 4,096 to 33,024 tokens).
+A100_PCIE_BF16 = GemmTable(rows=simumax.SIMUMAX_A100_GEMM, peak_tflops=312.0, sms=108,
+                           source=f"{SIMUMAX}: a100_pcie.json matmul (A100 PCIe, BF16, 183 shapes)")
+# B200, BF16 (SimuMax b200_bf16_ceperm.json): 514 rows (432 distinct shapes x layouts).
+B200_BF16 = GemmTable(rows=simumax.SIMUMAX_B200_GEMM, peak_tflops=2250.0, sms=None,
+                      source=f"{SIMUMAX}: b200_bf16_ceperm.json matmul (B200, BF16, peak 2,250 TFLOP/s)")
+# H800 SXM5, FP8 (DeepGEMM, TFLOP/s per (M, N, K); layout not recorded): fractions of 1,979 TFLOP/s.
+_DEEPGEMM_DENSE = ((64, 2112, 7168, 206), (64, 24576, 1536, 289), (64, 32768, 512, 219), (64, 7168, 16384, 336),
+                   (64, 4096, 7168, 287), (64, 7168, 2048, 295), (128, 2112, 7168, 352), (128, 24576, 1536, 535),
+                   (128, 32768, 512, 358), (128, 7168, 16384, 645), (128, 4096, 7168, 533), (128, 7168, 2048, 510),
+                   (4096, 2112, 7168, 1127), (4096, 24576, 1536, 1212), (4096, 32768, 512, 775),
+                   (4096, 7168, 16384, 1520), (4096, 4096, 7168, 1410), (4096, 7168, 2048, 1168))
+H800_FP8 = GemmTable(rows=tuple((m, n, k, "-", tf / 1979.0) for m, n, k, tf in _DEEPGEMM_DENSE), peak_tflops=1979.0,
+                     sms=132, source=f"{DEEPGEMM}: 'Normal GEMMs for dense models'")
+# DeepGEMM grouped FP8 (groups, M per group, N, K, TFLOP/s): contiguous layout (training forward) and masked
+# layout (inference decoding), both grouped over M only.
+_DEEPGEMM_GROUPED = ((4, 8192, 4096, 7168, 1346), (4, 8192, 7168, 2048, 1214), (8, 4096, 4096, 7168, 1346),
+                     (8, 4096, 7168, 2048, 1214), (1, 1024, 4096, 7168, 1233), (1, 1024, 7168, 2048, 925),
+                     (2, 512, 4096, 7168, 1040), (2, 512, 7168, 2048, 916), (4, 256, 4096, 7168, 932),
+                     (4, 256, 7168, 2048, 815))
+H800_FP8_GROUPED = _curve_from_rows(((m, tf / 1979.0) for _, m, _, _, tf in _DEEPGEMM_GROUPED),
+                                    f"{DEEPGEMM}: 'Grouped GEMMs for MoE models' (contiguous and masked layouts)")
+A100_PCIE_GROUPED = _curve_from_rows(((m, eff) for _, m, _, _, _, eff in simumax.SIMUMAX_A100_GROUPED),
+                                     f"{SIMUMAX}: a100_pcie.json group_matmul (BF16, forward and backward)")
+B200_GROUPED = _curve_from_rows(((m, eff) for _, m, _, _, _, eff in simumax.SIMUMAX_B200_GROUPED),
+                                f"{SIMUMAX}: b200_bf16_ceperm.json group_matmul (BF16, forward and backward)")
+
+# Measured GEMM ceilings (MAMF, BF16): A100 SXM 267.9, A100 PCIe 256.4, H100 SXM 792.1, GH200 821.0 TFLOP/s.
+MAMF_A100_SXM = 267.9 / 312
+MAMF_A100_PCIE = 256.4 / 312
+MAMF_H100_SXM = 792.1 / 989
+# Transfers of the A100 PCIe shape table: the ratio of the two devices' measured ceilings (same benchmark, CUDA
+# 12.1). A100 SXM runs the same die at 400 W instead of 300 W; no per-shape SXM table was found.
+A100_SXM_SCALE = MAMF_A100_SXM / MAMF_A100_PCIE
+H100_SCALE = MAMF_H100_SXM / MAMF_A100_PCIE
+
+
+def _fa3(xs, ys, what: str) -> Curve:
+    return Curve(xs, tuple(y / 989.0 for y in ys), f"{FA3_PAPER}: {what}")
+
+
+SEQS = (512, 1024, 2048, 4096, 8192, 16384)
+# H100 SXM5, BF16, TFLOP/s read off the FA3 paper's bars (512 .. 16k tokens). The causal panels are the ones
+# whose standard-attention bars stay under 40 TFLOP/s (masking makes unfused attention slower still). At 512
+# tokens the non-causal hd-128 labels of cuDNN and FA3 read 497 / 467 or 467 / 497 in two transcriptions: the
+# lower is taken for both. The backward figure (Fig. 6) has no causal panel.
+H100_ATTENTION = {
+    ("fa3", "fwd", False, 128): _fa3(SEQS, (467, 565, 625, 638, 646, 648), "fwd, hd 128"),
+    ("fa3", "fwd", True, 128): _fa3(SEQS, (292, 423, 521, 579, 602, 616), "fwd causal, hd 128"),
+    ("fa3", "fwd", False, 64): _fa3(SEQS, (333, 392, 460, 476, 496, 497), "fwd, hd 64"),
+    ("fa3", "fwd", True, 64): _fa3(SEQS, (197, 265, 371, 420, 460, 473), "fwd causal, hd 64"),
+    ("fa3", "fwd", True, 256): _fa3(SEQS, (286, 427, 537, 612, 628, 642), "fwd causal, hd 256"),
+    ("fa3", "bwd", False, 128): _fa3(SEQS, (316, 424, 501, 542, 559, 561), "bwd, hd 128"),
+    ("fa2", "fwd", False, 128): _fa3(SEQS, (309, 350, 362, 368, 370, 370), "FlashAttention-2 fwd, hd 128"),
+    ("fa2", "fwd", True, 128): _fa3(SEQS, (191, 260, 298, 319, 333, 335), "FlashAttention-2 fwd causal, hd 128"),
+    ("fa2", "fwd", False, 64): _fa3(SEQS, (282, 306, 318, 321, 322, 324), "FlashAttention-2 fwd, hd 64"),
+    ("fa2", "fwd", True, 64): _fa3(SEQS, (180, 229, 262, 284, 295, 299), "FlashAttention-2 fwd causal, hd 64"),
+    ("fa2", "fwd", True, 256): _fa3(SEQS, (208, 251, 278, 293, 297, 298), "FlashAttention-2 fwd causal, hd 256"),
+    ("fa2", "bwd", False, 128): _fa3(SEQS, (214, 260, 291, 310, 318, 322), "FlashAttention-2 bwd, hd 128"),
+    ("cudnn", "fwd", False, 128): _fa3(SEQS, (467, 574, 617, 609, 600, 595), "cuDNN fwd, hd 128"),
+    ("cudnn", "fwd", True, 128): _fa3(SEQS, (315, 410, 484, 518, 529, 539), "cuDNN fwd causal, hd 128"),
+    ("cudnn", "fwd", False, 64): _fa3(SEQS, (335, 373, 395, 408, 412, 413), "cuDNN fwd, hd 64"),
+    ("cudnn", "fwd", True, 64): _fa3(SEQS, (225, 288, 334, 363, 379, 388), "cuDNN fwd causal, hd 64"),
+    ("cudnn", "fwd", True, 256): _fa3(SEQS, (308, 391, 450, 483, 497, 509), "cuDNN fwd causal, hd 256"),
+    ("cudnn", "bwd", False, 128): _fa3(SEQS, (305, 408, 465, 499, 518, 516), "cuDNN bwd, hd 128"),
+    # standard attention (unfused PyTorch: two batched GEMMs, softmax, masking) runs out of memory at 16k
+    ("unfused", "fwd", False, 128): _fa3(SEQS[:5], (74, 100, 119, 133, 139), "standard attention fwd, hd 128"),
+    ("unfused", "fwd", True, 128): _fa3(SEQS[:5], (26, 31, 34, 35, 35), "standard attention fwd causal, hd 128"),
+    ("unfused", "fwd", False, 64): _fa3(SEQS[:5], (52, 63, 67, 72, 73), "standard attention fwd, hd 64"),
+    ("unfused", "fwd", True, 64): _fa3(SEQS[:5], (16, 18, 18, 18, 18), "standard attention fwd causal, hd 64"),
+    ("unfused", "bwd", False, 128): _fa3(SEQS[:5], (104, 131, 159, 174, 181), "standard attention bwd, hd 128"),
+}
+
+
+def _a100_fa2() -> dict:
+    """FlashAttention-2 on A100: the paper's long-sequence fractions (``FA2_PAPER``: 0.73 forward, 0.63
+    backward, hd 128, not causal) times the shape of the same kernel's curves on H100 (``H100_ATTENTION``
+    "fa2", each point over the non-causal 16k value of its direction). A transfer of shape, not a measurement
+    of A100 at every seq: the A100 figure's per-seq labels were not at hand (``A100.transfers``)."""
+    out = {}
+    for (kernel, direction, causal, hd), curve in H100_ATTENTION.items():
+        if kernel != "fa2":
+            continue
+        ref = H100_ATTENTION[("fa2", direction, False, 128)].ys[-1]
+        top = 0.73 if direction == "fwd" else 0.63
+        out[(kernel, direction, causal, hd)] = Curve(curve.xs, tuple(top * y / ref for y in curve.ys),
+                                                    f"{FA2_PAPER}, shaped by {curve.source}")
+    return out
+
+
+def _simumax_te(rows, peak_note: str) -> Curve:
+    """SimuMax's causal Transformer Engine attention rows with head dims 128/128, executed fraction
+    (``SIMUMAX_CAUSAL_FLOPS``), upper envelope over seq of all head counts (batch 1)."""
+    pts = [(s, eff * SIMUMAX_CAUSAL_FLOPS) for b, s, hq, hk, dqk, dv, eff in rows if dqk == dv == 128]
+    return _curve_from_rows(pts, f"{SIMUMAX}: {peak_note}, causal, head dim 128, batch 1")
+
+
+A100_TE = {("te", "fwd", True, 128): _simumax_te(simumax.SIMUMAX_A100_SDP_FWD, "a100_pcie.json sdp_fwd"),
+           ("te", "bwd", True, 128): _simumax_te(simumax.SIMUMAX_A100_SDP_BWD, "a100_pcie.json sdp_bwd")}
+B200_TE = {("te", "fwd", True, 128): _simumax_te(simumax.SIMUMAX_B200_SDP_FWD, "b200_bf16_ceperm.json sdp_fwd"),
+           ("te", "bwd", True, 128): _simumax_te(simumax.SIMUMAX_B200_SDP_BWD, "b200_bf16_ceperm.json sdp_bwd")}
+
+# Fractions of the datasheet HBM bandwidth (``GPU_BENCHES``, 100% occupancy): init = 1 store stream, read =
+# 1 load, scale = 1 load + 1 store (an elementwise op), triad = 2 loads + 1 store (a binary op, a residual add).
+HBM_PATTERNS = ("init", "read", "scale", "triad")
+_A100_HBM = {"init": 1880 / 2039, "read": 1769 / 2039, "scale": 1732 / 2039, "triad": 1759 / 2039}
+# (H100 PCIe over 2,039 GB/s, the peak gpu-benches' own gpu-stream/plot.py divides it by; its datasheet rounds
+# to 2 TB/s, which the 2,016 GB/s store stream would exceed.)
+_H100_PCIE_HBM = {"init": 2016 / 2039, "read": 1942 / 2039, "scale": 1704 / 2039, "triad": 1832 / 2039}
+_H200_HBM = {"init": 3884 / 4800, "read": 2756 / 4800, "scale": 3165 / 4800, "triad": 3534 / 4800}
+
+A100 = DeviceKernels(
+    name="A100-SXM4-80GB", sms=108, peak_tflops={"bf16": 312.0, "fp16": 312.0},
+    gemm={"bf16": (A100_PCIE_BF16, A100_SXM_SCALE)}, grouped={"bf16": (A100_PCIE_GROUPED, A100_SXM_SCALE)},
+    attention={**_a100_fa2(), **A100_TE}, hbm=dict(_A100_HBM),
+    ceiling={"bf16": (MAMF_A100_SXM, f"{MAMF}: A100 SXM 267.9 of 312 TFLOP/s at 6912x16384x2048, CUDA 12.1")},
+    transfers={
+        "gemm": "SimuMax's A100 PCIe shapes (the only per-shape A100 table found) times the ratio of the measured "
+                f"ceilings A100 SXM / A100 PCIe = {A100_SXM_SCALE:.4f} ({MAMF})",
+        "grouped": "A100 PCIe grouped rows, same ratio",
+        "attention fa2": "FlashAttention-2 paper's A100 fractions, shaped over seq by the same kernel on H100",
+        "attention te": "A100 PCIe measurements, unscaled (attention is not the GEMM ceiling)",
+    })
+
+H100 = DeviceKernels(
+    name="H100-SXM5-80GB", sms=132, peak_tflops={"bf16": 989.0, "fp16": 989.0, "fp8": 1979.0},
+    gemm={"bf16": (A100_PCIE_BF16, H100_SCALE), "fp8": (H800_FP8, 1.0)},
+    grouped={"bf16": (A100_PCIE_GROUPED, H100_SCALE), "fp8": (H800_FP8_GROUPED, 1.0)},
+    attention=dict(H100_ATTENTION), hbm=dict(_H100_PCIE_HBM),
+    ceiling={"bf16": (MAMF_H100_SXM, f"{MAMF}: H100 SXM 792.1 of 989 TFLOP/s at 6144x17920x2816, CUDA 12.1"),
+             "fp8": (1520 / 1979, f"{DEEPGEMM}: best dense row, 4096x7168x16384 at 1,520 TFLOP/s")},
+    transfers={
+        "gemm bf16": "no per-shape H100 BF16 table was found: A100 PCIe shapes at the same ideal time (FLOPs / "
+                     f"peak) times the ratio of the measured ceilings H100 SXM / A100 PCIe = {H100_SCALE:.4f}",
+        "grouped bf16": "A100 PCIe grouped rows, same ratio",
+        "gemm fp8": "DeepGEMM on H800 SXM5: the same GH100 die, clocks and FP8 peak as H100 SXM5",
+        "hbm": "no H100 SXM measurement found: H100 PCIe (HBM2e, 2,039 GB/s) from the same benchmark, the upper of "
+               "the two GH100 parts measured (H200, HBM3e: init 0.81, scale 0.66)",
+    })
+
+# H200: the GH100 die of H100 SXM5 (132 SMs, 989 BF16 TFLOP/s) with 141 GB of HBM3e at 4.8 TB/s: its compute
+# kernels are H100's; its HBM fractions are its own measurement.
+H200 = DeviceKernels(
+    name="H200", sms=132, peak_tflops=dict(H100.peak_tflops), gemm=dict(H100.gemm), grouped=dict(H100.grouped),
+    attention=dict(H100.attention), hbm=dict(_H200_HBM), ceiling=dict(H100.ceiling),
+    transfers={"gemm, grouped, attention": "H100 SXM5's tables: the same GH100 die, SM count and clocks; only "
+                                           "HBM differs", **{k: v for k, v in H100.transfers.items() if k != "hbm"}})
+
+B200 = DeviceKernels(
+    name="B200", sms=None, peak_tflops={"bf16": 2250.0, "fp16": 2250.0},
+    gemm={"bf16": (B200_BF16, 1.0)}, grouped={"bf16": (B200_GROUPED, 1.0)}, attention=dict(B200_TE),
+    hbm=dict(_H200_HBM),
+    transfers={"hbm": "no B200 STREAM measurement found: H200's fractions (HBM3e too); SimuMax's B200 bandwidth "
+                      "factors are starter values by its own docs/system.md, not used",
+               "wave": "no cited SM count: wave = 1"})
+
+# Ascend 910B: no per-shape kernel table was found for it. Its presets already reuse A100's fractions (a device
+# of the same dense FP16 peak, 313 vs 312 TFLOP/s); the kernels do the same, as a stated transfer, not a
+# measurement, and without a wave model (its cube units are not SMs).
+ASCEND_910B = DeviceKernels(
+    name="Ascend-910B", sms=None, peak_tflops={"bf16": 313.0, "fp16": 313.0},
+    gemm=dict(A100.gemm), grouped=dict(A100.grouped), attention=dict(A100.attention), hbm=dict(A100.hbm),
+    transfers={"all": "no published Ascend 910B kernel table found: A100-SXM4-80GB's tables (same dense FP16 peak; "
+                      "the presets' existing transfer), no wave model"})
+
+DEVICES = {d.name: d for d in (A100, H100, H200, B200, ASCEND_910B)}
+# names the hardware presets and users write, upper-cased, -> device
+_ALIASES = {"A100": "A100-SXM4-80GB", "A100-SXM4-80GB": "A100-SXM4-80GB", "H100": "H100-SXM5-80GB",
+            "H100-SXM5-80GB": "H100-SXM5-80GB", "H200": "H200", "B200": "B200", "ASCEND-910B": "Ascend-910B",
+            "910B": "Ascend-910B"}
+
+
+# -- lookups -----------------------------------------------------------------------------------------------------
+def device_kernels(device) -> DeviceKernels:
+    """The tables of ``device`` (a name such as ``A100-SXM4-80GB`` or ``H100``, or an object with ``.name``)."""
+    name = getattr(device, "name", device)
+    key = str(name).upper()
+    hit = _ALIASES.get(key) or next((v for k, v in sorted(_ALIASES.items(), key=lambda kv: -len(kv[0]))
+                                     if k in key), None)
+    if hit is None:
+        raise PlanError(f"no kernel tables for device {name!r}." + did_you_mean(str(name), DEVICES))
+    return DEVICES[hit]
+
+
+def _gemm_table(dev: DeviceKernels, dtype: str):
+    if dtype not in dev.gemm:
+        raise PlanError(f"no GEMM table for {dtype} on {dev.name}; it has {', '.join(sorted(dev.gemm))}")
+    return dev.gemm[dtype]
+
+
+def gemm_efficiency(device, m: float, n: float, k: float, dtype: str = "bf16") -> float:
+    """Fraction of ``device``'s dense ``dtype`` peak a GEMM of output M x N and reduction K may reach
+    (the module docstring's GEMM rule), capped at the device's measured ceiling."""
+    dev = device_kernels(device)
+    table, scale = _gemm_table(dev, dtype)
+    if min(m, n, k) <= 0:
+        raise PlanError(f"GEMM shape {m} x {n} x {k}: every dimension must be positive")
+    xs, ys = _gemm_envelope(table)
+    # the table's FLOPs at the same ideal time (FLOPs / peak) on the measured device
+    f = 2.0 * m * n * k * table.peak_tflops / dev.peak_tflops[dtype]
+    eff = interp_log(xs, ys, f) * scale
+    cap = dev.ceiling.get(dtype, (1.0, ""))[0]
+    return min(eff, cap, 1.0)
+
+
+def gemm_measured(device, m: int, n: int, k: int, dtype: str = "bf16") -> float | None:
+    """The measured fraction of exactly this shape (best over layouts), scaled as ``gemm_efficiency``; None
+    when the table has no such row."""
+    dev = device_kernels(device)
+    table, scale = _gemm_table(dev, dtype)
+    hits = [eff for rm, rn, rk, _, eff in table.rows if (rm, rn, rk) == (m, n, k)]
+    return min(max(hits) * scale, 1.0) if hits else None
+
+
+def gemm_nearest(device, m: float, n: float, k: float, dtype: str = "bf16") -> tuple[tuple, float]:
+    """The measured row nearest to (M, N, K) in log space (Euclidean over log M, log N, log K) and its
+    fraction scaled as ``gemm_efficiency``: a shape-matched measurement beside the envelope's bound (for a
+    transferred table the row is the measured device's, at the same shape)."""
+    dev = device_kernels(device)
+    table, scale = _gemm_table(dev, dtype)
+    q = (math.log(m), math.log(n), math.log(k))
+    row = min(table.rows, key=lambda r: sum((math.log(v) - w) ** 2 for v, w in zip(r[:3], q)))
+    return row[:3], min(row[4] * scale, dev.ceiling.get(dtype, (1.0,))[0], 1.0)
+
+
+def grouped_gemm_efficiency(device, tokens_per_expert: float, dtype: str = "bf16") -> float:
+    """Fraction of peak an expert GEMM grouped over experts reaches with ``tokens_per_expert`` rows per
+    expert (the module docstring's grouped rule)."""
+    dev = device_kernels(device)
+    if dtype not in dev.grouped:
+        raise PlanError(f"no grouped-GEMM table for {dtype} on {dev.name}; it has {', '.join(sorted(dev.grouped))}")
+    if tokens_per_expert <= 0:
+        raise PlanError(f"tokens per expert must be positive, got {tokens_per_expert}")
+    curve, scale = dev.grouped[dtype]
+    return min(interp_log(curve.xs, curve.ys, tokens_per_expert) * scale, 1.0)
+
+
+def attention_kernels(device) -> list[str]:
+    return sorted({key[0] for key in device_kernels(device).attention})
+
+
+def attention_efficiency(device, kernel: str, seq: float, head_dim: float, causal: bool = True,
+                         backward: bool = False) -> float:
+    """Fraction of the BF16 peak a fused attention ``kernel`` (``fa2``, ``fa3``, ``cudnn``, ``te``,
+    ``unfused``: whichever the device has) reaches at ``seq`` keys per query and ``head_dim`` (the module
+    docstring's attention rule), in executed FLOPs."""
+    dev = device_kernels(device)
+    direction = "bwd" if backward else "fwd"
+    have = [key for key in dev.attention if key[0] == kernel and key[1] == direction]
+    if not have:
+        kinds = sorted({f"{k[0]} {k[1]}" for k in dev.attention})
+        raise PlanError(f"no {direction} attention table for kernel {kernel!r} on {dev.name}; it has {', '.join(kinds)}")
+    if seq <= 0 or head_dim <= 0:
+        raise PlanError(f"attention seq {seq} and head dim {head_dim} must be positive")
+    flags = {key[2] for key in have}
+    if causal in flags:
+        flag = causal
+    elif causal:
+        flag = False  # no causal curve published: the non-causal one bounds it
+    else:
+        raise PlanError(f"no non-causal {direction} attention table for kernel {kernel!r} on {dev.name}")
+    dims = sorted(key[3] for key in have if key[2] == flag)
+    at = [interp_log(dev.attention[(kernel, direction, flag, d)].xs, dev.attention[(kernel, direction, flag, d)].ys,
+                     seq) for d in dims]
+    return min(interp_log(tuple(dims), tuple(at), head_dim), 1.0)
+
+
+def hbm_fraction(device, pattern: str = "scale") -> float:
+    """Measured fraction of ``device``'s HBM bandwidth a streaming kernel of ``pattern`` reaches
+    (``HBM_PATTERNS``; ``scale``, one load and one store stream, is an elementwise op)."""
+    dev = device_kernels(device)
+    if pattern not in dev.hbm:
+        raise PlanError(f"HBM pattern {pattern!r}; use one of {', '.join(HBM_PATTERNS)}")
+    return dev.hbm[pattern]
+
+
+def all_tables():
+    """(device, kind, key, table, source) for every table: what the tests check and the report lists."""
+    out = []
+    for dev in DEVICES.values():
+        for dtype, (table, _) in dev.gemm.items():
+            out.append((dev.name, "gemm", dtype, table, table.source))
+        for dtype, (curve, _) in dev.grouped.items():
+            out.append((dev.name, "grouped", dtype, curve, curve.source))
+        for key, curve in dev.attention.items():
+            out.append((dev.name, "attention", key, curve, curve.source))
+        out.append((dev.name, "hbm", "all", dev.hbm, GPU_BENCHES))
+    return out

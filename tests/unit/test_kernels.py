@@ -1,0 +1,138 @@
+"""Kernel tables (cost/kernels.py): every table names its source, lookups are fractions in (0, 1], the
+envelope lookups are monotone and return their own points, and unknown names are one-line errors."""
+
+import math
+
+import pytest
+
+from symtensor.cost import kernels as K
+from symtensor.errors import PlanError
+
+DEVICES = ("A100-SXM4-80GB", "H100-SXM5-80GB", "H200", "B200", "Ascend-910B")
+SHAPES = [(m, n, k) for m in (64, 512, 4096, 32768) for n in (128, 1376, 4096, 28672) for k in (256, 4096, 16384)]
+
+
+def test_every_table_has_a_source():
+    tables = K.all_tables()
+    assert {t[0] for t in tables} == set(DEVICES)
+    for device, kind, key, table, source in tables:
+        assert len(source) > 40, (device, kind, key)
+        assert any(word in source for word in ("arXiv", "SimuMax", "DeepGEMM", "gpu-benches", "FlashAttention")), source
+    # copied rows carry their licence
+    for source in (K.SIMUMAX, K.DEEPGEMM, K.MAMF, K.GPU_BENCHES, K.FA3_PAPER):
+        assert any(lic in source for lic in ("Apache-2.0", "MIT", "CC BY", "GPL-3.0")), source
+
+
+def test_transfers_say_why():
+    """A device reading another's numbers says so: H200 reads H100's kernels, Ascend A100's, H100 BF16 GEMMs
+    the A100 shapes at the ratio of the measured ceilings."""
+    assert "GH100" in K.H200.transfers["gemm, grouped, attention"]
+    assert "A100" in K.ASCEND_910B.transfers["all"]
+    assert "ceilings" in K.H100.transfers["gemm bf16"]
+    assert K.H200.attention == K.H100.attention and K.H200.hbm != K.H100.hbm
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_lookups_are_fractions(device):
+    dev = K.device_kernels(device)
+    for dtype in dev.gemm:
+        for m, n, k in SHAPES:
+            assert 0 < K.gemm_efficiency(device, m, n, k, dtype) <= 1
+    for dtype in dev.grouped:
+        for c in (1, 64, 616, 8192, 1e6):
+            assert 0 < K.grouped_gemm_efficiency(device, c, dtype) <= 1
+    for kernel, direction, causal, _ in dev.attention:
+        for seq in (64, 512, 4096, 131072):
+            for hd in (32, 64, 128, 256):
+                assert 0 < K.attention_efficiency(device, kernel, seq, hd, causal, direction == "bwd") <= 1
+    for pattern in K.HBM_PATTERNS:
+        assert 0 < K.hbm_fraction(device, pattern) <= 1
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_gemm_monotone_in_every_dimension(device):
+    """At fixed other dims a larger GEMM is never allowed less (the envelope over FLOPs)."""
+    for dtype in K.device_kernels(device).gemm:
+        for m, n, k in SHAPES:
+            e = K.gemm_efficiency(device, m, n, k, dtype)
+            for bigger in ((2 * m, n, k), (m, 2 * n, k), (m, n, 2 * k)):
+                assert K.gemm_efficiency(device, *bigger, dtype) >= e - 1e-12, (device, dtype, (m, n, k), bigger)
+
+
+@pytest.mark.parametrize("device", DEVICES)
+def test_grouped_monotone_in_tokens(device):
+    for dtype in K.device_kernels(device).grouped:
+        effs = [K.grouped_gemm_efficiency(device, c, dtype) for c in (16, 128, 256, 616, 1000, 4096, 1e5)]
+        assert effs == sorted(effs)
+
+
+def test_gemm_hits_its_envelope_points():
+    for device in DEVICES:
+        for dtype in K.device_kernels(device).gemm:
+            for flops, eff in zip(*K.gemm_envelope(device, dtype)):
+                m = n = k = (flops / 2) ** (1 / 3)
+                assert math.isclose(K.gemm_efficiency(device, m, n, k, dtype), eff, rel_tol=1e-9)
+
+
+def test_envelope_points_are_measured_rows():
+    """Every envelope point of the A100 table is a real row; the measured row of a shape is returned."""
+    xs, ys = K._gemm_envelope(K.A100_PCIE_BF16)
+    rows = {(2 * m * n * k, eff) for m, n, k, _, eff in K.A100_PCIE_BF16.rows}
+    assert set(zip(xs, ys)) <= rows
+    assert K.gemm_measured("B200", 4096, 512, 4096) == 0.5318  # SimuMax b200 row m=4096 k=4096 n=512 (NN)
+    assert K.gemm_measured("A100", 3, 5, 7) is None
+    # FP8 on H100: DeepGEMM's 4096 x 7168 x 16384 at 1,520 TFLOP/s of 1,979
+    assert math.isclose(K.gemm_measured("H100", 4096, 7168, 16384, "fp8"), 1520 / 1979)
+
+
+def test_attention_hits_published_points_and_interpolates_in_log_seq():
+    # FA3 paper, H100 forward causal hd 128: 579 TFLOP/s at 4k, 602 at 8k
+    assert math.isclose(K.attention_efficiency("H100", "fa3", 4096, 128, True), 579 / 989)
+    mid = K.attention_efficiency("H100", "fa3", math.sqrt(4096 * 8192), 128, True)
+    assert math.isclose(mid, (579 + 602) / 2 / 989)
+    # clamped at the table's edges
+    assert K.attention_efficiency("H100", "fa3", 100, 128, True) == 292 / 989
+    assert K.attention_efficiency("H100", "fa3", 10**6, 128, True) == 616 / 989
+    # head dim between 64 and 128: between the two curves
+    lo, hi = (K.attention_efficiency("H100", "fa2", 2048, d, False) for d in (64, 128))
+    assert lo <= K.attention_efficiency("H100", "fa2", 2048, 96, False) <= hi
+    # no causal backward curve was published: the non-causal one bounds it
+    assert K.attention_efficiency("H100", "fa3", 4096, 128, True, backward=True) == 542 / 989
+    # SimuMax's causal rows count non-causal FLOPs: the executed fraction is half the reported one
+    assert math.isclose(K.attention_efficiency("A100", "te", 4096, 128, True), 1.187 * 0.5)
+
+
+def test_fused_attention_rises_with_sequence():
+    """FlashAttention curves do not fall with longer sequences (more key blocks per query block)."""
+    for (kernel, direction, causal, hd), curve in K.H100_ATTENTION.items():
+        if kernel in ("fa2", "fa3"):
+            assert list(curve.ys) == sorted(curve.ys), (kernel, direction, causal, hd)
+
+
+def test_hbm_fractions_are_the_measured_ones():
+    assert math.isclose(K.hbm_fraction("A100-SXM4-80GB", "scale"), 1732 / 2039)
+    assert math.isclose(K.hbm_fraction("H200", "triad"), 3534 / 4800)
+
+
+def test_wave_quantisation():
+    """One full wave of 256 x 128 tiles on 108 SMs is lossless; one tile more costs a nearly empty wave
+    unless a smaller tile fills the SMs; overhanging tiles lose their idle part."""
+    assert K.wave(12 * 256, 9 * 128, 108) == 1.0
+    assert K.wave(100, 100, 108) < 0.1
+    assert K.wave(4096, 4096, None) == 1.0
+    assert K.gemm_wave("A100", 4096, 3584) < K.gemm_wave("A100", 4096, 4096)
+
+
+@pytest.mark.parametrize("call, match", [
+    (lambda: K.gemm_efficiency("V100", 1, 1, 1), "no kernel tables for device 'V100'"),
+    (lambda: K.gemm_efficiency("A100", 64, 64, 64, "fp8"), "no GEMM table for fp8 on A100"),
+    (lambda: K.attention_efficiency("A100", "fa3", 4096, 128), "no fwd attention table for kernel 'fa3'"),
+    (lambda: K.attention_efficiency("B200", "te", 4096, 128, causal=False), "no non-causal fwd"),
+    (lambda: K.grouped_gemm_efficiency("B200", 128, "fp8"), "no grouped-GEMM table for fp8 on B200"),
+    (lambda: K.hbm_fraction("H100", "gather"), "HBM pattern 'gather'"),
+    (lambda: K.gemm_efficiency("H100", 0, 1, 1), "must be positive"),
+])
+def test_unknown_names_are_one_line_errors(call, match):
+    with pytest.raises(PlanError, match=match) as err:
+        call()
+    assert "\n" not in str(err.value)
