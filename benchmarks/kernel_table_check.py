@@ -77,14 +77,15 @@ def table_seconds(op, sizes, t, device, peak, engine, grad_operands):
         f = 2.0 * m * n * k * groups
         if groups > 1:
             eff = kernels.grouped_gemm_efficiency(device, m)
-            return "grouped", f / (peak * eff), grad_operands * f / (peak * eff), f"{groups:.0f}x{m:.0f}x{n:.0f}x{k:.0f}"
+            shape = f"{groups:.0f}x{m:.0f}x{n:.0f}x{k:.0f}"
+            return "grouped", f / (peak * eff), grad_operands * f / (peak * eff), shape
         fwd = f / (peak * kernels.gemm_efficiency(device, m, n, k))
         bwd = f / (peak * kernels.gemm_efficiency(device, m, k, n))
         if grad_operands > 1:
             bwd += f / (peak * kernels.gemm_efficiency(device, k, n, m))
         return "gemm", fwd, bwd, f"{m:.0f}x{n:.0f}x{k:.0f}"
     if op.kind == "attention":
-        kernel = {"flash2": "fa2", "flash1": None}.get(op.attr("kernel"), None)
+        kernel = {"flash2": "fa2", "flash1": None}.get(op.attr("kernel"))
         if op.attr("kernel") in (None, "flash"):
             kernel = "cudnn" if engine == "megatron" and "H100" in device else "fa2"
         if kernel is None:
@@ -93,7 +94,8 @@ def table_seconds(op, sizes, t, device, peak, engine, grad_operands):
         seq, hd = sizes["t"], sizes["d"]
         fe = kernels.attention_efficiency(device, kernel, seq, hd, causal)
         be = kernels.attention_efficiency(device, kernel, seq, hd, causal, backward=True)
-        return f"attention ({kernel})", t.fwd_flops / (peak * fe), 2.5 * t.fwd_flops / (peak * be), f"s{seq:.0f} hd{hd:.0f}"
+        shape = f"s{seq:.0f} hd{hd:.0f}"
+        return f"attention ({kernel})", t.fwd_flops / (peak * fe), 2.5 * t.fwd_flops / (peak * be), shape
     if kind.memory_bound:
         return "memory", None, None, "triad" if op.attr("fn") == "add" else "scale"
     return None
@@ -191,7 +193,8 @@ def main(argv=None) -> int:
                 matched = mfu * step / (step + acc["matched"] - acc["charged"])
                 mfus.append((model, cluster, label, plan.config, mfu, step, plan.report.fits, acc, bound, matched))
                 detail.append(f"\n### {model} on {DEVICES} x {cluster}, {label} ({kw})\n")
-                detail.append("| op | class | local shape | charged fwd / bwd | table allows fwd / bwd | table s / charged s fwd | bwd |")
+                detail.append("| op | class | local shape | charged fwd / bwd | table allows fwd / bwd "
+                              "| table s / charged s fwd | bwd |")
                 detail.append("|---|---|---|---|---|---|---|")
                 for r in rows:
                     worst = max(r["ratio_f"], 0 if math.isnan(r["ratio_b"]) else r["ratio_b"])
@@ -213,24 +216,28 @@ def main(argv=None) -> int:
         lines.append(f"| {dev} | {cls} | {len(ratios)} | {n_fast} | {top[0]:.2f} ({top[2]}) | {wmean:.2f} |")
     pub = published_mfu()
     lines += ["", "## Predicted MFU against published runs", "",
-              "Predicted: `evaluate` of the plan (MFU = model FLOPs / (step x devices x peak)). Published: every row of",
+              "Predicted: `evaluate` of the plan (MFU = model FLOPs / (step x devices x peak)). Published: every row "
+              "of",
               "`benchmarks/heldout_runs.csv` for the device (min-max MFU, rows, sources); issue 22 quotes 45-55% for",
               "7B-class A100 runs.", "",
-              "With kernels at the tables: every op's seconds raised to what the table allows where the model is faster",
+              "With kernels at the tables: every op's seconds raised to what the table allows where the model is "
+              "faster",
               "(bound: GEMMs at the envelope; matched: dense GEMMs at the measured row nearest their shape, other",
               "ops at the bound), the difference added to the step (compute is on the critical path; nothing else",
               "changes). Compute s: the ops' charged seconds per step on one device.", "",
               ("| model | cluster | plan | config | predicted MFU | step s | fits | compute s | MFU, kernels at bound |"
                " MFU, GEMMs shape-matched |"), "|---|---|---|---|---|---|---|---|---|---|"]
     for model, cluster, label, config, mfu, step, fits, acc, bound, matched in mfus:
-        cfg = ", ".join(f"{k}={config[k]}" for k in ("tp", "pp", "dp", "zero", "micro_batch", "recompute") if k in config)
+        keys = ("tp", "pp", "dp", "zero", "micro_batch", "recompute")
+        cfg = ", ".join(f"{k}={config[k]}" for k in keys if k in config)
         lines.append(f"| {model} | {cluster} | {label} | {cfg} | {100 * mfu:.1f}% | {step:.2f} | {fits} | "
                      f"{acc['charged']:.2f} | {100 * bound:.1f}% | {100 * matched:.1f}% |")
     lines += ["", "| device | published model | MFU min-max | rows | sources |", "|---|---|---|---|---|"]
     for (gpu, model), vals in sorted(pub.items()):
         if gpu in ("a100_80gb", "h100_80gb"):
             lo, hi = min(v for v, _ in vals), max(v for v, _ in vals)
-            lines.append(f"| {gpu} | {model} | {lo:.1f}-{hi:.1f}% | {len(vals)} | {', '.join(sorted({s for _, s in vals}))} |")
+            sources = ", ".join(sorted({s for _, s in vals}))
+            lines.append(f"| {gpu} | {model} | {lo:.1f}-{hi:.1f}% | {len(vals)} | {sources} |")
     lines += ["", "## Per op (one row per distinct op shape)"] + detail
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")

@@ -15,7 +15,7 @@ SHAPES = [(m, n, k) for m in (64, 512, 4096, 32768) for n in (128, 1376, 4096, 2
 def test_every_table_has_a_source():
     tables = K.all_tables()
     assert {t[0] for t in tables} == set(DEVICES)
-    for device, kind, key, table, source in tables:
+    for device, kind, key, _table, source in tables:
         assert len(source) > 40, (device, kind, key)
         assert any(word in source for word in ("arXiv", "SimuMax", "DeepGEMM", "gpu-benches", "FlashAttention")), source
     # copied rows carry their licence

@@ -453,7 +453,8 @@ def attention_efficiency(device, kernel: str, seq: float, head_dim: float, causa
     have = [key for key in dev.attention if key[0] == kernel and key[1] == direction]
     if not have:
         kinds = sorted({f"{k[0]} {k[1]}" for k in dev.attention})
-        raise PlanError(f"no {direction} attention table for kernel {kernel!r} on {dev.name}; it has {', '.join(kinds)}")
+        raise PlanError(f"no {direction} attention table for kernel {kernel!r} on {dev.name}; it has "
+                        f"{', '.join(kinds)}")
     if seq <= 0 or head_dim <= 0:
         raise PlanError(f"attention seq {seq} and head dim {head_dim} must be positive")
     flags = {key[2] for key in have}
