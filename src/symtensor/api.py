@@ -16,17 +16,8 @@ from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config, params_active
 from symtensor.plan import Parallelism, Plan
+from symtensor.plan.parallelism import default_global_batch, default_seq
 from symtensor.search.megatron import megatron_plan
-
-TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
-
-
-def default_seq(cfg) -> int:
-    return min(cfg.max_context, 8192)
-
-
-def default_global_batch(seq: int) -> int:
-    return max(1, TOKENS_PER_STEP // seq)
 
 
 def graph_summary(model, micro_batch: int = 1, seq: int | None = None, global_batch: int | None = None,

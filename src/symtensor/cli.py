@@ -5,6 +5,7 @@
     symtensor evaluate MODEL --cluster C (--nodes N | --devices N) --tp T --pp P ... [--json]
     symtensor plan MODEL --cluster C (--nodes N | --devices N) [--json] [--out plan.json]
     symtensor calibrate [--fit] [--json]
+    symtensor calibrate --runs my_runs.csv --out cluster.yaml [--cluster BASE]   # fit to your own runs
     symtensor profile [--devices N] [--backend nccl|gloo] [--quick] --out cluster.yaml [--force]
     symtensor clusters --show cluster.yaml | calibrate --cluster cluster.yaml   # a profiled file
     symtensor explain PLAN [--op NAME] [--candidates] [--formula] [--json]
@@ -174,7 +175,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("calibrate", help="predicted vs published measurements (calibration.csv)")
     p.add_argument("--fit", action="store_true", help="refit the efficiency constants first")
-    p.add_argument("--cluster", metavar="FILE", help="a profiled cluster file: its curves vs its measurements")
+    p.add_argument("--cluster", metavar="FILE", help="a profiled cluster file: its curves vs its measurements; with "
+                   "--runs, the cluster the fit refines (default: the runs' own)")
+    p.add_argument("--runs", metavar="CSV", help="your measured runs (one row per run: model, cluster, devices, the "
+                   "evaluate options, step_time_s, optional peak_memory_gib): fit the end-to-end constants to them")
+    p.add_argument("--out", metavar="FILE", help="with --runs: the fitted cluster file to write (YAML)")
+    p.add_argument("--force", action="store_true", help="with --runs: overwrite --out")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("profile", help="measure this machine's GEMM, attention, memory and collective curves "
                                        "into a cluster file")
@@ -212,6 +218,8 @@ def main(argv=None) -> int:
 def _dispatch(args) -> int:
     from symtensor import report
 
+    if args.command == "calibrate" and args.runs:
+        return _calibrate_runs(args)
     if args.command == "profile" or getattr(args, "show", None) or getattr(args, "cluster", None) and \
             args.command == "calibrate":
         return _dispatch_profile(args)
@@ -312,6 +320,27 @@ def _dispatch_analysis(args) -> int:
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,
                          html=args.html, sweep_spec=args.sweep, on_point=on_point)
     return console.html_report(out, args.json)
+
+
+def _calibrate_runs(args) -> int:
+    """calibrate --runs CSV --out FILE [--cluster BASE]: fit the end-to-end constants to the user's runs."""
+    import datetime
+
+    from symtensor.profile import own_runs
+    from symtensor.report.console import own_runs as show
+
+    if not args.out:
+        raise PlanError("calibrate --runs needs --out cluster.yaml: the fitted cluster file every command then takes")
+    if args.fit:
+        raise PlanError("--fit refits the shipped tables; --runs fits your own runs: give one of them")
+    own_runs.check_writable(args.out, args.force)
+    runs = own_runs.read_runs(args.runs)
+    base = args.cluster or runs[0].cluster
+    fitted = own_runs.fit(runs, args.cluster)
+    source = (f"symtensor calibrate --runs {args.runs} ({len(runs)} runs, {datetime.date.today().isoformat()}) "
+              f"on {base}")
+    path = own_runs.write(fitted, base, args.out, source, args.force)
+    return show(fitted, own_runs.memory_errors(fitted, args.cluster), str(path), args.json)
 
 
 def _dispatch_profile(args) -> int:

@@ -83,5 +83,11 @@ def band(step_s: float, table: str, regime: str) -> Band:
     [step / (1 + hi), step / (1 + lo)]."""
     rng = RESIDUALS.get((table, regime))
     calibrated = rng is not None
-    lo, hi = rng if calibrated else UNCALIBRATED
+    return from_residuals(step_s, rng if calibrated else UNCALIBRATED, regime, calibrated)
+
+
+def from_residuals(step_s: float, residuals: tuple[float, float], regime: str, calibrated: bool) -> Band:
+    """The band of a step of ``step_s`` seconds whose residuals (predicted / measured - 1) lie in
+    ``residuals`` = (lowest, highest): the measured step in [step / (1 + hi), step / (1 + lo)]."""
+    lo, hi = residuals
     return Band(step_s / (1 + hi), step_s / (1 + lo), regime, calibrated)

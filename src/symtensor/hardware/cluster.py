@@ -10,6 +10,7 @@ outermost (slowest) level first: 24 H100s = ib:3 x nvlink:2 x nvlink:2 x nvlink:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
@@ -72,8 +73,11 @@ class Cluster:
     """A device type, its link hierarchy (innermost first) and how many devices are used.
 
     ``efficiency``: (field, value) pairs of ``symtensor.cost.Efficiency`` that this cluster's file
-    sets (measured by ``symtensor profile``), over the device's calibrated table;
-    ``efficiency_source`` says where they come from (date, device, software versions)."""
+    sets (measured by ``symtensor profile``, or fitted to the user's runs by ``symtensor calibrate
+    --runs``), over the device's calibrated table; ``efficiency_source`` says where they come from
+    (date, device, software versions). ``band``: the (lowest, highest) residual, predicted /
+    measured - 1, of the runs this file was calibrated on (``calibrate --runs``), which every
+    prediction on it takes as its error band; None: the shipped calibration's."""
 
     name: str
     device: Device
@@ -81,6 +85,7 @@ class Cluster:
     n_devices: int
     efficiency: tuple[tuple[str, float], ...] = ()
     efficiency_source: str = field(default="", compare=False)
+    band: tuple[float, float] | None = None
 
     def __post_init__(self):
         if not isinstance(self.n_devices, int) or self.n_devices <= 0:
@@ -286,7 +291,7 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
           - {name: nvlink, fanout: 8, bandwidth_gbps: 450, latency_us: 3}
           - {name: ib, bandwidth_gbps: 50, latency_us: 8}
     """
-    _mapping(data, where, ("device", "levels"), ("name", "efficiency", "measured"))
+    _mapping(data, where, ("device", "levels"), ("name", "efficiency", "measured", "band"))
     dev = _mapping(data["device"], f"{where}: device", ("name", "peak_tflops", "hbm_gbps", "memory_gib"),
                    ("source",))
     peaks = dev["peak_tflops"]
@@ -318,7 +323,47 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
                             link_efficiency=_link_efficiency(lv, here),
                             source=str(lv.get("source", f"cluster file {where}"))))
     return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels),
-                   n_devices=n_devices, **_efficiency(data, where))
+                   n_devices=n_devices, band=_band(data, where), **_efficiency(data, where))
+
+
+def _band(data: dict, where: str) -> tuple[float, float] | None:
+    """The ``band:`` section (``symtensor calibrate --runs``): low <= 0 <= high residuals, each
+    above -1 (a prediction is never negative)."""
+    if "band" not in data:
+        return None
+    here = f"{where}: band"
+    band = _mapping(data["band"], here, ("low", "high"), ("rows", "held_out", "source"))
+    for k in ("low", "high"):
+        if isinstance(band[k], bool) or not isinstance(band[k], (int, float)) or not math.isfinite(band[k]):
+            raise PlanError(f"{here}: {k} must be a finite number (a residual, predicted / measured - 1), got "
+                            f"{band[k]!r}")
+    lo, hi = float(band["low"]), float(band["high"])
+    if not -1 < lo <= hi <= 100:
+        raise PlanError(f"{here}: low={lo:g} and high={hi:g} must satisfy -1 < low <= high <= 100 (residuals, "
+                        "predicted / measured - 1)")
+    return (lo, hi)
+
+
+def cluster_dict(cluster: Cluster) -> dict:
+    """``cluster`` as a cluster file's mapping (the inverse of ``cluster_from_dict``, user units)."""
+    dev = cluster.device
+    doc = {"name": cluster.name,
+           "device": {"name": dev.name, "peak_tflops": {k: v / TFLOPS for k, v in dev.peak_flops.items()},
+                      "hbm_gbps": dev.hbm_bandwidth / GB, "memory_gib": dev.memory / GIB, "source": dev.source},
+           "levels": []}
+    for i, lv in enumerate(cluster.levels):
+        level = {"name": lv.name, "bandwidth_gbps": lv.bandwidth / GB, "latency_us": lv.latency / US,
+                 "source": lv.source}
+        if i < len(cluster.levels) - 1 or lv.fanout:
+            level["fanout"] = lv.fanout
+        if lv.link_efficiency:
+            level["link_efficiency"] = dict(lv.link_efficiency)
+        doc["levels"].append(level)
+    if cluster.efficiency:
+        doc["efficiency"] = {**dict(cluster.efficiency), "source": cluster.efficiency_source}
+    if cluster.band is not None:
+        doc["band"] = {"low": cluster.band[0], "high": cluster.band[1]}
+    return doc
 
 
 # The raw tables and provenance that ``symtensor profile`` writes under ``measured:`` (their rows are
@@ -366,7 +411,7 @@ def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None
                             + did_you_mean(spec, PRESETS))
         proto = _from_file(path, 1)
         device, levels, name = proto.device, proto.levels, proto.name
-        extra = dict(efficiency=proto.efficiency, efficiency_source=proto.efficiency_source)
+        extra = dict(efficiency=proto.efficiency, efficiency_source=proto.efficiency_source, band=proto.band)
     if nodes is not None:
         if not isinstance(nodes, int) or nodes <= 0:
             raise PlanError(f"--nodes must be a positive integer, got {nodes!r}")

@@ -39,9 +39,13 @@ def attention_kernel(graph) -> str:
 
 
 def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str):
-    """The error band (``cost.bands.Band``) of a prediction for ``cfg`` on ``cluster``."""
-    from symtensor.cost.bands import band_of
+    """The error band (``cost.bands.Band``) of a prediction for ``cfg`` on ``cluster``: the
+    residuals of the user's own runs where the cluster file was calibrated on them (``symtensor
+    calibrate --runs``), else the shipped calibration's for its device and regime."""
+    from symtensor.cost.bands import band_of, from_residuals
 
+    if cluster.band is not None:
+        return from_residuals(step_s, cluster.band, f"your runs ({cluster.name})", True)
     return band_of(step_s, cluster.device.name, zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe,
                    framework=framework)
 

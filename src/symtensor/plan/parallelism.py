@@ -40,6 +40,17 @@ from symtensor.errors import PlanError
 from symtensor.plan.summary import config_summary
 
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp")
+TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
+
+
+def default_seq(cfg) -> int:
+    """The sequence a command takes when none is given: the model's context, at most 8,192."""
+    return min(cfg.max_context, 8192)
+
+
+def default_global_batch(seq: int) -> int:
+    """The global batch a command takes when none is given: ``TOKENS_PER_STEP`` tokens."""
+    return max(1, TOKENS_PER_STEP // seq)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -223,11 +223,12 @@ def _yaml(doc: dict) -> str:
     return yaml.dump(doc, Dumper=Dumper, sort_keys=False, width=120)
 
 
-def write(doc: dict, path: str, force: bool = False) -> Path:
-    """Write ``doc`` as YAML, atomically (an interrupted write leaves no partial file)."""
+def write(doc: dict, path: str, force: bool = False, header: str = HEADER) -> Path:
+    """Write ``doc`` as YAML after ``header`` (comment lines), atomically (an interrupted write
+    leaves no partial file)."""
     from symtensor.output import write_atomic
 
-    return write_atomic(check_writable(path, force), HEADER + _yaml(doc), "cluster file")
+    return write_atomic(check_writable(path, force), header + _yaml(doc), "cluster file")
 
 
 def read(path: str) -> dict:

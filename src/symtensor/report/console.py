@@ -131,6 +131,46 @@ def calibration(results, summary: dict, effs: dict, as_json: bool) -> int:
     return 0
 
 
+def own_runs(fitted, memory_errors: list, path: str, as_json: bool) -> int:
+    """``symtensor calibrate --runs``: each run measured, predicted in sample and left out, the
+    fitted constants with their ranges, the band, and where the cluster file went."""
+    from symtensor.profile.own_runs import FREE
+
+    held = fitted.held_out is not None
+    rows = [{"line": r.line, "model": r.model, "devices": r.devices, "config": r.config, "measured_s": r.step_time_s,
+             "predicted_s": p, "error": p / r.step_time_s - 1,
+             "held_out_s": fitted.held_out[i] if held else None,
+             "held_out_error": fitted.held_out[i] / r.step_time_s - 1 if held else None,
+             "peak_memory_error": memory_errors[i]} for i, (r, p) in enumerate(zip(fitted.runs, fitted.predicted))]
+    out = {"rows": rows, "constants": fitted.constants, "ranges": {k: FREE[k][:2] for k in FREE},
+           "band": list(fitted.band), "band_from": "leave-one-out" if held else "in-sample", "cluster_file": path}
+    if as_json:
+        return _json(out)
+    t = Table(title=f"Your runs: predicted vs measured step ({len(rows)} runs)")
+    for col in ("line", "model", "devices", "config", "measured s", "fitted s", "error", "left out s", "error ",
+                "peak mem"):
+        t.add_column(col, justify="left" if col in ("model", "config") else "right")
+    for r in rows:
+        cfg = " ".join(f"{k}={v}" for k, v in r["config"].items())
+        mem = "" if r["peak_memory_error"] is None else f"{100 * r['peak_memory_error']:+.1f}%"
+        t.add_row(str(r["line"]), r["model"], str(r["devices"]), cfg, f"{r['measured_s']:.3f}",
+                  f"{r['predicted_s']:.3f}", f"{100 * r['error']:+.1f}%",
+                  "" if r["held_out_s"] is None else f"{r['held_out_s']:.3f}",
+                  "" if r["held_out_error"] is None else f"{100 * r['held_out_error']:+.1f}%", mem)
+    c = _console()
+    c.print(t)
+    for k, v in fitted.constants.items():
+        lo, hi, _ = FREE[k]
+        c.print(f"{k} = {v:.4g} (range {lo:g}..{hi:g})", markup=False)
+    lo, hi = fitted.band
+    how = "left out one at a time" if held else "in sample, at least +-3% (fewer than 3 runs: no left-out error)"
+    c.print(f"band: {100 * lo:+.1f}% .. {100 * hi:+.1f}% ({how}); mean |error| left out: "
+            + (f"{100 * sum(abs(r['held_out_error']) for r in rows) / len(rows):.1f}%" if held else "n/a"),
+            markup=False)
+    c.print(f"wrote {path}: plan with --cluster {path}", markup=False)
+    return 0
+
+
 def _show(out: dict, as_json: bool, view: str, *args) -> int:
     """One JSON object, or the named printer of ``plan_view`` / ``analysis_view`` (imported late:
     they are only needed for their command)."""

@@ -1,0 +1,296 @@
+"""Your own runs calibrate the model: ``symtensor calibrate --runs my_runs.csv --out cluster.yaml``.
+
+A team gives a few measured steps of its own stack, one CSV row per run: the model, the cluster and
+the devices, the ``evaluate`` options of the configuration, the measured step time and optionally
+the measured peak memory. The model's free end-to-end constants (``FREE``: what microbenchmarks
+cannot see, each inside a physical range it may not leave) are fitted to those rows, and the
+fitted cluster file (the base cluster, its ``efficiency:`` section with the fitted constants, and a
+``band:`` from the residuals) is then taken by every command (``--cluster cluster.yaml``).
+
+    model,cluster,devices,tp,pp,zero,micro_batch,global_batch,seq,framework,step_time_s,peak_memory_gib
+    llama2-7b,dgx-h100,64,1,1,1,1,512,4096,megatron,3.62,61.0
+    llama2-7b,dgx-h100,64,2,1,1,1,512,4096,megatron,3.95,
+    llama2-13b,dgx-h100,64,2,2,1,1,512,4096,megatron,7.40,
+
+Columns: ``model`` (a preset or a config.json), ``cluster`` (a preset or a cluster file; one
+device type for all rows), ``devices``, ``step_time_s`` (seconds per optimizer step, measured),
+and optionally ``peak_memory_gib`` (what the run reserved at its peak), ``source`` (a note) and the
+configuration's keys (``symtensor.plan.parallelism.KEYS``: tp, pp, dp, cp, ep, etp, sp, zero,
+recompute, micro_batch, global_batch, seq, vpp, framework, and whatever a configuration gains);
+a key left out takes ``evaluate``'s default (dp: the devices over tp x pp x cp; sp: tp > 1; seq and
+global_batch: ``parallelism.default_seq`` and ``default_global_batch``; micro_batch 1). An
+unknown column is an error (a misspelt key would silently fall back to a default).
+
+The fit minimises the mean squared log error of the step times by coordinate search, one
+constant at a time, over factors of its current value clamped to its range (as
+``calibration.fit`` searches the shipped tables). With three rows or more every row is also
+predicted by a fit that did not see it (leave-one-out), and the band of the cluster file is the
+range of those residuals (with fewer rows, of the in-sample ones, widened to at least
+``MIN_BAND``): a band from predictions the fit did not make is one that can cover the next run.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+from dataclasses import dataclass, fields
+from pathlib import Path
+
+from symtensor.cost.efficiency import efficiency_for
+from symtensor.errors import PlanError
+from symtensor.hardware import GIB, load_cluster
+from symtensor.hardware.cluster import cluster_dict
+from symtensor.models import build_graph, load_model_config
+from symtensor.plan.parallelism import KEYS, Parallelism, default_global_batch, default_seq
+from symtensor.search.megatron import megatron_plan
+from symtensor.validate import MAX_FILE_BYTES
+
+# The free end-to-end constants: an Efficiency field -> (lowest, highest) value and why. What the
+# kernel tables and ``symtensor profile`` measure (GEMM, attention and memory-bound rates) is not
+# here: a user's step times cannot tell kernel rates from overlap, and the kernels are measured.
+FREE = {
+    "link": (0.3, 0.95, "all-reduce bus bandwidth as a fraction of the link: NCCL reaches 0.8-0.9 of it on large "
+                        "messages (nccl-tests), a congested or misconfigured fabric far less; never above 0.95"),
+    "link_gather": (0.3, 0.95, "all-gather / reduce-scatter / point-to-point, as for link"),
+    "link_all_to_all": (0.1, 0.95, "all-to-all reaches a lower fraction than rings across nodes (many small "
+                                   "messages); never above 0.95"),
+}
+FACTORS = (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 1.01, 1.02, 1.05, 1.1, 1.25, 2.0)
+ROUNDS = 3
+MIN_BAND = 0.03  # a band from fewer than 3 rows is at least +-3%: the run-to-run spread of a step
+REQUIRED = ("model", "cluster", "devices", "step_time_s")
+OPTIONAL = ("peak_memory_gib", "source") + KEYS
+_INTS = {f.name for f in fields(Parallelism) if f.type in ("int", int)}
+_BOOLS = {f.name for f in fields(Parallelism) if f.type in ("bool", bool)}
+
+
+@dataclass(frozen=True)
+class Run:
+    """One measured run: where it ran, its configuration, and what was measured."""
+
+    line: int
+    model: str
+    cluster: str
+    devices: int
+    config: dict
+    step_time_s: float
+    peak_memory_gib: float | None = None
+    source: str = ""
+
+
+@dataclass(frozen=True)
+class Fit:
+    """The fitted constants, each row's in-sample and leave-one-out predictions, and the band."""
+
+    constants: dict
+    predicted: tuple[float, ...]
+    held_out: tuple[float, ...] | None
+    band: tuple[float, float]
+    runs: tuple[Run, ...]
+
+    def errors(self, held_out: bool = False) -> list[float]:
+        """predicted / measured - 1 per row (leave-one-out when asked and available)."""
+        pred = self.held_out if held_out and self.held_out is not None else self.predicted
+        return [p / r.step_time_s - 1 for p, r in zip(pred, self.runs)]
+
+
+def _value(key: str, text: str, where: str):
+    text = text.strip()
+    try:
+        if key in _INTS or key == "devices":
+            value = int(text)
+            if value < (0 if key == "zero" else 1):
+                raise ValueError
+            return value
+        if key in _BOOLS:
+            if text.lower() not in ("yes", "no", "true", "false", "1", "0"):
+                raise ValueError
+            return text.lower() in ("yes", "true", "1")
+        if key in ("step_time_s", "peak_memory_gib"):
+            value = float(text)
+            if not (math.isfinite(value) and value > 0):
+                raise ValueError
+            return value
+    except ValueError:
+        kind = "yes or no" if key in _BOOLS else "a positive number" if key.endswith(("_s", "_gib")) else \
+            "a non-negative integer" if key == "zero" else "a positive integer"
+        raise PlanError(f"{where}: {key}={text!r} is not {kind}") from None
+    return text
+
+
+def read_runs(path: str | Path) -> list[Run]:
+    """The rows of a runs CSV (see the module docstring), checked: one-line errors name the line."""
+    path = Path(path)
+    if not path.is_file():
+        raise PlanError(f"runs file {path} does not exist; give a CSV of measured runs (symtensor calibrate --help)")
+    if path.stat().st_size > MAX_FILE_BYTES:
+        raise PlanError(f"runs file {path} is larger than {MAX_FILE_BYTES} bytes")
+    with path.open(newline="") as f:
+        reader = csv.DictReader(f)
+        columns = [c.strip() for c in reader.fieldnames or ()]
+        missing = [c for c in REQUIRED if c not in columns]
+        if missing:
+            raise PlanError(f"{path}: missing column(s) {', '.join(missing)}; a runs CSV needs "
+                            f"{', '.join(REQUIRED)} and takes {', '.join(OPTIONAL)}")
+        unknown = [c for c in columns if c not in REQUIRED + OPTIONAL]
+        if unknown:
+            raise PlanError(f"{path}: unknown column(s) {', '.join(unknown)}; use {', '.join(REQUIRED + OPTIONAL)}")
+        runs = []
+        for i, raw in enumerate(reader, start=2):
+            row = {k.strip(): (v or "").strip() for k, v in raw.items() if k is not None}
+            where = f"{path} line {i}"
+            for key in REQUIRED:
+                if not row.get(key):
+                    raise PlanError(f"{where}: {key} is empty")
+            values = {k: _value(k, v, where) for k, v in row.items() if v}
+            config = {k: values[k] for k in KEYS if k in values}
+            runs.append(Run(i, values["model"], values["cluster"], values["devices"], config,
+                            values["step_time_s"], values.get("peak_memory_gib"), values.get("source", "")))
+    if not runs:
+        raise PlanError(f"{path}: no runs; give one row per measured run")
+    return runs
+
+
+def configuration(run: Run, cfg) -> Parallelism:
+    """The run's configuration with ``evaluate``'s defaults for the keys it leaves out."""
+    c = dict(run.config)
+    tp, pp, cp = c.get("tp", 1), c.get("pp", 1), c.get("cp", 1)
+    if "dp" not in c:
+        if run.devices % (tp * pp * cp):
+            raise PlanError(f"tp*pp*cp = {tp * pp * cp} does not divide the {run.devices} devices; give dp or "
+                            "degrees that divide them")
+        c["dp"] = run.devices // (tp * pp * cp)
+    c.setdefault("sp", tp > 1)
+    c.setdefault("seq", default_seq(cfg))
+    c.setdefault("global_batch", default_global_batch(c["seq"]))
+    return Parallelism(**c)
+
+
+class _Rows:
+    """The rows' models, base clusters and configurations, loaded once; predictions under trial
+    constants (a cluster with the constants as its measured ``efficiency`` fields)."""
+
+    def __init__(self, runs: list[Run], base: str | None):
+        self.runs = runs
+        self.items = []
+        self.graphs = {}
+        devices = set()
+        for r in runs:
+            try:
+                cfg = load_model_config(r.model)
+                cluster = load_cluster(base or r.cluster, devices=r.devices)
+                config = configuration(r, cfg)
+                why = config.refusal(cfg, r.devices)
+            except PlanError as exc:
+                raise PlanError(f"line {r.line}: {exc}") from None
+            if why:
+                raise PlanError(f"line {r.line}: {why}")
+            devices.add(cluster.device.name)
+            self.items.append((cfg, cluster, config))
+        if len(devices) > 1:
+            raise PlanError(f"the runs are on {len(devices)} device types ({', '.join(sorted(devices))}); calibrate "
+                            "one cluster file per device type")
+
+    def start(self) -> dict:
+        """The constants of the base cluster's table (a cluster file's own values first)."""
+        eff = efficiency_for(self.items[0][1])
+        return {k: getattr(eff, k) for k in FREE}
+
+    def predict(self, i: int, constants: dict) -> float:
+        cfg, cluster, config = self.items[i]
+        own = dict(cluster.efficiency)
+        own.update(constants)
+        tuned = dataclasses.replace(cluster, efficiency=tuple(sorted(own.items())))
+        if i not in self.graphs:  # the constants change the costs, not the graph
+            self.graphs[i] = build_graph(cfg, micro_batch=config.micro_batch * config.dp, seq=config.seq,
+                                         skeleton=True)
+        return megatron_plan(cfg, tuned, self.graphs[i], **config.as_dict()).report.step_time_s
+
+
+def _loss(rows: _Rows, idx: list[int], constants: dict) -> float:
+    return sum(math.log(rows.predict(i, constants) / rows.runs[i].step_time_s) ** 2 for i in idx) / len(idx)
+
+
+def _fit_on(rows: _Rows, idx: list[int], start: dict) -> dict:
+    """Coordinate search over ``FREE`` on the rows ``idx`` (each constant inside its range)."""
+    best, best_loss = dict(start), _loss(rows, idx, start)
+    for _ in range(ROUNDS):
+        for name, (lo, hi, _why) in FREE.items():
+            for factor in FACTORS:
+                trial = {**best, name: min(hi, max(lo, best[name] * factor))}
+                loss = _loss(rows, idx, trial)
+                if loss < best_loss - 1e-15:
+                    best, best_loss = trial, loss
+    return best
+
+
+def fit(runs: list[Run], base: str | None = None) -> Fit:
+    """Fit ``FREE`` to the runs; with 3 rows or more, also leave-one-out (each row predicted by a
+    fit of the others). ``base``: the cluster the constants refine (default: each row's own)."""
+    rows = _Rows(runs, base)
+    everything = list(range(len(runs)))
+    start = {k: min(FREE[k][1], max(FREE[k][0], v)) for k, v in rows.start().items()}
+    constants = _fit_on(rows, everything, start)
+    predicted = tuple(rows.predict(i, constants) for i in everything)
+    held_out = None
+    if len(runs) >= 3:
+        held_out = tuple(rows.predict(i, _fit_on(rows, [j for j in everything if j != i], constants))
+                         for i in everything)
+    errors = [p / r.step_time_s - 1 for p, r in zip(held_out or predicted, runs)]
+    lo, hi = min(errors), max(errors)
+    if held_out is None:
+        lo, hi = min(lo, -MIN_BAND), max(hi, MIN_BAND)
+    return Fit(constants, predicted, held_out, (lo, hi), tuple(runs))
+
+
+HEADER = """\
+# A cluster file written by `symtensor calibrate --runs` (the preset schema; `symtensor clusters --show FILE`).
+# efficiency: the end-to-end constants fitted to the runs (the rest of the device's table is unchanged);
+# band: the residuals (predicted / measured - 1) of the runs, left out one at a time when there were 3
+# or more, which every prediction on this file takes as its error band. Plan with it:
+# `symtensor plan MODEL --cluster FILE --devices N`.
+"""
+
+
+def check_writable(path: str, force: bool) -> Path:
+    """``path`` as a new cluster file (or an existing one with ``force``), checked before fitting."""
+    from symtensor.profile.document import check_writable as check
+
+    return check(path, force)
+
+
+def write(fitted: Fit, base: str, path: str, source: str, force: bool = False) -> Path:
+    """Write the fitted cluster file (``cluster_document``) to ``path``."""
+    from symtensor.profile.document import write as write_document
+
+    return write_document(cluster_document(fitted, base, source), path, force, header=HEADER)
+
+
+def cluster_document(fitted: Fit, base: str, source: str) -> dict:
+    """The fitted cluster file: ``base``'s device and levels (a preset or a file), the fitted
+    constants as its ``efficiency:`` section and the residual range as its ``band:``."""
+    doc = cluster_dict(load_cluster(base, devices=fitted.runs[0].devices))
+    eff = dict(doc.get("efficiency", {}))
+    eff.update({k: round(v, 6) for k, v in fitted.constants.items()})
+    eff["source"] = source
+    doc["efficiency"] = eff
+    lo, hi = fitted.band
+    doc["band"] = {"low": round(lo, 6), "high": round(hi, 6), "rows": len(fitted.runs),
+                   "held_out": fitted.held_out is not None, "source": source}
+    return doc
+
+
+def memory_errors(fitted: Fit, base: str | None = None) -> list[float | None]:
+    """predicted reserved (or allocated) peak / measured peak - 1 per row with a measured peak."""
+    rows = _Rows(list(fitted.runs), base)
+    out = []
+    for i, r in enumerate(fitted.runs):
+        if r.peak_memory_gib is None:
+            out.append(None)
+            continue
+        cfg, cluster, config = rows.items[i]
+        report = megatron_plan(cfg, cluster, **config.as_dict()).report
+        peak = getattr(report, "memory_reserved", None) or report.memory_peak
+        out.append(peak / GIB / r.peak_memory_gib - 1)
+    return out
