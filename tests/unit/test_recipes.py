@@ -41,8 +41,8 @@ def test_every_row_cites_its_source_and_runs_on_its_own_model():
         assert (c["tp"], c["pp"], c["cp"], c["ep"], c["vpp"], c["micro_batch"]) == (r.tp, r.pp, r.cp, r.ep, r.vpp,
                                                                                    r.micro_batch), r
     models = {r.model for r in recipes.RECIPES}
-    assert {"llama3-8b", "llama3-70b", "llama3-405b", "qwen3-30b-a3b", "qwen3-235b-a22b", "deepseek-v3",
-            "mixtral-8x7b", "mixtral-8x22b", "gpt-oss-120b"} <= models
+    assert {"llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "deepseek-v3",
+            "qwen2-72b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b", "gpt-oss-120b"} <= models
     assert all(any(r.model == m and r.default for r in recipes.RECIPES) for m in models)
 
 
@@ -120,6 +120,8 @@ def test_qwen3_moe_on_64_h100_no_longer_folds_ep_64_across_infiniband():
 @pytest.mark.parametrize("model, device, seq, n, want", [
     ("llama3-8b", "H100-SXM5-80GB", 8192, 64, "llama3_8b_pretrain_2gpu_h100_bf16_config"),
     ("llama3-8b", "H100-SXM5-80GB", 32768, 64, "llama3_8b_pretrain_32gpu_h100_bf16_64k_config"),
+    ("llama3-8b", "H100-SXM5-80GB", 12288, 64, "llama3_8b_pretrain_16gpu_h100_bf16_16k_config"),
+    ("llama3-8b", "H100-SXM5-80GB", 4096, 64, "llama3_8b_pretrain_2gpu_h100_bf16_config"),
     ("llama3-8b", "H100-SXM5-80GB", 131072, 64, "llama3_8b_pretrain_64gpu_h100_bf16_128k_config"),
     ("llama3-8b", "H100-SXM5-80GB", 262144, 64, "llama3_8b_pretrain_64gpu_h100_bf16_128k_config"),
     ("llama3-405b", "H100-SXM5-80GB", 8192, 16384, "llama31_405b_pretrain_1024gpu_h100_bf16_config"),
@@ -130,11 +132,12 @@ def test_qwen3_moe_on_64_h100_no_longer_folds_ep_64_across_infiniband():
     ("deepseek-v3", "H100-SXM5-80GB", 4096, 256, "deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config"),
     ("deepseek-v3", "H100-SXM5-80GB", 4096, 1024, "deepseek_v3_pretrain_1024gpu_h100_bf16_config"),  # (library)
     ("mixtral-8x22b", "H100-SXM5-80GB", 4096, 1024, "mixtral_8x22b.pretrain_recipe"),
+    ("mixtral-8x22b", "H100-SXM5-80GB", 8192, 256, "mixtral_8x22b.pretrain_recipe"),
     ("mixtral-8x22b", "H100-SXM5-80GB", 65536, 256, "pre_train mixtral 8x22b h100 bf16"),
 ])
 def test_the_recipe_written_for_the_gpu_and_sequence_comes_first(model, device, seq, n, want):
     """The order of ``recipes.candidates``: the cluster's GPU (H200 takes H100's), then the
-    shortest recipe sequence that covers the plan's, then the library recipe, the nearest GPU
+    recipe sequence nearest the plan's (the longer of two as near), then the library recipe, the nearest GPU
     count and the family default."""
     got = recipes.candidates(model, device, seq, n)
     assert got[0].name == want and got[0].model == model

@@ -10,8 +10,9 @@ at; ``python benchmarks/recipes_table.py`` writes the table as ``benchmarks/resu
 Two kinds of rows, both NVIDIA's:
 - ``pretrain``: the library recipes users start from (Megatron-Bridge
   ``src/megatron/bridge/recipes/<family>/h100/*.py``, each family's default ``<model>_pretrain_config``
-  aliased to one of them; NeMo 2 ``nemo/collections/llm/recipes/*.py`` for Mixtral, which
-  Megatron-Bridge does not ship). Written and named for H100 (the GPU count in the name).
+  aliased to one of them; NeMo 2 ``nemo/collections/llm/recipes/*.py`` for Mixtral and the NeMo
+  Framework Launcher's ``launcher_scripts/conf/training/llama/*.yaml`` for Llama 2 13B and 70B,
+  which Megatron-Bridge does not ship). Written for H100 (the GPU count in the name).
 - ``performance``: the benchmark configurations NVIDIA publishes throughput for, per GPU
   (Megatron-Bridge ``src/megatron/bridge/perf_recipes/<family>/<gpu>/*.py``; NeMo 2
   ``scripts/performance/recommended_model_configs/model_configs_<gpu>.csv`` for Mixtral). Only
@@ -19,8 +20,8 @@ Two kinds of rows, both NVIDIA's:
   sequence length, are rows.
 
 Which row a cluster gets (``candidates``, best first): a row written for the cluster's GPU
-(``gpu_of``), then one written for the sequence (the shortest recipe sequence at least as long
-as the plan's, else the longest), then a library recipe before a benchmark configuration, then
+(``gpu_of``), then one written for the sequence (the nearest by ratio, the longer of two as near:
+it holds the shorter's activations), then a library recipe before a benchmark configuration, then
 the GPU count nearest the cluster's, then the family's default. ``search.baselines.megatron_recipe``
 takes the first that runs on the cluster (``scaled``: the device count allows its model-parallel
 degrees, ``plan.parallelism.refusal`` accepts it) and fits; NVIDIA's sizing rule only where none
@@ -50,6 +51,7 @@ from symtensor.plan.parallelism import KEYS, Parallelism, refusal
 # the repositories and the commits the rows were read at (the newest stored snapshots)
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b"
 NEMO = "NVIDIA/NeMo@8cfedd720346"
+LAUNCHER = "NVIDIA/NeMo-Framework-Launcher@0446d2c06037"
 _LIB = "src/megatron/bridge/recipes/"
 _PERF = "src/megatron/bridge/perf_recipes/"
 _NEMO_CSV = "scripts/performance/recommended_model_configs/model_configs_{}.csv"
@@ -173,6 +175,13 @@ RECIPES: tuple[Recipe, ...] = (
             64, 4096, 2, 4, ep=16, sp=True, default=True),
     _bridge("gpt3-175b", "gpt3_175b_pretrain_32gpu_h100_bf16_config", _LIB + "gpt/h100/gpt3_175b.py", "h100", 32,
             2048, 4, 8, vpp=6, sp=True, micro_batch=2, global_batch=2048, default=True),
+    # -- NeMo Framework Launcher (NeMo 1) recipes of Llama 2 13B and 70B (Megatron-Bridge has only 7B) --
+    Recipe(model="llama2-13b", name="llama2_13b.yaml", repo=LAUNCHER,
+           path="launcher_scripts/conf/training/llama/llama2_13b.yaml", kind="pretrain", gpu="h100", devices=256,
+           seq=4096, tp=2, pp=1, sp=True, global_batch=2048, default=True),
+    Recipe(model="llama2-70b", name="llama2_70b.yaml", repo=LAUNCHER,
+           path="launcher_scripts/conf/training/llama/llama2_70b.yaml", kind="pretrain", gpu="h100", devices=1024,
+           seq=4096, tp=4, pp=4, vpp=20, sp=True, global_batch=2048, default=True),
     # -- NeMo 2 library recipes (Megatron-Bridge has no Mixtral) --
     Recipe(model="mixtral-8x7b", name="mixtral_8x7b.pretrain_recipe", repo=NEMO,
            path="nemo/collections/llm/recipes/mixtral_8x7b.py", kind="pretrain", gpu="h100", devices=64, seq=4096,
@@ -271,7 +280,7 @@ def candidates(model: str, device_name: str, seq: int, n_devices: int) -> list[R
     gpu = gpu_of(device_name)
 
     def rank(r: Recipe):
-        by_seq = (0, r.seq) if r.seq >= seq else (1, -r.seq)
+        by_seq = (abs(math.log2(r.seq / seq)), r.seq < seq)
         return (r.gpu != gpu, by_seq, r.kind != "pretrain", abs(math.log2(r.devices / n_devices)), not r.default)
 
     return sorted((r for r in RECIPES if r.model == model), key=rank)
