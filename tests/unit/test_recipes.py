@@ -88,8 +88,8 @@ def test_dp_scales_to_the_devices_and_the_micro_batch_to_the_batch():
 
 def test_a_model_without_a_recipe_gets_the_sizing_rule_and_says_so():
     """GPT-3 1.3B has no published Megatron-Bridge or NeMo recipe, and a LoRA Llama is not the
-    model the recipes pretrain: both get the sizing rule, whose note says why; a recipe whose
-    degrees the device count does not allow falls back to it too, naming the recipe."""
+    model the recipes pretrain: both get the sizing rule, whose note says why; so does a model
+    whose recipes' degrees the device count does not allow, or whose recipe does not fit."""
     cfg, cl = load_model_config("gpt3-1.3b"), load_cluster("dgx-a100-80g", devices=16)
     base = baseline_plans(cfg, cl, 64, 2048, names=("megatron_recipe",))["megatron_recipe"]
     rule = _rule(cfg, cl, 64, 2048)
@@ -98,10 +98,16 @@ def test_a_model_without_a_recipe_gets_the_sizing_rule_and_says_so():
         k: rule.megatron[k] for k in ("tp", "pp", "dp", "recompute")}
     lora = _recipe_baseline("llama3-8b", "dgx-a100-80g", 8, 64, 2048, {"lora_rank": 16})
     assert recipe_of(lora)[0] == recipes.RULE and "differs from the preset" in recipe_of(lora)[1]
+    few = _recipe_baseline("llama3-405b", "dgx-h100", 8, 64, 8192)
+    name, note = recipe_of(few)
+    assert name == recipes.RULE and "llama31_405b_pretrain_1024gpu_h100_bf16_config" in note
+    assert "does not divide 8 devices (nor does the other recipe of llama3-405b)" in note
+    assert any(n.startswith(RECIPE_NOTE) for n in few.notes)
     odd = _recipe_baseline("llama3-70b", "dgx-h100", 24, 384, 8192)
-    name, note = recipe_of(odd)
-    assert name == recipes.RULE and "llama3_70b_pretrain_32gpu_h100_bf16_config" in note
-    assert "does not divide 24 devices" in note and any(n.startswith(RECIPE_NOTE) for n in odd.notes)
+    assert recipe_of(odd)[0] == recipes.RULE and "does not divide 24 devices (nor do the other 2" in recipe_of(odd)[1]
+    big = _recipe_baseline("qwen2-72b", "dgx-h100", 256, 1024, 4096)  # TP 8 PP 4 without SP or recomputation
+    assert recipe_of(big)[0] == recipes.RULE and "qwen2_72b_pretrain_32gpu_h100_bf16_config" in recipe_of(big)[1]
+    assert "does not fit" in recipe_of(big)[1]
 
 
 def test_qwen3_moe_on_64_h100_no_longer_folds_ep_64_across_infiniband():
@@ -136,11 +142,12 @@ def test_qwen3_moe_on_64_h100_no_longer_folds_ep_64_across_infiniband():
     ("mixtral-8x22b", "H100-SXM5-80GB", 65536, 256, "pre_train mixtral 8x22b h100 bf16"),
 ])
 def test_the_recipe_written_for_the_gpu_and_sequence_comes_first(model, device, seq, n, want):
-    """The order of ``recipes.candidates``: the cluster's GPU (H200 takes H100's), then the
+    """The library recipes and the cluster's GPU's benchmark configurations, in the order of
+    ``recipes.candidates``: the cluster's GPU (H200 takes H100's), then the
     recipe sequence nearest the plan's (the longer of two as near), then the library recipe, the nearest GPU
     count and the family default."""
     got = recipes.candidates(model, device, seq, n)
     assert got[0].name == want and got[0].model == model
     assert got[0].kind == "pretrain" or not any(r.kind == "pretrain" and r.name == want for r in got)
-    assert sorted(got, key=lambda r: r.name) == sorted((r for r in recipes.RECIPES if r.model == model),
-                                                       key=lambda r: r.name)
+    gpu = recipes.gpu_of(device)
+    assert set(got) == {r for r in recipes.RECIPES if r.model == model and (r.kind == "pretrain" or r.gpu == gpu)}

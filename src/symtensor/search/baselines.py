@@ -4,9 +4,10 @@
   its TP/PP/VPP/CP/EP/ETP, sequence parallelism, recomputation and micro batch, each row cited),
   with data parallelism scaled to the devices at the plan's global batch: the recipe users copy,
   so "faster than the Megatron recipe" means faster than it. The first of the model's recipes
-  (``recipes.candidates``: the cluster's GPU, the sequence, the library recipe) that runs on the
-  cluster and fits; where none does, or the model has none, NVIDIA's sizing rule
-  (``sizing_rule``). The baseline's note (``plan.summary.RECIPE_NOTE``) says which it used.
+  (``recipes.candidates``: the cluster's GPU, the sequence, the library recipe) whose degrees run
+  on the cluster's devices; where none does, where it does not fit, or where the model has none,
+  NVIDIA's sizing rule (``sizing_rule``). The baseline's note (``plan.summary.RECIPE_NOTE``) says
+  which it used, and why not the recipe.
 - ``sizing_rule``: NVIDIA's sizing rules. Dense: tensor parallelism inside a node, growing
   with the model (1 below 3B parameters, 2 up to 13B, 4 up to 30B, 8 above); pipeline
   parallelism only when the model does not fit otherwise (the smallest pp that fits, across
@@ -59,7 +60,9 @@ def _recipe_tp(cfg: ModelConfig, active_params: float, node: int) -> int:
 def megatron_recipe(pool: EvaluatorPool, global_batch: int, active_params: float) -> tuple[Costed | None, str]:
     """The model's published recipe with dp scaled to the devices, else the sizing rule (see the
     module docstring), and the note that says which (``RECIPE_NOTE``, then the recipe's name and
-    source, or ``sizing rule`` and why)."""
+    source, or ``sizing rule`` and why). The recipe is the best-ranked one whose degrees run on
+    these devices; when it does not fit, the rule is the baseline (another recipe of the model,
+    written for other GPU counts, is not what a user of this one would run instead)."""
     cfg, cluster, seq = pool.cfg, pool.cluster, pool.seq
     n = cluster.n_devices
     why = recipes.published_model(cfg)
@@ -75,13 +78,17 @@ def megatron_recipe(pool: EvaluatorPool, global_batch: int, active_params: float
             cand = pool.try_config(**c)
             if cand is None:
                 refused.append(f"{r.cited} cannot be laid on this cluster's mesh")
-            elif not cand.report.fits:
-                refused.append(f"{r.cited} does not fit: {cand.report.memory_peak / GIB:.1f} GiB per device")
-            else:
-                nearer = f"; the nearer {refused[0]}" if refused else ""
-                return cand, RECIPE_NOTE + _recipe_note(r, c, n) + nearer
-        others = f" (nor do the other {len(ranked) - 1} recipes of {cfg.name})" if len(ranked) > 1 else ""
-        why = refused[0] + others
+                continue
+            if not cand.report.fits:
+                why = f"{r.cited} does not fit: {cand.report.memory_peak / GIB:.1f} GiB per device"
+                break
+            nearer = f"; the nearer {refused[0]}" if refused else ""
+            return cand, RECIPE_NOTE + _recipe_note(r, c, n) + nearer
+        else:
+            k = len(ranked) - 1
+            others = {0: "", 1: f" (nor does the other recipe of {cfg.name})"}.get(
+                k, f" (nor do the other {k} recipes of {cfg.name})")
+            why = refused[0] + others
     return sizing_rule(pool, global_batch, active_params), f"{RECIPE_NOTE}{recipes.RULE} ({why})"
 
 

@@ -19,13 +19,15 @@ Two kinds of rows, both NVIDIA's:
   those whose degrees differ from the library recipe's, or that are written for another GPU or
   sequence length, are rows.
 
-Which row a cluster gets (``candidates``, best first): a row written for the cluster's GPU
-(``gpu_of``), then one written for the sequence (the nearest by ratio, the longer of two as near:
-it holds the shorter's activations), then a library recipe before a benchmark configuration, then
-the GPU count nearest the cluster's, then the family's default. ``search.baselines.megatron_recipe``
-takes the first that runs on the cluster (``scaled``: the device count allows its model-parallel
-degrees, ``plan.parallelism.refusal`` accepts it) and fits; NVIDIA's sizing rule only where none
-does, and the plan's note says which it used.
+Which row a cluster gets (``candidates``, best first): the library recipes, and the benchmark
+configurations of the cluster's GPU (``gpu_of``; one measured on another GPU is not a recipe for
+this one); a row written for the cluster's GPU first, then one written for the sequence (the
+nearest by ratio, the longer of two as near: it holds the shorter's activations), then a library
+recipe before a benchmark configuration, then the GPU count nearest the cluster's, then the
+family's default. ``search.baselines.megatron_recipe`` takes the first that runs on the cluster
+(``scaled``: the device count allows its model-parallel degrees, ``plan.parallelism.refusal``
+accepts it) if it fits; NVIDIA's sizing rule where none runs or it does not fit, and the plan's
+note says which it used and why.
 
 Recorded but not applied yet (hooks; the planner's fields land on other branches):
 - ``precision``: every row is a BF16 recipe (the FP8 variants are named in the notes); it is
@@ -275,15 +277,16 @@ def published_model(cfg: ModelConfig) -> str | None:
 
 
 def candidates(model: str, device_name: str, seq: int, n_devices: int) -> list[Recipe]:
-    """The recipes of ``model``, best first for a cluster of ``n_devices`` ``device_name``
-    devices at sequence ``seq`` (the order of the module docstring)."""
+    """The recipes of ``model`` for a cluster of ``n_devices`` ``device_name`` devices at sequence
+    ``seq``: the library recipes and the benchmark configurations of its GPU, best first (the
+    order of the module docstring)."""
     gpu = gpu_of(device_name)
 
     def rank(r: Recipe):
         by_seq = (abs(math.log2(r.seq / seq)), r.seq < seq)
         return (r.gpu != gpu, by_seq, r.kind != "pretrain", abs(math.log2(r.devices / n_devices)), not r.default)
 
-    return sorted((r for r in RECIPES if r.model == model), key=rank)
+    return sorted((r for r in RECIPES if r.model == model and (r.kind == "pretrain" or r.gpu == gpu)), key=rank)
 
 
 def scaled(r: Recipe, cfg: ModelConfig, n_devices: int, global_batch: int, seq: int) -> dict:
