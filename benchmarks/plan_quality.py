@@ -3,7 +3,9 @@
     python benchmarks/plan_quality.py [--quick]   # writes benchmarks/results/plan_quality.{csv,md}
 
 Every plan is costed by the same model; a speedup is the baseline's step time over SymTensor's
-(a baseline that does not fit has no speedup). The SymTensor plan is ``symtensor plan``'s
+(a baseline that does not fit has no speedup). The recipe is the model's published Megatron-Bridge
+or NeMo recipe with dp scaled to the devices, or NVIDIA's sizing rule where none runs (``recipe``
+names which; the table of recipes: ``benchmarks/results/recipes.md``). The SymTensor plan is ``symtensor plan``'s
 (``api.plan_with_baselines``: never worse than the grid best, monotone in devices); ``search s``
 is the search's own time, ``guarantees s`` the time after it (the exhaustive grid, plans on fewer
 devices where they could win, the other baselines). ``--quick`` skips the largest clusters.
@@ -14,6 +16,7 @@ from __future__ import annotations
 import sys
 
 from symtensor import api
+from symtensor.plan.summary import recipe_of
 
 from results_files import write_results
 
@@ -53,6 +56,8 @@ def run(label, name, overrides, cluster, devices, gb, seq):
         row[f"speedup_vs_{key}"] = b.report.step_time_s / plan.report.step_time_s if ok else None
         if key != "drec":
             row[f"{key}_config"] = _pc(b.config) if b is not None else ""
+    recipe = base.get("megatron_recipe")  # the published recipe it ran (benchmarks/results/recipes.md), or the rule
+    row["megatron_recipe"] = (recipe_of(recipe) or ("",))[0] if recipe is not None else ""
     return row
 
 
@@ -82,14 +87,14 @@ def main(argv) -> int:
         rows.append(run(*sc))
     lines = ["# Plan quality (same cost model for every plan)", "",
              "| scenario | model | devices | seq | SymTensor step s | MFU | vs recipe | vs grid best | vs FSDP | "
-             "vs D-Rec | SymTensor plan | grid best | search s | guarantees s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "vs D-Rec | SymTensor plan | grid best | recipe | search s | guarantees s |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['scenario']} | {r['model']} | {r['devices']} | {r['seq']} | {r['symtensor_step_s']:.3f} | "
                      f"{100 * r['symtensor_mfu']:.1f}% | {_x(r['speedup_vs_megatron_recipe'])} | "
                      f"{_x(r['speedup_vs_megatron_grid_best'])} | {_x(r['speedup_vs_fsdp'])} | "
                      f"{_x(r['speedup_vs_drec'])} | {r['symtensor_config']} | {r['megatron_grid_best_config']} | "
-                     f"{r['search_s']} | {r['guarantees_s']} |")
+                     f"{r['megatron_recipe']} | {r['search_s']} | {r['guarantees_s']} |")
     write_results("plan_quality", lines, rows)
     return 0
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from symtensor.hardware import GIB
 from symtensor.plan.plan import Plan
-from symtensor.plan.summary import layer_types, megatron_summary, repeated_work_note
+from symtensor.plan.summary import layer_types, megatron_summary, recipe_of, repeated_work_note
 
 # the baselines that are Megatron configurations report their Megatron arguments as ``config``
 MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
@@ -106,6 +106,9 @@ def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False)
         entry["step_time_band_s"] = band.as_list()
         entry["verdict_of_plan"] = verdict(plan_band, band, ref, rep.step_time_s) if rep.fits else \
             "baseline does not fit"
+        used = recipe_of(b)
+        if used is not None:  # the Megatron recipe: which published recipe, or the sizing rule
+            entry["recipe"], entry["recipe_note"] = used
         if detail:
             entry.update(breakdown=dict(rep.breakdown), memory_gib={k: v / GIB for k, v in rep.memory.items()})
         out[name] = entry

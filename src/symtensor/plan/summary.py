@@ -19,6 +19,19 @@ MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq",
                  "vpp", "framework")
+# how the note of a ``megatron_recipe`` baseline begins (``search.baselines.megatron_recipe``): then
+# the recipe's name and source, or ``sizing rule`` and why no recipe was used
+RECIPE_NOTE = "Megatron recipe: "
+
+
+def recipe_of(plan) -> tuple[str, str] | None:
+    """What a ``megatron_recipe`` baseline used: the recipe's name (or ``sizing rule``) and the
+    note that cites it (after ``RECIPE_NOTE``); None for a plan that is no such baseline."""
+    for note in plan.notes:
+        if note.startswith(RECIPE_NOTE):
+            text = note[len(RECIPE_NOTE):]
+            return text.split(" (", 1)[0], text
+    return None
 
 
 def axis_names(layout, mesh) -> dict[str, list[str]]:

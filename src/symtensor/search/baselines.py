@@ -1,6 +1,14 @@
-"""Baselines through the same cost model: the Megatron-LM recipe, the Megatron grid best, FSDP.
+"""Baselines through the same cost model: the Megatron recipe, the Megatron grid best, FSDP.
 
-- ``megatron_recipe``: NVIDIA's sizing rules. Dense: tensor parallelism inside a node, growing
+- ``megatron_recipe``: the published Megatron-Bridge / NeMo recipe of the model (``search.recipes``:
+  its TP/PP/VPP/CP/EP/ETP, sequence parallelism, recomputation and micro batch, each row cited),
+  with data parallelism scaled to the devices at the plan's global batch: the recipe users copy,
+  so "faster than the Megatron recipe" means faster than it. The first of the model's recipes
+  (``recipes.candidates``: the cluster's GPU, the sequence, the library recipe) whose degrees run
+  on the cluster's devices; where none does, where it does not fit, or where the model has none,
+  NVIDIA's sizing rule (``sizing_rule``). The baseline's note (``plan.summary.RECIPE_NOTE``) says
+  which it used, and why not the recipe.
+- ``sizing_rule``: NVIDIA's sizing rules. Dense: tensor parallelism inside a node, growing
   with the model (1 below 3B parameters, 2 up to 13B, 4 up to 30B, 8 above); pipeline
   parallelism only when the model does not fit otherwise (the smallest pp that fits, across
   nodes); data parallelism for the rest; sequence parallelism with tensor parallelism; the
@@ -16,9 +24,11 @@
 from __future__ import annotations
 
 from symtensor.errors import PlanError, did_you_mean
-from symtensor.hardware import Cluster, divisors
+from symtensor.hardware import GIB, Cluster, divisors
 from symtensor.models import ModelConfig, build_graph, params_active
 from symtensor.plan.plan import Plan
+from symtensor.plan.summary import RECIPE_NOTE
+from symtensor.search import recipes
 from symtensor.search.grid import megatron_grid
 from symtensor.search.megatron import MICRO_BATCHES
 from symtensor.search.pool import Costed, EvaluatorPool
@@ -47,7 +57,55 @@ def _recipe_tp(cfg: ModelConfig, active_params: float, node: int) -> int:
     return tp
 
 
-def megatron_recipe(pool: EvaluatorPool, global_batch: int, active_params: float) -> Costed | None:
+def megatron_recipe(pool: EvaluatorPool, global_batch: int, active_params: float) -> tuple[Costed | None, str]:
+    """The model's published recipe with dp scaled to the devices, else the sizing rule (see the
+    module docstring), and the note that says which (``RECIPE_NOTE``, then the recipe's name and
+    source, or ``sizing rule`` and why). The recipe is the best-ranked one whose degrees run on
+    these devices; when it does not fit, the rule is the baseline (another recipe of the model,
+    written for other GPU counts, is not what a user of this one would run instead)."""
+    cfg, cluster, seq = pool.cfg, pool.cluster, pool.seq
+    n = cluster.n_devices
+    why = recipes.published_model(cfg)
+    if why is None:
+        ranked = recipes.candidates(cfg.name, cluster.device.name, seq, n)
+        refused = []
+        for r in ranked:
+            try:
+                c = recipes.scaled(r, cfg, n, global_batch, seq)
+            except PlanError as e:
+                refused.append(f"{r.cited} does not run here: {e}")
+                continue
+            cand = pool.try_config(**c)
+            if cand is None:
+                refused.append(f"{r.cited} cannot be laid on this cluster's mesh")
+                continue
+            if not cand.report.fits:
+                why = f"{r.cited} does not fit: {cand.report.memory_peak / GIB:.1f} GiB per device"
+                break
+            nearer = f"; the nearer {refused[0]}" if refused else ""
+            return cand, RECIPE_NOTE + _recipe_note(r, c, n) + nearer
+        else:
+            k = len(ranked) - 1
+            others = {0: "", 1: f" (nor does the other recipe of {cfg.name})"}.get(
+                k, f" (nor do the other {k} recipes of {cfg.name})")
+            why = refused[0] + others
+    return sizing_rule(pool, global_batch, active_params), f"{RECIPE_NOTE}{recipes.RULE} ({why})"
+
+
+def _recipe_note(r: recipes.Recipe, c: dict, n: int) -> str:
+    """How a baseline cites the recipe it runs: name and source, its degrees, the data-parallel
+    degree it gets here, and what of it is not costed as stated."""
+    parts = [f"{r.cited}: {r.degrees}, dp {c['dp']} on {n} devices ({r.devices} {r.gpu.upper()} in the recipe)"]
+    if c["micro_batch"] != r.micro_batch:
+        parts.append(f"micro batch 1 (the recipe's {r.micro_batch} does not divide a replica's batch)")
+    if r.pp_layout and not r.pp_layout.startswith("embedding"):
+        parts.append(f"pipeline layout {r.pp_layout} costed as the planner's balanced split")
+    if r.precision != c.get("precision", "bf16"):
+        parts.append(f"precision {r.precision} costed in bf16")
+    return "; ".join(parts + ([r.notes] if r.notes else []))
+
+
+def sizing_rule(pool: EvaluatorPool, global_batch: int, active_params: float) -> Costed | None:
     """NVIDIA's published sizing rules (see the module docstring)."""
     cfg, n, seq = pool.cfg, pool.cluster.n_devices, pool.seq
     node = pool.cluster.levels[0].fanout or n
@@ -101,12 +159,14 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
         if name == "drec":
             out[name] = drec_plan(cfg, cluster, global_batch, seq)
             continue
+        note = ()
         if name == "megatron_recipe":
-            costed = megatron_recipe(pool, global_batch, params_active(cfg, build_graph(cfg, micro_batch=1,
-                                                                                         seq=min(seq, 128))))
+            costed, used = megatron_recipe(pool, global_batch, params_active(cfg, build_graph(cfg, micro_batch=1,
+                                                                                               seq=min(seq, 128))))
+            note = (used,)
         elif name == "megatron_grid_best":
             costed = megatron_grid(pool, global_batch, fork=fork)[0]
         else:
             costed = fsdp(pool, global_batch)
-        out[name] = None if costed is None else pool.plan(costed)
+        out[name] = None if costed is None else pool.plan(costed, notes=note)
     return out

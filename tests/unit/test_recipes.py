@@ -1,0 +1,153 @@
+"""The Megatron baseline is the published recipe (``search.recipes``): every row cites its source
+and runs on its own model, a recipe model gets exactly its recipe's degrees, a model without one
+gets NVIDIA's sizing rule and says so, and the rule's EP folding no longer flatters MoE plans."""
+
+import pytest
+
+from symtensor.errors import PlanError
+from symtensor.hardware import load_cluster
+from symtensor.models import PRESETS, build_graph, load_model_config, params_active
+from symtensor.plan.document import baselines_json
+from symtensor.plan.summary import RECIPE_NOTE, megatron_summary, recipe_of
+from symtensor.search import recipes
+from symtensor.search.baselines import baseline_plans, sizing_rule
+from symtensor.search.pool import EvaluatorPool
+
+
+def _recipe_baseline(model, cluster, devices, global_batch, seq, overrides=None):
+    cfg = load_model_config(model)
+    cfg = cfg.replace(**overrides) if overrides else cfg
+    cl = load_cluster(cluster, devices=devices)
+    return baseline_plans(cfg, cl, global_batch, seq, names=("megatron_recipe",))["megatron_recipe"]
+
+
+def test_every_row_cites_its_source_and_runs_on_its_own_model():
+    """Each row names a zoo preset, its recipe, the repository at a commit and the file, and its
+    degrees run on its model at its own GPU count (tp divides the heads, ep the experts, pp x vpp
+    the layers...): only rows whose stated pipeline layout the planner cannot take yet (the
+    pipeline-layout hook) are refused, and they say why."""
+    assert len(recipes.RECIPES) >= 30
+    assert len({(r.model, r.name, r.gpu, r.path) for r in recipes.RECIPES}) == len(recipes.RECIPES)
+    for r in recipes.RECIPES:
+        assert r.model in PRESETS and r.name and r.path and "@" in r.repo, r
+        assert len(r.repo.split("@")[1]) >= 12 and r.kind in ("pretrain", "performance"), r
+        assert r.gpu in ("h100", "b200", "gb200") and r.precision == "bf16" and r.recompute in ("none", "selective",
+                                                                                                 "full"), r
+        try:
+            c = recipes.scaled(r, load_model_config(r.model), r.devices, r.global_batch, r.seq)
+        except PlanError as e:
+            assert r.pp_layout and "layers do not split" in str(e), (r.name, str(e))
+            continue
+        assert (c["tp"], c["pp"], c["cp"], c["ep"], c["vpp"], c["micro_batch"]) == (r.tp, r.pp, r.cp, r.ep, r.vpp,
+                                                                                   r.micro_batch), r
+    models = {r.model for r in recipes.RECIPES}
+    assert {"llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "deepseek-v3",
+            "qwen2-72b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b", "gpt-oss-120b"} <= models
+    assert all(any(r.model == m and r.default for r in recipes.RECIPES) for m in models)
+
+
+def test_a_recipe_model_on_its_recipe_devices_gets_exactly_the_recipe():
+    """Mixtral-8x7B on the 64 H100 of NeMo's recipe, at its sequence and global batch: the
+    baseline is the recipe's configuration, and the plan and its JSON name it with its source."""
+    r = next(r for r in recipes.RECIPES if r.model == "mixtral-8x7b" and r.default)
+    base = _recipe_baseline("mixtral-8x7b", "dgx-h100", r.devices, r.global_batch, r.seq)
+    c = megatron_summary(base)
+    assert (c["tp"], c["pp"], c["vpp"], c["cp"], c["ep"], c["etp"], c["sp"]) == (r.tp, r.pp, r.vpp, r.cp, r.ep, r.etp,
+                                                                              r.sp)
+    assert c["dp"] == r.devices // (r.tp * r.pp * r.cp) and c["micro_batch"] == r.micro_batch
+    assert c["recompute"] == r.recompute and base.report.fits
+    name, note = recipe_of(base)
+    assert name == r.name == "mixtral_8x7b.pretrain_recipe" and r.source in note
+    entry = baselines_json(base, {"megatron_recipe": base}, _band())["megatron_recipe"]
+    assert entry["recipe"] == r.name and r.source in entry["recipe_note"]
+
+
+def _band():
+    from symtensor.cost.bands import Band
+
+    return Band(0.0, 1e9, "test", False)
+
+
+def _rule(cfg, cl, global_batch, seq):
+    return sizing_rule(EvaluatorPool(cfg, cl, seq), global_batch, params_active(cfg, build_graph(cfg, micro_batch=1,
+                                                                                                   seq=128)))
+
+
+def test_dp_scales_to_the_devices_and_the_micro_batch_to_the_batch():
+    """On four times the recipe's devices the recipe keeps its degrees and dp grows fourfold; a
+    recipe micro batch that does not divide a replica's batch falls to 1, and the note says so."""
+    r = next(r for r in recipes.RECIPES if r.name == "qwen3_30b_a3b_pretrain_8gpu_b200_bf16_config")
+    cfg = load_model_config(r.model)
+    c = recipes.scaled(r, cfg, 4 * r.devices, 4 * r.global_batch, r.seq)
+    assert (c["tp"], c["ep"], c["dp"], c["micro_batch"]) == (r.tp, r.ep, 4 * r.devices, r.micro_batch)
+    assert recipes.scaled(r, cfg, 4 * r.devices, 32, r.seq)["micro_batch"] == 1
+    with pytest.raises(PlanError, match="does not divide 12 devices"):
+        recipes.scaled(next(x for x in recipes.RECIPES if x.model == "llama3-70b"), load_model_config("llama3-70b"),
+                       12, 48, 8192)
+
+
+def test_a_model_without_a_recipe_gets_the_sizing_rule_and_says_so():
+    """GPT-3 1.3B has no published Megatron-Bridge or NeMo recipe, and a LoRA Llama is not the
+    model the recipes pretrain: both get the sizing rule, whose note says why; so does a model
+    whose recipes' degrees the device count does not allow, or whose recipe does not fit."""
+    cfg, cl = load_model_config("gpt3-1.3b"), load_cluster("dgx-a100-80g", devices=16)
+    base = baseline_plans(cfg, cl, 64, 2048, names=("megatron_recipe",))["megatron_recipe"]
+    rule = _rule(cfg, cl, 64, 2048)
+    assert recipe_of(base) == (recipes.RULE, f"{recipes.RULE} (no published recipe for gpt3-1.3b)")
+    assert {k: megatron_summary(base)[k] for k in ("tp", "pp", "dp", "recompute")} == {
+        k: rule.megatron[k] for k in ("tp", "pp", "dp", "recompute")}
+    lora = _recipe_baseline("llama3-8b", "dgx-a100-80g", 8, 64, 2048, {"lora_rank": 16})
+    assert recipe_of(lora)[0] == recipes.RULE and "differs from the preset" in recipe_of(lora)[1]
+    few = _recipe_baseline("llama3-405b", "dgx-h100", 8, 64, 8192)
+    name, note = recipe_of(few)
+    assert name == recipes.RULE and "llama31_405b_pretrain_1024gpu_h100_bf16_config" in note
+    assert "does not divide 8 devices (nor does the other recipe of llama3-405b)" in note
+    assert any(n.startswith(RECIPE_NOTE) for n in few.notes)
+    odd = _recipe_baseline("llama3-70b", "dgx-h100", 24, 384, 8192)
+    assert recipe_of(odd)[0] == recipes.RULE and "does not divide 24 devices (nor do the other 2" in recipe_of(odd)[1]
+    big = _recipe_baseline("qwen2-72b", "dgx-h100", 256, 1024, 4096)  # TP 8 PP 4 without SP or recomputation
+    assert recipe_of(big)[0] == recipes.RULE and "qwen2_72b_pretrain_32gpu_h100_bf16_config" in recipe_of(big)[1]
+    assert "does not fit" in recipe_of(big)[1]
+
+
+def test_qwen3_moe_on_64_h100_no_longer_folds_ep_64_across_infiniband():
+    """The sizing rule folds EP as wide as the experts allow: 64 ranks over 8 nodes, every
+    dispatch over InfiniBand, a baseline that flattered the planner. The published recipe
+    (Megatron-Bridge's default Qwen3-30B-A3B pretrain recipe) runs EP 16."""
+    cfg, cl = load_model_config("qwen3-30b-a3b"), load_cluster("dgx-h100", devices=64)
+    rule = _rule(cfg, cl, 1024, 4096)
+    assert rule.megatron["ep"] == 64  # what the rule does (why the baseline is the recipe)
+    base = _recipe_baseline("qwen3-30b-a3b", "dgx-h100", 64, 1024, 4096)
+    c = megatron_summary(base)
+    assert (c["tp"], c["pp"], c["ep"], c["etp"], c["dp"]) == (1, 1, 16, 1, 64)
+    assert recipe_of(base)[0] == "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config"
+
+
+@pytest.mark.parametrize("model, device, seq, n, want", [
+    ("llama3-8b", "H100-SXM5-80GB", 8192, 64, "llama3_8b_pretrain_2gpu_h100_bf16_config"),
+    ("llama3-8b", "H100-SXM5-80GB", 32768, 64, "llama3_8b_pretrain_32gpu_h100_bf16_64k_config"),
+    ("llama3-8b", "H100-SXM5-80GB", 12288, 64, "llama3_8b_pretrain_16gpu_h100_bf16_16k_config"),
+    ("llama3-8b", "H100-SXM5-80GB", 4096, 64, "llama3_8b_pretrain_2gpu_h100_bf16_config"),
+    ("llama3-8b", "H100-SXM5-80GB", 131072, 64, "llama3_8b_pretrain_64gpu_h100_bf16_128k_config"),
+    ("llama3-8b", "H100-SXM5-80GB", 262144, 64, "llama3_8b_pretrain_64gpu_h100_bf16_128k_config"),
+    ("llama3-405b", "H100-SXM5-80GB", 8192, 16384, "llama31_405b_pretrain_1024gpu_h100_bf16_config"),
+    ("llama3-405b", "H100-SXM5-80GB", 131072, 256, "llama31_405b_pretrain_256gpu_h100_bf16_config"),
+    ("llama3-70b", "B200-SXM-180GB", 8192, 64, "llama3_70b_pretrain_64gpu_b200_bf16_config"),
+    ("llama3-70b", "H200-SXM-141GB", 8192, 64, "llama3_70b_pretrain_32gpu_h100_bf16_config"),
+    ("llama3-70b", "A100-SXM4-80GB", 8192, 64, "llama3_70b_pretrain_32gpu_h100_bf16_config"),
+    ("deepseek-v3", "H100-SXM5-80GB", 4096, 256, "deepseek_v3_pretrain_256gpu_h100_bf16_32nodes_config"),
+    ("deepseek-v3", "H100-SXM5-80GB", 4096, 1024, "deepseek_v3_pretrain_1024gpu_h100_bf16_config"),  # (library)
+    ("mixtral-8x22b", "H100-SXM5-80GB", 4096, 1024, "mixtral_8x22b.pretrain_recipe"),
+    ("mixtral-8x22b", "H100-SXM5-80GB", 8192, 256, "mixtral_8x22b.pretrain_recipe"),
+    ("mixtral-8x22b", "H100-SXM5-80GB", 65536, 256, "pre_train mixtral 8x22b h100 bf16"),
+])
+def test_the_recipe_written_for_the_gpu_and_sequence_comes_first(model, device, seq, n, want):
+    """The library recipes and the cluster's GPU's benchmark configurations, in the order of
+    ``recipes.candidates``: the cluster's GPU (H200 takes H100's), then the
+    recipe sequence nearest the plan's (the longer of two as near), then the library recipe, the nearest GPU
+    count and the family default."""
+    got = recipes.candidates(model, device, seq, n)
+    assert got[0].name == want and got[0].model == model
+    assert got[0].kind == "pretrain" or not any(r.kind == "pretrain" and r.name == want for r in got)
+    gpu = recipes.gpu_of(device)
+    assert set(got) == {r for r in recipes.RECIPES if r.model == model and (r.kind == "pretrain" or r.gpu == gpu)}
