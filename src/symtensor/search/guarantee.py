@@ -5,6 +5,10 @@
   its seeds are a scan of the grid, which can miss the best point: there the exhaustive grid
   (``search.grid``, costed once: it is also the ``megatron_grid_best`` baseline) is compared with
   the search's plan, and its best is the plan when it is faster.
+- **Never worse than the published recipe.** The Megatron recipe baseline (``search.recipes``: the
+  model's published Megatron-Bridge/NeMo recipe scaled to the devices) may use virtual pipeline
+  depths the grid does not try (5, 8, 14, 20): it is costed too (one point) and is the plan when it
+  is faster, so "faster than the recipe" never reads below 1.00x.
 - **Monotone in devices.** At a fixed global batch a plan for 2N devices can do whatever the plan for
   N does, with half the devices idle, so the plan for 2N considers the plan for N (recursively).
   The recursion stops where it cannot win: where the step floor of N devices
@@ -26,12 +30,14 @@ from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
+from symtensor.plan.summary import recipe_of
 from symtensor.search.baselines import baseline_plans
 from symtensor.search.megatron import configuration
 from symtensor.search.pool import EvaluatorPool
 from symtensor.search.seeds import seed_plan
 
 GRID = "megatron_grid_best"
+RECIPE = "megatron_recipe"
 IDLE = "this plan uses"  # how the note of a plan on fewer devices begins
 
 
@@ -53,9 +59,9 @@ def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), ab
     plan can beat the better of it and this level's plan (the result above is the same)."""
     pool = EvaluatorPool(cfg, cluster, seq, framework=framework)  # (the grid, the baselines, the state's bound)
     seeded, _, _ = seed_plan(pool, global_batch)
-    wanted = names + ((GRID,) if GRID not in names and not seeded else ())
+    wanted = names + tuple(k for k in (GRID, RECIPE) if k not in names and not (k == GRID and seeded))
     base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted, fork=True, pool=pool)  # (builders')
-    plan = never_worse_than_grid(search(cluster), base.get(GRID))
+    plan = never_worse_than_recipe(never_worse_than_grid(search(cluster), base.get(GRID)), base.get(RECIPE))
     n = cluster.n_devices
     target = plan if above is None or _better(plan, above) else above  # what a plan on fewer devices must beat
     if n % 2 == 0 and _may_win(pool, n // 2, global_batch, target):
@@ -79,6 +85,17 @@ def never_worse_than_grid(plan: Plan, grid: Plan | None) -> Plan:
     note = (f"the Megatron grid's best configuration ({what}, {_time(grid)}) beats what the "
             f"per-op search found ({_time(plan)}): it is the plan")
     return _adopt(grid, plan, note)
+
+
+def never_worse_than_recipe(plan: Plan, recipe: Plan | None) -> Plan:
+    """``plan``, or the recipe baseline when that is better (``_better``), said in the notes."""
+    if not _better(recipe, plan):
+        return plan
+    used = recipe_of(recipe)
+    which = used[0] if used else "sizing rule"
+    note = (f"the Megatron recipe ({which}, {_time(recipe)}) beats what the per-op search and the grid found "
+            f"({_time(plan)}): it is the plan")
+    return _adopt(recipe, plan, note)
 
 
 def fewer_devices(plan: Plan, fewer: Plan, n: int, global_batch: int) -> Plan:
