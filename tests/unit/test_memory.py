@@ -67,12 +67,14 @@ def test_workspace_per_generation():
 
 
 def test_engine_buffers_by_engine():
-    """DeepSpeed ZeRO 1: two IPG buckets of min(5e8 elements x 2 B, the 2N B of gradients) = 4N; PyTorch DDP
+    """DeepSpeed ZeRO 1: two IPG buckets of min(5e8 elements x 2 B, the 2N B of gradients) = 4N (ZeRO 3: one,
+    2N); PyTorch DDP
     (FSDP2's ZeRO 0): a copy of the fp32 gradients, 4N; FSDP2 ZeRO 3: one layer's gradients in fp32; Megatron:
     none (buckets are views of its gradient buffer)."""
     ds = _plan(framework="deepspeed", zero=1)
     n = _params(ds)
     assert ds.report.memory["engine_buffers"] == 4 * n
+    assert _plan(framework="deepspeed", zero=3).report.memory["engine_buffers"] == 2 * n  # one bucket
     assert _plan(framework="fsdp2", zero=0).report.memory["engine_buffers"] == 4 * n
     fsdp = _plan(framework="fsdp2", zero=3)
     assert fsdp.report.memory["engine_buffers"] == 4 * _layer_params(fsdp)

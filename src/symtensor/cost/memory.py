@@ -74,7 +74,7 @@ TERMS = {
                         "FSDP2 prefetch / DeepSpeed ZeRO 3 (cost/engine.py)"),
     "activations": ("saved activations x micro-batches in flight (1F1B)", "Korthikanti et al. 2022; "
                     "megatron/core/pipeline_parallel/schedules.py"),
-    "engine_buffers": ("DeepSpeed: bucket_buffers x min(reduce bucket, gradients); DDP: a copy of the "
+    "engine_buffers": ("DeepSpeed: 2 (ZeRO 1/2) or 1 x min(reduce bucket, gradients); DDP: a copy of the "
                        "gradients; FSDP2: the largest unit's gradients in the reduce dtype; Megatron: none "
                        "(buckets are views of the contiguous gradient buffer)", "engine_buffers (cost/memory.py)"),
     "loss_transient": ("seq x micro_batch x vocab/tp x Engine.loss_grad_bytes",
@@ -110,14 +110,16 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
 
     DeepSpeed ZeRO 1/2 with overlap_comm reduces out of two flat IPG buckets of reduce_bucket_size elements
     (``Engine.bucket_buffers`` x ``ddp_bucket_bytes``; deepspeed/runtime/zero/stage_1_and_2.py), never more than
-    the stage's gradients. PyTorch DDP (FSDP2's ZeRO 0) copies every gradient into its buckets unless
+    the stage's gradients; stage 3 (one reduce bucket, stage3.py) and stage 0 (the flattened bucket it
+    all-reduces) hold one. PyTorch DDP (FSDP2's ZeRO 0) copies every gradient into its buckets unless
     gradient_as_bucket_view=True ("the saved memory size will be equal to the total gradients size", the DDP
     docs). FSDP2 reduce-scatters a unit's gradients out of a buffer in the reduce dtype (torchtitan's
     mixed_precision_reduce float32): the largest unit's. Megatron's buckets are views of its contiguous
     gradient buffer, and the distributed optimizer gathers into its parameter buffer in place: nothing."""
     eng, z = engine_of(train), train.zero
     grads = sum(u.grad_bytes * u.times for u in st.units)
-    out = eng.bucket_buffers * min(eng.ddp_bucket_bytes, grads)
+    double = eng.zero_sharded(z) and not eng.shards(WEIGHTS, z)  # ZeRO 1/2: the double-buffered IPG buckets
+    out = (eng.bucket_buffers if double else min(eng.bucket_buffers, 1)) * min(eng.ddp_bucket_bytes, grads)
     if eng.ddp_bucket_copy and not eng.zero_sharded(z):
         out += st.static["grads"]
     if eng.unit_reduce_buffer and eng.shards(GRADIENTS, z):
