@@ -127,7 +127,8 @@ def test_without_pipeline_activations_scale_with_the_micro_batch(name, changes, 
     over the capacity: with one micro-batch in flight, the peak memory of fixed layouts,
     recomputation and ZeRO stage is parameters + gradients + optimizer state + the gathered
     parameters of ZeRO-3 units (the same at every micro-batch) plus a part proportional to the
-    micro-step batch."""
+    micro-step batch; the device's reserved peak likewise (``cost.memory``: ``fixed`` + the batch times
+    ``scaled``, the activations and transients with their fragmentation)."""
     cfg = load_model_config(name).replace(**changes)
     cl = load_cluster("dgx-h100", devices=devices)
     pool = EvaluatorPool(cfg, cl, seq)
@@ -139,9 +140,11 @@ def test_without_pipeline_activations_scale_with_the_micro_batch(name, changes, 
             reports = [pool.get(gb // m, 1).evaluate(layouts, TrainConfig(global_batch=gb, micro_steps=m,
                                                                           recompute=rc, zero=zero))
                        for m in (16, 8, 4, 2, 1)]
-            state = reports[0].memory["static"]  # parameters, gradients, optimizer, gathered units
+            mem = reports[0].memory  # fixed: parameters, gradients, optimizer, gathered units, buffers, NCCL
+            state = mem["static"] + mem["engine_buffers"] + mem["workspace"]
             for k, rep in zip((1, 2, 4, 8, 16), reports):
                 assert rep.memory_peak == pytest.approx(state + k * (reports[0].memory_peak - state), rel=1e-9)
+                assert rep.memory_reserved == pytest.approx(mem["fixed"] + k * mem["scaled"], rel=1e-9)
 
 
 def test_selective_recomputation_equals_none_without_unfused_attention():
@@ -170,7 +173,7 @@ def _assert_valid(plan):
     assert plan.pipeline.size() == plan.train.pp
     rep = plan.report
     if rep.fits:
-        assert rep.memory_peak <= MEMORY_HEADROOM * rep.capacity
+        assert rep.memory_peak <= rep.memory_reserved <= MEMORY_HEADROOM * rep.capacity
     assert rep.step_time_s > 0 and all(v >= 0 for v in rep.breakdown.values())
 
 

@@ -69,7 +69,29 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
         "mesh": [{"name": a.name, "size": a.size, "level": plan.cluster.levels[a.level].name} for a in plan.mesh],
         "units": "seconds per training step over the layers an op stands for; bytes per device",
         "layer_types": [explain_op(problem, plan, layouts, rep, ops, spans, formulas) for rep, ops, spans in groups],
+        "memory": memory_terms(plan.report),
     }
+
+
+def memory_terms(report) -> dict:
+    """The memory of the most loaded device, term by term (``cost.memory.TERMS``): GiB, formula and source of
+    each, the allocated peak (what torch.cuda.max_memory_allocated shows) and the device's reserved peak (what
+    nvidia-smi shows, the sum of the terms; ``fits`` judges it against ``usable_gib``)."""
+    from symtensor.cost.memory import TERMS, peak_terms
+    from symtensor.hardware import MEMORY_HEADROOM
+
+    mem = report.memory
+    detail = {"transient": "loss_transient" if mem["loss_transient"] >= mem["backward_transient"]
+              else "backward_transient"}
+    if mem["optimizer_transient"] and peak_terms(mem)["activations"] == 0.0 and mem["activations"]:
+        detail["transient"] = "optimizer_transient"
+    rows = []
+    for term, nbytes in peak_terms(mem).items():
+        formula, source = TERMS[detail.get(term, term)]
+        rows.append({"term": term, "gib": nbytes / GIB, "formula": formula, "source": source,
+                     "allocated": term not in ("fragmentation", "cuda_context", "nccl")})
+    return {"terms": rows, "allocated_gib": report.memory_peak / GIB, "reserved_gib": report.memory_reserved / GIB,
+            "usable_gib": MEMORY_HEADROOM * report.capacity / GIB, "fits": report.fits}
 
 
 def _groups(plan, problem) -> list[tuple]:

@@ -154,7 +154,7 @@ def keep_config(cfg, cluster: str, config: dict, point: dict) -> dict:
         except PlanError as exc:
             error = error or str(exc)
             continue
-        key = (not rep.fits, rep.step_time_s if rep.fits else rep.memory_peak)
+        key = (not rep.fits, rep.step_time_s if rep.fits else rep.memory_reserved)
         if best is None or key < best[0]:
             best = (key, mb, rep)
     if best is None:

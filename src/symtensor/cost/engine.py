@@ -85,6 +85,18 @@ class Engine:
     # its kernels are PyTorch's own (SDPA attention, eager elementwise composites), not Transformer
     # Engine's fused ones (``efficiency.efficiency_for``)
     pytorch_kernels: bool
+    # memory the engine allocates besides the state (``cost.memory``; each with its source there):
+    # staging buffers of ``ddp_bucket_bytes`` for the gradient reduction (DeepSpeed's double-buffered IPG
+    # buckets); whether ZeRO 0's buckets copy every gradient (PyTorch DDP, gradient_as_bucket_view=False);
+    # whether each sharded unit's gradients are reduce-scattered out of a buffer of their own (FSDP2);
+    # bytes per local logit element the loss's backward allocates beyond what it saved; bytes per owned
+    # parameter the optimizer step allocates; whether the caching allocator runs with expandable segments
+    bucket_buffers: int = 0
+    ddp_bucket_copy: bool = False
+    unit_reduce_buffer: bool = False
+    loss_grad_bytes: int = 2
+    step_temp_bytes: int = 0
+    expandable_segments: bool = False
 
     def shards(self, state: int, zero: int) -> bool:
         """Whether ZeRO stage ``zero`` shards ``state`` (WEIGHTS, GRADIENTS or OPTIMIZER) over the replicas."""
@@ -106,10 +118,12 @@ ENGINES = {
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
-                    state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True),
+                    state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
+                    ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=4, expandable_segments=True),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
-                        state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True),
+                        state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
+                        bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4),
 }
 # other names of an engine a configuration may give: ``torch`` (PyTorch's own FSDP2)
 ALIASES = {"torch": "fsdp2"}

@@ -1,12 +1,94 @@
-"""Memory per device: the peak over the stages of the resident parameters, gradients and optimizer
-state, the activations of the micro-batches in flight, the transient gathered parameters (ZeRO 3,
-FSDP units) and the recomputation buffers."""
+"""Memory per device as the allocator sees it: the allocated peak (``torch.cuda.max_memory_allocated``), the
+allocator's reserved peak (``torch.cuda.max_memory_reserved``) and the device's (what nvidia-smi shows: the
+reserved peak, the CUDA context and NCCL's buffers), each a sum of named terms (``TERMS``: formula and source).
+
+Allocated, per pipeline stage (the most loaded device of each; the peak is the larger of the forward-backward
+peak and the optimizer step's):
+
+    state               parameters, gradients and optimizer state, sharded as the engine shards them at the
+                        ZeRO stage (``cost.params``)
+    gathered_params     weights gathered for compute beyond the resident shards (ZeRO 3, FSDP units)
+    activations         saved activations of the micro-batches in flight (1F1B; ``cost.pipeline.inflight``)
+    engine_buffers      the engine's own buffers besides the state (``engine_buffers``)
+    transient           at the forward-backward peak, the larger of the loss's backward (``loss_transient``)
+                        and one layer's recomputed activations plus its largest op's backward (gradient of
+                        its output and of its input live at once: 2 x the largest saved tensor)
+    optimizer_transient the optimizer step's temporaries (after backward: activations are freed by then)
+    workspace           cuBLAS's workspace, allocated through the caching allocator (per device generation)
+
+Reserved by the allocator: allocated + ``fragmentation``. The device: + ``cuda_context`` + ``nccl``.
+``fits`` judges the device's peak against the capacity times ``hardware.MEMORY_HEADROOM`` (the margin left
+for the spread of what is modelled at its average).
+
+Terms that do not grow with the micro-batch (the state, gathered parameters, buffers, workspace, context,
+NCCL and the fragmentation of the gathered units) make ``fixed``; the activations and transients with their
+fragmentation make ``scaled``, linear in the batch: fixed + scaled is at most the device's peak, and the search
+extrapolates it to other batches from below (``search.outer``).
+"""
 
 from __future__ import annotations
 
-from symtensor.cost.engine import WEIGHTS, engine_of
+from symtensor.cost.engine import GRADIENTS, WEIGHTS, engine_of
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.train import TrainConfig
+
+MIB = 2**20
+
+# The CUDA context (driver state and the kernels loaded into it): "around 400MB if CUDA >= 11.7 is used and lazy
+# module loading enabled (default in PyTorch)" (PyTorch maintainer ptrblck, pytorch/pytorch#109888; before 11.7
+# every kernel was loaded, "> 1000MB", pytorch#107667). Outside the caching allocator: nvidia-smi shows it,
+# torch.cuda.max_memory_reserved does not.
+CUDA_CONTEXT_BYTES = 400e6
+
+# cuBLAS's workspace, taken from the caching allocator per handle and stream (one: the compute stream):
+# PyTorch's default CUBLAS_WORKSPACE_CONFIG is ":4096:8" (8 x 4096 KiB = 32 MiB) on Hopper and later and
+# ":4096:2:16:8" (2 x 4096 KiB + 8 x 16 KiB) before (aten/src/ATen/cuda/CublasHandlePool.cpp,
+# getChosenWorkspaceSize).
+CUBLAS_WORKSPACE_BYTES = {"hopper": 8 * 4096 * 1024, "ampere": 2 * 4096 * 1024 + 8 * 16 * 1024}
+_HOPPER_OR_LATER = ("H100", "H200", "H800", "H20", "B200", "B100", "GB200", "GB300", "B300")
+
+# NCCL's buffers per communicator, allocated by NCCL itself (outside the caching allocator): for each channel
+# and each peer connection, the SIMPLE FIFO (NCCL_BUFFSIZE, 4 MiB), LL128 (120 x 640 x 8 x 8 B = 4.7 MiB) and
+# LL (8 x 512 x 8 x 16 B = 0.5 MiB) buffers, one 10 MiB allocation per channel and peer (NCCL_DEBUG_SUBSYS=ALLOC
+# in NVIDIA/nccl#1685); "linearly tied to the number of channels ... Ring uses a limited amount of memory as it
+# only has 2 connections regardless of the scale ... beyond 2 nodes it should no longer increase" (NCCL
+# maintainer, NVIDIA/nccl#864, #986). Measured with PyTorch on 4 NVLink A100s, one communicator after a 4 MB
+# all-reduce: 544 MB for a group of 2 ranks, 688 MB for larger groups (NVIDIA/nccl#964; 688 MB ~ 32 channels x
+# 2 connections x 10 MiB). Used for every device (a transfer: H100 NVLS and inter-node proxies can add more).
+NCCL_PAIR_BYTES = 544e6
+NCCL_GROUP_BYTES = 688e6
+
+# The caching allocator's fragmentation: the reserved memory it cannot hand out at the peak, a share of what is
+# allocated and freed over and over (activations, transients, gathered units; the state is allocated once).
+# GMLake (Guo et al., ASPLOS 2024, arXiv:2401.08156) measured PyTorch's allocator on eight LLM trainings on A100
+# 80 GB at 15% fragmentation on average (reserved - allocated over reserved; up to 33%), gone with virtual-memory
+# stitching; PyTorch's expandable_segments maps segments the same way (one growing virtual segment per stream),
+# which torchtitan turns on (run_train.sh: PYTORCH_ALLOC_CONF="expandable_segments:True"): the rest there is the
+# 2 MiB page rounding of live blocks, not modelled.
+FRAGMENTATION = 0.15
+
+TERMS = {
+    "state": ("params + grads + optimizer, sharded by ZeRO as the engine shards them",
+              "Engine.state_bytes, Engine.sharded_from (cost/engine.py)"),
+    "gathered_params": ("2 x the largest unit gathered (resharding after forward), else every unit",
+                        "FSDP2 prefetch / DeepSpeed ZeRO 3 (cost/engine.py)"),
+    "activations": ("saved activations x micro-batches in flight (1F1B)", "Korthikanti et al. 2022; "
+                    "megatron/core/pipeline_parallel/schedules.py"),
+    "engine_buffers": ("DeepSpeed: 2 (ZeRO 1/2) or 1 x min(reduce bucket, gradients); DDP: a copy of the "
+                       "gradients; FSDP2: the largest unit's gradients in the reduce dtype; Megatron: none "
+                       "(buckets are views of the contiguous gradient buffer)", "engine_buffers (cost/memory.py)"),
+    "loss_transient": ("seq x micro_batch x vocab/tp x Engine.loss_grad_bytes",
+                       "megatron/core/tensor_parallel/cross_entropy.py; torch log_softmax backward"),
+    "backward_transient": ("recomputed layer + 2 x its largest saved tensor (gradients of an op's output "
+                           "and input)", "autograd: an op's input gradient is allocated while its output's lives"),
+    "optimizer_transient": ("owned parameters x Engine.step_temp_bytes (DeepSpeed's fp32 gradient partition)",
+                            "deepspeed/runtime/zero/stage_1_and_2.py"),
+    "workspace": ("cuBLAS workspace: 32 MiB (Hopper and later) or 8.1 MiB", "aten/src/ATen/cuda/CublasHandlePool.cpp"),
+    "fragmentation": (f"{FRAGMENTATION} / (1 - {FRAGMENTATION}) x (activations + transients + gathered units); "
+                      "0 with expandable segments", "GMLake, ASPLOS 2024 (arXiv:2401.08156)"),
+    "cuda_context": ("400 MB (CUDA >= 11.7, lazy module loading)", "pytorch/pytorch#109888"),
+    "nccl": ("per communicator: 544 MB (2 ranks) or 688 MB", "NVIDIA/nccl#964, #986, #1685"),
+}
 
 
 def gathered_transient(st: Stage, train: TrainConfig) -> float:
@@ -23,32 +105,109 @@ def gathered_transient(st: Stage, train: TrainConfig) -> float:
     return sum(p.unsharded * times for p, times in st.params)
 
 
-def memory_peak(stages: list[Stage], train: TrainConfig) -> tuple[dict, float]:
-    """Per-stage memory (the peak: resident state, activations of the micro-batches in flight,
-    the transient gathered parameters and recompute buffers); returns the breakdown of the
-    most loaded stage and its peak."""
-    best, peak = None, -1.0
+def engine_buffers(st: Stage, train: TrainConfig) -> float:
+    """Bytes the engine allocates for its gradient reduction besides the gradients themselves.
+
+    DeepSpeed ZeRO 1/2 with overlap_comm reduces out of two flat IPG buckets of reduce_bucket_size elements
+    (``Engine.bucket_buffers`` x ``ddp_bucket_bytes``; deepspeed/runtime/zero/stage_1_and_2.py), never more than
+    the stage's gradients; stage 3 (one reduce bucket, stage3.py) and stage 0 (the flattened bucket it
+    all-reduces) hold one. PyTorch DDP (FSDP2's ZeRO 0) copies every gradient into its buckets unless
+    gradient_as_bucket_view=True ("the saved memory size will be equal to the total gradients size", the DDP
+    docs). FSDP2 reduce-scatters a unit's gradients out of a buffer in the reduce dtype (torchtitan's
+    mixed_precision_reduce float32): the largest unit's. Megatron's buckets are views of its contiguous
+    gradient buffer, and the distributed optimizer gathers into its parameter buffer in place: nothing."""
+    eng, z = engine_of(train), train.zero
+    grads = sum(u.grad_bytes * u.times for u in st.units)
+    double = eng.zero_sharded(z) and not eng.shards(WEIGHTS, z)  # ZeRO 1/2: the double-buffered IPG buckets
+    out = (eng.bucket_buffers if double else min(eng.bucket_buffers, 1)) * min(eng.ddp_bucket_bytes, grads)
+    if eng.ddp_bucket_copy and not eng.zero_sharded(z):
+        out += st.static["grads"]
+    if eng.unit_reduce_buffer and eng.shards(GRADIENTS, z):
+        out += st.unit_grads
+    return out
+
+
+def workspace_bytes(device) -> float:
+    """cuBLAS's workspace on ``device`` (``CUBLAS_WORKSPACE_BYTES``: Hopper and later, or before)."""
+    if device is None:
+        return 0.0
+    hopper = any(tag in device.name for tag in _HOPPER_OR_LATER)
+    return CUBLAS_WORKSPACE_BYTES["hopper" if hopper else "ampere"]
+
+
+def nccl_bytes(groups) -> float:
+    """NCCL's buffers for communicators of ``groups`` ranks each (``NCCL_PAIR_BYTES``, ``NCCL_GROUP_BYTES``)."""
+    return sum(NCCL_PAIR_BYTES if g == 2 else NCCL_GROUP_BYTES for g in groups if g > 1)
+
+
+def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicators=None) -> tuple[dict, float, float]:
+    """Per-stage memory; returns the terms of the stage whose device peak is the largest (bytes; ``TERMS``),
+    the allocated peak and the device's reserved peak (both the largest over the stages).
+
+    ``device``: the accelerator (its generation sets the workspace; None: no workspace, context or NCCL, the
+    allocated terms alone); ``communicators``: per stage, the ranks of each NCCL communicator its ranks use."""
+    eng = engine_of(train)
+    frag = 0.0 if eng.expandable_segments else FRAGMENTATION / (1 - FRAGMENTATION)
+    work = workspace_bytes(device)
+    context = CUDA_CONTEXT_BYTES if device is not None else 0.0
+    best, alloc_peak, peak = None, -1.0, -1.0
     for s, st in enumerate(stages):
         if train.recompute == "full":
             layers_act = st.layer_inputs
-            transient = max(st.layer_saved, default=0.0)
+            redo = max(st.layer_saved, default=0.0)
         else:
-            layers_act, transient = sum(st.layer_saved), 0.0
+            layers_act, redo = sum(st.layer_saved), 0.0
         held = inflight(s, train)
         gathered = gathered_transient(st, train)
+        state = st.static["params"] + st.static["grads"] + st.static["optimizer"]
         mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
                "activations": (layers_act + st.other_saved) * held, "activations_layers": layers_act * held,
-               "recompute_transient": transient, "gathered_params": gathered, "layer_state": st.layer_state}
+               "recompute_transient": redo, "gathered_params": gathered, "layer_state": st.layer_state}
         # what does not grow with the micro-batch: the state and the gathered parameters
-        mem["static"] = mem["params"] + mem["grads"] + mem["optimizer"] + gathered
-        total = mem["static"] + mem["activations"] + transient
-        mem["total"] = total
-        if total > peak:
-            best, peak = mem, total
-    return best, peak
+        mem["static"] = state + gathered
+        mem["engine_buffers"] = engine_buffers(st, train)
+        mem["loss_transient"] = st.logits * eng.loss_grad_bytes
+        mem["backward_transient"] = redo + 2 * st.largest
+        mem["optimizer_transient"] = st.static["optimizer"] / train.optim_bytes * eng.step_temp_bytes \
+            if train.optim_bytes else 0.0
+        mem["workspace"] = work
+        transient = max(mem["loss_transient"], mem["backward_transient"])
+        persistent = mem["static"] + mem["engine_buffers"] + work
+        allocated = max(persistent + mem["activations"] + transient, persistent + mem["optimizer_transient"])
+        mem["total"] = mem["allocated"] = allocated
+        churn = allocated - persistent  # activations and transients: allocated and freed every micro-batch
+        mem["fragmentation"] = frag * (churn + gathered)
+        mem["allocator_reserved"] = allocated + mem["fragmentation"]
+        mem["cuda_context"] = context
+        mem["nccl"] = nccl_bytes(communicators[s]) if communicators else 0.0
+        mem["reserved"] = mem["allocator_reserved"] + context + mem["nccl"]
+        # the part that does not grow with the micro-batch, and the part that grows linearly with it: their sum
+        # is at most the peak (the optimizer step's may exceed it), so search.outer extrapolates from below
+        mem["fixed"] = persistent + frag * gathered + context + mem["nccl"]
+        mem["scaled"] = (mem["activations"] + transient) * (1 + frag)
+        alloc_peak = max(alloc_peak, allocated)
+        if mem["reserved"] > peak:
+            best, peak = mem, mem["reserved"]
+    return best, alloc_peak, peak
 
 
 def static_peak(stages: list[Stage]) -> float:
     """The largest parameter + gradient + optimizer bytes of a stage: a lower bound of the memory
     peak under any recomputation."""
     return max(sum(st.static.values()) for st in stages)
+
+
+def peak_terms(mem: dict) -> dict:
+    """The terms of a stage's device peak (``memory_peak``'s dict), each in bytes, in the order they add up:
+    the allocated terms (summing to ``allocated``), then ``fragmentation``, ``cuda_context`` and ``nccl``
+    (summing to ``reserved``). At the optimizer step's peak the activations are freed (0) and the transient is
+    the step's; at the forward-backward peak it is the larger of the loss's and the backward's."""
+    persistent = mem["static"] + mem["engine_buffers"] + mem["workspace"]
+    step = persistent + mem["optimizer_transient"]
+    in_step = step >= mem["allocated"] and step > persistent + mem["activations"] + \
+        max(mem["loss_transient"], mem["backward_transient"])
+    transient = mem["optimizer_transient"] if in_step else max(mem["loss_transient"], mem["backward_transient"])
+    return {"state": mem["params"] + mem["grads"] + mem["optimizer"], "gathered_params": mem["gathered_params"],
+            "activations": 0.0 if in_step else mem["activations"], "engine_buffers": mem["engine_buffers"],
+            "transient": transient, "workspace": mem["workspace"], "fragmentation": mem["fragmentation"],
+            "cuda_context": mem["cuda_context"], "nccl": mem["nccl"]}

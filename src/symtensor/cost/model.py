@@ -377,6 +377,32 @@ class _Accumulator:
             self.stages[s].add_params(params, times)
         return static_peak(self.stages)
 
+    def _communicators(self) -> list[list[int]]:
+        """Per stage, the ranks of each NCCL communicator a device of it uses (``cost.memory.nccl_bytes``): one
+        per group of mesh axes its collectives run over (PyTorch creates a group's communicator at its first
+        collective), the pipeline's (pp > 1), the embedding group joining the stages that hold a tied embedding
+        (Megatron's, pp > 1), and the world's (launchers' barriers; the same as the data-parallel group when
+        that spans every device)."""
+        ev, pp = self.ev, self.train.pp
+        everything = tuple(range(len(ev.mesh)))
+        out = []
+        for st in self.stages:
+            groups = [g for g in st.groups if g]
+            sizes = []
+            for g in groups:
+                n = 1
+                for a in g:
+                    n *= ev.mesh[a].size
+                sizes.append(n)
+            if pp > 1:
+                sizes.append(pp)
+                if st.ties:
+                    sizes.append(2)
+            if pp > 1 or everything not in groups:
+                sizes.append(ev.cluster.n_devices)
+            out.append(sizes)
+        return out
+
     def _finish(self) -> CostReport:
         ev, train = self.ev, self.train
         pp, m, v = train.pp, train.micro_steps, train.vpp
@@ -398,7 +424,7 @@ class _Accumulator:
         breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s,
                          optimizer=max(st.opt_time for st in self.stages))
         step = sum(breakdown.values())
-        memory, peak = memory_peak(self.stages, train)
+        memory, allocated, reserved = memory_peak(self.stages, train, ev.cluster.device, self._communicators())
         comm_bytes = {k: val * m for k, val in cs.bytes.items()}
         merge(comm_bytes, cs.dp_bytes(exposures[crit].calls))
         if pp > 1:
@@ -406,7 +432,7 @@ class _Accumulator:
         model_flops = ev.model_flops_per_microstep * m
         cap = ev.cluster.device.memory
         return CostReport(
-            step_time_s=step, breakdown=breakdown, memory=memory, memory_peak=peak, capacity=cap,
-            fits=peak <= cap * MEMORY_HEADROOM, model_flops=model_flops,
+            step_time_s=step, breakdown=breakdown, memory=memory, memory_peak=allocated, capacity=cap,
+            fits=reserved <= cap * MEMORY_HEADROOM, model_flops=model_flops, memory_reserved=reserved,
             tokens=train.global_batch * ev.graph.meta["seq"], n_devices=ev.cluster.n_devices,
             peak_flops=ev.cluster.device.flops(ev.dtype), comm_bytes=comm_bytes, stage_times_s=per_mb)

@@ -125,6 +125,7 @@ class Params:
         self.reduces: dict = {}  # (kind, axes) -> bytes of one reduction
         self.gathers: dict = {}  # axes -> bytes of one gather
         self.tensor_gather_s = self.tensor_reduce_s = 0.0  # the same, one collective per tensor
+        self.groups: set = set()  # the mesh axes of each group its collectives run over (NCCL communicators)
         for op in ops:
             self._add(ev, train, op, layouts.get(op.name, REPLICATED))
         self.close(ev, train)
@@ -170,10 +171,12 @@ class Params:
             self.reduces[(kind, axes)] = self.reduces.get((kind, axes), 0.0) + nbytes
             self.grad_bytes += nbytes
             self.tensor_reduce_s += pc.reduce_s
+            self.groups.add(axes)
         if pc.gather is not None:
             nbytes, axes = pc.gather
             self.gathers[axes] = self.gathers.get(axes, 0.0) + nbytes
             self.tensor_gather_s += pc.gather_s
+            self.groups.add(axes)
 
     def unit(self, times: int, fwd: float = 0.0, bwd: float = 0.0) -> Unit:
         """``times`` identical units whose compute (forward, backward) the engine overlaps with."""

@@ -45,6 +45,10 @@ class Stage:
         self.units: list[Unit] = []
         self.params: list[tuple[Params, int]] = []
         self.unsharded = 0.0  # the largest unit's gathered parameters
+        self.unit_grads = 0.0  # the largest unit's gradients entering their reduction (bytes, unsharded)
+        self.logits = 0.0  # local logit elements of the stage's loss (``cost.memory``)
+        self.largest = 0.0  # the largest saved activation of one of its layers
+        self.groups: set = set()  # mesh axes of the groups its collectives run over
 
     def add(self, seg: Segment, params: Params, times: int = 1):
         """``times`` identical layers with this segment and these parameters."""
@@ -53,7 +57,10 @@ class Stage:
         self.recompute += seg.recompute * times
         merge(self.comm, seg.comm, times)
         merge(self.bytes, seg.bytes, times)
+        self.logits += seg.logits * times
+        self.groups |= seg.groups
         if seg.in_layer:
+            self.largest = max(self.largest, seg.largest)
             self.layer_state += params.total * times
             self.layer_saved += [seg.saved_total] * times
             self.layer_inputs += seg.layer_input * times
@@ -69,6 +76,8 @@ class Stage:
         self.units.append(params.unit(times, fwd, bwd))
         self.params.append((params, times))
         self.unsharded = max(self.unsharded, params.unsharded)
+        self.unit_grads = max(self.unit_grads, params.grad_bytes)
+        self.groups |= params.groups
         for tie, tparams in params.tied.items():
             if tie not in self.ties:
                 self.ties.add(tie)

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from symtensor.cost.memory import peak_terms
 from symtensor.hardware import GIB
 
 
@@ -24,6 +25,9 @@ class CostReport:
     peak_flops: float
     comm_bytes: dict[str, float] = field(default_factory=dict)
     stage_times_s: list[float] = field(default_factory=list)
+    # the device's reserved peak (``cost.memory``: allocated + fragmentation + CUDA context + NCCL), what
+    # nvidia-smi shows and ``fits`` judges; ``memory_peak`` is the allocated peak
+    memory_reserved: float = 0.0
 
     @property
     def tokens_per_s(self) -> float:
@@ -41,8 +45,10 @@ class CostReport:
         return {
             "step_time_s": self.step_time_s, "tokens_per_s": self.tokens_per_s,
             "model_tflops_per_device": self.model_tflops_per_device, "mfu": self.mfu,
-            "memory_gib_per_device": self.memory_peak / GIB, "capacity_gib": self.capacity / GIB,
+            "memory_gib_per_device": self.memory_peak / GIB,
+            "memory_reserved_gib_per_device": self.memory_reserved / GIB, "capacity_gib": self.capacity / GIB,
             "fits": self.fits, "breakdown": dict(self.breakdown),
             "memory_gib": {k: v / GIB for k, v in self.memory.items()},
+            "memory_terms_gib": {k: v / GIB for k, v in peak_terms(self.memory).items()},
             "comm_bytes_per_device": dict(self.comm_bytes),
         }

@@ -54,6 +54,8 @@ class Segment:
         self.bytes: dict[str, float] = {}  # per micro-batch
         self.saved: dict[str, float] = {}
         self.layer_input = 0.0
+        self.logits = 0.0  # local elements of the logits a loss op reads (``cost.memory``'s loss transient)
+        self.groups: set = set()  # the mesh axes of each group its collectives run over (NCCL communicators)
         self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
 
     def layout(self, op) -> OpLayout:
@@ -66,6 +68,7 @@ class Segment:
         self.comm[category] = self.comm.get(category, 0.0) + seconds * times
         for c in colls:
             self.bytes[c.kind] = self.bytes.get(c.kind, 0.0) + c.nbytes * times
+            self.groups.add(tuple(sorted(c.axes)))
 
     def run(self) -> Segment:
         recompute, layers = self.train.recompute, self.ev.graph.meta["layers"]
@@ -84,7 +87,11 @@ class Segment:
                 self.overlap_compute[hides] = self.overlap_compute.get(hides, 0.0) + busy
             self._edges(op, layout, redo, inputs)
             self._saved(op, layout, saves)
+            if op.kind == "cross_entropy":
+                ev = self.ev
+                self.logits += ev.tensors[op.inputs[0]].numel / ev.in_layout(op, layout, 0).factor(ev.mesh)
         self.saved_total = sum(self.saved.values())
+        self.largest = max(self.saved.values(), default=0.0)  # its largest saved activation
         self.bwd = self.compute - self.fwd + self.recompute
         self._overlap()
         return self

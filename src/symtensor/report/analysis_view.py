@@ -61,12 +61,27 @@ def print_explain(console, out: dict, full: bool) -> None:
     for lt in out["layer_types"]:
         w.add_row(lt["block"], *(_cell(lv) for lv in lt["levels"]))
     console.print(w)
+    if "memory" in out:
+        print_memory(console, out["memory"])
     if full:
         for lt in out["layer_types"]:
             print_candidates(console, lt)
     else:
         console.print("[dim]symtensor explain PLAN --op NAME lists every candidate's terms; --formula adds the "
                       "formulas[/]")
+
+
+def print_memory(console, mem: dict) -> None:
+    """The most loaded device's memory, term by term (``analysis.explain.memory_terms``)."""
+    t = Table(title=f"memory of the most loaded device: {mem['allocated_gib']:.2f} GiB allocated, "
+                    f"{mem['reserved_gib']:.2f} GiB reserved (as nvidia-smi shows), {mem['usable_gib']:.1f} usable: "
+                    + ("fits" if mem["fits"] else "does not fit"))
+    for col in ("term", "GiB", "formula", "source"):
+        t.add_column(col, justify="right" if col == "GiB" else "left", overflow="fold")
+    for r in mem["terms"]:
+        t.add_row(r["term"].replace("_", " ") + ("" if r["allocated"] else " (reserved)"), f"{r['gib']:.2f}",
+                  r["formula"], r["source"])
+    console.print(t)
 
 
 def print_candidates(console, lt: dict) -> None:

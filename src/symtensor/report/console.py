@@ -10,7 +10,7 @@ from rich.table import Table
 
 from symtensor.hardware import GIB
 from symtensor.output import shown  # names and paths from users: printed as text, never as markup
-from symtensor.report.tables import breakdown_table, prediction_line
+from symtensor.report.tables import breakdown_table, memory_lines, prediction_line
 
 
 def _console() -> Console:
@@ -98,8 +98,8 @@ def evaluation(out: dict, as_json: bool) -> int:
             f"{out['model_tflops_per_device']:.1f} TFLOP/s/device   MFU {100 * out['mfu']:.1f}%")
     if "step_time_band_s" in out:
         c.print(prediction_line(out), markup=False)
-    fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
-    c.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: {fits}")
+    for line in memory_lines(out):
+        c.print(line)
     c.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
     return 0
 

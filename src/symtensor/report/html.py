@@ -121,7 +121,9 @@ def memory_section(p: dict) -> str:
             for e in entries]
     return ("<section id='memory'><h2>Memory per device</h2>"
             + _figure(plots.memory_plot(entries, cap, MEMORY_HEADROOM * cap), "memory",
-                      f"Peak stage memory by part; capacity {cap:.0f} GiB, usable 90% (allocator headroom).")
+                      f"Peak stage memory by part (allocated); capacity {cap:.0f} GiB, usable "
+                      f"{100 * MEMORY_HEADROOM:.0f}% for the reserved peak (fragmentation, CUDA context and NCCL "
+                      "buffers added).")
             + table(["plan"] + list(parts) + ["total"], rows, set(range(1, 7)), "GiB per device") + "</section>")
 
 

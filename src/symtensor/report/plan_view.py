@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from symtensor.output import shown
-from symtensor.report.tables import breakdown_table, prediction_line
+from symtensor.report.tables import breakdown_table, memory_lines, prediction_line
 
 
 def _cuts(c: dict) -> str:
@@ -42,10 +42,8 @@ def print_plan(console, out: dict) -> None:
                   f"MFU {100 * out['mfu']:.1f}%   found in {out['search_time_s'] * 1000:.0f} ms")
     if "step_time_band_s" in out:
         console.print(prediction_line(out), markup=False)
-    fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
-    console.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: "
-                  f"{fits} (" + ", ".join(f"{k} {v:.1f}" for k, v in out["memory_gib"].items()
-                                          if v and k in ("params", "grads", "optimizer", "activations")) + " GiB)")
+    for line in memory_lines(out):
+        console.print(line)
     for note in out["notes"]:
         console.print(f"[red]{shown(note)}[/]")
     t = Table(title="layouts per layer type (dim: mesh axes)")

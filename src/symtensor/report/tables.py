@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from rich.table import Table
 
+from symtensor.hardware import MEMORY_HEADROOM
+
 
 def breakdown_table(title: str, breakdown: dict, total: float) -> Table:
     t = Table(title=title)
@@ -23,3 +25,17 @@ def prediction_line(out: dict) -> str:
     how = "calibrated" if out["band_calibrated"] else "extrapolated: no calibration runs of this regime"
     return (f"engine {out['framework']}, {out['efficiency_table']} efficiencies; band {lo:.3f}-{hi:.3f} s "
             f"({out['regime']}, {how})")
+
+
+def memory_lines(out: dict) -> list[str]:
+    """The memory of a plan's or an evaluation's JSON in two lines (rich markup): the allocated peak
+    (torch.cuda.max_memory_allocated), the device's reserved peak (what nvidia-smi shows; ``fits`` judges it
+    against the usable share of the capacity) and the terms that make it (``cost.memory.TERMS``)."""
+    fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
+    cap = out["capacity_gib"]
+    terms = out.get("memory_terms_gib", {})
+    head = (f"memory {out['memory_gib_per_device']:.1f} GiB allocated, "
+            f"{out.get('memory_reserved_gib_per_device', out['memory_gib_per_device']):.1f} GiB reserved "
+            f"(as nvidia-smi shows) of {cap:.0f} GiB per device, {MEMORY_HEADROOM * cap:.1f} usable: {fits}")
+    parts = ", ".join(f"{k.replace('_', ' ')} {v:.2f}" for k, v in terms.items() if v)
+    return [head] + ([f"  [dim]{parts} GiB[/]"] if parts else [])

@@ -44,7 +44,7 @@ def _best_over_recompute(pool: EvaluatorPool, base: dict) -> Costed | None:
             continue
         if cand.report.fits:
             return cand if best is None or not best.report.fits or cand.key < best.key else best
-        if best is None or cand.report.memory_peak < best.report.memory_peak:
+        if best is None or cand.report.memory_reserved < best.report.memory_reserved:
             best = cand
     return best
 
@@ -124,7 +124,7 @@ def sizing_rule(pool: EvaluatorPool, global_batch: int, active_params: float) ->
                 continue
             if cand.report.fits:
                 return cand
-            if fallback is None or cand.report.memory_peak < fallback.report.memory_peak:
+            if fallback is None or cand.report.memory_reserved < fallback.report.memory_reserved:
                 fallback = cand
     return fallback
 

@@ -120,12 +120,13 @@ def _better(a: Plan | None, b: Plan) -> bool:
         return a.report.fits
     if a.report.fits:
         return a.report.step_time_s < b.report.step_time_s
-    return a.report.memory_peak < b.report.memory_peak
+    return a.report.memory_reserved < b.report.memory_reserved
 
 
 def _time(plan: Plan) -> str:
     rep = plan.report
-    return f"{rep.step_time_s:.4g} s" if rep.fits else f"does not fit: {rep.memory_peak / GIB:.1f} GiB per device"
+    return f"{rep.step_time_s:.4g} s" if rep.fits else \
+        f"does not fit: {rep.memory_reserved / GIB:.1f} GiB per device (reserved)"
 
 
 def _adopt(better: Plan, searched: Plan, note: str) -> Plan:

@@ -100,10 +100,12 @@ class OuterSearch:
         True when one fits.
 
         ``seen`` (no pipeline only): per (recomputation, ZeRO stage) costed at another micro-step
-        batch, that batch, its parameters + gradients + optimizer state and the rest of its peak;
-        updated. With one micro-batch in flight the rest is activations, which scale with the
-        batch (tested), so a variant whose peak at this batch follows to be over the capacity is
-        not costed, and when no variant is left no graph is built for this batch."""
+        batch, that batch, the part of its reserved peak that does not grow with the batch and the
+        part that grows linearly (``cost.memory``: ``fixed`` and ``scaled``, whose sum is at most
+        the peak); updated. With one micro-batch in flight the growing part is activations and
+        transients, which scale with the batch (tested), so a variant whose peak at this batch
+        follows to be over the capacity is not costed, and when no variant is left no graph is
+        built for this batch."""
         gbatch = self.global_batch // m
         bound = self.best.report.step_time_s if self.best is not None else float("inf")
         usable = self.cluster.device.memory * MEMORY_HEADROOM * (1 + 1e-9)
@@ -131,10 +133,9 @@ class OuterSearch:
                 if not statics[zero]:
                     continue
             plan = self._cost(ev, layouts, pp, m, 1, rc, zero)
-            if seen is not None:
+            if seen is not None:  # what does not grow with the batch, and what grows linearly (cost.memory)
                 mem = plan.report.memory
-                state = mem["static"]
-                seen[(rc, zero)] = (gbatch, state, plan.report.memory_peak - state)
+                seen[(rc, zero)] = (gbatch, mem["fixed"], mem["scaled"])
             if plan.report.fits:
                 for vpp in vpps:
                     self._cost(ev, layouts, pp, m, vpp, rc, zero)
@@ -172,7 +173,7 @@ class OuterSearch:
         if rep.fits:
             if self.best is None or rep.step_time_s < self.best.report.step_time_s:
                 self.best = plan
-        elif self.least_memory is None or rep.memory_peak < self.least_memory.report.memory_peak:
+        elif self.least_memory is None or rep.memory_reserved < self.least_memory.report.memory_reserved:
             self.least_memory = plan
         return plan
 
@@ -276,8 +277,8 @@ def finish(s: OuterSearch, t0: float) -> Plan:
     if s.best is None:
         rep = best.report
         notes.append(
-            f"nothing fits: the least memory any plan reached is {rep.memory_peak / GIB:.1f} GiB per device "
-            f"against {MEMORY_HEADROOM * rep.capacity / GIB:.1f} GiB usable; use more devices, a smaller "
+            f"nothing fits: the least memory any plan reached is {rep.memory_reserved / GIB:.1f} GiB per device "
+            f"(reserved) against {MEMORY_HEADROOM * rep.capacity / GIB:.1f} GiB usable; use more devices, a smaller "
             "micro-batch or sequence, or a device with more memory")
     return s.pool.plan(best, notes=notes, search_time_s=time.perf_counter() - t0, search_phases_s=dict(s.phases),
                        evaluations=s.evaluations, partitions=s.partitions)

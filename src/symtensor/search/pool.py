@@ -46,7 +46,7 @@ class Costed:
     @property
     def key(self):
         """Sort key: plans that fit first, then the fastest (the least memory when none fits)."""
-        return (not self.report.fits, self.report.step_time_s if self.report.fits else self.report.memory_peak)
+        return (not self.report.fits, self.report.step_time_s if self.report.fits else self.report.memory_reserved)
 
 
 class EvaluatorPool:

@@ -165,7 +165,7 @@ def seed_phase(pool: EvaluatorPool, global_batch: int, micro_batch, tps, descend
         if rep.fits:
             if best is None or rep.step_time_s < best.report.step_time_s:
                 best = cand
-        elif least is None or rep.memory_peak < least.report.memory_peak:
+        elif least is None or rep.memory_reserved < least.report.memory_reserved:
             least = cand
     if descend and best is not None:
         for cand in grid_descent(pool, best, micro_batch):
