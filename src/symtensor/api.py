@@ -75,10 +75,13 @@ def _best_micro_batch(cfg, cluster, config: Parallelism) -> Plan:
 
 def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
              cp=1, ep=1, etp=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
-             vpp=1, overrides=None, framework: str = "megatron") -> Plan:
+             vpp=1, overrides=None, framework: str = "megatron", precision: str = "bf16",
+             fp8_recipe: str | None = None) -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
-    the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``)."""
+    the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
+    ``precision``: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``) under
+    ``fp8_recipe`` (default: the device's, ``precision.default_recipe``)."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     seq = seq or default_seq(cfg)
@@ -90,13 +93,24 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     sp = tp > 1 if sp is None else sp
     config = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
-                         seq=seq, vpp=vpp, framework=framework)
-    why = config.refusal(cfg, cl.n_devices)  # the one configuration rule, before any costing
+                         seq=seq, vpp=vpp, framework=framework, precision=precision,
+                         fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device))
+    why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)
     if micro_batch == "auto":
         return _best_micro_batch(cfg, cl, config)
     return megatron_plan(cfg, cl, **config.as_dict())
+
+
+def fp8_recipe_for(precision: str | None, recipe: str | None, device) -> str | None:
+    """The FP8 recipe a run names or, under ``--precision fp8`` without one, the device's default
+    (``cost.precision.default_recipe``: MXFP8 on Blackwell, delayed scaling elsewhere); None in BF16."""
+    from symtensor.cost.precision import default_recipe, has_fp8
+
+    if precision == "fp8" and recipe is None and has_fp8(device):
+        return default_recipe(device)
+    return recipe
 
 
 def captured_graphs(model, seq: int, overrides=None):

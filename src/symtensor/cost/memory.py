@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from symtensor.cost.engine import WEIGHTS, engine_of
 from symtensor.cost.pipeline import Stage, inflight
+from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.train import TrainConfig
 
 
@@ -21,6 +22,15 @@ def gathered_transient(st: Stage, train: TrainConfig) -> float:
     if eng.reshards(z):
         return 2 * st.unsharded
     return sum(p.unsharded * times for p, times in st.params)
+
+
+def fp8_copies(weight_bytes: float, train: TrainConfig) -> float:
+    """The FP8 copies of ``weight_bytes`` of resident (or gathered) weights an engine keeps under an
+    FP8 recipe (``precision.weight_copy_bytes``: Transformer Engine's cached FP8 weights and their
+    transposes). Charged on every weight of the stage, the embedding and LM head (which stay BF16)
+    included: an upper bound by their share."""
+    per = weight_copy_bytes(RECIPES[train.fp8], not engine_of(train).pytorch_kernels)
+    return weight_bytes / train.param_bytes * per
 
 
 def memory_peak(stages: list[Stage], train: TrainConfig) -> tuple[dict, float]:
@@ -41,6 +51,9 @@ def memory_peak(stages: list[Stage], train: TrainConfig) -> tuple[dict, float]:
                "recompute_transient": transient, "gathered_params": gathered, "layer_state": st.layer_state}
         # what does not grow with the micro-batch: the state and the gathered parameters
         mem["static"] = mem["params"] + mem["grads"] + mem["optimizer"] + gathered
+        if train.fp8 is not None:
+            mem["fp8_weights"] = fp8_copies(mem["params"] + gathered, train)
+            mem["static"] += mem["fp8_weights"]
         total = mem["static"] + mem["activations"] + transient
         mem["total"] = total
         if total > peak:

@@ -18,7 +18,7 @@ import math
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq",
-                 "vpp", "framework")
+                 "vpp", "framework", "precision", "fp8_recipe")
 
 
 def axis_names(layout, mesh) -> dict[str, list[str]]:
@@ -87,7 +87,8 @@ def config_summary(plan) -> dict:
     ``heterogeneous`` when the summary does not describe every op, and ``differs`` says what, in
     short phrases (``differences``): ops of one grid whose degrees differ (an LM head cut over
     nodes the layers leave alone), ops whose cuts span fewer devices than a stage has (the
-    others repeat their work), or tp*pp*dp*cp other than the device count.
+    others repeat their work), or tp*pp*dp*cp other than the device count. ``precision`` and
+    ``fp8_recipe`` are there only under FP8 (BF16, the default, reads as before).
     """
     g, mesh, train = plan.graph, plan.mesh, plan.train
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
@@ -103,7 +104,12 @@ def config_summary(plan) -> dict:
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
-            "framework": train.framework}
+            "framework": train.framework, **_precision(train)}
+
+
+def _precision(train) -> dict:
+    """The summary's precision keys: none in BF16 (the default), else the precision and its recipe."""
+    return {} if train.fp8 is None else {"precision": train.precision, "fp8_recipe": train.fp8_recipe}
 
 
 def _core(plan):
@@ -208,4 +214,4 @@ def megatron_summary(plan) -> dict:
     """The Megatron-LM configuration of a plan (``config_summary`` without what Megatron has no
     argument for): the ``config`` of a Megatron configuration's JSON."""
     c = config_summary(plan)
-    return {k: c[k] for k in MEGATRON_KEYS}
+    return {k: c[k] for k in MEGATRON_KEYS if k in c}

@@ -133,7 +133,7 @@ class EvaluatorPool:
 
     def layouts(self, c: dict) -> tuple[Evaluator, dict]:
         """The evaluator and Megatron layouts of configuration ``c`` (complete; checked)."""
-        check_config(self.cfg, self.cluster.n_devices, c)
+        check_config(self.cfg, self.cluster.n_devices, c, self.cluster.device)
         batch = c["micro_batch"] * c["dp"]
         key = (batch, c["pp"], c["tp"], c["cp"], c["dp"], c["ep"], c["etp"], c["sp"])
         return self.get(batch, c["pp"]), self._layouts[key]
