@@ -4,8 +4,7 @@ from the kernel tables, the casts, the memory of FP8 copies, the legality rule, 
 import pytest
 
 from symtensor import api
-from symtensor.cost import TrainConfig
-from symtensor.cost import precision as P
+from symtensor.cost import TrainConfig, precision as P
 from symtensor.errors import PlanError
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config

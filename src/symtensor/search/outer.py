@@ -15,6 +15,7 @@ from __future__ import annotations
 import time
 
 from symtensor.cost import Evaluator, TrainConfig
+from symtensor.cost.precision import NUMERICS_NOTE
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
@@ -61,7 +62,7 @@ class OuterSearch:
     def problem(self, pp: int, m: int, lam: float, recompute: str = "none", zero: int = 1) -> Problem:
         """The per-op problem of one partition (counted)."""
         train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, recompute=recompute, zero=zero,
-                            framework=self.pool.framework)
+                            **self.pool.train_keys)
         self.partitions += 1
         return self.pool.problem(train, lam)
 
@@ -159,7 +160,7 @@ class OuterSearch:
 
     def _train(self, pp, m, vpp, rc, zero) -> TrainConfig:
         return TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero,
-                           framework=self.pool.framework)
+                           **self.pool.train_keys)
 
     def _cost(self, ev, layouts, pp, m, vpp, rc, zero) -> Costed:
         train = self._train(pp, m, vpp, rc, zero)
@@ -264,15 +265,43 @@ def refine_best(s: OuterSearch, plan: Costed | None, speculated: tuple | None = 
         s.refined.add(id(s.offer(better)))
 
 
+def precision_variant(s: OuterSearch) -> str | None:
+    """Step 6 of ``search.planner``, where no precision was given and the device has FP8 Tensor
+    Cores (``EvaluatorPool.fp8_variant``): the best point's layouts costed with FP8 GEMMs, at its
+    recomputation and at each lighter one (FP8 saves the GEMM inputs in 8 bits, which may let less
+    recomputation fit); the fastest that fits becomes the best point. At most three evaluations: a
+    variant of a costed point, not an axis of the search. Returns what FP8 bought (a plan note), or
+    None when it did not win."""
+    recipe, base = s.pool.fp8_variant, s.best
+    if recipe is None or base is None:
+        return None
+    ev = s.evaluator(base.train.graph_batch, base.train.pp)
+    modes = s.pool.recomputations()
+    for rc in modes[:modes.index(base.train.recompute) + 1]:
+        train = base.train.replace(precision="fp8", fp8_recipe=recipe, recompute=rc)
+        s.offer(Costed(train, base.layouts, ev.evaluate(base.layouts, train, check=False)))
+    if s.best is base:
+        return None
+    was, now = base.report.step_time_s, s.best.report.step_time_s
+    rc = "" if s.best.train.recompute == base.train.recompute else \
+        f", recomputation {base.train.recompute} -> {s.best.train.recompute}"
+    return (f"FP8 GEMMs ({recipe} scaling) bought {was / now:.2f}x: {now:.4g} s per step against {was:.4g} s for "
+            f"the same layouts in BF16{rc} (attention, norms, embedding and LM head stay BF16; --precision bf16 "
+            "keeps BF16)")
+
+
 def finish(s: OuterSearch, t0: float) -> Plan:
     """The search's result as a Plan: its best point (the least memory when nothing fits), with
     the search's account and notes."""
+    fp8_bought = precision_variant(s)
     best = s.best or s.least_memory
     if best is None:
         raise PlanError(f"no valid plan for {s.cfg.name} on {s.cluster.n_devices} devices; check the batch and the "
                         "device count")
     # (devices that repeat work: plan.summary.repeated_work_note, in the plan's JSON notes)
-    notes = []
+    notes = [fp8_bought] if fp8_bought else []
+    if best.train.fp8 is not None:
+        notes.append(NUMERICS_NOTE)
     if s.best is None:
         rep = best.report
         notes.append(
