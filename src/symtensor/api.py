@@ -94,7 +94,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     config = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
                          seq=seq, vpp=vpp, framework=framework, precision=precision,
-                         fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device))
+                         fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework))
     why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)
@@ -103,13 +103,13 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     return megatron_plan(cfg, cl, **config.as_dict())
 
 
-def fp8_recipe_for(precision: str | None, recipe: str | None, device) -> str | None:
-    """The FP8 recipe a run names or, under ``--precision fp8`` without one, the device's default
-    (``cost.precision.default_recipe``: MXFP8 on Blackwell, delayed scaling elsewhere); None in BF16."""
+def fp8_recipe_for(precision: str | None, recipe: str | None, device, framework: str = "megatron") -> str | None:
+    """The FP8 recipe a run names or, under ``--precision fp8`` without one, the device's and the
+    engine's default (``cost.precision.default_recipe``); None in BF16."""
     from symtensor.cost.precision import default_recipe, has_fp8
 
     if precision == "fp8" and recipe is None and has_fp8(device):
-        return default_recipe(device)
+        return default_recipe(device, framework)
     return recipe
 
 

@@ -115,3 +115,86 @@ def test_fp8_step_floor_is_a_floor():
     floor = ev.step_floor(plan.train)
     assert floor < ev.step_floor(plan.train.replace(precision="bf16", fp8_recipe=None))
     assert floor <= plan.report.step_time_s
+
+
+def test_megatron_export_names_the_recipe():
+    """Megatron-LM's --fp8-format / --fp8-recipe (megatron/training/arguments.py): hybrid for the Hopper
+    recipes, E4M3 for MXFP8, the amax history the cost model charges for delayed scaling; BF16 adds none."""
+    from symtensor.export.megatron import megatron_args
+
+    cfg = dict(tp=2, pp=1, micro_batch=1, global_batch=32, seq=2048, zero=1)
+    assert not any("fp8" in a for a in megatron_args(api.evaluate("llama3-8b", "dgx-h100", 16, **cfg)))
+    args = megatron_args(api.evaluate("llama3-8b", "dgx-h100", 16, **cfg, precision="fp8"))
+    assert args[-5:] == ["--bf16", "--fp8-format hybrid", "--fp8-recipe delayed", "--fp8-amax-history-len 1024",
+                         "--fp8-amax-compute-algo max"]
+    mx = megatron_args(api.evaluate("llama3-8b", "dgx-b200", 16, **cfg, precision="fp8"))
+    assert "--fp8-format e4m3" in mx and "--fp8-recipe mxfp8" in mx
+    odd = api.evaluate("llama3-8b", "dgx-h100", 16, **{**cfg, "seq": 2044}, precision="fp8")
+    with pytest.raises(PlanError, match="Transformer Engine would refuse this FP8 plan at launch: FP8 GEMMs need"):
+        megatron_args(odd)
+
+
+def test_torchtitan_export_converts_float8():
+    """torchtitan's float8 converter (job_config Float8): tensorwise, FP8 all-gather under FSDP, the LM head
+    left out; another recipe runs as tensorwise and the note says so."""
+    from symtensor.export.torchtitan import torchtitan_config
+
+    plan = api.evaluate("llama3-8b", "dgx-h100", 16, tp=1, zero=3, micro_batch=1, global_batch=32, seq=2048,
+                        framework="fsdp2", precision="fp8")
+    assert plan.train.fp8_recipe == "tensorwise"  # the PyTorch engines' default (torchao)
+    out = torchtitan_config(plan)
+    assert out["model"] == {"converters": ["float8"]}
+    assert out["float8"] == {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": True,
+                             "precompute_float8_dynamic_scale_for_fsdp": True, "filter_fqns": ["output"]}
+    delayed = api.evaluate("llama3-8b", "dgx-h100", 16, tp=1, zero=3, micro_batch=1, global_batch=32, seq=2048,
+                           framework="fsdp2", precision="fp8", fp8_recipe="delayed")
+    assert "costed with the delayed recipe" in torchtitan_config(delayed)["_fp8_note"]
+    assert "float8" not in torchtitan_config(api.evaluate("llama3-8b", "dgx-h100", 16, tp=1, zero=3, micro_batch=1,
+                                                          global_batch=32, seq=2048, framework="fsdp2"))
+
+
+def test_the_search_chooses_fp8_where_it_wins_and_says_why():
+    """Without --precision the search costs BF16 and takes the best point's FP8 variant when it is faster
+    (H100, large GEMMs), says what it bought and that FP8 changes the numerics; --precision bf16 keeps
+    BF16; on A100 (no FP8) nothing changes; the baselines stay BF16 (the recipes')."""
+    kw = dict(devices=16, global_batch=64, seq=4096)
+    plan, base = api.plan_with_baselines("llama3-8b", "dgx-h100", names=("megatron_recipe",), **kw)
+    assert plan.train.fp8 == "delayed"
+    assert any(n.startswith("FP8 GEMMs (delayed scaling) bought") for n in plan.notes)
+    assert P.NUMERICS_NOTE in plan.notes
+    assert base["megatron_recipe"].train.fp8 is None
+    bf16 = api.plan("llama3-8b", "dgx-h100", precision="bf16", **kw)
+    assert bf16.train.fp8 is None and plan.report.step_time_s < bf16.report.step_time_s
+    assert not any("FP8" in n for n in bf16.notes)
+    a100 = api.plan("llama3-8b", "dgx-a100-80g", **kw)
+    assert a100.train.fp8 is None
+    forced = api.plan("llama3-8b", "dgx-h100", precision="fp8", fp8_recipe="tensorwise", **kw)
+    assert forced.train.fp8 == "tensorwise" and P.NUMERICS_NOTE in forced.notes
+    with pytest.raises(PlanError, match="no FP8 Tensor Cores"):
+        api.plan("llama3-8b", "dgx-a100-80g", precision="fp8", **kw)
+
+
+def test_explain_says_what_fp8_bought(tmp_path):
+    from symtensor.analysis.explain import explain_plan
+
+    plan = api.evaluate("llama3-8b", "dgx-h100", 16, **CONFIG, precision="fp8")
+    out = explain_plan(plan)["precision"]
+    bf16 = api.evaluate("llama3-8b", "dgx-h100", 16, **CONFIG)
+    assert out["bf16_step_time_s"] == pytest.approx(bf16.report.step_time_s)
+    assert out["speedup"] == pytest.approx(bf16.report.step_time_s / plan.report.step_time_s)
+    assert "in BF16" in out["summary"] and out["note"] == P.NUMERICS_NOTE
+    assert "precision" not in explain_plan(bf16)
+
+
+def test_cli_precision_flags(capsys):
+    import json
+
+    from symtensor.cli import main
+
+    base = ["evaluate", "llama3-8b", "--cluster", "dgx-h100", "--devices", "16", "--tp", "2", "--global-batch", "32",
+            "--seq", "2048", "--json"]
+    assert main(base + ["--precision", "fp8", "--fp8-recipe", "blockwise"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["config"]["precision"] == "fp8" and out["config"]["fp8_recipe"] == "blockwise"
+    assert main(base + ["--precision", "fp8", "--fp8-recipe", "mxfp8"]) == 2
+    assert "needs Blackwell" in capsys.readouterr().err

@@ -47,6 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import kernels
+from symtensor.cost.engine import ALIASES, ENGINES
 from symtensor.errors import PlanError
 
 PRECISIONS = ("bf16", "fp8")
@@ -109,10 +110,27 @@ def has_mx(device) -> bool:
     return "fp4" in device.peak_flops
 
 
-def default_recipe(device) -> str:
+def default_recipe(device, framework: str = "megatron") -> str:
     """The recipe a run on ``device`` takes when none is named: MXFP8 on Blackwell (the recipe
-    Megatron-Bridge's Blackwell performance configs run), Megatron-LM's default (delayed) elsewhere."""
-    return "mxfp8" if has_mx(device) else DEFAULT_RECIPE
+    Megatron-Bridge's Blackwell performance configs run); elsewhere Megatron-LM's default (delayed)
+    under Transformer Engine, and tensorwise (torchao's dynamic scaling, torchtitan's float8
+    converter) under the engines on PyTorch's own kernels."""
+    if has_mx(device):
+        return "mxfp8"
+    return "tensorwise" if ENGINES[ALIASES.get(framework, framework)].pytorch_kernels else DEFAULT_RECIPE
+
+
+def shape_refusal(model, tp: int, cp: int, tokens: int) -> str | None:
+    """Why Transformer Engine would refuse the FP8 GEMMs of ``model`` at tp, cp with ``tokens``
+    tokens per micro-batch (micro batch x seq), or None: ``assert_dim_for_fp8_exec``, "FP8 execution
+    requires 2D input matrices with height divisible by 8 and width divisible by 16"."""
+    if (tokens // cp) % 8:
+        return f"FP8 GEMMs need the tokens per micro-batch and rank ({tokens // cp}) divisible by 8"
+    for what, width in (("hidden size", model.hidden), ("MLP width per tp rank", model.ffn // tp),
+                        ("attention width per tp rank", model.heads * model.head_dim // tp)):
+        if width % 16:
+            return f"FP8 GEMMs need the {what} ({width}) divisible by 16"
+    return None
 
 
 def refusal(precision: str, recipe: str | None, device) -> str | None:

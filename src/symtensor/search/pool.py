@@ -67,7 +67,7 @@ class EvaluatorPool:
         why = precision_refusal(precision or "bf16", fp8_recipe if precision else None, cluster.device)
         if why is not None:
             raise PlanError(why)
-        recipe = fp8_recipe or default_recipe(cluster.device)
+        recipe = fp8_recipe or default_recipe(cluster.device, framework)
         self.precision = precision or "bf16"
         self.fp8_recipe = recipe if precision == "fp8" else None
         self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None
