@@ -98,7 +98,6 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
         local = local_sizes(op, layout, ev.mesh)
         values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device)
         values["C_fwd"], values["C_bwd"] = cast_bytes(op, local, RECIPES[fp8], ENGINES[ev.framework].pytorch_kernels)
-        values[eta] *= values["S_fp8"]
     if kind.memory_bound:
         fwd = _Roofline(hbm_time)
         bwd = _Roofline(kind.bwd_fixed * 2 * hbm_time if kind.bwd_fixed else sp.Integer(0))
@@ -112,13 +111,11 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
             fwd_eta, bwd_eta = attention_fractions(ev.eff, op.attr("kernel"))
             values.update(eta_attention=fwd_eta * shape, eta_attention_bwd=bwd_eta * shape)
             peak_bwd = _sym("P") * _sym("eta_attention_bwd")
-        if casts:
-            peak = peak_bwd = peak * _sym("S_fp8")
-            values[eta] /= values["S_fp8"]
+        run, run_bwd = (flops / _sym("S_fp8"), bwd_flops / _sym("S_fp8")) if casts else (flops, bwd_flops)
         cast_fwd = _sym("C_fwd") / (_sym("H") * _sym("eta_hbm")) if casts else 0
         cast_bwd = _sym("C_bwd") / (_sym("H") * _sym("eta_hbm")) if casts else 0
-        fwd = _Roofline((flops + _sym("K")) / peak, hbm_time, plus=cast_fwd)
-        bwd = _Roofline((bwd_flops + _sym("K") * ratio) / peak_bwd, 2 * hbm_time, plus=cast_bwd) if ratio \
+        fwd = _Roofline((run + _sym("K")) / peak, hbm_time, plus=cast_fwd)
+        bwd = _Roofline((run_bwd + _sym("K") * ratio) / peak_bwd, 2 * hbm_time, plus=cast_bwd) if ratio \
             else _Roofline(sp.Integer(0))
     return {"fwd_flops": str(flops), "bwd_flops": str(bwd_flops), "bytes": str(nbytes),
             "fwd_time_s": fwd.text(), "bwd_time_s": bwd.text(),

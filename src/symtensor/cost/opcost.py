@@ -74,9 +74,14 @@ def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=Non
 
 
 def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float, fp8=None) -> OpTime:
-    """The larger of compute and memory time of an op of these sizes moving ``nbytes``."""
+    """The larger of compute and memory time of an op of these sizes moving ``nbytes``. An FP8
+    GEMM's FLOPs run ``speed`` times faster (``precision.gemm_speedup``; ``floor_speedup`` for
+    ``op_floor``); its knee (idle time, not FLOPs) does not."""
     kind = kind_of(op.kind)
-    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype, fp8)
+    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype)
+    speed = 1.0
+    if fp8 is not None and fp8_gemm(op):
+        speed = floor_speedup(op, sizes, device) if fp8 == "floor" else gemm_speedup(op, sizes, device)
     hbm = device.hbm_bandwidth * eff.hbm
     if kind.memory_bound:
         eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
@@ -86,8 +91,8 @@ def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, 
             fwd_bytes, bwd_bytes = nbytes, kind.bwd_fixed * 2 * nbytes
         return OpTime(fwd_bytes / hbm, bwd_bytes / hbm if kind.bwd_fixed else 0.0, flops)
     # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
-    fwd = max((flops + knee) / rate, nbytes / hbm)
-    bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
+    fwd = max((flops / speed + knee) / rate, nbytes / hbm)
+    bwd = max((bwd_flops / speed + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
         if bwd_flops else 0.0
     return OpTime(fwd, bwd, flops)
 
@@ -131,10 +136,9 @@ def attention_shape_factor(sizes, eff, window=None) -> float:
     return seq * (d / (d + ATTENTION_HEAD_DIM_KNEE)) / ref
 
 
-def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype, fp8=None) -> tuple[float, float, float, float]:
+def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype) -> tuple[float, float, float, float]:
     """Forward and backward FLOPs of the op at these (local) sizes, and the FLOP/s its forward
-    and backward kernels reach at best (peak times the calibrated fraction; an FP8 GEMM times its
-    measured speedup, ``precision.gemm_speedup``, or its bound ``floor_speedup`` for ``op_floor``)."""
+    and backward kernels reach at best (peak times the calibrated fraction)."""
     flops = kind.fwd_flops(sizes, dict(op.attrs))
     bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
     peak = device.flops(dtype)
@@ -143,8 +147,6 @@ def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype, fp8=None) 
         fwd_eff, bwd_eff = attention_fractions(eff, op.attr("kernel"))
         return flops, bwd_flops, peak * fwd_eff * shape, peak * bwd_eff * shape
     rate = peak * (eff.bmm if op.kind == "bmm" else eff.gemm) * grouped_tile_factor(op, sizes)
-    if fp8 is not None and fp8_gemm(op):
-        rate *= floor_speedup(op, sizes, device) if fp8 == "floor" else gemm_speedup(op, sizes, device)
     return flops, bwd_flops, rate, rate
 
 

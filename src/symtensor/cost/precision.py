@@ -120,6 +120,18 @@ def default_recipe(device, framework: str = "megatron") -> str:
     return "tensorwise" if ENGINES[ALIASES.get(framework, framework)].pytorch_kernels else DEFAULT_RECIPE
 
 
+def gemm_refusal(op, sizes) -> str | None:
+    """Why ``op``'s local GEMM (``gemm_shape``) cannot run in FP8, or None: Transformer Engine's
+    ``assert_dim_for_fp8_exec`` (and ``torch._scaled_mm``) take rows in multiples of 8 and widths in
+    multiples of 16."""
+    m, n, k = gemm_shape(op, sizes)
+    if "e" in op.in_dims[0] and "e" in op.in_dims[1]:
+        m = 8  # grouped GEMMs pad each expert's tokens (Megatron's --moe-router-padding-for-fp8)
+    if m % 8 or n % 16 or k % 16:
+        return f"{op.name}'s GEMM {m:g} x {n:g} x {k:g} is not a multiple of 8 x 16 x 16"
+    return None
+
+
 def shape_refusal(model, tp: int, cp: int, tokens: int) -> str | None:
     """Why Transformer Engine would refuse the FP8 GEMMs of ``model`` at tp, cp with ``tokens``
     tokens per micro-batch (micro batch x seq), or None: ``assert_dim_for_fp8_exec``, "FP8 execution

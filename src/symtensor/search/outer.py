@@ -15,7 +15,8 @@ from __future__ import annotations
 import time
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.precision import NUMERICS_NOTE
+from symtensor.cost.opcost import local_sizes
+from symtensor.cost.precision import NUMERICS_NOTE, fp8_gemm, gemm_refusal
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
@@ -270,12 +271,16 @@ def precision_variant(s: OuterSearch) -> str | None:
     Cores (``EvaluatorPool.fp8_variant``): the best point's layouts costed with FP8 GEMMs, at its
     recomputation and at each lighter one (FP8 saves the GEMM inputs in 8 bits, which may let less
     recomputation fit); the fastest that fits becomes the best point. At most three evaluations: a
-    variant of a costed point, not an axis of the search. Returns what FP8 bought (a plan note), or
-    None when it did not win."""
+    variant of a costed point, not an axis of the search; none where a GEMM's local shape is not one
+    FP8 kernels take (``precision.gemm_refusal``). Returns what FP8 bought (a plan note), or None
+    when it did not win."""
     recipe, base = s.pool.fp8_variant, s.best
     if recipe is None or base is None:
         return None
     ev = s.evaluator(base.train.graph_batch, base.train.pp)
+    if any(fp8_gemm(op) and gemm_refusal(op, local_sizes(op, base.layouts.get(op.name, REPLICATED), ev.mesh))
+           for op in ev.graph.ops):
+        return None  # a GEMM FP8 kernels do not take (Transformer Engine would refuse it at launch)
     modes = s.pool.recomputations()
     for rc in modes[:modes.index(base.train.recompute) + 1]:
         train = base.train.replace(precision="fp8", fp8_recipe=recipe, recompute=rc)
