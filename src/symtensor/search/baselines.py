@@ -101,7 +101,7 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
     out: dict[str, Plan | None] = {}
     for name in names:
         if name == "drec":
-            out[name] = drec_plan(cfg, cluster, global_batch, seq)
+            out[name] = drec_plan(cfg, cluster, global_batch, seq, pool.precision, pool.fp8_recipe)
             continue
         if name == "megatron_recipe":
             costed = megatron_recipe(pool, global_batch, params_active(cfg, build_graph(cfg, micro_batch=1,
