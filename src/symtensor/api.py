@@ -66,10 +66,13 @@ def _best_micro_batch(cfg, cluster, config: Parallelism) -> Plan:
 
 def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
              cp=1, ep=1, etp=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
-             vpp=1, overrides=None, framework: str = "megatron") -> Plan:
+             vpp=1, overrides=None, framework: str = "megatron", precision: str = "bf16",
+             fp8_recipe: str | None = None) -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
-    the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``)."""
+    the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
+    ``precision``: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``) under
+    ``fp8_recipe`` (default: the device's, ``precision.default_recipe``)."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     seq = seq or default_seq(cfg)
@@ -81,13 +84,24 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     sp = tp > 1 if sp is None else sp
     config = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
-                         seq=seq, vpp=vpp, framework=framework)
-    why = config.refusal(cfg, cl.n_devices)  # the one configuration rule, before any costing
+                         seq=seq, vpp=vpp, framework=framework, precision=precision,
+                         fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework))
+    why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)
     if micro_batch == "auto":
         return _best_micro_batch(cfg, cl, config)
     return megatron_plan(cfg, cl, **config.as_dict())
+
+
+def fp8_recipe_for(precision: str | None, recipe: str | None, device, framework: str = "megatron") -> str | None:
+    """The FP8 recipe a run names or, under ``--precision fp8`` without one, the device's and the
+    engine's default (``cost.precision.default_recipe``); None in BF16."""
+    from symtensor.cost.precision import default_recipe, has_fp8
+
+    if precision == "fp8" and recipe is None and has_fp8(device):
+        return default_recipe(device, framework)
+    return recipe
 
 
 def captured_graphs(model, seq: int, overrides=None):
@@ -123,24 +137,29 @@ def torch_model(spec: str):
 
 def plan(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
          global_batch=None, seq=None, space: str = "symtensor", overrides=None, capture: bool = False,
-         torch: str | None = None, framework: str = "megatron") -> Plan:
+         torch: str | None = None, framework: str = "megatron", precision: str | None = None,
+         fp8_recipe: str | None = None) -> Plan:
     """Search the best plan under ``framework``'s engine semantics (``plan.document.plan_json`` is
     the JSON of ``symtensor plan``); never worse than the Megatron grid's best
     (``plan_with_baselines``). With ``capture`` the graph is the model's own PyTorch forward,
-    captured by torch.export, instead of the builders'; ``torch``: a module factory to capture."""
+    captured by torch.export, instead of the builders'; ``torch``: a module factory to capture.
+    ``precision``: ``bf16`` or ``fp8`` (under ``fp8_recipe``); None: the search chooses (FP8 where
+    the device has it and it wins, ``search.planner`` step 6)."""
     return plan_with_baselines(model, cluster, devices, nodes, micro_batch, global_batch, seq, space, overrides,
-                               capture, torch, framework, names=())[0]
+                               capture, torch, framework, names=(), precision=precision, fp8_recipe=fp8_recipe)[0]
 
 
 def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: int | None = None,
                         micro_batch="auto", global_batch=None, seq=None, space: str = "symtensor", overrides=None,
                         capture: bool = False, torch: str | None = None, framework: str = "megatron",
-                        names=None) -> tuple[Plan, dict[str, Plan | None]]:
+                        names=None, precision: str | None = None,
+                        fp8_recipe: str | None = None) -> tuple[Plan, dict[str, Plan | None]]:
     """``plan`` and the baselines ``names`` (default all of ``search.BASELINES``) beside it. A
     builders' plan of the whole space keeps the promises of ``search.guarantee``: never worse
     than the Megatron grid's best (costed either way, once) and monotone in devices. A captured
     graph's costs are its own (the grid's are the builders'), and a fixed micro batch holds the
-    search to it: their plans are the search's."""
+    search to it: their plans are the search's. A stated ``precision`` holds the baselines too;
+    without one they keep BF16 (the recipes')."""
     from symtensor.search import BASELINES, search
     from symtensor.search.guarantee import GRID, guaranteed_plan
 
@@ -155,29 +174,33 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
     names = BASELINES if names is None else tuple(names)
 
+    held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
+
     def run(on):
         return search(cfg, on, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory,
-                      framework=framework)
+                      framework=framework, precision=precision, fp8_recipe=fp8_recipe)
 
     if space == "symtensor" and factory is None and mb is None:
-        return guaranteed_plan(cfg, cl, global_batch, seq, framework, run, names)
+        return guaranteed_plan(cfg, cl, global_batch, seq, framework, run, names, precision=held)
     p = run(cl)
     if not names:
         return p, {}
-    if space == "megatron" and factory is None and mb is None and GRID in names:
+    if space == "megatron" and factory is None and mb is None and GRID in names and (precision or p.train.fp8 is None):
         # the plan is the grid's best (the same grid of the same cost model): costed once
-        rest = baselines(p, [n for n in names if n != GRID]) if len(names) > 1 else {}
+        rest = baselines(p, [n for n in names if n != GRID], **held) if len(names) > 1 else {}
         grid = replace(p, notes=()).with_account(None)
         return p, {n: grid if n == GRID else rest[n] for n in names}
-    return p, baselines(p, names)
+    return p, baselines(p, names, **held)
 
 
-def baselines(p: Plan, names=None) -> dict[str, Plan | None]:
+def baselines(p: Plan, names=None, precision: str | None = None, fp8_recipe: str | None = None) -> dict:
     """The Megatron recipe, the Megatron grid best, FSDP and D-Rec (or those ``names``) for ``p``'s
-    model, cluster, batch, sequence and engine (None where one has no valid configuration)."""
+    model, cluster, batch, sequence and engine (None where one has no valid configuration), in
+    ``precision`` (default BF16, the recipes')."""
     from symtensor.search import BASELINES, baseline_plans
 
-    return baseline_plans(p.model, p.cluster, p.train.global_batch, p.seq, p.engine, names or BASELINES)
+    return baseline_plans(p.model, p.cluster, p.train.global_batch, p.seq, p.engine, names or BASELINES,
+                          precision=precision, fp8_recipe=fp8_recipe)
 
 
 def explain(plan_file: str, op: str | None = None, formulas: bool = False) -> dict:
@@ -189,19 +212,21 @@ def explain(plan_file: str, op: str | None = None, formulas: bool = False) -> di
     return explain_plan(load_plan(plan_file), op=op, formulas=formulas)
 
 
-def compare(a: str, b: str) -> dict:
-    """Two plans (files, or a file and a baseline name): where they differ and what it costs; the
-    JSON of ``symtensor compare`` (see ``symtensor.analysis.compare``)."""
+def compare(a: str, b: str, precision: str | None = None, fp8_recipe: str | None = None) -> dict:
+    """Two plans (files, or a file and a baseline name, costed in ``precision``: default BF16):
+    where they differ and what it costs; the JSON of ``symtensor compare`` (see
+    ``symtensor.analysis.compare``)."""
     from symtensor.analysis.compare import compare_specs
 
-    return compare_specs(a, b)
+    return compare_specs(a, b, precision, fp8_recipe)
 
 
 def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=None, micro_batch="auto",
-          space: str = "symtensor", overrides=None, on_point=None) -> dict:
+          space: str = "symtensor", overrides=None, on_point=None, precision: str | None = None,
+          fp8_recipe: str | None = None) -> dict:
     """Plans across a range of one of ``seq``, ``devices``, ``nodes`` or ``global_batch`` (each an int, a
     list, or a range string ``A..B``, ``A..B:F``, ``A,B,C``); the JSON of ``symtensor sweep``.
-    Without ``global_batch`` every point keeps about 4M tokens per step."""
+    Without ``global_batch`` every point keeps about 4M tokens per step. ``precision`` as ``plan``'s."""
     from symtensor.analysis.sweep import run_sweep
     from symtensor.validate import parse_range
 
@@ -225,7 +250,8 @@ def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=
         grid.append({"value": v, "devices": point["devices"], "nodes": point["nodes"], "seq": s,
                      "global_batch": point["global_batch"] or default_global_batch(s)})
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    return run_sweep(cfg, cluster, param, grid, micro_batch=mb, space=space, on_point=on_point)
+    held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
+    return run_sweep(cfg, cluster, param, grid, micro_batch=mb, space=space, on_point=on_point, precision=held)
 
 
 SWEEP_PARAMS = ("seq", "devices", "nodes", "global_batch")

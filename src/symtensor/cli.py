@@ -52,6 +52,17 @@ def _framework_arg(p: argparse.ArgumentParser) -> None:
                    help="the engine whose semantics the costs follow (overlap, gathers, buckets); default megatron")
 
 
+def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
+    """--precision and --fp8-recipe (cost.precision)."""
+    p.add_argument("--precision", default=None if auto else "bf16", choices=("bf16", "fp8"),
+                   help="the layers' linear GEMMs in BF16 or FP8 (attention, norms, embedding and LM head stay BF16); "
+                        + ("default: the search chooses FP8 where the device has it and it wins" if auto
+                           else "default bf16"))
+    p.add_argument("--fp8-recipe", default=None, choices=("delayed", "tensorwise", "blockwise", "mxfp8"),
+                   help="FP8 scaling recipe as Megatron-LM's --fp8-recipe names it; default: mxfp8 on Blackwell, "
+                        "delayed elsewhere")
+
+
 def _search_args(p: argparse.ArgumentParser) -> None:
     """The options of a plan search, shared by plan, sweep and report."""
     p.add_argument("--micro-batch", type=_micro, default="auto")
@@ -103,6 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
     p.add_argument("--micro-batch", type=_micro, default="auto")
     _framework_arg(p)
+    _precision_args(p, auto=False)
     p = sub.add_parser("plan", help="search the best plan (default: LLaMA-3-8B on 64 H100)")
     _model_args(p, model_required=False)
     _cluster_args(p, required=False)
@@ -110,6 +122,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--no-baselines", action="store_true", help="skip the baselines (the Megatron grid is costed "
                                                                  "anyway: the plan is never worse than its best)")
     _framework_arg(p)
+    _precision_args(p)
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
     p.add_argument("--force", action="store_true", help="write --out through a symbolic link")
     p.add_argument("--capture", action="store_true",
@@ -128,6 +141,7 @@ def build_parser() -> argparse.ArgumentParser:
     for side in ("a", "b"):
         p.add_argument(side, help="a plan file, or a baseline: megatron_recipe, megatron_grid_best, fsdp, drec")
     p.add_argument("--json", action="store_true", help="print one JSON object")
+    _precision_args(p, auto=False)
     p = sub.add_parser("sweep", help="plans across a range of seq, devices or global batch; breakpoints explained")
     p.add_argument("model", nargs="?", default=DEFAULT_MODEL, help=f"default {DEFAULT_MODEL}")
     p.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="override a model field")
@@ -135,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     for flag in ("--seq", "--devices", "--nodes", "--global-batch"):
         p.add_argument(flag, help="N, or a range: A..B (doubling), A..B:F (times F), A,B,C")
     _search_args(p)
+    _precision_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (points, breakpoints)")
     p = sub.add_parser("report", help="one self-contained HTML page with the plan's plots and tables")
     _model_args(p, model_required=False)
@@ -250,7 +265,8 @@ def _dispatch(args) -> int:
                            dp=args.dp, cp=args.cp, ep=args.ep, etp=args.etp, sp=args.sp, zero=args.zero,
                            recompute=args.recompute,
                            micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
-                           overrides=args.set, framework=args.framework)
+                           overrides=args.set, framework=args.framework, precision=args.precision,
+                           fp8_recipe=args.fp8_recipe)
         return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
         return _plan(args)
@@ -291,7 +307,8 @@ def _plan(args) -> int:
         plan, base = api.plan_with_baselines(
             args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
             global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set, capture=args.capture,
-            torch=args.torch, framework=args.framework, names=() if args.no_baselines else None)
+            torch=args.torch, framework=args.framework, names=() if args.no_baselines else None,
+            precision=args.precision, fp8_recipe=args.fp8_recipe)
         base = base or None
     out = plan_json(plan, base, space=args.space, captured=bool(args.capture or args.torch))
     if args.out:
@@ -308,13 +325,15 @@ def _dispatch_analysis(args) -> int:
         out = api.explain(args.plan, op=args.op, formulas=args.formula)
         return console.explain(out, args.json, full=args.candidates or args.op is not None)
     if args.command == "compare":
-        return console.compare(api.compare(args.a, args.b), args.json)
+        precision = None if args.precision == "bf16" else args.precision
+        return console.compare(api.compare(args.a, args.b, precision, args.fp8_recipe), args.json)
     devices = DEFAULT_DEVICES if args.devices is None and args.nodes is None else args.devices
     with console.sweep_progress(sys.stderr.isatty()) as on_point:
         if args.command == "sweep":
             out = api.sweep(args.model, args.cluster, devices=devices, nodes=args.nodes, seq=args.seq,
                             global_batch=args.global_batch, micro_batch=args.micro_batch, space=args.space,
-                            overrides=args.set, on_point=on_point)
+                            overrides=args.set, on_point=on_point, precision=args.precision,
+                            fp8_recipe=args.fp8_recipe)
             return console.sweep(out, args.json)
         out = api.report(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,

@@ -33,9 +33,10 @@ CONFIG_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "
                "heterogeneous")
 
 
-def resolve(spec: str, other=None):
-    """A plan file path, or a baseline name rebuilt on ``other``'s model and cluster; returns
-    (label, plan, source)."""
+def resolve(spec: str, other=None, precision: dict | None = None):
+    """A plan file path, or a baseline name rebuilt on ``other``'s model and cluster (in
+    ``precision``: ``baseline_plans``' precision and fp8_recipe; default BF16); returns (label, plan,
+    source)."""
     from symtensor.plan import load_plan
 
     if spec in BASELINES:
@@ -43,7 +44,7 @@ def resolve(spec: str, other=None):
             raise PlanError(f"{spec} is a baseline: compare it with a plan file, e.g. "
                             f"symtensor compare plan.json {spec}")
         plan = baseline_plans(other.model, other.cluster, other.train.global_batch, other.seq, other.engine,
-                              (spec,))[spec]
+                              (spec,), **(precision or {}))[spec]
         if plan is None:
             raise PlanError(f"baseline {spec} has no valid configuration for {other.model.name} on "
                             f"{other.cluster.n_devices} devices")
@@ -53,16 +54,18 @@ def resolve(spec: str, other=None):
     return spec, load_plan(spec), "plan file"
 
 
-def compare_specs(a: str, b: str) -> dict:
-    """``symtensor compare A B``: each a plan file or a baseline name (not both baselines)."""
+def compare_specs(a: str, b: str, precision: str | None = None, fp8_recipe: str | None = None) -> dict:
+    """``symtensor compare A B``: each a plan file or a baseline name (not both baselines); a
+    baseline is costed in ``precision`` (default BF16, the recipes')."""
+    held = {"precision": precision, "fp8_recipe": fp8_recipe}
     if a in BASELINES and b in BASELINES:
         raise PlanError(f"both {a} and {b} are baselines; give a plan file for at least one side")
     if a in BASELINES:
         label_b, plan_b, src_b = resolve(b)
-        label_a, plan_a, src_a = resolve(a, plan_b)
+        label_a, plan_a, src_a = resolve(a, plan_b, held)
     else:
         label_a, plan_a, src_a = resolve(a)
-        label_b, plan_b, src_b = resolve(b, plan_a)
+        label_b, plan_b, src_b = resolve(b, plan_a, held)
     return compare_plans(plan_a, plan_b, (label_a, src_a), (label_b, src_b))
 
 

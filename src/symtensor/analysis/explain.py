@@ -63,9 +63,10 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
     groups = _groups(plan, problem)
     if op is not None:
         groups = _select(groups, op, plan)
+    bought = {"precision": fp8_bought(plan)} if plan.train.fp8 is not None else {}
     return {
         "model": plan.model.name, "cluster": plan.cluster.name, "devices": plan.cluster.n_devices,
-        "config": plan.config, "step_time_s": plan.report.step_time_s,
+        "config": plan.config, "step_time_s": plan.report.step_time_s, **bought,
         "mesh": [{"name": a.name, "size": a.size, "level": plan.cluster.levels[a.level].name} for a in plan.mesh],
         "units": "seconds per training step over the layers an op stands for; bytes per device",
         "layer_types": [explain_op(problem, plan, layouts, rep, ops, spans, formulas) for rep, ops, spans in groups],
@@ -92,6 +93,26 @@ def memory_terms(report) -> dict:
                      "allocated": term not in ("fragmentation", "cuda_context", "nccl")})
     return {"terms": rows, "allocated_gib": report.memory_peak / GIB, "reserved_gib": report.memory_reserved / GIB,
             "usable_gib": MEMORY_HEADROOM * report.capacity / GIB, "fits": report.fits}
+
+
+def fp8_bought(plan) -> dict:
+    """What FP8 bought an FP8 plan: the same layouts and configuration re-costed in BF16, against
+    the plan (step, compute, memory), and the numerics note (``cost.precision``)."""
+    from symtensor.cost.precision import NUMERICS_NOTE
+
+    bf16 = plan.evaluator().evaluate(plan.op_layouts(), plan.train.replace(precision="bf16", fp8_recipe=None))
+    rep = plan.report
+    return {"precision": "fp8", "fp8_recipe": plan.train.fp8_recipe, "step_time_s": rep.step_time_s,
+            "bf16_step_time_s": bf16.step_time_s, "speedup": bf16.step_time_s / rep.step_time_s,
+            "compute_s": rep.breakdown["compute"], "bf16_compute_s": bf16.breakdown["compute"],
+            "memory_gib": rep.memory_peak / GIB, "bf16_memory_gib": bf16.memory_peak / GIB, "bf16_fits": bf16.fits,
+            "fp8_weights_gib": rep.memory.get("fp8_weights", 0.0) / GIB,
+            "summary": f"FP8 GEMMs ({plan.train.fp8_recipe} scaling) run this plan in {rep.step_time_s:.4g} s "
+                       f"against {bf16.step_time_s:.4g} s in BF16 ({bf16.step_time_s / rep.step_time_s:.2f}x): "
+                       f"compute {bf16.breakdown['compute']:.4g} -> {rep.breakdown['compute']:.4g} s; memory "
+                       f"{bf16.memory_peak / GIB:.1f} -> {rep.memory_peak / GIB:.1f} GiB per device (FP8 weight "
+                       "copies in, FP8 saved GEMM inputs out)",
+            "note": NUMERICS_NOTE}
 
 
 def _groups(plan, problem) -> list[tuple]:
@@ -131,7 +152,7 @@ def explain_op(problem, plan, layouts, op, ops=None, spans=None, formulas: bool 
            "terms": terms.as_dict(), "transfers": _transfers(terms, mesh),
            "levels": [_level(problem, plan, layouts, op, final, k) for k in range(len(mesh))]}
     if formulas:
-        out["formulas"] = op_formulas(problem.ev, op, final, terms)
+        out["formulas"] = op_formulas(problem.ev, op, final, terms, problem.train.fp8)
     return out
 
 
@@ -194,8 +215,9 @@ def _transfers(terms: OpTerms, mesh) -> list[dict]:
              "why": t.why} for t in terms.transfers]
 
 
-def op_formulas(ev, op, layout: OpLayout, terms: OpTerms) -> dict:
-    """Sympy formulas of the op's compute, saved activations and each distinct collective it pays."""
+def op_formulas(ev, op, layout: OpLayout, terms: OpTerms, fp8: str | None = None) -> dict:
+    """Sympy formulas of the op's compute, saved activations and each distinct collective it pays
+    (``fp8``: the plan's FP8 recipe, ``TrainConfig.fp8``)."""
     colls, seen = [], set()
     for t in terms.transfers:
         key = (t.kind, t.nbytes, t.axes)
@@ -204,5 +226,5 @@ def op_formulas(ev, op, layout: OpLayout, terms: OpTerms) -> dict:
         seen.add(key)
         colls.append({"why": t.why, "axes": [ev.mesh[a].name for a in t.axes],
                       **collective_formula(ev, t.kind, t.nbytes, t.axes)})
-    return {"compute": compute_formula(ev, op, layout), "memory": memory_formula(ev, op, layout),
+    return {"compute": compute_formula(ev, op, layout, fp8), "memory": memory_formula(ev, op, layout, fp8),
             "collectives": colls}

@@ -12,6 +12,7 @@ them with sympy symbols instead of numbers returns the expression the model eval
     m                         a collective's message bytes (collectives.py conventions)
     alpha_<level>, B_<level>  latency (s) and bandwidth (bytes/s per device) of a link level
     eta_link                  achievable fraction of link bandwidth for the collective kind
+    S_fp8, C_fwd, C_bwd       under FP8, a GEMM's speedup over BF16 and its casts' bytes (cost/precision.py)
 
 Each formula comes with its value with the plan's numbers substituted, which equals what the cost
 model computes (tests hold them together).
@@ -25,7 +26,9 @@ import sympy as sp
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import attention_fractions
+from symtensor.cost.engine import ENGINES
 from symtensor.cost.opcost import attention_shape_factor, grouped_tile_factor, local_sizes
+from symtensor.cost.precision import RECIPES, SAVED_FRACTION, cast_bytes, fp8_gemm, gemm_speedup
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
 
@@ -44,15 +47,16 @@ class _Roofline:
     """max(flops time, bytes time) kept as its two branches: sympy's Max over symbols that are
     merely positive spends seconds trying to order them."""
 
-    def __init__(self, *branches):
-        self.branches = branches
+    def __init__(self, *branches, plus=0):
+        self.branches, self.plus = branches, plus  # ``plus``: a term added after the max (FP8 casts)
 
     def text(self) -> str:
         parts = [str(b) for b in self.branches]
-        return parts[0] if len(parts) == 1 else f"Max({', '.join(parts)})"
+        text = parts[0] if len(parts) == 1 else f"Max({', '.join(parts)})"
+        return text if not self.plus else f"{text} + {self.plus}"
 
     def value(self, values: dict) -> float:
-        return max(_value(b, values) for b in self.branches)
+        return max(_value(b, values) for b in self.branches) + (_value(self.plus, values) if self.plus else 0.0)
 
 
 def _local_sizes(op, layout: OpLayout, mesh, values: dict) -> dict:
@@ -70,8 +74,9 @@ def _local_sizes(op, layout: OpLayout, mesh, values: dict) -> dict:
     return sizes
 
 
-def compute_formula(ev, op, layout: OpLayout) -> dict:
-    """Forward FLOPs and forward / backward seconds of the op's local piece (opcost.op_time's roofline)."""
+def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
+    """Forward FLOPs and forward / backward seconds of the op's local piece (opcost.op_time's roofline);
+    ``fp8``: the plan's FP8 recipe (``TrainConfig.fp8``), None in BF16."""
     kind = kind_of(op.kind)
     values: dict = {}
     sizes = _local_sizes(op, layout, ev.mesh, values)
@@ -88,6 +93,11 @@ def compute_formula(ev, op, layout: OpLayout) -> dict:
     # a grouped expert GEMM's efficiency includes its tile fill (opcost.grouped_tile_factor)
     values[eta] *= grouped_tile_factor(op, local_sizes(op, layout, ev.mesh))
     hbm_time = nbytes / (_sym("H") * _sym("eta_hbm"))
+    casts = fp8 is not None and fp8_gemm(op)
+    if casts:  # an FP8 GEMM: its measured speedup, and its casts as memory-bound time (cost.precision)
+        local = local_sizes(op, layout, ev.mesh)
+        values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device)
+        values["C_fwd"], values["C_bwd"] = cast_bytes(op, local, RECIPES[fp8], ENGINES[ev.framework].pytorch_kernels)
     if kind.memory_bound:
         fwd = _Roofline(hbm_time)
         bwd = _Roofline(kind.bwd_fixed * 2 * hbm_time if kind.bwd_fixed else sp.Integer(0))
@@ -101,8 +111,12 @@ def compute_formula(ev, op, layout: OpLayout) -> dict:
             fwd_eta, bwd_eta = attention_fractions(ev.eff, op.attr("kernel"))
             values.update(eta_attention=fwd_eta * shape, eta_attention_bwd=bwd_eta * shape)
             peak_bwd = _sym("P") * _sym("eta_attention_bwd")
-        fwd = _Roofline((flops + _sym("K")) / peak, hbm_time)
-        bwd = _Roofline((bwd_flops + _sym("K") * ratio) / peak_bwd, 2 * hbm_time) if ratio else _Roofline(sp.Integer(0))
+        run, run_bwd = (flops / _sym("S_fp8"), bwd_flops / _sym("S_fp8")) if casts else (flops, bwd_flops)
+        cast_fwd = _sym("C_fwd") / (_sym("H") * _sym("eta_hbm")) if casts else 0
+        cast_bwd = _sym("C_bwd") / (_sym("H") * _sym("eta_hbm")) if casts else 0
+        fwd = _Roofline((run + _sym("K")) / peak, hbm_time, plus=cast_fwd)
+        bwd = _Roofline((run_bwd + _sym("K") * ratio) / peak_bwd, 2 * hbm_time, plus=cast_bwd) if ratio \
+            else _Roofline(sp.Integer(0))
     return {"fwd_flops": str(flops), "bwd_flops": str(bwd_flops), "bytes": str(nbytes),
             "fwd_time_s": fwd.text(), "bwd_time_s": bwd.text(),
             "value_fwd_s": fwd.value(values), "value_bwd_s": bwd.value(values),
@@ -124,8 +138,9 @@ def collective_formula(ev, kind: str, nbytes: float, axes) -> dict:
             "symbols": values}
 
 
-def memory_formula(ev, op, layout: OpLayout) -> dict:
-    """Bytes of the op's saved activations per micro-batch on one device (before recomputation)."""
+def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
+    """Bytes of the op's saved activations per micro-batch on one device (before recomputation);
+    under ``fp8`` an FP8 GEMM keeps its inputs' FP8 copies (``precision.SAVED_FRACTION`` of the bytes)."""
     from symtensor.graph import op_saves
 
     values: dict = {}
@@ -138,6 +153,8 @@ def memory_formula(ev, op, layout: OpLayout) -> dict:
             continue
         dims = op.in_dims[idx] if io == "in" else op.out_dims[idx]
         term = sp.Integer(DTYPE_BYTES[ev.tensors[tname].dtype])
+        if fp8 is not None and io == "in" and fp8_gemm(op):
+            term = term * sp.nsimplify(SAVED_FRACTION)
         for d in dims:
             term = term * sizes[d]
         expr = expr + term

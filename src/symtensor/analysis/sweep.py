@@ -46,7 +46,7 @@ def layout_label(config: dict) -> str:
 
 
 def run_sweep(cfg, cluster: str, param: str, grid: list[dict], micro_batch=None, space: str = "symtensor",
-              on_point=None) -> dict:
+              on_point=None, precision: dict | None = None) -> dict:
     """Search a plan at every point of ``grid`` and find the breakpoints.
 
     Args:
@@ -56,10 +56,11 @@ def run_sweep(cfg, cluster: str, param: str, grid: list[dict], micro_batch=None,
         grid: per point ``{"value", "devices", "nodes", "seq", "global_batch"}`` (defaults resolved).
         micro_batch: a fixed micro batch, or None for the search's choice.
         on_point: called as ``on_point(index, total, point)`` after each point (progress).
+        precision: the search's ``precision`` and ``fp8_recipe`` (``search.search``); default: it chooses.
     """
     points = []
     for i, g in enumerate(grid):
-        points.append(_point(cfg, cluster, g, micro_batch, space))
+        points.append(_point(cfg, cluster, g, micro_batch, space, precision or {}))
         if on_point is not None:
             on_point(i + 1, len(grid), points[-1])
     good = [p for p in points if "error" not in p]
@@ -75,7 +76,7 @@ def _choices(config: dict) -> tuple:
     return tuple(config.get(k) for k in BREAK_KEYS)
 
 
-def _point(cfg, cluster: str, g: dict, micro_batch, space: str) -> dict:
+def _point(cfg, cluster: str, g: dict, micro_batch, space: str, precision: dict) -> dict:
     from symtensor.hardware import load_cluster
     from symtensor.plan import layer_types
     from symtensor.search import search
@@ -83,7 +84,7 @@ def _point(cfg, cluster: str, g: dict, micro_batch, space: str) -> dict:
     base = {"value": g["value"], "seq": g["seq"], "global_batch": g["global_batch"]}
     try:
         cl = load_cluster(cluster, devices=g.get("devices"), nodes=g.get("nodes"))
-        plan = search(cfg, cl, g["global_batch"], g["seq"], micro_batch=micro_batch, space=space)
+        plan = search(cfg, cl, g["global_batch"], g["seq"], micro_batch=micro_batch, space=space, **precision)
     except PlanError as exc:
         return {**base, "devices": g.get("devices"), "error": str(exc)}
     rep = plan.report.as_dict()

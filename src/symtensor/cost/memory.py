@@ -30,6 +30,7 @@ from __future__ import annotations
 
 from symtensor.cost.engine import GRADIENTS, WEIGHTS, engine_of
 from symtensor.cost.pipeline import Stage, inflight
+from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.train import TrainConfig
 
 MIB = 2**20
@@ -72,6 +73,8 @@ TERMS = {
               "Engine.state_bytes, Engine.sharded_from (cost/engine.py)"),
     "gathered_params": ("2 x the largest unit gathered (resharding after forward), else every unit",
                         "FSDP2 prefetch / DeepSpeed ZeRO 3 (cost/engine.py)"),
+    "fp8_weights": ("FP8 copies of the resident and gathered weights (and their transposes) under an FP8 recipe",
+                    "Transformer Engine's cached FP8 weights (cost/precision.py weight_copy_bytes)"),
     "activations": ("saved activations x micro-batches in flight (1F1B)", "Korthikanti et al. 2022; "
                     "megatron/core/pipeline_parallel/schedules.py"),
     "engine_buffers": ("DeepSpeed: 2 (ZeRO 1/2) or 1 x min(reduce bucket, gradients); DDP: a copy of the "
@@ -103,6 +106,15 @@ def gathered_transient(st: Stage, train: TrainConfig) -> float:
     if eng.reshards(z):
         return 2 * st.unsharded
     return sum(p.unsharded * times for p, times in st.params)
+
+
+def fp8_copies(weight_bytes: float, train: TrainConfig) -> float:
+    """The FP8 copies of ``weight_bytes`` of resident (or gathered) weights an engine keeps under an
+    FP8 recipe (``precision.weight_copy_bytes``: Transformer Engine's cached FP8 weights and their
+    transposes). Charged on every weight of the stage, the embedding and LM head (which stay BF16)
+    included: an upper bound by their share."""
+    per = weight_copy_bytes(RECIPES[train.fp8], not engine_of(train).pytorch_kernels)
+    return weight_bytes / train.param_bytes * per
 
 
 def engine_buffers(st: Stage, train: TrainConfig) -> float:
@@ -165,6 +177,9 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
                "recompute_transient": redo, "gathered_params": gathered, "layer_state": st.layer_state}
         # what does not grow with the micro-batch: the state and the gathered parameters
         mem["static"] = state + gathered
+        if train.fp8 is not None:  # Transformer Engine's cached FP8 weight copies (precision.weight_copy_bytes)
+            mem["fp8_weights"] = fp8_copies(mem["params"] + gathered, train)
+            mem["static"] += mem["fp8_weights"]
         mem["engine_buffers"] = engine_buffers(st, train)
         mem["loss_transient"] = st.logits * eng.loss_grad_bytes
         mem["backward_transient"] = redo + 2 * st.largest
@@ -208,6 +223,7 @@ def peak_terms(mem: dict) -> dict:
         max(mem["loss_transient"], mem["backward_transient"])
     transient = mem["optimizer_transient"] if in_step else max(mem["loss_transient"], mem["backward_transient"])
     return {"state": mem["params"] + mem["grads"] + mem["optimizer"], "gathered_params": mem["gathered_params"],
+            "fp8_weights": mem.get("fp8_weights", 0.0),
             "activations": 0.0 if in_step else mem["activations"], "engine_buffers": mem["engine_buffers"],
             "transient": transient, "workspace": mem["workspace"], "fragmentation": mem["fragmentation"],
             "cuda_context": mem["cuda_context"], "nccl": mem["nccl"]}

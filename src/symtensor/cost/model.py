@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import exposure
+from symtensor.cost.engine import ENGINES, exposure
 from symtensor.cost.memory import memory_peak, static_peak
 from symtensor.cost.opcost import (
     collectives_time,
@@ -34,6 +34,7 @@ from symtensor.cost.opcost import (
 )
 from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
 from symtensor.cost.pipeline import Stage, bubble, merge, p2p, split_mesh
+from symtensor.cost.precision import RECIPES
 from symtensor.cost.report import CostReport
 from symtensor.cost.segment import Segment, activation_key, out_slot, recomputed
 from symtensor.cost.train import TrainConfig
@@ -88,7 +89,7 @@ class Evaluator:
         self._boundary_seconds: dict = {}  # (signature id, layouts, activation key) -> layer_seconds' part
         self._segment_params_cache: dict = {}  # per segment (Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
-        self._floor_cache: dict = {}  # recomputation -> step_floor per micro-batch, all devices
+        self._floor_cache: dict = {}  # recomputation (, FP8 recipe) -> step_floor per micro-batch, all devices
         self.segments = self._index_segments()
 
     # -- graph facts ------------------------------------------------------------------------
@@ -120,15 +121,21 @@ class Evaluator:
         return self._op_sig[op.name]
 
     # -- memoised pieces ----------------------------------------------------------------------
-    def op_time(self, op, layout: OpLayout):
-        """``opcost.op_time``, memoised per equal ops (signature and gradient operands) and layout."""
+    def op_time(self, op, layout: OpLayout, fp8: str | None = None):
+        """``opcost.op_time``, memoised per equal ops (signature and gradient operands) and layout;
+        ``fp8``: the FP8 recipe the linear GEMMs run under (``TrainConfig.fp8``), None in BF16."""
         sig = self._op_sig[op.name]
-        key = (sig, layout.uid)
+        key = (sig, layout.uid) if fp8 is None else (sig, layout.uid, fp8)
         hit = self._op_cache.get(key)
         if hit is None:
             hit = self._op_cache[key] = op_time(op, layout, self.mesh, self.cluster.device, self.eff, self.tensors,
-                                                self.grad_operands[op.name], self.dtype)
+                                                self.grad_operands[op.name], self.dtype, self._fp8(fp8))
         return hit
+
+    def _fp8(self, recipe: str | None):
+        """``opcost.op_time``'s FP8 argument: the recipe, and whether weights are cast every
+        micro-batch (engines on PyTorch's own kernels, torchao; Transformer Engine caches them)."""
+        return None if recipe is None else (RECIPES[recipe], ENGINES[self.framework].pytorch_kernels)
 
     def edge(self, src, dst, tname):
         t = self.tensors[tname]
@@ -238,16 +245,17 @@ class Evaluator:
         devices, with no knee, communication or bubble. (A stage's time per micro-batch is at
         least its ops' share over its devices, the critical stage's at least the mean, and a step
         at least micro-batches times the critical stage.)"""
-        per_mb = self._floor_cache.get(train.recompute)
+        key = train.recompute if train.fp8 is None else (train.recompute, train.fp8)
+        per_mb = self._floor_cache.get(key)
         if per_mb is None:
             layers = self.graph.meta["layers"]
             per_mb = 0.0
             for op in self.graph.ops:
                 fwd, bwd = op_floor(op, self.cluster.device, self.eff, self.tensors, self.grad_operands[op.name],
-                                    self.dtype)
+                                    self.dtype, self._fp8(train.fp8))
                 redo = recomputed(op, train.recompute, layers)
                 per_mb += (fwd * (2 if redo else 1) + bwd) * layer_repeat(self.graph, op.layer)
-            self._floor_cache[train.recompute] = per_mb
+            self._floor_cache[key] = per_mb
         return train.micro_steps * per_mb / self.cluster.n_devices
 
     def layer_seconds(self, layouts: dict[str, OpLayout], train: TrainConfig) -> dict[int, float]:
@@ -431,8 +439,11 @@ class _Accumulator:
             comm_bytes["send_recv"] = 2 * m * p2p_bytes
         model_flops = ev.model_flops_per_microstep * m
         cap = ev.cluster.device.memory
+        # MFU is over the peak of the GEMMs' precision: FP8's under FP8, as NVIDIA's FP8 benchmarks report it
+        # (dgxc-benchmarking llama3.1/README.md: "peak theoretical throughput for H100 FP8 is 1979 TFLOPS")
         return CostReport(
             step_time_s=step, breakdown=breakdown, memory=memory, memory_peak=allocated, capacity=cap,
             fits=reserved <= cap * MEMORY_HEADROOM, model_flops=model_flops, memory_reserved=reserved,
             tokens=train.global_batch * ev.graph.meta["seq"], n_devices=ev.cluster.n_devices,
-            peak_flops=ev.cluster.device.flops(ev.dtype), comm_bytes=comm_bytes, stage_times_s=per_mb)
+            peak_flops=ev.cluster.device.flops(ev.dtype if train.fp8 is None else "fp8"), comm_bytes=comm_bytes,
+            stage_times_s=per_mb)

@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import attention_fractions
+from symtensor.cost.precision import cast_bytes, floor_speedup, fp8_gemm, gemm_speedup
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
 
@@ -39,15 +40,23 @@ def _tensor_local_bytes(dims, sizes, dtype):
     return n
 
 
-def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int, dtype="bf16") -> OpTime:
-    """Roofline time of the op's local piece, forward and backward."""
+def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int, dtype="bf16",
+            fp8=None) -> OpTime:
+    """Roofline time of the op's local piece, forward and backward. ``fp8``: (recipe, weights cast
+    every micro-batch) when the linear GEMMs run in FP8 (``cost.precision``): an FP8 GEMM runs at its
+    measured speedup and pays its casts as memory-bound time."""
     sizes = local_sizes(op, layout, mesh)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
-    return _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, eff.gemm_knee)
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, eff.gemm_knee, fp8)
+    if fp8 is None or not fp8_gemm(op):
+        return t
+    fwd_bytes, bwd_bytes = cast_bytes(op, sizes, *fp8)
+    hbm = device.hbm_bandwidth * eff.hbm
+    return OpTime(t.fwd_s + fwd_bytes / hbm, t.bwd_s + (bwd_bytes / hbm if t.bwd_s else 0.0), t.fwd_flops)
 
 
-def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16") -> tuple[float, float]:
+def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=None) -> tuple[float, float]:
     """Seconds of the whole op on one device, forward and backward, with no knee and only its
     activations' bytes: ``op_time`` of any layout, summed over the devices that share the op, is
     at least this. A device's piece runs at most at the whole op's rates (a smaller piece only
@@ -55,18 +64,24 @@ def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16") -> tupl
     activation bytes add up to at least the whole op's (FLOPs are linear in every dim; every
     activation element is read or written by some device), so the roofline's larger term is at
     least each term's share. (Weights are left out: what they add depends on the micro-batch
-    count, and this bound must not; FLOPs and activations scale with the batch.)"""
+    count, and this bound must not; FLOPs and activations scale with the batch.) In FP8 a GEMM is
+    charged at its largest speedup over any piece (``precision.floor_speedup``) and no casts."""
     sizes = op.dim_sizes
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims) if not tensors[t].param)
-    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee=0.0)
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, 0.0, "floor" if fp8 else None)
     return t.fwd_s, t.bwd_s
 
 
-def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float) -> OpTime:
-    """The larger of compute and memory time of an op of these sizes moving ``nbytes``."""
+def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float, fp8=None) -> OpTime:
+    """The larger of compute and memory time of an op of these sizes moving ``nbytes``. An FP8
+    GEMM's FLOPs run ``speed`` times faster (``precision.gemm_speedup``; ``floor_speedup`` for
+    ``op_floor``); its knee (idle time, not FLOPs) does not."""
     kind = kind_of(op.kind)
     flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype)
+    speed = 1.0
+    if fp8 is not None and fp8_gemm(op):
+        speed = floor_speedup(op, sizes, device) if fp8 == "floor" else gemm_speedup(op, sizes, device)
     hbm = device.hbm_bandwidth * eff.hbm
     if kind.memory_bound:
         eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
@@ -76,8 +91,8 @@ def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, 
             fwd_bytes, bwd_bytes = nbytes, kind.bwd_fixed * 2 * nbytes
         return OpTime(fwd_bytes / hbm, bwd_bytes / hbm if kind.bwd_fixed else 0.0, flops)
     # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
-    fwd = max((flops + knee) / rate, nbytes / hbm)
-    bwd = max((bwd_flops + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
+    fwd = max((flops / speed + knee) / rate, nbytes / hbm)
+    bwd = max((bwd_flops / speed + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
         if bwd_flops else 0.0
     return OpTime(fwd, bwd, flops)
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 from symtensor.cost.engine import engine_of, tp_overlapped
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
+from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
 from symtensor.cost.train import TrainConfig
 from symtensor.layout import REPLICATED, OpLayout
 
@@ -18,10 +19,10 @@ TP_OVERLAP_SPLITS = 4
 
 
 def activation_key(train: TrainConfig) -> tuple:
-    """What a segment's cost depends on besides layouts: recomputation and the engine's
-    semantics (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
+    """What a segment's cost depends on besides layouts: recomputation, the engine's semantics
+    and the FP8 recipe (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
     schedule only enter the step)."""
-    return train.recompute, train.framework, tp_overlapped(train)
+    return train.recompute, train.framework, tp_overlapped(train), train.fp8
 
 
 def recomputed(op, recompute: str, layers: int) -> bool:
@@ -75,7 +76,7 @@ class Segment:
         wiring = self.ev.wiring(self.ops, self.ext_producer)
         for op, inputs, saves in wiring:
             layout = self.layout(op)
-            t = self.ev.op_time(op, layout)
+            t = self.ev.op_time(op, layout, self.train.fp8)
             self.compute += t.fwd_s + t.bwd_s
             self.fwd += t.fwd_s
             redo = recomputed(op, recompute, layers)
@@ -151,6 +152,7 @@ class Segment:
         selective = self.train.recompute == "selective" and bool(op.attr("core")) and self.in_layer
         regather = engine_of(self.train).keeps_sp_shard
         mesh = ev.mesh
+        fp8 = self.train.fp8 is not None and fp8_gemm(op)
         for io, idx, tname, tbytes, prod, pslot in saves:
             view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
             nbytes = tbytes / view.factor(mesh)
@@ -168,6 +170,8 @@ class Segment:
                                   collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
                 if regather and pbytes < nbytes:
                     nbytes = pbytes
+            if fp8 and io == "in":  # an FP8 GEMM keeps its own FP8 copy of the input (cost.precision)
+                tname, nbytes = f"{tname}#fp8", nbytes * SAVED_FRACTION
             prev = self.saved.get(tname)
             if prev is None or nbytes < prev:
                 self.saved[tname] = nbytes

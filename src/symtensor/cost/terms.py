@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from symtensor.cost.engine import Exposure, Unit, exposure
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
 from symtensor.cost.params import data_axes, weight_axes
+from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
 from symtensor.cost.segment import recomputed
 from symtensor.cost.train import TrainConfig
 from symtensor.graph import op_saves
@@ -49,7 +50,7 @@ def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
     slots = [slot for slot, tname in enumerate(op.inputs) if ev.tensors[tname].param]
     if not slots:
         return ParamTerms(0.0, 0.0, 0.0, ())
-    t = ev.op_time(op, layout)
+    t = ev.op_time(op, layout, train.fp8)
     bwd = t.bwd_s + (t.fwd_s if recomputed(op, train.recompute, ev.graph.meta["layers"]) else 0.0)
     data = data_axes(layout, weight_axes((op,), {op.name: layout}))
     for slot in slots:
@@ -95,7 +96,7 @@ class OpCost:
 def op_cost(ev, op, layout: OpLayout, train) -> OpCost:
     """The op's terms under ``train`` (its recomputation, engine and ZeRO stage)."""
     redo = recomputed(op, train.recompute, ev.graph.meta["layers"])
-    t = ev.op_time(op, layout)
+    t = ev.op_time(op, layout, train.fp8)
     compute = t.fwd_s + t.bwd_s + (t.fwd_s if redo else 0.0)
     intra = intra_collectives(op, layout, ev.mesh)
     calls = 2 if redo else 1
@@ -115,7 +116,8 @@ def saved_bytes(ev, op, layout: OpLayout, train) -> float:
         if ev.tensors[tname].param:
             continue
         view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
-        saved += ev.tensors[tname].nbytes / view.factor(ev.mesh)
+        fp8 = train.fp8 is not None and io == "in" and fp8_gemm(op)  # its FP8 copy (cost.precision)
+        saved += ev.tensors[tname].nbytes / view.factor(ev.mesh) * (SAVED_FRACTION if fp8 else 1.0)
     return saved + extra_saved_bytes(op, layout, ev.mesh)
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from symtensor.cost import precision as _precision
 from symtensor.cost.engine import ALIASES, ENGINES
 from symtensor.errors import PlanError
 
@@ -47,6 +48,10 @@ class TrainConfig:
             it after backward: False).
         tp_overlap: Transformer Engine's tensor-parallel communication overlap (userbuffers,
             with sequence parallelism); ``None``: the engine's default (on for megatron).
+        precision: ``bf16``, or ``fp8``: the transformer layers' linear GEMMs in FP8
+            (``cost.precision``); ``fp8_recipe``: its scaling recipe as Megatron-LM names it
+            (``delayed``, ``tensorwise``, ``blockwise``, ``mxfp8``), None with bf16 (with fp8: the
+            caller's device default, ``precision.default_recipe``, else Megatron-LM's ``delayed``).
     """
 
     global_batch: int
@@ -62,6 +67,8 @@ class TrainConfig:
     framework: str = "megatron"
     overlap_grad_reduce: bool = True
     tp_overlap: bool | None = None
+    precision: str = "bf16"
+    fp8_recipe: str | None = None
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -82,6 +89,11 @@ class TrainConfig:
                 object.__setattr__(self, key, default)
         if self.vpp > 1 and self.pp == 1:
             raise PlanError("virtual pipeline stages (vpp > 1) need pp > 1")
+        if self.precision == "fp8" and self.fp8_recipe is None:
+            object.__setattr__(self, "fp8_recipe", _precision.DEFAULT_RECIPE)
+        why = _precision.refusal(self.precision, self.fp8_recipe, None)
+        if why is not None:
+            raise PlanError(why)
 
     @property
     def graph_batch(self) -> int:
@@ -90,6 +102,11 @@ class TrainConfig:
 
     def replace(self, **kw) -> TrainConfig:
         return replace(self, **kw)
+
+    @property
+    def fp8(self) -> str | None:
+        """The FP8 recipe the linear GEMMs run under, or None in BF16."""
+        return self.fp8_recipe if self.precision == "fp8" else None
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:
         """Layers per pipeline stage."""

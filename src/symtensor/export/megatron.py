@@ -8,6 +8,7 @@ runs beyond the configuration rule; ``refusal`` the rules it adds.
 
 from __future__ import annotations
 
+from symtensor.cost.precision import AMAX_HISTORY, RECIPES, shape_refusal
 from symtensor.errors import PlanError
 from symtensor.export.common import lowered
 from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
@@ -23,6 +24,28 @@ def refusal(p: Parallelism) -> str | None:
         return (f"Megatron-LM has no ZeRO-{p.zero}; its distributed optimizer is ZeRO-1 (plan with --space megatron, "
                 "or export to torchtitan for FSDP)")
     return None
+
+
+def fp8_refusal(p: Parallelism, model) -> str | None:
+    """Why Transformer Engine would refuse an FP8 plan's GEMM shapes at launch (``precision.shape_refusal``)."""
+    if p.precision != "fp8":
+        return None
+    why = shape_refusal(model, p.tp, p.cp, p.micro_batch * p.seq)
+    return None if why is None else f"Transformer Engine would refuse this FP8 plan at launch: {why}; plan it in BF16"
+
+
+def precision_args(p: Parallelism) -> list[str]:
+    """BF16, and under FP8 Transformer Engine's recipe (megatron/training/arguments.py ``--fp8-format``,
+    ``--fp8-recipe``): the hybrid format (E4M3 forward, E5M2 gradients) except MXFP8, which runs E4M3
+    throughout (Transformer Engine's ``MXFP8BlockScaling`` default); delayed scaling with the amax history
+    the cost model charges (``precision.AMAX_HISTORY``, NeMo's)."""
+    if p.precision != "fp8":
+        return ["--bf16"]
+    recipe = RECIPES[p.fp8_recipe]
+    args = ["--bf16", f"--fp8-format {'e4m3' if recipe.needs_mx else 'hybrid'}", f"--fp8-recipe {recipe.name}"]
+    if recipe.history:
+        args += [f"--fp8-amax-history-len {AMAX_HISTORY}", "--fp8-amax-compute-algo max"]
+    return args
 
 
 def pipeline_args(layers: int, pp: int, vpp: int, split: tuple[int, ...]) -> list[str] | None:
@@ -43,7 +66,7 @@ def megatron_args(plan) -> list[str]:
     """Megatron-LM (megatron-core) command-line arguments for the plan: its parallelism (the
     expert layers' own grid folded over the stage's ranks), then the model."""
     p = lowered(plan, CAPABILITIES)
-    why = refusal(p)
+    why = refusal(p) or fp8_refusal(p, plan.model)
     if why is not None:
         raise PlanError(why)
     cfg = plan.model
@@ -69,7 +92,7 @@ def megatron_args(plan) -> list[str]:
                  "--untie-embeddings-and-output-weights"]
         args += ["--add-qkv-bias"] if cfg.qkv_bias and not cfg.bias else []
         args += [] if cfg.bias else ["--disable-bias-linear"]
-    args += ["--use-flash-attn", "--bf16"]
+    args += ["--use-flash-attn", *precision_args(p)]
     return args
 
 

@@ -98,11 +98,32 @@ def torchtitan_config(plan) -> dict:
         "activation_checkpoint": {"mode": {"none": "none", "selective": "selective", "full": "full"}[p.recompute]},
         "_devices": plan.cluster.n_devices,
     }
+    if p.precision == "fp8":
+        out.update(float8_config(p, shard))
     if p.zero == 1:
         out["_zero_note"] = zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
     if replicate > 1 and shard == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1):
         out["_ddp_note"] = _ddp_note(plan, p)
     return out
+
+
+def float8_config(p: Parallelism, shard: int) -> dict:
+    """torchtitan's float8 converter for an FP8 plan (torchtitan/config/job_config.py ``Float8``;
+    docs/float8.md): ``[model] converters = ["float8"]``, ``[float8] recipe_name = "tensorwise"``,
+    FP8 all-gather of the FSDP-sharded weights and their scales precomputed in one all-reduce where
+    FSDP shards them, and the LM head (``output``) left in BF16 as the cost model leaves it. The
+    converter (torchao ``Float8Linear``) runs dynamic tensorwise scaling only: a plan costed under
+    another recipe runs tensorwise, and the note says so."""
+    fsdp = shard > 1
+    note = "the cost model gathers FSDP's weights in BF16; float8 all-gather sends them in 8 bits"
+    if p.fp8_recipe != "tensorwise":
+        note += (f"; this plan was costed with the {p.fp8_recipe} recipe, which torchtitan's float8 converter does "
+                 "not run: it runs tensorwise scaling (an amax pass per cast more; plan with --fp8-recipe tensorwise "
+                 "for its cost)")
+    return {"model": {"converters": ["float8"]},
+            "float8": {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": fsdp,
+                       "precompute_float8_dynamic_scale_for_fsdp": fsdp, "filter_fqns": ["output"]},
+            "_fp8_note": note}
 
 
 def _ddp_note(plan, p: Parallelism) -> str:

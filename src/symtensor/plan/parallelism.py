@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from symtensor.cost import engine as _engine
+from symtensor.cost import engine as _engine, precision as _precision
 from symtensor.cost.train import TrainConfig, chunks_fit
 from symtensor.errors import PlanError
 from symtensor.plan.summary import config_summary
@@ -70,6 +70,8 @@ class Parallelism:
         global_batch: sequences per optimizer step; seq: tokens per sequence.
         vpp: virtual pipeline stages (interleaved chunks) per device.
         framework: the engine whose semantics the costs follow (``cost.engine``).
+        precision: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``);
+            fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16.
     """
 
     tp: int = 1
@@ -86,6 +88,8 @@ class Parallelism:
     seq: int = 2048
     vpp: int = 1
     framework: str = "megatron"
+    precision: str = "bf16"
+    fp8_recipe: str | None = None
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
@@ -142,19 +146,21 @@ class Parallelism:
     def train(self) -> TrainConfig:
         """The training configuration the cost model reads."""
         return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps, pp=self.pp, vpp=self.vpp,
-                           recompute=self.recompute, zero=self.zero, framework=self.framework)
+                           recompute=self.recompute, zero=self.zero, framework=self.framework,
+                           precision=self.precision, fp8_recipe=self.fp8_recipe)
 
-    def refusal(self, model, n_devices: int) -> str | None:
-        """``refusal(self, model, n_devices)``."""
-        return refusal(self, model, n_devices)
+    def refusal(self, model, n_devices: int, device=None) -> str | None:
+        """``refusal(self, model, n_devices, device)``."""
+        return refusal(self, model, n_devices, device)
 
 
 KEYS = tuple(f.name for f in fields(Parallelism))
 DEFAULT_FRAMEWORK = Parallelism().framework  # the engine a configuration that names none runs
 
 
-def refusal(p: Parallelism, model, n_devices: int) -> str | None:
-    """The first rule that configuration ``p`` breaks on ``model`` and ``n_devices`` devices, in
+def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
+    """The first rule that configuration ``p`` breaks on ``model`` and ``n_devices`` devices (of
+    kind ``device``, when given: FP8 needs a device with FP8 Tensor Cores, MXFP8 Blackwell's), in
     one line naming the rule and the fix; None when it runs. The one configuration rule: the
     grid, ``evaluate``, the exports and the runtime apply it (engines refuse more, each in its
     lowering module). The sequence splits into 2cp chunks under context parallelism: Megatron-LM
@@ -164,6 +170,9 @@ def refusal(p: Parallelism, model, n_devices: int) -> str | None:
         v = getattr(p, key)
         if not isinstance(v, int) or v <= 0:
             return f"{key} must be a positive integer, got {v!r}"
+    why = _precision.refusal(p.precision, p.fp8_recipe, device)
+    if why is not None:
+        return why
     tp, pp, dp, cp = p.tp, p.pp, p.dp, p.cp
     if p.world != n_devices:
         return (f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {p.world} but the cluster has {n_devices} devices; make the "

@@ -18,7 +18,7 @@ import math
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq",
-                 "vpp", "framework")
+                 "vpp", "framework", "precision", "fp8_recipe")
 # how the note of a ``megatron_recipe`` baseline begins (``search.baselines.megatron_recipe``): then
 # the recipe's name and source, or ``sizing rule`` and why no recipe was used
 RECIPE_NOTE = "Megatron recipe: "
@@ -100,7 +100,8 @@ def config_summary(plan) -> dict:
     ``heterogeneous`` when the summary does not describe every op, and ``differs`` says what, in
     short phrases (``differences``): ops of one grid whose degrees differ (an LM head cut over
     nodes the layers leave alone), ops whose cuts span fewer devices than a stage has (the
-    others repeat their work), or tp*pp*dp*cp other than the device count.
+    others repeat their work), or tp*pp*dp*cp other than the device count. ``precision`` and
+    ``fp8_recipe`` are there only under FP8 (BF16, the default, reads as before).
     """
     g, mesh, train = plan.graph, plan.mesh, plan.train
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
@@ -116,7 +117,12 @@ def config_summary(plan) -> dict:
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
-            "framework": train.framework}
+            "framework": train.framework, **_precision(train)}
+
+
+def _precision(train) -> dict:
+    """The summary's precision keys: none in BF16 (the default), else the precision and its recipe."""
+    return {} if train.fp8 is None else {"precision": train.precision, "fp8_recipe": train.fp8_recipe}
 
 
 def _core(plan):
@@ -221,4 +227,4 @@ def megatron_summary(plan) -> dict:
     """The Megatron-LM configuration of a plan (``config_summary`` without what Megatron has no
     argument for): the ``config`` of a Megatron configuration's JSON."""
     c = config_summary(plan)
-    return {k: c[k] for k in MEGATRON_KEYS}
+    return {k: c[k] for k in MEGATRON_KEYS if k in c}

@@ -43,6 +43,8 @@ def _cell(lv: dict) -> str:
 
 def print_explain(console, out: dict, full: bool) -> None:
     _header(console, out)
+    if out.get("precision"):  # what FP8 bought (analysis.explain.fp8_bought)
+        console.print(f"{out['precision']['summary']}\n[dim]{out['precision']['note']}[/]")
     sizes = {a["name"]: a["size"] for a in out["mesh"]}
     t = Table(title="terms of each layer type's layout (seconds per step, GiB per device)")
     for col in ("op", "layers", "cuts", "dp", "tp", "cp", "ep", "compute", "comm", "redistr.", "memory"):

@@ -38,11 +38,13 @@ def drec_layouts(ev, train):
     return partition(DrecProblem(ev, train), order="reverse", refine=False, templates=False)
 
 
-def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int) -> Plan:
+def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, precision: str = "bf16",
+              fp8_recipe: str | None = None) -> Plan:
     """The D-Rec baseline: D-Rec's layouts (unitless costs, same recursion), pipeline depths by
-    rollback, micro-batches / recomputation / ZeRO costed by the full model."""
+    rollback, micro-batches / recomputation / ZeRO costed by the full model, in ``precision``
+    (a baseline does not choose FP8 by itself: BF16 unless stated)."""
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq)
+    pool = EvaluatorPool(cfg, cluster, seq, precision=precision, fp8_recipe=fp8_recipe)
     s = OuterSearch(pool, global_batch)
     steps1 = s.micro_steps(1)
     m0 = max([m for m in steps1 if global_batch // m >= cluster.n_devices] or [steps1[0]])

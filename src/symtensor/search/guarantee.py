@@ -42,22 +42,26 @@ IDLE = "this plan uses"  # how the note of a plan on fewer devices begins
 
 
 def guaranteed_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, framework: str, search,
-                    names: tuple[str, ...] = ()) -> tuple[Plan, dict[str, Plan | None]]:
+                    names: tuple[str, ...] = (), precision: dict | None = None) -> tuple[Plan, dict[str, Plan | None]]:
     """The plan of ``search(cluster)`` made good on both promises, and the baselines ``names`` on
     ``cluster`` (costed with the grid, which is always costed). The plan's ``search_phases_s``
     add ``guarantees_s``: the seconds beyond the search (the grid, the plans on fewer devices
-    and the other baselines)."""
+    and the other baselines). ``precision``: the search's ``precision`` and ``fp8_recipe``
+    (``EvaluatorPool``), which the grid and the baselines are costed in too."""
     t0 = time.perf_counter()
-    plan, base = _guaranteed(cfg, cluster, global_batch, seq, framework, search, names)
+    plan, base = _guaranteed(cfg, cluster, global_batch, seq, framework, search, names, precision=precision or {})
     extra = time.perf_counter() - t0 - plan.search_time_s
     return replace(plan, search_phases_s={**plan.search_phases_s, "guarantees_s": extra}), base
 
 
-def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), above: Plan | None = None):
+def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), above: Plan | None = None,
+                precision: dict | None = None):
     """``guaranteed_plan`` on ``cluster``; ``above``: the best plan of the levels above it (on more
     devices), which a plan here must beat to matter there: the recursion below stops where no
     plan can beat the better of it and this level's plan (the result above is the same)."""
-    pool = EvaluatorPool(cfg, cluster, seq, framework=framework)  # (the grid, the baselines, the state's bound)
+    precision = precision or {}
+    # (the grid, the baselines, the state's bound)
+    pool = EvaluatorPool(cfg, cluster, seq, framework=framework, **precision)
     seeded, _, _ = seed_plan(pool, global_batch)
     wanted = names + tuple(k for k in (GRID, RECIPE) if k not in names and not (k == GRID and seeded))
     base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted, fork=True, pool=pool)  # (builders')
@@ -70,7 +74,7 @@ def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), ab
         except PlanError:
             half = None  # half the devices do not fill the cluster's levels evenly: no such cluster
         if half is not None:
-            fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search, above=target)
+            fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search, above=target, precision=precision)
             plan = fewer_devices(plan, fewer, n, global_batch)
     return plan, {k: base[k] for k in names}
 
@@ -137,15 +141,15 @@ def _may_win(pool: EvaluatorPool, devices: int, global_batch: int, plan: Plan) -
     """Whether some plan on ``devices`` of the pool's cluster's devices could beat ``plan``: the
     parameters, gradients and optimizer state alone, sharded over all of them, do not overflow a
     device, and (when ``plan`` fits) their step floor is below ``plan``'s time."""
-    cluster, framework = pool.cluster, pool.framework
+    cluster = pool.cluster
     # (the state does not depend on the batch: one sequence per device)
     state = pool.static_lower_bound(configuration(dict(dp=devices, zero=3, global_batch=devices, seq=pool.seq,
-                                                       framework=framework)))
+                                                       **pool.train_keys)))
     if state > cluster.device.memory * MEMORY_HEADROOM:
         return False
     if not plan.report.fits:
         return True
     # one micro-step of the whole batch: the floor of any split into micro-batches is at least its
     ev = pool.get(global_batch, 1)
-    floor = ev.step_floor(TrainConfig(global_batch=global_batch, micro_steps=1, framework=framework))
+    floor = ev.step_floor(TrainConfig(global_batch=global_batch, micro_steps=1, **pool.floor_keys))
     return floor * cluster.n_devices / devices < plan.report.step_time_s

@@ -74,11 +74,11 @@ def train_config(c: dict) -> TrainConfig:
     return Parallelism(**c).train
 
 
-def check_config(cfg: ModelConfig, n_devices: int, c: dict) -> None:
+def check_config(cfg: ModelConfig, n_devices: int, c: dict, device=None) -> None:
     """Refuse a configuration ``c`` (complete: ``configuration``) that does not run on model
-    ``cfg`` and ``n_devices`` devices, with one line naming the rule and the fix: the one
-    configuration rule, ``plan.parallelism.refusal``."""
-    why = config_refusal(Parallelism(**c), cfg, n_devices)
+    ``cfg`` and ``n_devices`` devices (of kind ``device``, when given), with one line naming the
+    rule and the fix: the one configuration rule, ``plan.parallelism.refusal``."""
+    why = config_refusal(Parallelism(**c), cfg, n_devices, device)
     if why is not None:
         raise PlanError(why)
 
@@ -240,7 +240,7 @@ def megatron_plan(model: ModelConfig, cluster: Cluster, graph: Graph | None = No
     rule (``check_config``, then the layout check).
     """
     c = configuration(config)
-    check_config(model, cluster.n_devices, c)
+    check_config(model, cluster.n_devices, c, cluster.device)
     graph = graph or build_graph(model, micro_batch=c["micro_batch"] * c["dp"], seq=c["seq"], skeleton=True)
     ev = Evaluator(graph, cluster, pp=c["pp"], framework=c["framework"])
     layouts = megatron_layouts(graph, ev.mesh, c)

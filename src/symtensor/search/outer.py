@@ -15,6 +15,8 @@ from __future__ import annotations
 import time
 
 from symtensor.cost import Evaluator, TrainConfig
+from symtensor.cost.opcost import local_sizes
+from symtensor.cost.precision import NUMERICS_NOTE, fp8_gemm, gemm_refusal
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
@@ -61,7 +63,7 @@ class OuterSearch:
     def problem(self, pp: int, m: int, lam: float, recompute: str = "none", zero: int = 1) -> Problem:
         """The per-op problem of one partition (counted)."""
         train = TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, recompute=recompute, zero=zero,
-                            framework=self.pool.framework)
+                            **self.pool.train_keys)
         self.partitions += 1
         return self.pool.problem(train, lam)
 
@@ -160,7 +162,7 @@ class OuterSearch:
 
     def _train(self, pp, m, vpp, rc, zero) -> TrainConfig:
         return TrainConfig(global_batch=self.global_batch, micro_steps=m, pp=pp, vpp=vpp, recompute=rc, zero=zero,
-                           framework=self.pool.framework)
+                           **self.pool.train_keys)
 
     def _cost(self, ev, layouts, pp, m, vpp, rc, zero) -> Costed:
         train = self._train(pp, m, vpp, rc, zero)
@@ -265,15 +267,54 @@ def refine_best(s: OuterSearch, plan: Costed | None, speculated: tuple | None = 
         s.refined.add(id(s.offer(better)))
 
 
-def finish(s: OuterSearch, t0: float) -> Plan:
+def precision_variant(s: OuterSearch, zero_variants: bool = True) -> str | None:
+    """Step 6 of ``search.planner``, where no precision was given and the device has FP8 Tensor
+    Cores (``EvaluatorPool.fp8_variant``): the best point's layouts costed with FP8 GEMMs, at its
+    recomputation and at each lighter one (FP8 saves the GEMM inputs in 8 bits, which may let less
+    recomputation fit) and, while FP8's weight copies overflow the device, at each deeper ZeRO stage;
+    the fastest that fits becomes the best point. At most twelve evaluations: a variant of a costed
+    point, not an axis of the search (``zero_variants`` False: the Megatron space keeps its stage);
+    none where a GEMM's local shape is not one FP8 kernels take (``precision.gemm_refusal``). Returns
+    what FP8 bought (a plan note), or None when it did not win."""
+    recipe, base = s.pool.fp8_variant, s.best
+    if recipe is None or base is None:
+        return None
+    ev = s.evaluator(base.train.graph_batch, base.train.pp)
+    if any(fp8_gemm(op) and gemm_refusal(op, local_sizes(op, base.layouts.get(op.name, REPLICATED), ev.mesh))
+           for op in ev.graph.ops):
+        return None  # a GEMM FP8 kernels do not take (Transformer Engine would refuse it at launch)
+    modes = s.pool.recomputations()
+    for rc in modes[:modes.index(base.train.recompute) + 1]:
+        # the same ZeRO stage first; deeper ones only while FP8's weight copies overflow the device (the outer
+        # search's variants: deeper stages only add time)
+        for zero in range(base.train.zero, 4) if base.train.zero > 0 and zero_variants else (base.train.zero,):
+            train = base.train.replace(precision="fp8", fp8_recipe=recipe, recompute=rc, zero=zero)
+            variant = Costed(train, base.layouts, ev.evaluate(base.layouts, train, check=False))
+            s.offer(variant)
+            if variant.report.fits:
+                break
+    if s.best is base:
+        return None
+    was, now = base.report.step_time_s, s.best.report.step_time_s
+    rc = "" if s.best.train.recompute == base.train.recompute else \
+        f", recomputation {base.train.recompute} -> {s.best.train.recompute}"
+    return (f"FP8 GEMMs ({recipe} scaling) bought {was / now:.2f}x: {now:.4g} s per step against {was:.4g} s for "
+            f"the same layouts in BF16{rc} (attention, norms, embedding and LM head stay BF16; --precision bf16 "
+            "keeps BF16)")
+
+
+def finish(s: OuterSearch, t0: float, zero_variants: bool = True) -> Plan:
     """The search's result as a Plan: its best point (the least memory when nothing fits), with
-    the search's account and notes."""
+    the search's account and notes (``zero_variants``: ``precision_variant``'s)."""
+    fp8_bought = precision_variant(s, zero_variants)
     best = s.best or s.least_memory
     if best is None:
         raise PlanError(f"no valid plan for {s.cfg.name} on {s.cluster.n_devices} devices; check the batch and the "
                         "device count")
     # (devices that repeat work: plan.summary.repeated_work_note, in the plan's JSON notes)
-    notes = []
+    notes = [fp8_bought] if fp8_bought else []
+    if best.train.fp8 is not None:
+        notes.append(NUMERICS_NOTE)
     if s.best is None:
         rep = best.report
         notes.append(

@@ -14,7 +14,9 @@ around the recursive partitioner.
        byte) and the partition is redone, until a plan fits or the least-memory plan is reported
        with the reason;
     5. the best plans are refined op by op (``partition.refine``): each op may move one mesh axis
-       to another dim given all its neighbours, which is where per-op heterogeneous plans come from.
+       to another dim given all its neighbours, which is where per-op heterogeneous plans come from;
+    6. where no precision was given and the device has FP8 Tensor Cores, the best point's FP8
+       variants (``outer.precision_variant``): FP8 is the plan when it wins, and its note says by how much.
 
 Step 0 is ``search.seeds``, steps 1-5 ``search.outer``; this module runs them. Steps 0 and 1-3
 are independent up to FULL_MESH devices and run in two processes (a forked child
@@ -53,7 +55,7 @@ from symtensor.search.seeds import grid_descent, seed_phase, seed_plan
 
 def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
            order: str = "topological", space: str = "symtensor", graph_factory=None,
-           framework: str = "megatron") -> Plan:
+           framework: str = "megatron", precision: str | None = None, fp8_recipe: str | None = None) -> Plan:
     """The SymTensor plan: the fastest predicted step that fits in memory, costed under
     ``framework``'s engine semantics (``cost.engine``).
 
@@ -61,9 +63,12 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         space: ``symtensor`` (per-op layouts) or ``megatron`` (Megatron-expressible plans only,
             exhaustively with branch and bound).
         graph_factory: graphs per micro-step batch for a captured model (``frontends``).
+        precision: ``bf16`` or ``fp8`` (under ``fp8_recipe``) for every point; None: BF16, and FP8
+            where it wins as a variant of the best point (step 6, ``outer.precision_variant``).
     """
     with _collector_paused():
-        return _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework)
+        return _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework,
+                       precision, fp8_recipe)
 
 
 @contextmanager
@@ -80,16 +85,17 @@ def _collector_paused():
             gc.enable()
 
 
-def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework) -> Plan:
+def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework, precision=None,
+            fp8_recipe=None) -> Plan:
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq, graph_factory, framework)
+    pool = EvaluatorPool(cfg, cluster, seq, graph_factory, framework, precision, fp8_recipe)
     s = OuterSearch(pool, global_batch, micro_batch, order)
     if space == "megatron":
         seed, points = megatron_grid(pool, global_batch, micro_batch)
         s.evaluations += points
         if seed is not None:
             s.offer(seed)
-        return finish(s, t0)
+        return finish(s, t0, zero_variants=False)  # (the grid's ZeRO stage is Megatron's distributed optimizer)
     # the Megatron seeds and the partition are computed in two processes (parallel.py)
     exhaustive, tps, _ = seed_plan(pool, global_batch)
     fork = graph_factory is None  # captured graphs come from torch.export: not in a fork

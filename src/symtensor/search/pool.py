@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
+from symtensor.cost.precision import default_recipe, has_fp8, refusal as precision_refusal
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import OpLayout
@@ -54,12 +55,24 @@ class EvaluatorPool:
     pipeline depth) and every cache of the search (the evaluators' own, the per-op problems'
     tables, the layout family, the Megatron grid and layouts). It lives as long as the search."""
 
-    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None, framework: str = "megatron"):
+    def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None, framework: str = "megatron",
+                 precision: str | None = None, fp8_recipe: str | None = None):
         """``graph_factory(graph_batch)`` supplies the graphs (a captured model); default: the
         builders' skeleton graphs of ``cfg``. ``framework``: the engine every configuration of
-        this search is costed under (``cost.engine``)."""
+        this search is costed under (``cost.engine``). ``precision``: ``bf16`` or ``fp8`` (under
+        ``fp8_recipe``, default the device's) for every configuration; None: BF16, and the search
+        may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``)."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
         self.framework = framework
+        why = precision_refusal(precision or "bf16", fp8_recipe if precision else None, cluster.device)
+        if why is not None:
+            raise PlanError(why)
+        recipe = fp8_recipe or default_recipe(cluster.device, framework)
+        self.precision = precision or "bf16"
+        self.fp8_recipe = recipe if precision == "fp8" else None
+        self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None
+        # what every configuration and training configuration of this search carries besides its degrees
+        self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe}
         self.graph_factory = graph_factory
         self._param_sums = None
         self._recomputations = None
@@ -91,6 +104,14 @@ class EvaluatorPool:
         # depth share one mesh, and their batch-free caches
         return Evaluator(self._graphs[graph_batch], self.cluster, pp=pp, shared=self._shared[pp],
                          framework=self.framework)
+
+    @property
+    def floor_keys(self) -> dict:
+        """``train_keys`` for a step floor that bounds every plan this search may return: in FP8
+        when it may choose FP8 (FP8 GEMMs only lower the floor)."""
+        if self.fp8_variant is None:
+            return self.train_keys
+        return {**self.train_keys, "precision": "fp8", "fp8_recipe": self.fp8_variant}
 
     def _grid(self, global_batch: int) -> list[dict]:
         n = self.cluster.n_devices
@@ -133,7 +154,7 @@ class EvaluatorPool:
 
     def layouts(self, c: dict) -> tuple[Evaluator, dict]:
         """The evaluator and Megatron layouts of configuration ``c`` (complete; checked)."""
-        check_config(self.cfg, self.cluster.n_devices, c)
+        check_config(self.cfg, self.cluster.n_devices, c, self.cluster.device)
         batch = c["micro_batch"] * c["dp"]
         key = (batch, c["pp"], c["tp"], c["cp"], c["dp"], c["ep"], c["etp"], c["sp"])
         return self.get(batch, c["pp"]), self._layouts[key]
@@ -154,7 +175,7 @@ class EvaluatorPool:
         key = inner_grid(point)
         hit = self._layer_seconds.get(key)
         if hit is None:
-            c = configuration({**point, "recompute": "none", "vpp": 1, "framework": self.framework})
+            c = configuration({**point, "recompute": "none", "vpp": 1, **self.train_keys})
             ev, layouts = self.layouts(c)
             hit = self._layer_seconds[key] = ev.layer_seconds(layouts, train_config(c))
         return hit
@@ -163,14 +184,14 @@ class EvaluatorPool:
         """``evaluate`` of the Megatron configuration ``config`` under this pool's engine; None
         when it is not a valid configuration."""
         try:
-            return self.evaluate(configuration({**config, "framework": self.framework}))
+            return self.evaluate(configuration({**config, **self.train_keys}))
         except PlanError:
             return None
 
     def may_fit(self, **config) -> bool:
         """``static_fits`` of the Megatron configuration ``config``; False when it is invalid."""
         try:
-            return self.static_fits(configuration({**config, "framework": self.framework}))
+            return self.static_fits(configuration({**config, **self.train_keys}))
         except PlanError:
             return False
 

@@ -1,0 +1,266 @@
+"""Training precision: BF16, or FP8 GEMMs under one of the engines' scaling recipes (issue 23, point 1).
+
+Under FP8 the linear layers of the transformer layers run their three GEMMs (forward, input gradient,
+weight gradient) on FP8 operands with BF16 outputs: Transformer Engine's ``Linear`` /
+``LayerNormLinear`` / ``GroupedLinear`` under ``fp8_autocast`` (Megatron-LM ``--fp8-format hybrid``:
+E4M3 forward, E5M2 gradients) and torchao's ``Float8Linear`` (torchtitan's ``float8`` converter).
+What stays in BF16 (``fp8_gemm``): attention (the fused kernel's BMMs and softmax), norms and other
+elementwise ops, the embedding, the LM head (Megatron's ``output_layer`` is not a Transformer Engine
+module; torchtitan's converter skips ``output``) and the MoE router. Master weights, gradients and
+optimizer state keep the engine's bytes (``Engine.state_bytes``).
+
+Recipes, as Megatron-LM names them (``--fp8-recipe``, megatron/training/arguments.py; Transformer
+Engine's docs, "Using FP8 with Transformer Engine" and transformer_engine/common/recipe):
+
+    delayed     one scale per tensor from the amax history of earlier steps (``DelayedScaling``):
+                the amax is reduced inside the cast kernel; the history is rolled every micro-batch
+    tensorwise  one scale per tensor from this tensor's own amax (``Float8CurrentScaling``): an
+                amax pass reads the tensor before the cast (torchao's dynamic tensorwise scaling too)
+    blockwise   a scale per 1x128 tile of activations and gradients and per 128x128 block of weights
+                (``Float8BlockScaling``; DeepSeek-V3, arXiv:2412.19437 section 3.3.2, and DeepGEMM's
+                1x128 / 128x128 FP8 GEMMs): scales computed inside the cast, FP32 each
+    mxfp8       a power-of-two (E8M0) scale per 32 consecutive elements (``MXFP8BlockScaling``, OCP
+                Microscaling spec): Blackwell's Tensor Cores apply the scales (a device that lists an
+                ``fp4`` peak has them: the MX formats came with the same Tensor Core generation)
+
+Costs (``gemm_speedup``, ``cast_bytes``): an FP8 GEMM runs at the BF16 rate the cost model charges
+times the measured FP8/BF16 ratio of its shape, (fp8 peak x FP8 table fraction) / (bf16 peak x BF16
+table fraction) from ``cost.kernels``: whatever the BF16 rate carries beyond the kernel table (a
+calibrated fraction: clocks, launch, power) carries over to FP8. Each FP8 GEMM also casts its
+activation input forward and its output gradient backward: read BF16 (2 B), write an FP8 copy for the
+GEMM and a transposed (column-wise) one for the other GEMM that reads it (1 + 1 B; Hopper's FP8 GEMMs
+take only the TN layout, Transformer Engine's ``cast_transpose``), plus the recipe's scales; the
+tensorwise recipe reads the tensor once more for its amax. Weights are cast once per step where the
+engine caches them over micro-batches (Megatron-core passes Transformer Engine ``is_first_microbatch``:
+GPT-3 175B at tp 4, pp 8 casts ~5.5 G weight elements x 4 B = 22 GB per step, ~8 ms of a 5.6 s step,
+left out), and every micro-batch where it does not (torchao's ``Float8Linear`` under FSDP2: charged).
+
+Memory (``weight_copy_bytes``, ``SAVED_FRACTION``): Transformer Engine keeps the FP8 weights and their
+transposes between micro-batches (2 B per weight element besides the BF16 weight; the MX scales add
+2/32 B); torchao casts them per forward (nothing resident). The GEMM inputs saved for the weight
+gradient are their FP8 (column-wise) copies, half the BF16 bytes: Transformer Engine's ``Linear``
+saves ``inputmat`` in FP8 under ``fp8_autocast``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from symtensor.cost import kernels
+from symtensor.cost.engine import ALIASES, ENGINES
+from symtensor.errors import PlanError
+
+PRECISIONS = ("bf16", "fp8")
+
+# Transformer Engine's docs ("Using FP8 with Transformer Engine"): Hopper and newer
+TE_DOCS = "Transformer Engine docs, 'Using FP8 with Transformer Engine' (transformer_engine/common/recipe)"
+# NeMo 2's FP8 mixed precision (nemo/lightning/pytorch/plugins/mixed_precision.py, bf16_with_fp8_mixed):
+# amax_history_len 1024, amax_compute_algo "max"
+AMAX_HISTORY = 1024
+FP32 = 4  # bytes of a scale (blockwise) or an amax history entry
+
+
+@dataclass(frozen=True, slots=True)
+class Recipe:
+    """One FP8 scaling recipe.
+
+    Attributes:
+        name: as Megatron-LM's ``--fp8-recipe`` names it.
+        scale_bytes: bytes of scale per quantised element (FP32 per 128-element tile: 4/128; E8M0 per
+            32: 1/32; per tensor: 0).
+        amax_pass: an extra read of each tensor for its amax before the cast (current scaling).
+        history: the amax history is rolled per tensor every micro-batch (delayed scaling).
+        needs_mx: runs only on Tensor Cores with microscaling (Blackwell).
+        torchao: the name torchtitan's ``[float8] recipe_name`` takes for it, or None.
+        source: where it is defined.
+    """
+
+    name: str
+    scale_bytes: float
+    amax_pass: bool
+    history: bool
+    needs_mx: bool
+    torchao: str | None
+    source: str
+
+
+RECIPES = {r.name: r for r in (
+    Recipe("delayed", 0.0, False, True, False, None, f"{TE_DOCS}: DelayedScaling"),
+    Recipe("tensorwise", 0.0, True, False, False, "tensorwise", f"{TE_DOCS}: Float8CurrentScaling; torchao "
+                                                                 "Float8LinearRecipeName.TENSORWISE"),
+    Recipe("blockwise", FP32 / 128, False, False, False, None,
+           f"{TE_DOCS}: Float8BlockScaling; DeepSeek-V3 (arXiv:2412.19437) 3.3.2; {kernels.DEEPGEMM}"),
+    Recipe("mxfp8", 1 / 32, False, False, True, None, f"{TE_DOCS}: MXFP8BlockScaling (E8M0 scale per 32)"),
+)}
+DEFAULT_RECIPE = "delayed"  # Megatron-LM's --fp8-recipe default
+
+NUMERICS_NOTE = ("FP8 changes the numerics: GEMM operands are rounded to 8 bits (E4M3 forward, E5M2 "
+                 "gradients under the hybrid format); check the loss curve against a BF16 run before "
+                 "committing a long training run to it")
+
+
+def has_fp8(device) -> bool:
+    """Whether ``device`` has FP8 Tensor Cores (its preset lists an ``fp8`` peak)."""
+    return "fp8" in device.peak_flops
+
+
+def has_mx(device) -> bool:
+    """Whether ``device`` has microscaling Tensor Cores (MXFP8): it lists an ``fp4`` peak, which came
+    with the same (Blackwell) generation."""
+    return "fp4" in device.peak_flops
+
+
+def default_recipe(device, framework: str = "megatron") -> str:
+    """The recipe a run on ``device`` takes when none is named: MXFP8 on Blackwell (the recipe
+    Megatron-Bridge's Blackwell performance configs run); elsewhere Megatron-LM's default (delayed)
+    under Transformer Engine, and tensorwise (torchao's dynamic scaling, torchtitan's float8
+    converter) under the engines on PyTorch's own kernels."""
+    if has_mx(device):
+        return "mxfp8"
+    return "tensorwise" if ENGINES[ALIASES.get(framework, framework)].pytorch_kernels else DEFAULT_RECIPE
+
+
+def gemm_refusal(op, sizes) -> str | None:
+    """Why ``op``'s local GEMM (``gemm_shape``) cannot run in FP8, or None: Transformer Engine's
+    ``assert_dim_for_fp8_exec`` (and ``torch._scaled_mm``) take rows in multiples of 8 and widths in
+    multiples of 16."""
+    m, n, k = gemm_shape(op, sizes)
+    if "e" in op.in_dims[0] and "e" in op.in_dims[1]:
+        m = 8  # grouped GEMMs pad each expert's tokens (Megatron's --moe-router-padding-for-fp8)
+    if m % 8 or n % 16 or k % 16:
+        return f"{op.name}'s GEMM {m:g} x {n:g} x {k:g} is not a multiple of 8 x 16 x 16"
+    return None
+
+
+def shape_refusal(model, tp: int, cp: int, tokens: int) -> str | None:
+    """Why Transformer Engine would refuse the FP8 GEMMs of ``model`` at tp, cp with ``tokens``
+    tokens per micro-batch (micro batch x seq), or None: ``assert_dim_for_fp8_exec``, "FP8 execution
+    requires 2D input matrices with height divisible by 8 and width divisible by 16"."""
+    if (tokens // cp) % 8:
+        return f"FP8 GEMMs need the tokens per micro-batch and rank ({tokens // cp}) divisible by 8"
+    for what, width in (("hidden size", model.hidden), ("MLP width per tp rank", model.ffn // tp),
+                        ("attention width per tp rank", model.heads * model.head_dim // tp)):
+        if width % 16:
+            return f"FP8 GEMMs need the {what} ({width}) divisible by 16"
+    return None
+
+
+def refusal(precision: str, recipe: str | None, device) -> str | None:
+    """Why ``precision`` with ``recipe`` does not run on ``device`` (one line with the fix), or None."""
+    if precision not in PRECISIONS:
+        return f"precision {precision!r}; use one of {', '.join(PRECISIONS)}"
+    if precision == "bf16":
+        return None if recipe is None else f"an FP8 recipe ({recipe}) needs --precision fp8"
+    if recipe is not None and recipe not in RECIPES:
+        return f"FP8 recipe {recipe!r}; use one of {', '.join(RECIPES)}"
+    if device is None:
+        return None
+    if not has_fp8(device):
+        return (f"{device.name} has no FP8 Tensor Cores (its peaks: {', '.join(sorted(device.peak_flops))}); "
+                "use --precision bf16")
+    if recipe is not None and RECIPES[recipe].needs_mx and not has_mx(device):
+        return f"the {recipe} recipe needs Blackwell's microscaling Tensor Cores, which {device.name} lacks; use " \
+               "--fp8-recipe delayed, tensorwise or blockwise"
+    return None
+
+
+def fp8_gemm(op) -> bool:
+    """Whether ``op`` runs in FP8 under an FP8 recipe: a linear layer that is not the LM head (its
+    output has the vocabulary) nor the MoE router (experts in its output, not in its input)."""
+    if op.kind != "linear":
+        return False
+    out, x = op.out_dims[0], op.in_dims[0]
+    return "v" not in out and not ("e" in out and "e" not in x)
+
+
+def _product(dims, sizes) -> float:
+    n = 1.0
+    for d in dims:
+        n *= sizes[d]
+    return n
+
+
+def gemm_shape(op, sizes) -> tuple[float, float, float]:
+    """(M, N, K) of a linear op at local ``sizes``: M the input's own dims (tokens), K the dims it
+    shares with the weight (reduced), N the weight's own dims; the expert dim of a grouped GEMM is in
+    neither (M is then the tokens per expert)."""
+    x, w = op.in_dims[0], op.in_dims[1]
+    m = _product([d for d in x if d not in w], sizes)
+    k = _product([d for d in x if d in w and d != "e"], sizes)
+    n = _product([d for d in w if d not in x], sizes)
+    return m, n, k
+
+
+def _tables(device) -> tuple:
+    """The kernel tables whose FP8/BF16 ratio ``device`` takes: its own when it has an FP8 GEMM table,
+    else H100's (the one measured FP8 table, DeepGEMM: a stated transfer of the ratio, not of rates)."""
+    try:
+        dev = kernels.device_kernels(device)
+    except PlanError:
+        dev = None
+    if dev is not None and "fp8" in dev.gemm and "fp8" in dev.grouped:
+        return dev, 1.0
+    src = kernels.H100
+    # the same ideal time on H100 as on this device: its shapes scaled by the ratio of BF16 peaks
+    return src, src.peak_tflops["bf16"] * 1e12 / device.flops("bf16")
+
+
+def gemm_speedup(op, sizes, device) -> float:
+    """How much faster ``op``'s GEMMs run in FP8 than in BF16 on ``device`` at local ``sizes``: the FP8
+    over the BF16 peak times the FP8 over the BF16 fraction of ``cost.kernels`` at the GEMM's shape
+    (grouped expert GEMMs: their tokens-per-expert curves). Floored at 1: below the BF16 table's
+    smallest measured GEMM its fraction is a clamp, not a measurement."""
+    dev, scale = _tables(device)
+    m, n, k = gemm_shape(op, sizes)
+    if "e" in op.in_dims[0] and "e" in op.in_dims[1]:
+        tokens = m * scale
+        ratio = (kernels.grouped_gemm_efficiency(dev, tokens, "fp8")
+                 / kernels.grouped_gemm_efficiency(dev, tokens, "bf16"))
+    else:
+        m = max(m * scale, 1.0)
+        ratio = kernels.gemm_efficiency(dev, m, n, k, "fp8") / kernels.gemm_efficiency(dev, m, n, k, "bf16")
+    return max(1.0, device.flops("fp8") / device.flops("bf16") * ratio)
+
+
+def floor_speedup(op, sizes, device) -> float:
+    """An upper bound of ``gemm_speedup`` over every piece of ``op`` (``sizes``: the whole op), for
+    ``opcost.op_floor``: a piece's FP8 fraction is at most the whole GEMM's (the tables' envelopes do
+    not fall with FLOPs) and its BF16 fraction at least the table's smallest."""
+    dev, scale = _tables(device)
+    m, n, k = gemm_shape(op, sizes)
+    if "e" in op.in_dims[0] and "e" in op.in_dims[1]:
+        fp8 = kernels.grouped_gemm_efficiency(dev, m * scale, "fp8")
+        curve, bf16_scale = dev.grouped["bf16"]
+        least = min(curve.ys) * bf16_scale
+    else:
+        fp8 = kernels.gemm_efficiency(dev, max(m * scale, 1.0), n, k, "fp8")
+        least = min(kernels.gemm_envelope(dev, "bf16")[1])
+    return max(1.0, device.flops("fp8") / device.flops("bf16") * fp8 / least)
+
+
+def cast_bytes(op, sizes, recipe: Recipe, weights_per_microbatch: bool) -> tuple[float, float]:
+    """Bytes the FP8 casts of ``op`` move per micro-batch, forward and backward (see the module
+    docstring): the activation input forward and the output gradient backward, each read in BF16 and
+    written as two FP8 copies with their scales (plus an amax read under current scaling, and the amax
+    history rolled under delayed scaling); the weight forward when ``weights_per_microbatch``."""
+    per = 2.0 + 2.0 * (1.0 + recipe.scale_bytes) + (2.0 if recipe.amax_pass else 0.0)
+    x = _product(op.in_dims[0], sizes)
+    y = _product(op.out_dims[0], sizes)
+    fwd, bwd = per * x, per * y
+    if weights_per_microbatch:
+        fwd += per * _product(op.in_dims[1], sizes)
+    if recipe.history:  # read and write the history of the input (forward) and the gradient (backward)
+        fwd += 2 * AMAX_HISTORY * FP32 * (2 if weights_per_microbatch else 1)
+        bwd += 2 * AMAX_HISTORY * FP32
+    return fwd, bwd
+
+
+# The FP8 copy of a GEMM input saved for the weight gradient, over the BF16 tensor's bytes
+SAVED_FRACTION = 0.5
+
+
+def weight_copy_bytes(recipe: Recipe, caches_weights: bool) -> float:
+    """Bytes per weight element an engine keeps besides its weights under ``recipe``: the FP8 weight
+    and its transpose (2 B, with the recipe's scales) where it caches them (Transformer Engine), 0
+    where it casts per forward (torchao)."""
+    return 2.0 * (1.0 + recipe.scale_bytes) if caches_weights else 0.0
