@@ -1,8 +1,8 @@
 """Parameters, gradients and optimizer state, and their data-parallel synchronisation: one tensor's
 (``ParamCost``, ``param_cost``) and one segment's (``Params``), sharded by ZeRO / FSDP over the
-data-parallel axes (``weight_axes``, ``data_axes``), or, under hybrid sharding (``TrainConfig.dp_shard``),
-over their innermost ``dp_shard`` ranks and replicated across the rest (``shard_axes``). Read by
-the evaluator (``cost.model``) and by the op-local terms (``cost.terms``).
+data-parallel axes (``weight_axes``, ``data_axes``), or, under hybrid sharding
+(``TrainConfig.dp_replicate``), over their innermost ranks and replicated across the outermost
+(``shard_axes``). Read by the evaluator (``cost.model``) and by the op-local terms (``cost.terms``).
 
 Hybrid sharding (HSDP: FSDP2's ``fully_shard`` on a 2-D mesh, Megatron's distributed optimizer
 with ``--num-distributed-optimizer-instances``) runs, per gradient bucket or FSDP unit, a
@@ -49,29 +49,29 @@ def data_axes(layout: OpLayout, waxes: frozenset) -> frozenset:
     return frozenset(layout.axes_of("b")) | (frozenset(layout.axes_of("s")) - waxes)
 
 
-def shard_axes(replicas: tuple, mesh, dp_shard: int | None) -> tuple[tuple, tuple]:
+def shard_axes(replicas: tuple, mesh, dp_replicate: int | None) -> tuple[tuple, tuple]:
     """ZeRO's shard group of a parameter whose data-parallel group spans ``replicas`` (mesh
-    positions), and the axes it is replicated over: with ``dp_shard`` (hybrid sharding), the
-    innermost of its axes (the highest positions: the ranks nearest each other, inside a node
-    first, as Megatron's contiguous optimizer instances and torchtitan's inner ``dp_shard_cp``
-    mesh dim take them) whose sizes multiply to a divisor of ``dp_shard``, the rest replicated. A
-    group smaller than ``dp_shard`` (experts' data-parallel rest) is sharded whole. None: the
-    whole group, nothing replicated.
+    positions), and the axes it is replicated over: with ``dp_replicate`` (hybrid sharding), the
+    outermost of its axes (the lowest positions) whose sizes multiply to a divisor of
+    ``dp_replicate`` replicate, and the rest, the ranks nearest each other (inside a node first),
+    shard, as Megatron's contiguous optimizer instances (parallel_state.py: the dp-cp ranks cut into
+    num_distributed_optimizer_instances consecutive slices) and torchtitan's mesh (dp_replicate
+    outside dp_shard x cp) take them. None: the whole group shards, nothing is replicated.
 
     >>> from symtensor.hardware import load_cluster
     >>> mesh = load_cluster("dgx-a100-80g", devices=32).mesh()  # 2 x 2 (ib) x 2 x 2 x 2 (nvlink)
-    >>> shard_axes((0, 1, 2, 3, 4), mesh, 8)
+    >>> shard_axes((0, 1, 2, 3, 4), mesh, 4)
     ((2, 3, 4), (0, 1))
     """
-    if dp_shard is None:
+    if dp_replicate is None:
         return replicas, ()
-    shard, size = [], 1
-    for a in sorted(replicas, reverse=True):
-        if dp_shard % (size * mesh[a].size):
+    across, size = [], 1
+    for a in sorted(replicas):
+        if dp_replicate % (size * mesh[a].size):
             break
-        shard.append(a)
+        across.append(a)
         size *= mesh[a].size
-    return tuple(sorted(shard)), tuple(a for a in replicas if a not in shard)
+    return tuple(a for a in replicas if a not in across), tuple(across)
 
 
 @dataclass(frozen=True, slots=True)
@@ -109,14 +109,14 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     all-gather, which also shard the state over it. Other partial axes (a norm weight under
     sequence parallelism is partial over the tensor-parallel axes) are all-reduced on their own,
     as Megatron-LM and DTensor both do. ``data_axes`` None: every partial axis is data-parallel.
-    Under hybrid sharding (``train.dp_shard``) ZeRO takes the shard group of ``shard_axes`` for
+    Under hybrid sharding (``train.dp_replicate``) ZeRO takes the shard group of ``shard_axes`` for
     the data-parallel group, and the reduced shard is all-reduced across the replicas.
     """
     local = t.numel / tl.factor(ev.mesh)
     sync_axes = tuple(sorted(tl.partial))
     data = set(sync_axes) if data_axes is None else set(sync_axes) & set(data_axes)
     other = tuple(a for a in sync_axes if a not in data)
-    replicas, across = shard_axes(tuple(sorted(data)), ev.mesh, train.dp_shard)
+    replicas, across = shard_axes(tuple(sorted(data)), ev.mesh, train.dp_replicate)
     shard = 1
     for a in replicas:
         shard *= ev.mesh[a].size

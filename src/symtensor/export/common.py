@@ -41,6 +41,7 @@ def evaluate_command(plan, p: Parallelism) -> str:
                                                          "global_batch", "seq", "vpp"))
     flags = flags.replace("_", "-") + (" --sp" if p.sp else "") + f" --recompute {p.recompute}"
     flags += f" --framework {p.framework}" if p.framework != DEFAULT_FRAMEWORK else ""
+    flags += f" --dp-shard {p.dp_shard}" if p.hsdp else ""
     return f"symtensor evaluate {model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} {flags}"
 
 

@@ -148,7 +148,7 @@ class Parallelism:
         """The training configuration the cost model reads."""
         return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps, pp=self.pp, vpp=self.vpp,
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
-                           dp_shard=self.dp_shard if self.hsdp else None)
+                           dp_replicate=self.dp_replicate if self.hsdp else None)
 
     def refusal(self, model, n_devices: int) -> str | None:
         """``refusal(self, model, n_devices)``."""
@@ -239,6 +239,10 @@ def _hybrid_refusal(p: Parallelism) -> str | None:
         return f"dp_shard={p.dp_shard} shards ZeRO's state, which ZeRO 0 does not shard; use --zero 1, 2 or 3"
     if p.hsdp and p.dp_shard == 1:
         return "dp_shard=1 shards nothing (every rank a replica); use --zero 0 for plain data parallelism"
+    if p.hsdp and p.edp % p.dp_replicate:
+        return (f"the experts' data-parallel rest {p.edp} must split into the {p.dp_replicate} replicas of hybrid "
+                f"sharding (Megatron asserts expert dp % num_distributed_optimizer_instances == 0); choose a "
+                "larger dp_shard or smaller ep x etp")
     return None
 
 

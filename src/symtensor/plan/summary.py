@@ -98,7 +98,8 @@ def config_summary(plan) -> dict:
     norms = [op for op in ops if op.kind == "norm"]
     sp = any(_factor(plan.layouts[op.name], ("s",), mesh) > deg["cp"] for op in norms)
     differs = differences(plan, deg, edeg if experts else None)
-    hybrid = {} if train.dp_shard is None else {"dp_shard": train.dp_shard}  # (the key only under HSDP)
+    # hybrid sharding: the dense shard group, dp x cp over the replicas (the key only under HSDP)
+    hybrid = {} if train.dp_replicate is None else {"dp_shard": deg["dp"] * deg["cp"] // train.dp_replicate}
     return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
             "sp": sp, "zero": train.zero, **hybrid, "recompute": train.recompute,
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),

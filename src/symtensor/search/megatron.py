@@ -114,11 +114,12 @@ def assign_axes(mesh, c: dict) -> dict[str, tuple[int, ...]]:
 
 def check_shard_group(mesh, c: dict, dp_shard: int) -> None:
     """Hybrid sharding takes the innermost data-parallel axes (the cp axes, then the dp axes:
-    Megatron's rank order) whose sizes multiply to ``dp_shard`` (``cost.params.shard_axes``); a
-    PlanError naming the sizes that do when no such axes exist on this mesh."""
+    Megatron's rank order) whose sizes multiply to ``dp_shard``, the outer ones replicating
+    (``cost.params.shard_axes``); a PlanError naming the sizes that do when no such axes exist on
+    this mesh."""
     ax = assign_axes(mesh, c)
     group = tuple(sorted(ax["cp"] + ax["dp"]))
-    shard, _ = shard_axes(group, mesh, dp_shard)
+    shard, _ = shard_axes(group, mesh, mesh.size(group) // dp_shard)
     if mesh.size(shard) != dp_shard:
         sizes, size = [], 1
         for a in sorted(group, reverse=True)[:-1]:
@@ -262,8 +263,8 @@ def megatron_plan(model: ModelConfig, cluster: Cluster, graph: Graph | None = No
     ev = Evaluator(graph, cluster, pp=c["pp"], framework=c["framework"])
     layouts = megatron_layouts(graph, ev.mesh, c)
     train = train_config(c)
-    if train.dp_shard is not None:
-        check_shard_group(ev.mesh, c, train.dp_shard)
+    if train.dp_replicate is not None:
+        check_shard_group(ev.mesh, c, c["dp_shard"])
     return Plan.of(model, cluster, train, c["seq"], graph, ev.mesh, ev.pp_axes, layouts, ev.evaluate(layouts, train))
 
 
