@@ -67,12 +67,14 @@ def _best_micro_batch(cfg, cluster, config: Parallelism) -> Plan:
 def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
              cp=1, ep=1, etp=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
              vpp=1, overrides=None, framework: str = "megatron", precision: str = "bf16",
-             fp8_recipe: str | None = None) -> Plan:
+             fp8_recipe: str | None = None, dp_shard: int | None = None) -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
     the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
     ``precision``: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``) under
-    ``fp8_recipe`` (default: the device's, ``precision.default_recipe``)."""
+    ``fp8_recipe`` (default: the device's, ``precision.default_recipe``). ``dp_shard``: hybrid
+    sharding, ZeRO over the innermost dp_shard ranks of dp x cp, replicated across the rest
+    (``Parallelism.dp_shard``)."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     seq = seq or default_seq(cfg)
@@ -82,7 +84,8 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
         dp = cl.n_devices // (tp * pp * cp)
     global_batch = global_batch or default_global_batch(seq)
     sp = tp > 1 if sp is None else sp
-    config = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, recompute=recompute,
+    config = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, dp_shard=dp_shard,
+                         recompute=recompute,
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
                          seq=seq, vpp=vpp, framework=framework, precision=precision,
                          fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework))

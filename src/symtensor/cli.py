@@ -111,6 +111,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--sp", dest="sp", action="store_true", default=None, help="sequence parallel (default with tp>1)")
     p.add_argument("--no-sp", dest="sp", action="store_false")
     p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3))
+    p.add_argument("--dp-shard", type=int, help="hybrid sharding (HSDP): ZeRO shards over the innermost N ranks of "
+                   "dp x cp (one node first) and replicates across the rest (torchtitan's data_parallel_shard_degree, "
+                   "Megatron's --num-distributed-optimizer-instances dp*cp/N); default: the whole group")
     p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
     p.add_argument("--micro-batch", type=_micro, default="auto")
     _framework_arg(p)
@@ -176,6 +179,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--zero", type=int, default=0, choices=(0, 1, 2, 3),
                    help="0: all-reduce; 1, 2: FSDP2 without resharding after forward (costed under the fsdp2 "
                         "engine; FSDP2 has no ZeRO-1, so 1 runs as 2); 3: FSDP")
+    p.add_argument("--dp-shard", type=int, help="hybrid sharding (HSDP, fully_shard on a 2-D mesh): FSDP shards "
+                   "over the innermost N processes of dp and replicates across the rest (needs --zero 1, 2 or 3)")
     p.add_argument("--ep", type=int, help="expert-parallel degree (MoE, expert TP 1): folded over whole mesh "
                    "axes, so tp, tp x dp, or dp when tp is 1")
     p.add_argument("--pp", type=int, default=1, help="pipeline stages (the runtime pipelines data-parallel stages)")
@@ -263,7 +268,7 @@ def _dispatch(args) -> int:
     if args.command == "evaluate":
         out = api.evaluate(args.model, args.cluster, devices=args.devices, nodes=args.nodes, tp=args.tp, pp=args.pp,
                            dp=args.dp, cp=args.cp, ep=args.ep, etp=args.etp, sp=args.sp, zero=args.zero,
-                           recompute=args.recompute,
+                           dp_shard=args.dp_shard, recompute=args.recompute,
                            micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
                            overrides=args.set, framework=args.framework, precision=args.precision,
                            fp8_recipe=args.fp8_recipe)
@@ -289,6 +294,7 @@ def _dispatch(args) -> int:
 
         out = run(args.model, args.devices, steps=args.steps, optimizer=args.optimizer, global_batch=args.global_batch,
                   seq=args.seq, tp=args.tp, zero=args.zero, ep=args.ep, pp=args.pp, plan_file=args.plan,
+                  dp_shard=args.dp_shard,
                   attention_only=args.attention_only_tp, timeout_s=args.timeout, master_port=args.master_port,
                   device=args.device, cluster=args.cluster)
         report.run(out, args.json)

@@ -31,6 +31,8 @@ RUNS = (
     # synchronised as its parameter is placed (it once moved the whole table)
     Run("llama-dp-x-tp-4", "tiny-llama", 4, ("--tp", "2")),
     Run("llama-fsdp-x-tp-4", "tiny-llama", 4, ("--tp", "2", "--zero", "3")),
+    # hybrid sharding (HSDP): fully_shard on a 2-D mesh, 2 replicas x 2 shards
+    Run("llama-hsdp-2x2-4", "tiny-llama", 4, ("--tp", "1", "--zero", "3", "--dp-shard", "2", "--optimizer", "adamw")),
     Run("mixtral-ep-4", "tiny-mixtral", 4, ("--tp", "1", "--ep", "4")),  # (ep folds over tp x dp otherwise)
     # experts folded over the tensor-parallel axis (sequence parallel MoE layers, Q/K norms)
     Run("qwen3-moe-ep-over-tp-2", "tiny-qwen3-moe", 2, ("--tp", "2", "--ep", "2")),

@@ -88,6 +88,17 @@ def test_fsdp_zero3():
     assert_bytes(result, {"all_gather@dp": 2 * p, "reduce_scatter@dp": p})
 
 
+def test_hybrid_sharding_2x2():
+    """HSDP on the 2-D mesh rep=2 x shard=2 (fully_shard shards over the last dim, replicates over
+    the first): per step every parameter all-gathered twice inside its shard group and every
+    gradient reduce-scattered there once, then the reduced half all-reduced across the replicas:
+    all_gather@shard = 2 * P * 4, reduce_scatter@shard = P * 4, all_reduce@rep = P * 4 / 2."""
+    result = run("tiny-llama", RunSpec(mesh={"rep": 2, "shard": 2}, dp_axes=("rep",), fsdp_axes=("shard",)),
+                 optimizer="adamw")
+    p = dense_params(LLAMA) * F32
+    assert_bytes(result, {"all_gather@shard": 2 * p, "reduce_scatter@shard": p, "all_reduce@rep": p // 2})
+
+
 def test_tensor_and_sequence_parallel():
     """tp=2 with sequence parallel and vocab-parallel embedding and LM head; b = 4, x = b*s*h*4.
 

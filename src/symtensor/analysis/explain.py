@@ -27,6 +27,7 @@ from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import GIB
 from symtensor.layout import REPLICATED, OpLayout
 from symtensor.plan.summary import axis_names, degrees, layer_types
+from symtensor.search.grid import hybrid_note
 
 # What cutting each dim means, in the words of the parallelisms (graph/ir.py legend).
 MEANING = {"b": "data", "s": "sequence/context", "t": "key sequence", "c": "context (expert slots)",
@@ -64,7 +65,7 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
     if op is not None:
         groups = _select(groups, op, plan)
     bought = {"precision": fp8_bought(plan)} if plan.train.fp8 is not None else {}
-    return {
+    out = {
         "model": plan.model.name, "cluster": plan.cluster.name, "devices": plan.cluster.n_devices,
         "config": plan.config, "step_time_s": plan.report.step_time_s, **bought,
         "mesh": [{"name": a.name, "size": a.size, "level": plan.cluster.levels[a.level].name} for a in plan.mesh],
@@ -72,6 +73,12 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
         "layer_types": [explain_op(problem, plan, layouts, rep, ops, spans, formulas) for rep, ops, spans in groups],
         "memory": memory_terms(plan.report),
     }
+    if plan.train.dp_replicate is not None:  # what hybrid sharding bought: the plan with ZeRO over the whole group
+        flat = problem.ev.evaluate(layouts, plan.train.replace(dp_replicate=None), check=False)
+        group = plan.config["dp"] * plan.config["cp"]
+        out["hybrid_sharding"] = hybrid_note(flat, plan.report, group // plan.train.dp_replicate, group,
+                                             plan.train.zero)
+    return out
 
 
 def memory_terms(report) -> dict:

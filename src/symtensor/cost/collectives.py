@@ -17,9 +17,16 @@ beta = 1 / (link bandwidth x link efficiency), per level:
 
 An outer level moves ``m`` over the product of the inner members (the inner members carry
 distinct parts of the buffer over their own NICs); all-reduce across nodes pays a tree's
-2 ceil(log2 p) alpha rather than the ring's 2 (p-1) alpha; all-to-all sends the share of the buffer destined beyond each
-level at that level's bandwidth. A level where the group has one member costs nothing, so a group
-of size 1 moves no bytes. Formulas use plain arithmetic and work on sympy symbols too.
+2 ceil(log2 p) alpha rather than the ring's 2 (p-1) alpha. All-gather and reduce-scatter run one
+ring through all ``n`` members: n - 1 steps, of which those between members of one node pay the
+intra-node latency and the others the network's (NCCL's model, src/graph/tuning.cc
+``ncclTopoTuneModel``: ring latency ``(nsteps - nInterSteps) * intraLat + nInterSteps *
+interLat``, nsteps = nRanks - 1, nInterSteps = nNodes - 1): a level's (p - 1) steps are taken
+once per member of the levels outside it, so a ring of 1,024 ranks over 128 nodes pays 896
+NVLink steps and 127 network steps, where 8 ranks inside one node pay 7; all-to-all sends the
+share of the buffer destined beyond each level at that level's bandwidth. A level where the group
+has one member costs nothing, so a group of size 1 moves no bytes. Formulas use plain arithmetic
+and work on sympy symbols too.
 """
 
 from __future__ import annotations
@@ -51,6 +58,7 @@ def collective_time(kind: str, nbytes, counts, levels, link_eff=1.0):
     group = 1
     for c in counts:
         group *= c
+    ring = kind in ("all_gather", "reduce_scatter")
     for i, (level, p) in enumerate(zip(levels, counts)):
         if p == 1:
             continue
@@ -62,9 +70,9 @@ def collective_time(kind: str, nbytes, counts, levels, link_eff=1.0):
             steps = 2 * (p - 1) if i == 0 else 2 * min(p - 1, _ceil_log2(p))  # tree across nodes
             latency += steps * alpha
             here = 2 * (p - 1) / p * m * beta
-        elif kind in ("all_gather", "reduce_scatter"):
+        elif ring:
             m = nbytes / inner
-            latency += (p - 1) * alpha
+            latency += (p - 1) * (group // (inner * p)) * alpha  # once per member of the levels outside
             here = (p - 1) / p * m * beta
         elif kind == "all_to_all":
             # the share of the buffer that leaves the inner groups but stays inside this level

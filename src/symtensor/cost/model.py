@@ -199,7 +199,7 @@ class Evaluator:
 
     def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
         key = (t.shape, t.trainable, tl, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes,
-               train.optim_bytes, data_axes)
+               train.optim_bytes, data_axes, train.dp_replicate)
         hit = self._param_cache.get(key)
         if hit is None:
             hit = self._param_cache[key] = param_cost(self, t, tl, train, data_axes)
@@ -333,7 +333,7 @@ class _Accumulator:
         # what a segment's parameters depend on besides their layouts (see Params)
         self.waxes = weight_axes(ev.param_ops, layouts)
         self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
-                     train.framework, self.waxes)
+                     train.framework, self.waxes, train.dp_replicate)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)

@@ -1,7 +1,18 @@
 """Parameters, gradients and optimizer state, and their data-parallel synchronisation: one tensor's
 (``ParamCost``, ``param_cost``) and one segment's (``Params``), sharded by ZeRO / FSDP over the
-data-parallel axes (``weight_axes``, ``data_axes``). Read by the evaluator (``cost.model``) and
-by the op-local terms (``cost.terms``)."""
+data-parallel axes (``weight_axes``, ``data_axes``), or, under hybrid sharding
+(``TrainConfig.dp_replicate``), over their innermost ranks and replicated across the outermost
+(``shard_axes``). Read by the evaluator (``cost.model``) and by the op-local terms (``cost.terms``).
+
+Hybrid sharding (HSDP: FSDP2's ``fully_shard`` on a 2-D mesh, Megatron's distributed optimizer
+with ``--num-distributed-optimizer-instances``) runs, per gradient bucket or FSDP unit, a
+reduce-scatter inside the shard group, then an all-reduce of the shard across the replicas
+(Megatron: param_and_grad_buffer.py ``start_grad_sync``, "RS" then "AR" on one stream; FSDP2:
+``foreach_reduce`` reduce-scatters, then all-reduces over the replicate mesh dim), and gathers
+the parameters inside the shard group only. Its groups are smaller and, on the innermost levels,
+faster: a ring inside one node pays NVLink's latency per step, not InfiniBand's, and the
+replicas' all-reduce across nodes is a tree (``cost.collectives``); in exchange the state is
+sharded over fewer ranks and the all-reduce moves 2x the shard over the network."""
 
 from __future__ import annotations
 
@@ -38,6 +49,31 @@ def data_axes(layout: OpLayout, waxes: frozenset) -> frozenset:
     return frozenset(layout.axes_of("b")) | (frozenset(layout.axes_of("s")) - waxes)
 
 
+def shard_axes(replicas: tuple, mesh, dp_replicate: int | None) -> tuple[tuple, tuple]:
+    """ZeRO's shard group of a parameter whose data-parallel group spans ``replicas`` (mesh
+    positions), and the axes it is replicated over: with ``dp_replicate`` (hybrid sharding), the
+    outermost of its axes (the lowest positions) whose sizes multiply to a divisor of
+    ``dp_replicate`` replicate, and the rest, the ranks nearest each other (inside a node first),
+    shard, as Megatron's contiguous optimizer instances (parallel_state.py: the dp-cp ranks cut into
+    num_distributed_optimizer_instances consecutive slices) and torchtitan's mesh (dp_replicate
+    outside dp_shard x cp) take them. None: the whole group shards, nothing is replicated.
+
+    >>> from symtensor.hardware import load_cluster
+    >>> mesh = load_cluster("dgx-a100-80g", devices=32).mesh()  # 2 x 2 (ib) x 2 x 2 x 2 (nvlink)
+    >>> shard_axes((0, 1, 2, 3, 4), mesh, 4)
+    ((2, 3, 4), (0, 1))
+    """
+    if dp_replicate is None:
+        return replicas, ()
+    across, size = [], 1
+    for a in sorted(replicas):
+        if dp_replicate % (size * mesh[a].size):
+            break
+        across.append(a)
+        size *= mesh[a].size
+    return tuple(a for a in replicas if a not in across), tuple(across)
+
+
 @dataclass(frozen=True, slots=True)
 class ParamCost:
     """One parameter on one device: resident bytes, optimizer-step seconds, and one occurrence of
@@ -46,8 +82,10 @@ class ParamCost:
 
     ``reduce``: (kind, bytes, axes) of one gradient reduction over the replicas (all-reduce at
     ZeRO 0, reduce-scatter above); ``gather``: (bytes, axes) of one all-gather of the parameter
-    (ZeRO >= 1), or None; ``other``: seconds and bytes per step of all-reducing the gradient over
-    partial axes outside the data-parallel group (a norm weight under sequence parallelism)."""
+    (ZeRO >= 1), or None; ``replicate``: (bytes, axes) of the all-reduce of the reduced shard
+    across the replicas that follows each reduction under hybrid sharding, or None; ``other``:
+    seconds and bytes per step of all-reducing the gradient over partial axes outside the
+    data-parallel group (a norm weight under sequence parallelism)."""
 
     params: float
     grads: float
@@ -59,7 +97,8 @@ class ParamCost:
     other_bytes: float
     unsharded: float  # bytes of the gathered parameter (ZeRO 3 and FSDP units in flight)
     gather_s: float = 0.0  # seconds of ``gather`` alone (this tensor's own collective)
-    reduce_s: float = 0.0  # seconds of ``reduce`` alone
+    reduce_s: float = 0.0  # seconds of ``reduce`` alone (and of ``replicate`` after it)
+    replicate: tuple | None = None
 
 
 def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
@@ -70,12 +109,14 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     all-gather, which also shard the state over it. Other partial axes (a norm weight under
     sequence parallelism is partial over the tensor-parallel axes) are all-reduced on their own,
     as Megatron-LM and DTensor both do. ``data_axes`` None: every partial axis is data-parallel.
+    Under hybrid sharding (``train.dp_replicate``) ZeRO takes the shard group of ``shard_axes`` for
+    the data-parallel group, and the reduced shard is all-reduced across the replicas.
     """
     local = t.numel / tl.factor(ev.mesh)
     sync_axes = tuple(sorted(tl.partial))
     data = set(sync_axes) if data_axes is None else set(sync_axes) & set(data_axes)
     other = tuple(a for a in sync_axes if a not in data)
-    replicas = tuple(sorted(data))
+    replicas, across = shard_axes(tuple(sorted(data)), ev.mesh, train.dp_replicate)
     shard = 1
     for a in replicas:
         shard *= ev.mesh[a].size
@@ -93,16 +134,19 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     moved = local / owned * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
     opt_time = moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
     gbytes = local * train.grad_bytes
-    reduce = gather = None
+    reduce = gather = replicate = None
     if replicas:
         zero = eng.zero_sharded(z)  # reduce-scatter to the shards' owners, all-gather the weights back
         reduce = ("reduce_scatter" if zero else "all_reduce", gbytes, replicas)
         gather = (gathered, replicas) if zero else None
+    if across:  # hybrid sharding: the reduced shard, all-reduced across the replicas
+        replicate = (gbytes / shard, across)
     other_s = ev.coll_time("all_reduce", gbytes, other) if other else 0.0
     gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
     reduce_s = ev.coll_time(*reduce) if reduce else 0.0
+    reduce_s += ev.coll_time("all_reduce", *replicate) if replicate else 0.0
     return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, gathered,
-                     gather_s, reduce_s)
+                     gather_s, reduce_s, replicate)
 
 
 class Params:
@@ -124,6 +168,7 @@ class Params:
         self.tied: dict[str, Params] = {}
         self.reduces: dict = {}  # (kind, axes) -> bytes of one reduction
         self.gathers: dict = {}  # axes -> bytes of one gather
+        self.replicas: dict = {}  # axes -> bytes of one all-reduce across replicas (hybrid sharding)
         self.tensor_gather_s = self.tensor_reduce_s = 0.0  # the same, one collective per tensor
         self.groups: set = set()  # the mesh axes of each group its collectives run over (NCCL communicators)
         for op in ops:
@@ -138,6 +183,7 @@ class Params:
         else:
             self.gather_s = sum(ev.coll_time("all_gather", b, axes) for axes, b in self.gathers.items())
             self.reduce_s = sum(ev.coll_time(kind, b, axes) for (kind, axes), b in self.reduces.items())
+            self.reduce_s += sum(ev.coll_time("all_reduce", b, axes) for axes, b in self.replicas.items())
         # an engine that copies a gathered unit out of its buffer reads and writes its bytes (engine.py)
         self.copy_s = 2 * sum(self.gathers.values()) / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
 
@@ -177,16 +223,22 @@ class Params:
             self.gathers[axes] = self.gathers.get(axes, 0.0) + nbytes
             self.tensor_gather_s += pc.gather_s
             self.groups.add(axes)
+        if pc.replicate is not None:
+            nbytes, axes = pc.replicate
+            self.replicas[axes] = self.replicas.get(axes, 0.0) + nbytes
 
     def unit(self, times: int, fwd: float = 0.0, bwd: float = 0.0) -> Unit:
         """``times`` identical units whose compute (forward, backward) the engine overlaps with."""
         return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes, self.copy_s)
 
     def dp_bytes(self, calls: dict) -> dict:
-        """Bytes per step of this segment's data-parallel collectives, ``calls`` times each."""
+        """Bytes per step of this segment's data-parallel collectives, ``calls`` times each (the
+        replicas' all-reduce of hybrid sharding as often as the reduce-scatter it follows)."""
         out = dict(self.step_bytes)
         for (kind, _), b in self.reduces.items():
             out[kind] = out.get(kind, 0.0) + b * calls.get(kind, 0)
+        for _, b in self.replicas.items():
+            out["all_reduce"] = out.get("all_reduce", 0.0) + b * calls.get("reduce_scatter", 0)
         for _, b in self.gathers.items():
             out["all_gather"] = out.get("all_gather", 0.0) + b * calls.get("all_gather", 0)
         return out

@@ -68,6 +68,8 @@ def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
             transfers.append((pc.reduce[0], pc.reduce[1], pc.reduce[2], ex.calls.get(pc.reduce[0], 0), tname))
         if pc.gather:
             transfers.append(("all_gather", pc.gather[0], pc.gather[1], ex.calls.get("all_gather", 0), tname))
+        if pc.replicate:  # hybrid sharding: the shard all-reduced across replicas, after each reduce-scatter
+            transfers.append(("all_reduce", pc.replicate[0], pc.replicate[1], ex.calls.get("reduce_scatter", 0), tname))
         if pc.other_bytes:
             other = tuple(sorted(a for a in ev.param_layout(op, layout, slot).partial if a not in data))
             transfers.append(("all_reduce", pc.other_bytes, other, 1, tname))

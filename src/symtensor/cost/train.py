@@ -34,6 +34,12 @@ class TrainConfig:
         layer_split: layers per pipeline stage (uneven splits allowed); default: as even as possible.
         recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
         zero: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded over replicas.
+        dp_replicate: hybrid sharding (HSDP; Megatron's ``--num-distributed-optimizer-instances``,
+            torchtitan's ``data_parallel_replicate_degree``): each parameter's data-parallel group
+            is ``dp_replicate`` replicas (its outermost ranks) of a ZeRO shard group (the innermost:
+            the dense layers' ``Parallelism.dp_shard``, the experts' smaller rest), whose reduced
+            shards are all-reduced across the replicas (``cost.params.shard_axes``). Both engines
+            fix the replicas for every parameter, experts included. None: ZeRO over the whole group.
         param_bytes / grad_bytes / optim_bytes: per parameter; None: the engine's
             (``cost.engine.Engine.state_bytes``: Megatron 2 + 4 + 12, FSDP2 4 + 4 + 8,
             DeepSpeed 2 + 2 + 12).
@@ -61,6 +67,7 @@ class TrainConfig:
     layer_split: tuple[int, ...] | None = None
     recompute: str = "none"
     zero: int = 0
+    dp_replicate: int | None = None
     param_bytes: int | None = None
     grad_bytes: int | None = None
     optim_bytes: int | None = None
@@ -81,6 +88,13 @@ class TrainConfig:
             raise PlanError(f"recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
         if self.zero not in (0, 1, 2, 3):
             raise PlanError(f"zero={self.zero!r}; use 0, 1, 2 or 3")
+        if self.dp_replicate is not None:
+            r = self.dp_replicate
+            if not isinstance(r, int) or isinstance(r, bool) or r < 1:
+                raise PlanError(f"dp_replicate must be a positive integer, got {r!r}")
+            if self.zero == 0:
+                raise PlanError("hybrid sharding shards ZeRO's state, which ZeRO 0 does not shard; use --zero 1, 2 "
+                                "or 3, or leave --dp-shard out")
         object.__setattr__(self, "framework", ALIASES.get(self.framework, self.framework))
         if self.framework not in FRAMEWORKS:
             raise PlanError(f"framework={self.framework!r}; use one of {', '.join(FRAMEWORKS)}")

@@ -49,6 +49,8 @@ def dtensor_plan(plan) -> dict:
            "reshard_after_forward": p.reshards_after_forward if shard else None,
            "expert_parallel_degree": p.ep, "expert_tensor_parallel_degree": p.etp,
            "context_parallel": p.cp > 1}
+    if shard and p.hsdp:  # hybrid sharding: fully_shard on the 2-D mesh (replicate, shard) of dp x cp
+        out["hybrid_shard"] = {"replicate_degree": p.dp_replicate, "shard_degree": p.dp_shard}
     if shard and p.zero == 1:
         out["_zero_note"] = zero1_note("FSDP2 (fully_shard)", "reshard_after_forward=False")
     return out

@@ -19,10 +19,17 @@ CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1))
 
 
 def refusal(p: Parallelism) -> str | None:
-    """The first rule of ``CAPABILITIES`` that configuration ``p`` breaks, or None."""
+    """The first rule of ``CAPABILITIES`` that configuration ``p`` breaks, or None. Hybrid
+    sharding is ``--num-distributed-optimizer-instances`` (dp x cp / dp_shard) beside
+    ``--use-distributed-optimizer``: Megatron-LM asserts that the instances divide dp x cp and
+    the expert data-parallel size (megatron/core/parallel_state.py), which the configuration rule
+    already holds (``plan.parallelism._hybrid_refusal``); without the distributed optimizer
+    (ZeRO 0) the instances have nothing to shard."""
     if p.zero not in CAPABILITIES.zero:
         return (f"Megatron-LM has no ZeRO-{p.zero}; its distributed optimizer is ZeRO-1 (plan with --space megatron, "
                 "or export to torchtitan for FSDP)")
+    if p.hsdp and p.zero == 0:
+        return "--num-distributed-optimizer-instances needs --use-distributed-optimizer (ZeRO-1)"
     return None
 
 
@@ -87,6 +94,8 @@ def megatron_args(plan) -> list[str]:
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
     if p.zero >= 1:
         args.append("--use-distributed-optimizer")
+    if p.hsdp:  # hybrid sharding: optimizer instances of dp_shard ranks each, replicated
+        args.append(f"--num-distributed-optimizer-instances {p.dp_replicate}")
     if cfg.family == "llama":
         args += ["--normalization RMSNorm", "--swiglu", "--position-embedding-type rope",
                  "--untie-embeddings-and-output-weights"]

@@ -20,7 +20,17 @@ CAPABILITIES = Capabilities(name="torchtitan", engine="fsdp2", cp_needs_fsdp=Tru
 
 def refusal(p: Parallelism, model) -> str | None:
     """The first rule of ``CAPABILITIES`` that configuration ``p`` breaks on ``model``, or None."""
-    return _cp_fsdp(p) or _expert_grid(p, model)
+    return _cp_fsdp(p) or _hybrid(p) or _expert_grid(p, model)
+
+
+def _hybrid(p: Parallelism) -> str | None:
+    """Hybrid sharding as torchtitan takes it: its FSDP mesh dim ``dp_shard_cp`` is
+    data_parallel_shard_degree x cp, inside ``dp_replicate`` (ParallelDims.build_mesh), so the
+    plan's shard group (dp_shard ranks of dp x cp, cp innermost) must hold all of cp."""
+    if p.hsdp and p.dp_shard % p.cp:
+        return (f"its FSDP shards over data_parallel_shard_degree x cp (the dp_shard_cp mesh), so dp_shard="
+                f"{p.dp_shard} must be a multiple of cp={p.cp}")
+    return None
 
 
 def data_parallel(p: Parallelism) -> tuple[int, int, str]:
@@ -33,10 +43,16 @@ def data_parallel(p: Parallelism) -> tuple[int, int, str]:
     parallelism), "never" at ZeRO 1/2 (each block gathered once per micro-batch, kept to its
     backward). torchtitan has no ZeRO 1 (sharded optimizer state beside replicated gradients):
     ZeRO 1 runs as ZeRO 2, which the fsdp2 engine costs with the same collectives and no more memory
-    (the gradients sharded too); the export says so (``_zero_note``)."""
+    (the gradients sharded too); the export says so (``_zero_note``). Hybrid sharding (``p.hsdp``)
+    is HSDP: ``data_parallel_replicate_degree`` the replicas, ``data_parallel_shard_degree`` the
+    shard group over cp (torchtitan's FSDP mesh is dp_shard x cp; ParallelDims requires
+    replicate x shard x cp x tp x pp = world size)."""
+    reshard = "always" if p.reshards_after_forward else "never"
+    if p.hsdp:
+        return p.dp_replicate, p.dp_shard // p.cp, reshard
     if not p.replace(framework=CAPABILITIES.engine).sharded_parameters:
         return p.dp, 1, "default"
-    return 1, p.dp, "always" if p.reshards_after_forward else "never"
+    return 1, p.dp, reshard
 
 
 def _cp_fsdp(p: Parallelism) -> str | None:
@@ -81,6 +97,10 @@ def torchtitan_config(plan) -> dict:
         raise PlanError(f"torchtitan would not run this plan as it is costed: {why}; the nearest exportable "
                         f"configuration: {evaluate_command(plan, p.replace(zero=1))} (FSDP2 over dp x cp, which "
                         "torchtitan runs; or export this one to megatron)")
+    why = _hybrid(p)
+    if why is not None:
+        raise PlanError(f"torchtitan would refuse this plan at launch: {why}; the nearest exportable configuration: "
+                        f"{evaluate_command(plan, p.replace(dp_shard=None))} (FSDP over all of dp x cp)")
     why = _expert_grid(p, plan.model)
     if why is not None:
         raise PlanError(f"torchtitan would refuse this plan at launch: {why}; the nearest exportable "
@@ -100,6 +120,10 @@ def torchtitan_config(plan) -> dict:
     }
     if p.precision == "fp8":
         out.update(float8_config(p, shard))
+    if p.hsdp:
+        out["_hsdp_note"] = (f"hybrid sharding: FSDP2 over {p.dp_shard} ranks (data_parallel_shard_degree {shard} x "
+                             f"cp {p.cp}), replicated {replicate} times; the launch checks replicate x shard x cp x tp "
+                             f"x pp = {replicate * shard * p.cp * p.tp * p.pp} devices")
     if p.zero == 1:
         out["_zero_note"] = zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
     if replicate > 1 and shard == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1):

@@ -42,7 +42,9 @@ def plan_to_dict(plan: Plan) -> dict:
                                "hbm_bandwidth": cl.device.hbm_bandwidth, "memory": cl.device.memory},
                     "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth,
                                 "latency": lv.latency} for lv in cl.levels]},
-        "train": {f.name: getattr(plan.train, f.name) for f in dataclasses.fields(TrainConfig)},
+        # (hybrid sharding's dp_replicate only where it is chosen: other plan files stay as they were)
+        "train": {f.name: getattr(plan.train, f.name) for f in dataclasses.fields(TrainConfig)
+                  if f.name != "dp_replicate" or plan.train.dp_replicate is not None},
         "seq": plan.seq,
         "mesh": [{"name": a.name, "size": a.size, "level": a.level} for a in plan.mesh],
         "layouts": {name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},

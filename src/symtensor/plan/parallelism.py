@@ -14,6 +14,8 @@ whose semantics its costs follow. It is read from a plan once (``parallelism(pla
     edp             the expert grid's data-parallel rest: stage / (ep x etp) (MoE parallel folding)
     micro_steps     micro-batches per step of each data-parallel replica
     seq_cut         cp x tp (sequence parallel): what the sequence must divide into
+    hsdp            whether ZeRO shards over part of the dp x cp group (``dp_shard``) and
+                    replicates across the rest: hybrid sharding; ``dp_replicate`` the replicas
     sharded_parameters, reshards_after_forward: the engine's rule (``cost.engine``)
 
 Whether a configuration runs on a model and a cluster is one function, ``refusal`` (the reason,
@@ -65,6 +67,9 @@ class Parallelism:
             etp defaults to 1, as Megatron's MoE model zoo runs experts; dense models keep 1, 1.
         sp: sequence parallelism (norms and the residual stream cut on the sequence over tp).
         zero: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded over dp x cp.
+        dp_shard: hybrid sharding: ZeRO shards over the innermost dp_shard ranks of the dp x cp
+            group and replicates across the rest (``cost.params.shard_axes``); None (or dp x cp
+            itself): over the whole group.
         recompute: ``none``, ``selective`` or ``full``.
         micro_batch: sequences per micro-batch of one data-parallel replica.
         global_batch: sequences per optimizer step; seq: tokens per sequence.
@@ -82,6 +87,7 @@ class Parallelism:
     etp: int = 1
     sp: bool = False
     zero: int = 0
+    dp_shard: int | None = None
     recompute: str = "none"
     micro_batch: int = 1
     global_batch: int = 1
@@ -131,6 +137,16 @@ class Parallelism:
         return self.cp * (self.tp if self.sp else 1)
 
     @property
+    def hsdp(self) -> bool:
+        """Whether ZeRO shards over part of the dp x cp group only (hybrid sharding)."""
+        return self.dp_shard is not None and self.dp_shard != self.dp * self.cp
+
+    @property
+    def dp_replicate(self) -> int:
+        """Replicas of the ZeRO shard group: dp x cp / dp_shard (1 without hybrid sharding)."""
+        return self.dp * self.cp // self.dp_shard if self.hsdp else 1
+
+    @property
     def sharded_parameters(self) -> bool:
         """Whether parameters are sharded over their replicas and gathered for compute (the
         engine's rule, ``cost.engine.sharded_parameters``)."""
@@ -147,7 +163,8 @@ class Parallelism:
         """The training configuration the cost model reads."""
         return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps, pp=self.pp, vpp=self.vpp,
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
-                           precision=self.precision, fp8_recipe=self.fp8_recipe)
+                           precision=self.precision, fp8_recipe=self.fp8_recipe,
+                           dp_replicate=self.dp_replicate if self.hsdp else None)
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
@@ -186,6 +203,9 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
     why = _expert_refusal(p, model)
     if why is not None:
         return why
+    why = _hybrid_refusal(p)
+    if why is not None:
+        return why
     if p.global_batch % (p.micro_batch * dp):
         return (f"global batch {p.global_batch} is not divisible by micro_batch*dp = {p.micro_batch}*{dp}; change "
                 "--global-batch or --micro-batch")
@@ -221,6 +241,28 @@ def _expert_refusal(p: Parallelism, model) -> str | None:
     if p.stage % (ep * etp):
         return (f"ep*etp = {ep}*{etp} must divide tp*cp*dp = {p.stage}: the expert layers regroup the ranks of a "
                 f"pipeline stage (MoE parallel folding); choose ep and etp whose product divides {p.stage}")
+    return None
+
+
+def _hybrid_refusal(p: Parallelism) -> str | None:
+    """Hybrid sharding: dp_shard ranks of the dp x cp group shard ZeRO's state, so it divides the
+    group (Megatron asserts dp x cp % num_distributed_optimizer_instances == 0, parallel_state.py;
+    torchtitan that the degrees multiply to the world size) and needs a ZeRO stage that shards."""
+    if p.dp_shard is None:
+        return None
+    group = p.dp * p.cp
+    if not isinstance(p.dp_shard, int) or isinstance(p.dp_shard, bool) or p.dp_shard < 1:
+        return f"dp_shard must be a positive integer, got {p.dp_shard!r}"
+    if group % p.dp_shard:
+        return f"dp_shard={p.dp_shard} must divide dp*cp = {group}; choose a divisor of {group}"
+    if p.hsdp and p.zero == 0:
+        return f"dp_shard={p.dp_shard} shards ZeRO's state, which ZeRO 0 does not shard; use --zero 1, 2 or 3"
+    if p.hsdp and p.dp_shard == 1:
+        return "dp_shard=1 shards nothing (every rank a replica); use --zero 0 for plain data parallelism"
+    if p.hsdp and p.edp % p.dp_replicate:
+        return (f"the experts' data-parallel rest {p.edp} must split into the {p.dp_replicate} replicas of hybrid "
+                f"sharding (Megatron asserts expert dp % num_distributed_optimizer_instances == 0); choose a "
+                "larger dp_shard or smaller ep x etp")
     return None
 
 

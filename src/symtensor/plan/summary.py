@@ -17,8 +17,8 @@ import math
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
-MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq",
-                 "vpp", "framework", "precision", "fp8_recipe")
+MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "dp_shard", "recompute", "micro_batch",
+                 "global_batch", "seq", "vpp", "framework", "precision", "fp8_recipe")
 # how the note of a ``megatron_recipe`` baseline begins (``search.baselines.megatron_recipe``): then
 # the recipe's name and source, or ``sizing rule`` and why no recipe was used
 RECIPE_NOTE = "Megatron recipe: "
@@ -112,8 +112,10 @@ def config_summary(plan) -> dict:
     norms = [op for op in ops if op.kind == "norm"]
     sp = any(_factor(plan.layouts[op.name], ("s",), mesh) > deg["cp"] for op in norms)
     differs = differences(plan, deg, edeg if experts else None)
+    # hybrid sharding: the dense shard group, dp x cp over the replicas (the key only under HSDP)
+    hybrid = {} if train.dp_replicate is None else {"dp_shard": deg["dp"] * deg["cp"] // train.dp_replicate}
     return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
-            "sp": sp, "zero": train.zero, "recompute": train.recompute,
+            "sp": sp, "zero": train.zero, **hybrid, "recompute": train.recompute,
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
@@ -225,6 +227,7 @@ def repeated_work_note(plan) -> str | None:
 
 def megatron_summary(plan) -> dict:
     """The Megatron-LM configuration of a plan (``config_summary`` without what Megatron has no
-    argument for): the ``config`` of a Megatron configuration's JSON."""
+    argument for): the ``config`` of a Megatron configuration's JSON (``dp_shard`` only under
+    hybrid sharding)."""
     c = config_summary(plan)
     return {k: c[k] for k in MEGATRON_KEYS if k in c}

@@ -29,6 +29,8 @@ def _header(console, out: dict) -> None:
                                                                   "recompute", "micro_steps", "vpp"))
                   + f"   step {out['step_time_s']:.3f} s")
     console.print(f"[dim]{out['units']}; at each mesh axis an op keeps its outer cuts and adds one (or none)[/]")
+    if out.get("hybrid_sharding"):
+        console.print(out["hybrid_sharding"])
 
 
 def _cell(lv: dict) -> str:

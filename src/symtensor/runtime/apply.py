@@ -2,7 +2,8 @@
 
 The order is fixed, as in torchtitan: tensor parallel (``parallelize_module``), then expert
 parallel (experts cut on dim 0, tokens moved by all-to-all), then ``fully_shard`` (FSDP2: ZeRO-3,
-or ZeRO-2 without resharding after forward) over ``fsdp_axes``. A pipeline spec instead cuts the
+or ZeRO-2 without resharding after forward) over ``fsdp_axes``, or, with a replicate axis in
+``dp_axes``, over the 2-D mesh (replicate, shard): hybrid sharding (HSDP). A pipeline spec instead cuts the
 layer stack into ``torch.distributed.pipelining`` stages. Data parallelism over ``dp_axes`` is a
 plain gradient all-reduce after backward, so its bytes are exactly the gradients' size.
 
@@ -181,11 +182,16 @@ def apply_fsdp(model: nn.Module, spec: RunSpec, mesh: DeviceMesh) -> None:
     False (ZeRO-2, the engine's ZeRO 1/2) keeps them gathered from forward to backward, once per
     step. The root is given the value explicitly: fully_shard's default (None) would keep the
     root unsharded after forward whatever the layers do. Gradients are reduce-scattered once. On a
-    2-D mesh fully_shard composes with the tensor-parallel DTensors.
+    2-D mesh fully_shard composes with the tensor-parallel DTensors. Under hybrid sharding
+    (``spec.hybrid``) the mesh is (replicate, shard): parameters gathered and gradients
+    reduce-scattered over the shard axis, the reduced shards then all-reduced over the replicate
+    axis (torch.distributed.fsdp.fully_shard: "a 2D mesh ... uses HSDP").
     """
     if not spec.fsdp_axes:
         return
-    fsdp_mesh, reshard = submesh(mesh, spec.fsdp_axes), spec.reshard_after_forward
+    reshard = spec.reshard_after_forward
+    # HSDP: fully_shard shards over the last dim of a 2-D mesh and replicates over the first
+    fsdp_mesh = mesh[spec.dp_axes[0], spec.fsdp_axes[0]] if spec.hybrid else submesh(mesh, spec.fsdp_axes)
     for layer in model.layers.values():
         fully_shard(layer, mesh=fsdp_mesh, reshard_after_forward=reshard)
     fully_shard(model, mesh=fsdp_mesh, reshard_after_forward=reshard)
@@ -250,7 +256,7 @@ def sync_gradients(model: nn.Module, spec: RunSpec, mesh: DeviceMesh) -> None:
             p.grad = p.grad.redistribute(placements=[Replicate() if pl.is_partial() else pl
                                                      for pl in p.grad.placements])
         grad = p.grad.to_local() if isinstance(p.grad, DTensor) else p.grad
-        if spec.dp_axes:
+        if spec.dp_axes and not spec.hybrid:  # (under HSDP fully_shard all-reduces the replicas)
             group = groups[_expert_dp_axes(spec) if _is_expert(name) else _dense_dp_axes(spec)]
             if group is not None:
                 dist.all_reduce(grad, group=group)

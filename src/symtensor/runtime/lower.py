@@ -3,7 +3,9 @@
 
 The runtime runs Megatron-style tensor parallelism (column then row per block, vocabulary-parallel
 embedding, sequence parallelism), data parallelism by gradient all-reduce, FSDP2 (ZeRO-3, and the
-fsdp2 engine's ZeRO-1/2 without resharding after forward), expert parallelism over whole axes and
+fsdp2 engine's ZeRO-1/2 without resharding after forward), hybrid sharding (HSDP: the data-parallel
+role split into a replicate axis, its outer axes, and a shard axis, its innermost ``dp_shard``
+ranks, as ``cost.params.shard_axes`` takes them), expert parallelism over whole axes and
 pipelines of data-parallel stages: ``CAPABILITIES``, whose rules ``refusal`` applies after the
 one configuration rule (``plan.parallelism.refusal``).
 
@@ -44,6 +46,8 @@ def refusal(p: Parallelism, model, attention_only: bool = False) -> str | None:
     if model.is_moe and p.tp > 1 and not (p.sp or attention_only):
         return ("the runtime runs MoE layers with tensor parallelism under sequence parallelism only (each rank routes "
                 "its sequence shard, as Megatron requires); plan with sp")
+    if p.hsdp and p.ep > 1:
+        return "the runtime runs hybrid sharding (HSDP) without expert parallelism; plan with ep=1 or without dp_shard"
     if p.ep == 1:
         return None
     if p.etp != 1:
@@ -64,6 +68,23 @@ def _folds(p: Parallelism) -> dict[int, tuple[str, ...]]:
     return {p.tp: ("tp",), p.tp * p.dp: ("dp", "tp")} if p.tp > 1 else {p.dp: ("dp",)}
 
 
+def hybrid_axes(names: tuple[str, ...], mesh, dp_shard: int) -> tuple[str, str]:
+    """The replicate and the shard axis of hybrid sharding over the data-parallel axes ``names``
+    (mesh order): the innermost axes whose sizes multiply to ``dp_shard`` shard (the cost model's
+    ``cost.params.shard_axes``), the others replicate; each role's axes joined by ``+``."""
+    sizes = {a.name: a.size for a in mesh}
+    shard, size = [], 1
+    for name in reversed(names):
+        if dp_shard % (size * sizes[name]):
+            break
+        shard.insert(0, name)
+        size *= sizes[name]
+    if size != dp_shard:
+        raise PlanError(f"dp_shard={dp_shard} is not the size of the innermost data-parallel axes "
+                        f"{[sizes[n] for n in names]}; choose a product of the innermost ones")
+    return "+".join(n for n in names if n not in shard), "+".join(shard)
+
+
 def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
     """The RunSpec of a plan whose ops agree on one configuration (``Plan.parallelism``), on the
     plan's mesh axes (the module docstring); refuses what the runtime cannot run."""
@@ -76,7 +97,11 @@ def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
     mesh, dp_axes, fsdp_axes = {}, (), ()
     if pp > 1:
         mesh[axis["pp"]] = pp
-    if dp > 1:
+    if dp > 1 and p.hsdp:  # replicas outside, shards inside: fully_shard on the 2-D mesh
+        replicate, shard = hybrid_axes(role_axes(plan)["dp"], plan.mesh, p.dp_shard)
+        mesh |= {replicate: p.dp_replicate, shard: p.dp_shard}
+        dp_axes, fsdp_axes = (replicate,), (shard,)
+    elif dp > 1:
         mesh[axis["dp"]] = dp
         # the fsdp2 engine's ZeRO 1/2 is FSDP2 without resharding after forward (cost.engine); FSDP2
         # has no ZeRO 1 (replicated gradients), so ZeRO 1 runs as ZeRO 2: the same collectives

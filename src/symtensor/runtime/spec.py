@@ -7,7 +7,10 @@ A RunSpec names a device mesh (ordered axis name -> size) and gives every mesh a
     fsdp_axes    FSDP2 (``fully_shard``): the batch is cut over them, parameters, gradients and
                  optimizer state are sharded; ``reshard_after_forward`` True (ZeRO-3) gathers each
                  group's parameters again for backward, False (ZeRO-2: the fsdp2 engine's ZeRO 1/2)
-                 keeps them from forward to backward
+                 keeps them from forward to backward. With one ``dp_axes`` axis before it in the
+                 mesh: hybrid sharding (HSDP), ``fully_shard`` on the 2-D mesh (dp axis, fsdp axis),
+                 sharded over the fsdp axis and replicated over the dp axis, whose gradients
+                 fully_shard all-reduces after each reduce-scatter
     ep_axes      expert parallel: ``dp_axes`` and/or ``tp_axis`` (Megatron's MoE parallel folding:
                  the expert layers regroup the ranks attention uses); experts are cut on dim 0
                  over them (flattened in mesh order) and tokens travel to their experts by
@@ -110,7 +113,8 @@ class RunSpec:
         layer_styles: layer index -> {layer key -> style}, overriding ``styles`` for that layer.
         sequence_parallel: norms and the residual stream are cut on the sequence over ``tp_axis``
             (Megatron-SP: all-gather before, reduce-scatter after each tensor-parallel block).
-        dp_axes: data-parallel axes (batch cut, gradient all-reduce).
+        dp_axes: data-parallel axes (batch cut, gradient all-reduce); with ``fsdp_axes``, the one
+            replicate axis of hybrid sharding.
         fsdp_axes: fully_shard axes (batch cut, parameters sharded on dim 0).
         reshard_after_forward: with ``fsdp_axes``, fully_shard's ``reshard_after_forward``: True
             (ZeRO-3: parameters gathered in forward and again in backward) or False (ZeRO-2: gathered
@@ -221,9 +225,16 @@ class RunSpec:
         if not self.reshard_after_forward and not self.fsdp_axes:
             raise PlanError("RunSpec.reshard_after_forward=False needs fsdp_axes (it is fully_shard's setting); "
                             "name the sharded axes or leave it true")
-        if self.fsdp_axes and (self.dp_axes or self.ep_axes):
-            raise PlanError("RunSpec: fsdp_axes with dp_axes (HSDP) or ep_axes is not supported by this runtime; "
-                            "use either fsdp_axes or dp_axes")
+        if self.fsdp_axes and self.ep_axes:
+            raise PlanError("RunSpec: fsdp_axes with ep_axes is not supported by this runtime; use either")
+        if self.hybrid:
+            names = [a for a, _ in self.mesh]
+            if len(self.dp_axes) != 1 or len(self.fsdp_axes) != 1:
+                raise PlanError(f"RunSpec: hybrid sharding (dp_axes with fsdp_axes) takes one replicate axis and one "
+                                f"shard axis, got dp_axes {list(self.dp_axes)} and fsdp_axes {list(self.fsdp_axes)}")
+            if names.index(self.dp_axes[0]) > names.index(self.fsdp_axes[0]):
+                raise PlanError(f"RunSpec: hybrid sharding replicates over the outer axis; put dp_axes "
+                                f"{self.dp_axes[0]!r} before fsdp_axes {self.fsdp_axes[0]!r} in the mesh")
 
     def _check_blocks(self) -> None:
         """A block is tensor parallel as a whole or replicated as a whole; TP needs tp_axis."""
@@ -283,6 +294,11 @@ class RunSpec:
     @property
     def ep_size(self) -> int:
         return self.axis_size_of(self.ep_axes)
+
+    @property
+    def hybrid(self) -> bool:
+        """Hybrid sharding (HSDP): fully_shard over ``fsdp_axes``, replicated over ``dp_axes``."""
+        return bool(self.fsdp_axes) and bool(self.dp_axes)
 
     @property
     def batch_axes(self) -> tuple[str, ...]:

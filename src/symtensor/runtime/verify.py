@@ -87,14 +87,15 @@ def measured_bytes(result: dict) -> dict:
 
 def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global_batch: int = 8, seq: int = 16,
         tp: int | None = None, zero: int = 0, ep: int | None = None, pp: int = 1, plan_file: str | None = None,
-        attention_only: bool = False, timeout_s: float = 300, master_port: int | None = None, device: str = "cpu",
-        cluster: str | None = None) -> dict:
+        dp_shard: int | None = None, attention_only: bool = False, timeout_s: float = 300,
+        master_port: int | None = None, device: str = "cpu", cluster: str | None = None) -> dict:
     """Run a plan file's configuration, or the fastest runnable one (or the given tp); compare.
 
     ``timeout_s`` and ``master_port``: see ``symtensor.runtime.launch.launch``. ``device="cuda"``
     runs on this machine's GPUs (NCCL, bf16 autocast) and reports the measured step time and peak
     memory beside the prediction on ``cluster`` (a preset or cluster file; default: the preset of
-    this GPU); bytes are reported there, numerics are checked on CPU only."""
+    this GPU); bytes are reported there, numerics are checked on CPU only. ``dp_shard``: hybrid
+    sharding (HSDP: ``fully_shard`` on a 2-D mesh, replicas x shards), with ``zero`` 1, 2 or 3."""
     from symtensor.runtime.launch import run_spec
 
     cfg = load_model_config(model)
@@ -104,7 +105,7 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
     if device == "cpu":
         _small_enough(cfg)
     plan = (runnable_plan(plan_file, cfg, devices) if plan_file
-            else choose_plan(cfg, devices, global_batch, seq, tp, zero, ep, pp))
+            else choose_plan(cfg, devices, global_batch, seq, tp, zero, ep, pp, dp_shard))
     config = plan.parallelism
     if attention_only:
         if config.tp == 1:
@@ -175,9 +176,10 @@ def runnable_plan(path: str, cfg, devices: int):
 
 
 def choose_plan(cfg, devices: int, global_batch: int, seq: int, tp: int | None = None, zero: int = 0,
-                ep: int | None = None, pp: int = 1):
+                ep: int | None = None, pp: int = 1, dp_shard: int | None = None):
     """The plan of the runnable configuration the model predicts fastest (or the one asked for)
-    on the ``devices`` processes of this machine."""
+    on the ``devices`` processes of this machine; ``dp_shard``: hybrid sharding over that many
+    of the data-parallel processes (the innermost)."""
     cluster = local_cluster(devices)
     best = None
     if devices % pp:
@@ -198,9 +200,10 @@ def choose_plan(cfg, devices: int, global_batch: int, seq: int, tp: int | None =
                 mb = 1 if pp > 1 else global_batch // dp
                 z = zero if dp > 1 else 0  # ZeRO 1/2 runs as the fsdp2 engine costs it (plan_to_spec)
                 plan = megatron_plan(cfg, cluster, tp=t, pp=pp, dp=dp, ep=e, sp=t > 1, zero=z, micro_batch=mb,
-                                     global_batch=global_batch, seq=seq,
+                                     global_batch=global_batch, seq=seq, dp_shard=dp_shard,
                                      framework=CAPABILITIES.engine if z in (1, 2) else DEFAULT_FRAMEWORK)
-            except PlanError:
+            except PlanError as exc:
+                refused = refused or (exc if dp_shard else None)  # (a hybrid sharding the processes cannot take)
                 continue
             try:
                 plan_to_spec(plan)  # only what the runtime runs (experts over whole mesh axes)

@@ -25,7 +25,9 @@ then at its other variants.
 from __future__ import annotations
 
 from symtensor.cost import TrainConfig
+from symtensor.cost.params import data_axes, weight_axes
 from symtensor.errors import PlanError
+from symtensor.layout import REPLICATED
 from symtensor.search.megatron import inner_grid
 from symtensor.search.parallel import Background
 from symtensor.search.pool import Costed, EvaluatorPool
@@ -154,3 +156,61 @@ def point_bound(pool: EvaluatorPool, base: dict, vpp_max: int) -> float:
     stages[0] += seconds.get(-1, 0.0)
     stages[-1] += seconds.get(layers, 0.0)
     return m * max(stages) + (pp - 1) / vpp_max * sum(stages) / pp
+
+
+# -- hybrid sharding: a variant of a costed point ---------------------------------------------------
+def dense_group(ev, layouts: dict) -> frozenset:
+    """The mesh axes of the dense data-parallel group (dp x cp) of ``layouts``: those over which
+    the attention core's parameters are data-parallel (``cost.params.data_axes``)."""
+    core = next((op for op in ev.graph.ops if op.kind == "attention"), None)
+    if core is None:
+        return frozenset()
+    return data_axes(layouts.get(core.name, REPLICATED), weight_axes(ev.param_ops, layouts))
+
+
+def shard_sizes(ev, layouts: dict, zero: int) -> list[int]:
+    """The hybrid-sharding degrees (``Parallelism.dp_shard``) worth costing for ``layouts``: the
+    ranks of the dense data-parallel group on a whole number of inner cluster levels, short of the
+    whole group (one node's ranks on a two-level cluster); none at ZeRO 0 or when the group lies
+    on one level."""
+    group = dense_group(ev, layouts)
+    if zero == 0 or not group:
+        return []
+    total = ev.mesh.size(tuple(group))
+    sizes = []
+    for level in sorted({ev.mesh[a].level for a in group})[:-1]:
+        n = ev.mesh.size(tuple(a for a in group if ev.mesh[a].level <= level))
+        if 1 < n < total:
+            sizes.append(n)
+    return sizes
+
+
+def hybrid_variant(ev, point: Costed) -> tuple[Costed, str | None]:
+    """``point`` with hybrid sharding (``shard_sizes``: ZeRO within the inner levels, replicated
+    across the rest) when that fits and is faster, and the plan's note saying what it bought;
+    ``point`` and None otherwise. One evaluation per candidate (usually one): a cheap variant of
+    a costed point, never a dimension of the grid or of the partition."""
+    if not point.report.fits or point.train.dp_replicate is not None:
+        return point, None
+    best, note = point, None
+    group = ev.mesh.size(tuple(dense_group(ev, point.layouts)))
+    for n in shard_sizes(ev, point.layouts, point.train.zero):
+        train = point.train.replace(dp_replicate=group // n)
+        rep = ev.evaluate(point.layouts, train, check=False)
+        if rep.fits and rep.step_time_s < best.report.step_time_s:
+            megatron = None if point.megatron is None else {**point.megatron, "dp_shard": n}
+            best = Costed(train, point.layouts, rep, megatron)
+            note = hybrid_note(point.report, rep, n, group, train.zero)
+    return best, note
+
+
+def hybrid_note(flat, hybrid, dp_shard: int, group: int, zero: int) -> str:
+    """What hybrid sharding bought, from the reports of a plan with ZeRO over the whole
+    data-parallel group of ``group`` ranks (``flat``) and over ``dp_shard`` of them (``hybrid``)."""
+    gib = 2**30
+    return (f"hybrid sharding (HSDP): ZeRO-{zero} shards over the {dp_shard} innermost data-parallel ranks and "
+            f"replicates across {group // dp_shard}: {flat.step_time_s:.4g} s -> {hybrid.step_time_s:.4g} s per step "
+            f"(data-parallel communication {flat.breakdown['dp_comm']:.3g} s -> {hybrid.breakdown['dp_comm']:.3g} s: "
+            f"rings inside the inner levels, an all-reduce of the shard across them; optimizer "
+            f"{flat.breakdown['optimizer']:.3g} s -> {hybrid.breakdown['optimizer']:.3g} s; memory "
+            f"{flat.memory_peak / gib:.1f} -> {hybrid.memory_peak / gib:.1f} GiB per device)")

@@ -30,6 +30,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from symtensor.cost import Evaluator, TrainConfig
+from symtensor.cost.params import shard_axes
 from symtensor.errors import PlanError
 from symtensor.graph import Graph
 from symtensor.hardware import Cluster, divisors
@@ -109,6 +110,23 @@ def assign_axes(mesh, c: dict) -> dict[str, tuple[int, ...]]:
     etp = _take(mesh, stage, c["etp"], "etp")
     ep = _take(mesh, stage, c["ep"], "ep")
     return {"tp": tp, "cp": cp, "dp": dp, "etp": etp, "ep": ep, "edp": tuple(sorted(stage))}
+
+
+def check_shard_group(mesh, c: dict, dp_shard: int) -> None:
+    """Hybrid sharding takes the innermost data-parallel axes (the cp axes, then the dp axes:
+    Megatron's rank order) whose sizes multiply to ``dp_shard``, the outer ones replicating
+    (``cost.params.shard_axes``); a PlanError naming the sizes that do when no such axes exist on
+    this mesh."""
+    ax = assign_axes(mesh, c)
+    group = tuple(sorted(ax["cp"] + ax["dp"]))
+    shard, _ = shard_axes(group, mesh, mesh.size(group) // dp_shard)
+    if mesh.size(shard) != dp_shard:
+        sizes, size = [], 1
+        for a in sorted(group, reverse=True)[:-1]:
+            size *= mesh[a].size
+            sizes.append(size)
+        raise PlanError(f"dp_shard={dp_shard} is not the size of the innermost data-parallel ranks on this cluster; "
+                        f"use one of {', '.join(map(str, sizes)) or 'none'} (ranks nearest each other first)")
 
 
 _COLUMN = {"q_proj": "n", "k_proj": "g", "v_proj": "g", "gate_proj": "f", "up_proj": "f", "router": None}
@@ -245,6 +263,8 @@ def megatron_plan(model: ModelConfig, cluster: Cluster, graph: Graph | None = No
     ev = Evaluator(graph, cluster, pp=c["pp"], framework=c["framework"])
     layouts = megatron_layouts(graph, ev.mesh, c)
     train = train_config(c)
+    if train.dp_replicate is not None:
+        check_shard_group(ev.mesh, c, c["dp_shard"])
     return Plan.of(model, cluster, train, c["seq"], graph, ev.mesh, ev.pp_axes, layouts, ev.evaluate(layouts, train))
 
 

@@ -21,7 +21,7 @@ from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
 from symtensor.plan.plan import Plan
-from symtensor.search.grid import virtual_stages
+from symtensor.search.grid import hybrid_variant, virtual_stages
 from symtensor.search.partition import Problem, refine, refine_blocks, solve
 from symtensor.search.pool import Costed, EvaluatorPool
 
@@ -315,6 +315,9 @@ def finish(s: OuterSearch, t0: float, zero_variants: bool = True) -> Plan:
     notes = [fp8_bought] if fp8_bought else []
     if best.train.fp8 is not None:
         notes.append(NUMERICS_NOTE)
+    if s.best is not None:  # hybrid sharding: a variant of the best point (search.grid.hybrid_variant)
+        best, note = hybrid_variant(s.pool.get(best.train.graph_batch, best.train.pp), best)
+        notes += [note] if note else []
     if s.best is None:
         rep = best.report
         notes.append(
