@@ -17,8 +17,9 @@ import math
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
+# (``layer_split``: the layers per virtual stage, only where the plan states its split)
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "micro_batch", "global_batch", "seq",
-                 "vpp", "framework")
+                 "vpp", "framework", "layer_split")
 
 
 def axis_names(layout, mesh) -> dict[str, list[str]]:
@@ -98,12 +99,15 @@ def config_summary(plan) -> dict:
     norms = [op for op in ops if op.kind == "norm"]
     sp = any(_factor(plan.layouts[op.name], ("s",), mesh) > deg["cp"] for op in norms)
     differs = differences(plan, deg, edeg if experts else None)
-    return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
-            "sp": sp, "zero": train.zero, "recompute": train.recompute,
-            "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
-            "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
-            "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
-            "framework": train.framework}
+    out = {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
+           "sp": sp, "zero": train.zero, "recompute": train.recompute,
+           "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
+           "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
+           "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
+           "framework": train.framework}
+    if train.layer_split is not None:  # a stated split (the rule's otherwise: no key, as before)
+        out["layer_split"] = list(train.layer_split)
+    return out
 
 
 def _core(plan):
@@ -208,4 +212,4 @@ def megatron_summary(plan) -> dict:
     """The Megatron-LM configuration of a plan (``config_summary`` without what Megatron has no
     argument for): the ``config`` of a Megatron configuration's JSON."""
     c = config_summary(plan)
-    return {k: c[k] for k in MEGATRON_KEYS}
+    return {k: c[k] for k in MEGATRON_KEYS if k in c}

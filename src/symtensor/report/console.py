@@ -101,6 +101,8 @@ def evaluation(out: dict, as_json: bool) -> int:
     fits = "[green]fits[/]" if out["fits"] else "[red]does not fit[/]"
     c.print(f"memory {out['memory_gib_per_device']:.1f} GiB of {out['capacity_gib']:.0f} GiB per device: {fits}")
     c.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
+    for note in out.get("notes", ()):
+        c.print(f"note: {note}", markup=False)
     return 0
 
 

@@ -12,6 +12,8 @@ from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
+from symtensor.cost.pipeline import balanced_split, rank_seconds
+from symtensor.cost.train import rule_split
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import OpLayout
@@ -78,6 +80,7 @@ class EvaluatorPool:
         self._layouts = Memo(self._megatron_layouts, limit=65)
         # Megatron inner grid (tp, cp, ep, etp, sp, micro batch) -> Evaluator.layer_seconds
         self._layer_seconds: dict = {}
+        self._splits: dict = {}  # (inner grid, pp, vpp) -> split_of
 
     def _graph(self, graph_batch: int):
         # the builders' graphs differ only in the batch size: validate the first one
@@ -140,11 +143,38 @@ class EvaluatorPool:
 
     def evaluate(self, c: dict, check: bool = False) -> Costed:
         """Cost a Megatron configuration (complete: ``megatron.configuration``; its layouts are
-        legal by construction; ``check`` checks them anyway, for a configuration a user gave)."""
+        legal by construction; ``check`` checks them anyway, for a configuration a user gave).
+        A pipelined one without a stated split takes the balanced split where that is the
+        faster by its layers' costs (``split_of``)."""
         ev, layouts = self.layouts(c)
         self.costed += 1
+        if c["pp"] > 1 and c["layer_split"] is None:
+            split = self.split_of(c)[0]
+            c = c if split is None else {**c, "layer_split": split}
         train = train_config(c)
         return Costed(train, layouts, ev.evaluate(layouts, train, check=check), c)
+
+    def split_of(self, point: dict) -> tuple[tuple[int, ...] | None, float, float]:
+        """The layer split a pipelined Megatron grid point runs with, by its inner grid's layer
+        costs (``layer_seconds``): the balanced one (``cost.pipeline.balanced_split``) where its
+        slowest rank is faster than under the rule's split (``cost.train.rule_split``), else None
+        (the rule's: plans stay as they were); the seconds per micro-batch of that slowest rank
+        and of all ranks together (the rule's sum), which bound the point's step from below
+        (``search.grid``). The balance is by time: memory is the evaluation's to check, as for
+        any point. Memoised per inner grid, depth and vpp."""
+        key = (inner_grid(point), point["pp"], point.get("vpp", 1))
+        hit = self._splits.get(key)
+        if hit is None:
+            seconds, layers, pp, vpp = self.layer_seconds(point), self.cfg.layers, point["pp"], point.get("vpp", 1)
+            ranks = rank_seconds(seconds, rule_split(layers, pp, vpp), pp)
+            rule, total = max(ranks), sum(ranks)
+            split = None
+            if rule > total / pp * (1 + 1e-9):  # (else no split has a faster slowest rank)
+                split = balanced_split(seconds, layers, pp, vpp)
+                slowest = max(rank_seconds(seconds, split, pp))
+            hit = (split, slowest, total) if split is not None and slowest < rule * (1 - 1e-9) else (None, rule, total)
+            self._splits[key] = hit
+        return hit
 
     def layer_seconds(self, point: dict) -> dict[int, float]:
         """``Evaluator.layer_seconds`` of a Megatron grid point without recomputation, shared by
