@@ -183,7 +183,7 @@ def balanced_split(seconds: dict[int, float], layers: int, pp: int, vpp: int = 1
     The items (embedding, layers, head) are cut into pp x vpp contiguous virtual stages, none
     empty (a stage may hold the embedding or the head alone): the cut whose slowest stage is
     fastest (bisection on that time with a greedy fill), optimal without interleaving (to a
-    thousandth of a layer), filled from the last stage so that the slack goes to the first stages,
+    hundredth of a layer), filled from the last stage so that the slack goes to the first stages,
     which hold the most micro-batches in flight. With interleaving a rank sums vpp stages:
     single-layer moves across stage boundaries then balance the sums, sweep after sweep, while
     they lower the slowest rank or, at an equal slowest rank, the sum of squares of the ranks'
@@ -213,7 +213,7 @@ def balanced_split(seconds: dict[int, float], layers: int, pp: int, vpp: int = 1
 
 def _min_max_cut(w: list[float], chunks: int) -> list[int]:
     """End indices of ``chunks`` contiguous non-empty groups of the items ``w`` whose largest sum
-    is least, to a thousandth of an item: the least feasible bound by bisection (feasible: a
+    is least, to a hundredth of an item: the least feasible bound by bisection (feasible: a
     greedy fill, group ends found on the prefix sums, needs at most ``chunks`` groups; the bound
     lies between the mean group and the mean plus the largest item), then the greedy fill at
     that bound, closing groups early where the rest must still give one item to each group left."""
@@ -231,7 +231,7 @@ def _min_max_cut(w: list[float], chunks: int) -> list[int]:
         return ends if at == n else []
 
     lo, hi = max(top, total / chunks), total / chunks + top
-    while hi - lo > 1e-3 * top:
+    while hi - lo > 1e-2 * top:
         mid = (lo + hi) / 2
         lo, hi = (lo, mid) if fill(mid) else (mid, hi)
     return fill(hi)

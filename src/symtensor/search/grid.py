@@ -112,15 +112,16 @@ def _every_variant(pool: EvaluatorPool, base: dict, vpps: list[int], best: Coste
     return best
 
 
-def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")):
+def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf"), balance: bool = True):
     """The cheapest recomputation with which ``base`` fits and its step time; (None, None) when
     nothing fits (parameters and optimizer state alone overflowing the memory are checked before
     any evaluation) or when it cannot beat ``bound`` (a variant that does not fit is already no
-    faster, and recomputation only adds time: exact branch and bound)."""
+    faster, and recomputation only adds time: exact branch and bound). ``balance``:
+    ``EvaluatorPool.evaluate``'s."""
     if not pool.may_fit(**base):
         return None, None
     for rc in pool.recomputations():
-        cand = pool.try_config(**base, recompute=rc)
+        cand = pool.try_config(**base, recompute=rc, balance=balance)
         if cand is None:
             return None, None
         rep = cand.report

@@ -141,14 +141,15 @@ class EvaluatorPool:
         key = (batch, c["pp"], c["tp"], c["cp"], c["dp"], c["ep"], c["etp"], c["sp"])
         return self.get(batch, c["pp"]), self._layouts[key]
 
-    def evaluate(self, c: dict, check: bool = False) -> Costed:
+    def evaluate(self, c: dict, check: bool = False, balance: bool = True) -> Costed:
         """Cost a Megatron configuration (complete: ``megatron.configuration``; its layouts are
         legal by construction; ``check`` checks them anyway, for a configuration a user gave).
-        A pipelined one without a stated split takes the balanced split where that is the
-        faster by its layers' costs (``split_of``)."""
+        A pipelined one without a stated split takes, with ``balance``, the balanced split where
+        that is the faster by its layers' costs (``split_of``); the rule's otherwise (the seeds'
+        scan, which the per-op search refines with the rule's split, and the Megatron recipe)."""
         ev, layouts = self.layouts(c)
         self.costed += 1
-        if c["pp"] > 1 and c["layer_split"] is None:
+        if balance and c["pp"] > 1 and c["layer_split"] is None:
             split = self.split_of(c)[0]
             c = c if split is None else {**c, "layer_split": split}
         train = train_config(c)
@@ -189,11 +190,11 @@ class EvaluatorPool:
             hit = self._layer_seconds[key] = ev.layer_seconds(layouts, train_config(c))
         return hit
 
-    def try_config(self, **config) -> Costed | None:
+    def try_config(self, balance: bool = True, **config) -> Costed | None:
         """``evaluate`` of the Megatron configuration ``config`` under this pool's engine; None
         when it is not a valid configuration."""
         try:
-            return self.evaluate(configuration({**config, "framework": self.framework}))
+            return self.evaluate(configuration({**config, "framework": self.framework}), balance=balance)
         except PlanError:
             return None
 
