@@ -63,13 +63,35 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
     groups = _groups(plan, problem)
     if op is not None:
         groups = _select(groups, op, plan)
-    return {
+    out = {
         "model": plan.model.name, "cluster": plan.cluster.name, "devices": plan.cluster.n_devices,
         "config": plan.config, "step_time_s": plan.report.step_time_s,
         "mesh": [{"name": a.name, "size": a.size, "level": plan.cluster.levels[a.level].name} for a in plan.mesh],
         "units": "seconds per training step over the layers an op stands for; bytes per device",
         "layer_types": [explain_op(problem, plan, layouts, rep, ops, spans, formulas) for rep, ops, spans in groups],
     }
+    if plan.train.layer_split is not None:  # (a plan with the rule's split says nothing of it, as before)
+        out["pipeline"] = pipeline_split_why(plan, problem.ev, layouts)
+    return out
+
+
+def pipeline_split_why(plan, ev, layouts) -> dict:
+    """Why the plan's stated layer split: its pipeline ranks' seconds per micro-batch against
+    those of the rule's split (``cost.train.rule_split``: even, or Megatron's own), costed with
+    the same layouts; the step pays micro-batches x the slowest rank, the bubble their mean."""
+    from symtensor.cost.pipeline import layout_string
+
+    train = plan.train
+    rule = ev.evaluate(layouts, train.replace(layer_split=None), check=False)
+    ours, theirs = plan.report.stage_times_s, rule.stage_times_s
+    split, even = train.chunk_layers(plan.model.layers), train.replace(layer_split=None).chunk_layers(plan.model.layers)
+    verdict = (f"the split {layout_string(split)} balances the pipeline: its slowest rank takes {max(ours):.4g} s "
+               f"per micro-batch, {max(theirs):.4g} s under the rule's split {list(even)} (the embedding and the LM "
+               f"head and loss are work on the first and last stage); the step {plan.report.step_time_s:.4g} s "
+               f"against {rule.step_time_s:.4g} s" + ("" if rule.fits else " (which does not fit)"))
+    return {"layer_split": list(split), "layout": layout_string(split), "rank_seconds": list(ours),
+            "rule_split": list(even), "rule_rank_seconds": list(theirs), "rule_step_time_s": rule.step_time_s,
+            "verdict": verdict}
 
 
 def _groups(plan, problem) -> list[tuple]:

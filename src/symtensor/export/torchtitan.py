@@ -98,10 +98,30 @@ def torchtitan_config(plan) -> dict:
         "activation_checkpoint": {"mode": {"none": "none", "selective": "selective", "full": "full"}[p.recompute]},
         "_devices": plan.cluster.n_devices,
     }
+    if p.layer_split is not None:  # a stated split (the search's balanced one, evaluate --pp-layout)
+        out["parallelism"]["module_fqns_per_model_part"] = module_fqns(p.layer_split)
     if p.zero == 1:
         out["_zero_note"] = zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
     if replicate > 1 and shard == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1):
         out["_ddp_note"] = _ddp_note(plan, p)
+    return out
+
+
+def module_fqns(split: tuple[int, ...]) -> list[list[str]]:
+    """A split (layers per virtual stage, ``cost.train.TrainConfig.layer_split``) as torchtitan's
+    ``module_fqns_per_model_part`` (torchtitan/config/job_config.py ``Parallelism``): its models'
+    modules ``tok_embeddings``, ``layers.<i>``, ``norm``, ``output`` per stage, stage k on pipeline
+    rank k % pp as its looped schedules (Interleaved1F1B) place them, Megatron's layout order.
+
+    >>> module_fqns((1, 2, 0))
+    [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2'], ['norm', 'output']]
+    """
+    out, start = [], 0
+    for c in split:
+        out.append([f"layers.{i}" for i in range(start, start + c)])
+        start += c
+    out[0].insert(0, "tok_embeddings")
+    out[-1] += ["norm", "output"]
     return out
 
 

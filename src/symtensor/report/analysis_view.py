@@ -61,6 +61,8 @@ def print_explain(console, out: dict, full: bool) -> None:
     for lt in out["layer_types"]:
         w.add_row(lt["block"], *(_cell(lv) for lv in lt["levels"]))
     console.print(w)
+    if "pipeline" in out:
+        console.print(f"pipeline: {out['pipeline']['verdict']}", markup=False)
     if full:
         for lt in out["layer_types"]:
             print_candidates(console, lt)
