@@ -118,10 +118,11 @@ def _configured_plan(cfg, cluster, config: Parallelism, layout: str | None) -> P
     rule = megatron_plan(cfg, cluster, **config.as_dict())
     if split == config.train.chunk_layers(cfg.layers) or not _beats(balanced, rule):
         return rule
-    how = (f"{rule.report.step_time_s:.4g} s" if rule.report.fits else "does not fit")
-    return replace(balanced, notes=(f"{says}: its slowest pipeline rank is faster than with Megatron's own split "
-                                    f"{list(rule.train.chunk_layers(cfg.layers))} ({how}); export it with "
-                                    "--pipeline-model-parallel-layout, or evaluate --pp-layout even for Megatron's",))
+    how = f"{rule.report.step_time_s:.4g} s" if rule.report.fits else "does not fit"
+    return replace(balanced, notes=(f"{says}: its slowest pipeline rank is faster than under the even split "
+                                    f"{list(rule.train.chunk_layers(cfg.layers))} ({how}, --pp-layout even); the "
+                                    "exports state it (Megatron's --pipeline-model-parallel-layout, torchtitan's "
+                                    "module_fqns_per_model_part)",))
 
 
 def _beats(a: Plan, b: Plan) -> bool:
