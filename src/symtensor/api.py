@@ -45,14 +45,14 @@ def graph_summary(model, micro_batch: int = 1, seq: int | None = None, global_ba
     }
 
 
-def _best_micro_batch(cfg, cluster, config: Parallelism) -> Plan:
+def _best_micro_batch(cfg, cluster, config: Parallelism, layout: str | None) -> Plan:
     """``--micro-batch auto``: the plan of ``config`` at the fastest micro batch that fits (the
     fastest overall if none fits)."""
     per_replica = config.global_batch // config.dp
     best, why = None, None
     for mb in [d for d in range(1, min(per_replica, 64) + 1) if per_replica % d == 0]:
         try:
-            plan = megatron_plan(cfg, cluster, **config.replace(micro_batch=mb).as_dict())
+            plan = _configured_plan(cfg, cluster, config.replace(micro_batch=mb), layout)
         except PlanError as exc:
             why = why or exc
             continue
@@ -64,17 +64,79 @@ def _best_micro_batch(cfg, cluster, config: Parallelism) -> Plan:
     return best[1]
 
 
+LAYOUT_WORDS = ("balanced", "even")  # evaluate --pp-layout's words besides a split
+
+
+def stated_split(text: str, cfg, pp: int, vpp: int) -> tuple[int, tuple[int, ...] | None]:
+    """``--pp-layout``: (vpp, layers per virtual stage) of Megatron's layout string
+    (``cost.pipeline.parse_layout``; its stages give vpp) or of ``FIRST,LAST`` layers of the
+    first and last stages (Megatron's --decoder-first/last-pipeline-num-layers, either may be
+    empty; ``cost.pipeline.ends_split``); (vpp, None) for ``even`` (Megatron's own split without
+    a layout argument: ``TrainConfig.chunk_layers``)."""
+    from symtensor.cost.pipeline import ends_split, parse_layout
+
+    if pp == 1:
+        raise PlanError("--pp-layout splits the layers over pipeline stages: it needs --pp > 1")
+    text = text.strip()
+    if text == "even":
+        return vpp, None
+    if "," in text and all(part.strip().isdigit() or not part.strip() for part in text.split(",")):
+        first, last = (int(x) if x.strip() else None for x in (text.split(",") + [""])[:2])
+        return vpp, ends_split(first, last, cfg.layers, pp, vpp)
+    split = parse_layout(text, pp, cfg.layers)
+    stages = len(split) // pp
+    if vpp not in (1, stages):
+        raise PlanError(f"--pp-layout has {len(split)} stages, pp={pp} x vpp={stages}, but --vpp is {vpp}; drop --vpp "
+                        "or give a layout of pp x vpp stages")
+    return stages, split
+
+
+def _configured_plan(cfg, cluster, config: Parallelism, layout: str | None) -> Plan:
+    """The plan of ``config`` with its pipeline split: the stated one (``config.layer_split``,
+    or ``layout`` ``even``), the balanced one (``layout`` ``balanced``), or by default the better
+    of Megatron's own split and the balanced one (``search.megatron.balanced_layer_split``),
+    whose note says which and why."""
+    from symtensor.cost.pipeline import layout_string
+    from symtensor.search.megatron import balanced_layer_split
+
+    if config.pp == 1 or config.layer_split is not None or layout == "even":
+        return megatron_plan(cfg, cluster, **config.as_dict())
+    split = balanced_layer_split(cfg, cluster, **config.as_dict())
+    balanced = megatron_plan(cfg, cluster, **config.replace(layer_split=split).as_dict())
+    says = f"the balanced layer split {layout_string(split)} (layers per virtual stage {list(split)})"
+    if layout == "balanced":
+        return replace(balanced, notes=(f"{says}, as --pp-layout balanced asks",))
+    rule = megatron_plan(cfg, cluster, **config.as_dict())
+    if split == config.train.chunk_layers(cfg.layers) or not _beats(balanced, rule):
+        return rule
+    how = f"{rule.report.step_time_s:.4g} s" if rule.report.fits else "does not fit"
+    return replace(balanced, notes=(f"{says}: its slowest pipeline rank is faster than under the even split "
+                                    f"{list(rule.train.chunk_layers(cfg.layers))} ({how}, --pp-layout even); the "
+                                    "exports state it (Megatron's --pipeline-model-parallel-layout, torchtitan's "
+                                    "module_fqns_per_model_part)",))
+
+
+def _beats(a: Plan, b: Plan) -> bool:
+    """Whether ``a`` fits where ``b`` does not, or both fit (or neither) and it is faster."""
+    if a.report.fits != b.report.fits:
+        return a.report.fits
+    return a.report.step_time_s < b.report.step_time_s
+
+
 def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
              cp=1, ep=1, etp=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
              vpp=1, overrides=None, framework: str = "megatron", precision: str = "bf16",
-             fp8_recipe: str | None = None, dp_shard: int | None = None) -> Plan:
+             fp8_recipe: str | None = None, dp_shard: int | None = None, pp_layout: str | None = None) -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
     the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
     ``precision``: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``) under
     ``fp8_recipe`` (default: the device's, ``precision.default_recipe``). ``dp_shard``: hybrid
     sharding, ZeRO over the innermost dp_shard ranks of dp x cp, replicated across the rest
-    (``Parallelism.dp_shard``)."""
+    (``Parallelism.dp_shard``). ``pp_layout``: the layer split over the pipeline (``stated_split``:
+    Megatron's layout string, ``FIRST,LAST`` stage layers, ``even`` or ``balanced``); by default the
+    better of Megatron's own split and the balanced one, and the plan's note says when that is the
+    balanced one."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     seq = seq or default_seq(cfg)
@@ -84,17 +146,20 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
         dp = cl.n_devices // (tp * pp * cp)
     global_batch = global_batch or default_global_batch(seq)
     sp = tp > 1 if sp is None else sp
+    split, mode = None, pp_layout if pp_layout in LAYOUT_WORDS else None
+    if pp_layout is not None and mode != "balanced":
+        vpp, split = stated_split(pp_layout, cfg, pp, vpp)
     config = Parallelism(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, zero=zero, dp_shard=dp_shard,
                          recompute=recompute,
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
                          seq=seq, vpp=vpp, framework=framework, precision=precision,
-                         fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework))
+                         fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework), layer_split=split)
     why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)
     if micro_batch == "auto":
-        return _best_micro_batch(cfg, cl, config)
-    return megatron_plan(cfg, cl, **config.as_dict())
+        return _best_micro_batch(cfg, cl, config, mode)
+    return _configured_plan(cfg, cl, config, mode)
 
 
 def fp8_recipe_for(precision: str | None, recipe: str | None, device, framework: str = "megatron") -> str | None:

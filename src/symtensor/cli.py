@@ -116,6 +116,11 @@ def build_parser() -> argparse.ArgumentParser:
                    "Megatron's --num-distributed-optimizer-instances dp*cp/N); default: the whole group")
     p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
     p.add_argument("--micro-batch", type=_micro, default="auto")
+    p.add_argument("--pp-layout", metavar="LAYOUT", help="the layers over the pipeline stages: Megatron's "
+                   "--pipeline-model-parallel-layout string ('Et*3|(tt|)*29,|L': its stages give vpp), FIRST,LAST "
+                   "layers of the first and last stages (--decoder-first/last-pipeline-num-layers), 'even' "
+                   "(Megatron's split without one) or 'balanced'; default: the balanced split where it beats "
+                   "Megatron's own (the output says so)")
     _framework_arg(p)
     _precision_args(p, auto=False)
     p = sub.add_parser("plan", help="search the best plan (default: LLaMA-3-8B on 64 H100)")
@@ -271,7 +276,7 @@ def _dispatch(args) -> int:
                            dp_shard=args.dp_shard, recompute=args.recompute,
                            micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
                            overrides=args.set, framework=args.framework, precision=args.precision,
-                           fp8_recipe=args.fp8_recipe)
+                           fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout)
         return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
         return _plan(args)

@@ -129,9 +129,10 @@ def test_torchtitan_refuses_expert_parallelism_it_cannot_borrow():
 
 def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_apart():
     """80 layers over 3 stages (27, 27, 26) exported with no split argument, so Megatron-LM
-    asserted num_layers % pp at launch; 13 layers over 8 (1, 2 x 5, 1, 1) is no split it takes."""
+    asserted num_layers % pp at launch; 13 layers over 8 (1, 2 x 5, 1, 1), which no first/last
+    pair gives, runs as its --pipeline-model-parallel-layout (it used to be refused)."""
     from symtensor.cost import TrainConfig
-    from symtensor.export.megatron import pipeline_args
+    from symtensor.export.megatron import launched_split, pipeline_args
     from symtensor.search import megatron_plan
     from symtensor.search.megatron import check_config, configuration
 
@@ -140,9 +141,9 @@ def test_megatron_takes_an_uneven_pipeline_split_with_the_first_and_last_stages_
     args = " ".join(megatron_args(plan))
     assert "--decoder-first-pipeline-num-layers 27 --decoder-last-pipeline-num-layers 26" in args
     split = TrainConfig(global_batch=8, micro_steps=8, pp=8).stage_layers(13)
-    assert pipeline_args(13, 8, 1, split) is None
-    with pytest.raises(PlanError, match=r"Megatron-LM cannot split 13 layers over pp=8 stages as \[1, 2, 2"):
-        check_config(PRESETS["llama2-7b"].replace(layers=13), 8, configuration(dict(pp=8, global_batch=8, seq=1024)))
+    assert pipeline_args(13, 8, 1, split) == ["--pipeline-model-parallel-layout 'Et|(t*2|)*5,t|tL'"]
+    assert launched_split(13, 8, pipeline_args(13, 8, 1, split)) == split
+    check_config(PRESETS["llama2-7b"].replace(layers=13), 8, configuration(dict(pp=8, global_batch=8, seq=1024)))
 
 
 def test_an_export_refuses_a_tp_that_does_not_divide_the_mlp():

@@ -33,7 +33,7 @@ def _brute_force(pool, global_batch):
     best, checked = None, 0
     for base in pool.grid(global_batch):
         vpps = virtual_stages(pool.cfg.layers, base["pp"])
-        lower = point_bound(pool, base, vpps[-1])
+        lower = point_bound(pool, base, vpps)
         for rc in pool.recomputations():
             for vpp in reversed(vpps):
                 cand = pool.try_config(**base, recompute=rc, vpp=vpp)

@@ -78,6 +78,8 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
         group = plan.config["dp"] * plan.config["cp"]
         out["hybrid_sharding"] = hybrid_note(flat, plan.report, group // plan.train.dp_replicate, group,
                                              plan.train.zero)
+    if plan.train.layer_split is not None:  # (a plan with the rule's split says nothing of it, as before)
+        out["pipeline"] = pipeline_split_why(plan, problem.ev, layouts)
     return out
 
 
@@ -120,6 +122,25 @@ def fp8_bought(plan) -> dict:
                        f"{bf16.memory_peak / GIB:.1f} -> {rep.memory_peak / GIB:.1f} GiB per device (FP8 weight "
                        "copies in, FP8 saved GEMM inputs out)",
             "note": NUMERICS_NOTE}
+
+
+def pipeline_split_why(plan, ev, layouts) -> dict:
+    """Why the plan's stated layer split: its pipeline ranks' seconds per micro-batch against
+    those of the rule's split (``cost.train.rule_split``: even, or Megatron's own), costed with
+    the same layouts; the step pays micro-batches x the slowest rank, the bubble their mean."""
+    from symtensor.cost.pipeline import layout_string
+
+    train = plan.train
+    rule = ev.evaluate(layouts, train.replace(layer_split=None), check=False)
+    ours, theirs = plan.report.stage_times_s, rule.stage_times_s
+    split, even = train.chunk_layers(plan.model.layers), train.replace(layer_split=None).chunk_layers(plan.model.layers)
+    verdict = (f"the split {layout_string(split)} balances the pipeline: its slowest rank takes {max(ours):.4g} s "
+               f"per micro-batch, {max(theirs):.4g} s under the rule's split {list(even)} (the embedding and the LM "
+               f"head and loss are work on the first and last stage); the step {plan.report.step_time_s:.4g} s "
+               f"against {rule.step_time_s:.4g} s" + ("" if rule.fits else " (which does not fit)"))
+    return {"layer_split": list(split), "layout": layout_string(split), "rank_seconds": list(ours),
+            "rule_split": list(even), "rule_rank_seconds": list(theirs), "rule_step_time_s": rule.step_time_s,
+            "verdict": verdict}
 
 
 def _groups(plan, problem) -> list[tuple]:

@@ -215,12 +215,14 @@ class Evaluator:
             check_layout(op, layouts.get(op.name, REPLICATED), self.mesh)
 
     def stage_of(self, train: TrainConfig) -> dict[int, int]:
+        """The pipeline rank of each layer index (-1: the embedding, on the first; ``layers``: the
+        head and loss, on the last): virtual stage k (``TrainConfig.chunk_layers``) is on rank
+        k % pp, as Megatron's interleaved schedule places its chunks."""
         layers = self.graph.meta["layers"]
-        counts = train.stage_layers(layers)
         stage, start = {-1: 0, layers: train.pp - 1}, 0
-        for s, c in enumerate(counts):
+        for k, c in enumerate(train.chunk_layers(layers)):
             for layer in range(start, start + c):
-                stage[layer] = s
+                stage[layer] = k % train.pp
             start += c
         return stage
 

@@ -13,12 +13,41 @@ FRAMEWORKS = tuple(ENGINES)
 
 
 def chunks_fit(layers: int, pp: int, vpp: int) -> bool:
-    """Whether ``layers`` split into pp*vpp interleaved chunks: evenly, or with the embedding and
-    the loss counted as layer slots (Megatron's account_for_embedding_in_pipeline_split and
-    account_for_loss_in_pipeline_split, as NeMo's Llama 3.1 405B recipe runs 126 layers in 64
-    chunks)."""
+    """Whether ``layers`` split into pp*vpp interleaved chunks by Megatron's rules without a
+    stated layout: evenly, or with the embedding and the loss counted as layer slots (Megatron's
+    account_for_embedding_in_pipeline_split and account_for_loss_in_pipeline_split, as NeMo's
+    Llama 3.1 405B recipe runs 126 layers in 64 chunks). Any other split is a stated layout
+    (``TrainConfig.layer_split``, Megatron's --pipeline-model-parallel-layout)."""
     chunks = pp * vpp
     return layers % chunks == 0 or (layers + 2) % chunks == 0
+
+
+def rule_split(layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
+    """Layers per virtual stage (pp x vpp, Megatron's layout order) by the rule, without times:
+    even, the embedding and loss as layer slots (``chunks_fit``), else as even as possible with
+    the extra layers on the middle stages (the first holds the embedding, the last the head and
+    loss)."""
+    chunks = pp * vpp
+    if pp > layers:
+        raise PlanError(f"pp={pp} exceeds the {layers} layers; use pp <= {layers}")
+    if chunks > layers + 2:
+        raise PlanError(f"pp*vpp = {chunks} virtual stages exceed the {layers} layers and the embedding and loss "
+                        "stages; choose a smaller vpp")
+    if layers % chunks and (layers + 2) % chunks == 0:  # the embedding and the loss as layer slots
+        per = (layers + 2) // chunks
+        return (per - 1,) + (per,) * (chunks - 2) + (per - 1,)
+    base, extra = divmod(layers, chunks)
+    order = sorted(range(chunks), key=lambda i: (i in (0, chunks - 1), i))
+    counts = [base] * chunks
+    for i in order[:extra]:
+        counts[i] += 1
+    return tuple(counts)
+
+
+def interleaved(counts: tuple[int, ...], pp: int) -> tuple[int, ...]:
+    """Layers per pipeline rank of a split given per virtual stage (Megatron's layout order:
+    virtual stage k is chunk k // pp of rank k % pp)."""
+    return tuple(sum(counts[r::pp]) for r in range(pp))
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -31,7 +60,11 @@ class TrainConfig:
             graph is built for ``global_batch / micro_steps`` sequences, which the plan's batch
             cuts spread over the devices.
         pp: pipeline stages; ``vpp``: virtual stages (interleaved 1F1B chunks) per device.
-        layer_split: layers per pipeline stage (uneven splits allowed); default: as even as possible.
+        layer_split: layers per virtual pipeline stage, in Megatron's layout order (virtual stage k
+            is chunk k // pp of pipeline rank k % pp; pp entries without interleaving, pp x vpp
+            with it; 0 for a stage that holds only the embedding or the loss, as Megatron's
+            --pipeline-model-parallel-layout allows); the embedding is work on the first, the LM
+            head and loss on the last. None: the rule's split (``chunk_layers``).
         recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
         zero: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded over replicas.
         dp_replicate: hybrid sharding (HSDP; Megatron's ``--num-distributed-optimizer-instances``,
@@ -108,6 +141,11 @@ class TrainConfig:
         why = _precision.refusal(self.precision, self.fp8_recipe, None)
         if why is not None:
             raise PlanError(why)
+        if self.layer_split is not None:
+            split = tuple(self.layer_split)
+            if not all(isinstance(c, int) and c >= 0 for c in split):
+                raise PlanError(f"layer split {list(split)} must be layer counts (integers >= 0)")
+            object.__setattr__(self, "layer_split", split)
 
     @property
     def graph_batch(self) -> int:
@@ -123,20 +161,17 @@ class TrainConfig:
         return self.fp8_recipe if self.precision == "fp8" else None
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:
-        """Layers per pipeline stage."""
+        """Layers per pipeline rank (the sums of its virtual stages, ``chunk_layers``)."""
+        return interleaved(self.chunk_layers(layers), self.pp)
+
+    def chunk_layers(self, layers: int) -> tuple[int, ...]:
+        """Layers per virtual pipeline stage (pp x vpp, Megatron's layout order): the stated
+        ``layer_split``, or the rule's (``rule_split``)."""
+        chunks = self.pp * self.vpp
         if self.layer_split is not None:
-            if len(self.layer_split) != self.pp or sum(self.layer_split) != layers or min(self.layer_split) < 1:
-                raise PlanError(f"layer split {self.layer_split} must give {self.pp} stages summing to {layers} layers")
-            return tuple(self.layer_split)
-        if self.pp > layers:
-            raise PlanError(f"pp={self.pp} exceeds the {layers} layers; use pp <= {layers}")
-        if self.vpp > 1 and not chunks_fit(layers, self.pp, self.vpp):
-            raise PlanError(f"{layers} layers do not split into pp*vpp = {self.pp * self.vpp} chunks (nor do "
-                            f"{layers} + 2 with the embedding and the loss as layer slots); choose another vpp")
-        base, extra = divmod(layers, self.pp)
-        # the extra layers go to the middle stages: the first holds the embedding, the last the head
-        order = sorted(range(self.pp), key=lambda i: (i in (0, self.pp - 1), i))
-        counts = [base] * self.pp
-        for i in order[:extra]:
-            counts[i] += 1
-        return tuple(counts)
+            split = self.layer_split
+            if len(split) != chunks or sum(split) != layers or min(split) < 0:
+                raise PlanError(f"layer split {list(split)} must give pp*vpp = {chunks} virtual stages summing to "
+                                f"{layers} layers")
+            return split
+        return rule_split(layers, self.pp, self.vpp)

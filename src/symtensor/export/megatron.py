@@ -8,6 +8,7 @@ runs beyond the configuration rule; ``refusal`` the rules it adds.
 
 from __future__ import annotations
 
+from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, RECIPES, shape_refusal
 from symtensor.errors import PlanError
 from symtensor.export.common import lowered
@@ -55,18 +56,68 @@ def precision_args(p: Parallelism) -> list[str]:
     return args
 
 
-def pipeline_args(layers: int, pp: int, vpp: int, split: tuple[int, ...]) -> list[str] | None:
+def pipeline_args(layers: int, pp: int, vpp: int, split: tuple[int, ...], stated: bool = False) -> list[str]:
     """Megatron-LM's arguments for ``layers`` over pp stages of vpp virtual stages each, split as
-    ``split`` (``plan.parallelism.pipeline_split``); None when Megatron-LM cannot take it."""
-    how = pipeline_split(layers, pp, vpp, split)
-    if how is None:
-        return None
+    ``split`` (layers per virtual stage; ``stated``: the configuration's own split, exported
+    exactly; ``plan.parallelism.pipeline_split``)."""
+    how = pipeline_split(layers, pp, vpp, split, stated)
     if how[0] == "even":
         return [f"--num-layers-per-virtual-pipeline-stage {how[1]}"] if vpp > 1 else []
     if how[0] == "slots":
         out = ["--account-for-embedding-in-pipeline-split", "--account-for-loss-in-pipeline-split"]
         return out + ([f"--num-virtual-stages-per-pipeline-rank {vpp}"] if vpp > 1 else [])
-    return [f"--decoder-first-pipeline-num-layers {how[1]}", f"--decoder-last-pipeline-num-layers {how[2]}"]
+    if how[0] == "ends":
+        return [f"--decoder-first-pipeline-num-layers {how[1]}", f"--decoder-last-pipeline-num-layers {how[2]}"]
+    return [f"--pipeline-model-parallel-layout '{layout_string(how[1])}'"]
+
+
+def launched_split(layers: int, pp: int, args: list[str]) -> tuple[int, ...]:
+    """The split (layers per virtual stage) Megatron-LM builds from its pipeline arguments, with
+    the checks it makes at launch (a PlanError quoting the one that fails): arguments.py
+    ``validate_args`` (at most one of --num-layers-per-virtual-pipeline-stage,
+    --num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout; the layout's
+    stages divide by pp; the layers, with the embedding and loss slots, divide by pp and the
+    layers per rank by the layers per virtual stage), Megatron-core's TransformerConfig (the
+    layout apart from the first/last and account-for flags; first/last > 0 and divisible by
+    vpp; the middle ranks' layers even and divisible by vpp) and
+    ``PipelineParallelLayerLayout.validate_layer_layout`` (``cost.pipeline.parse_layout``)."""
+    flags = dict((a.split(" ", 1) + [""])[:2] for a in args)
+    per_stage = flags.get("--num-layers-per-virtual-pipeline-stage")
+    stages = flags.get("--num-virtual-stages-per-pipeline-rank")
+    layout = flags.get("--pipeline-model-parallel-layout")
+    if sum(x is not None for x in (per_stage, stages, layout)) > 1:
+        raise PlanError("Megatron-LM takes no more than one of --num-layers-per-virtual-pipeline-stage, "
+                        "--num-virtual-stages-per-pipeline-rank and --pipeline-model-parallel-layout")
+    first, last = (flags.get(f"--decoder-{k}-pipeline-num-layers") for k in ("first", "last"))
+    slots = ("--account-for-embedding-in-pipeline-split" in flags) + ("--account-for-loss-in-pipeline-split" in flags)
+    if layout is not None:
+        if first is not None or last is not None or slots:
+            raise PlanError("Megatron-LM takes --pipeline-model-parallel-layout without the first/last stage and "
+                            "account-for-embedding/loss arguments")
+        return parse_layout(layout.strip("'"), pp, layers)
+    if first is not None or last is not None:
+        vpp = int(stages or 1)
+        if per_stage is not None or slots:
+            raise PlanError("Megatron-LM takes uneven first/last stages with --num-virtual-stages-per-pipeline-rank "
+                            "only, and without the account-for-embedding/loss arguments")
+        return ends_split(None if first is None else int(first), None if last is None else int(last), layers, pp, vpp)
+    total = layers + slots
+    if total % pp:
+        raise PlanError(f"Megatron-LM: number of layers {total} should be divisible by the pipeline-model-parallel "
+                        f"size {pp}")
+    per_rank = total // pp
+    vpp = int(stages) if stages is not None else per_rank // int(per_stage) if per_stage is not None else 1
+    if per_stage is not None and per_rank % int(per_stage):
+        raise PlanError(f"Megatron-LM: layers per pipeline stage {per_rank} must divide by the layers per virtual "
+                        f"stage {per_stage}")
+    if per_rank % vpp:
+        raise PlanError(f"Megatron-LM: layers per pipeline rank {per_rank} must divide by vpp={vpp}")
+    counts = [per_rank // vpp] * (pp * vpp)
+    if "--account-for-embedding-in-pipeline-split" in flags:
+        counts[0] -= 1
+    if "--account-for-loss-in-pipeline-split" in flags:
+        counts[-1] -= 1
+    return tuple(counts)
 
 
 def megatron_args(plan) -> list[str]:
@@ -84,8 +135,12 @@ def megatron_args(plan) -> list[str]:
             f"--ffn-hidden-size {cfg.ffn}"]
     if p.sp:
         args.append("--sequence-parallel")
-    # the configuration rule took this split (plan.parallelism.refusal): never None here
-    args += pipeline_args(cfg.layers, p.pp, p.vpp, plan.train.stage_layers(cfg.layers)) + _attention_args(cfg)
+    split = p.train.chunk_layers(cfg.layers)  # (the configuration rule took it: plan.parallelism.refusal)
+    piped = pipeline_args(cfg.layers, p.pp, p.vpp, split, stated=p.layer_split is not None)
+    launched = launched_split(cfg.layers, p.pp, piped)
+    # Megatron builds the stated split exactly, the rule's at the same pace (its fullest rank)
+    assert launched == split if p.layer_split is not None else max(launched) == max(split), (launched, split)
+    args += piped + _attention_args(cfg)
     if cfg.is_moe:
         args += _moe_args(cfg, p)
     if p.recompute == "selective":

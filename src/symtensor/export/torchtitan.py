@@ -124,6 +124,8 @@ def torchtitan_config(plan) -> dict:
         out["_hsdp_note"] = (f"hybrid sharding: FSDP2 over {p.dp_shard} ranks (data_parallel_shard_degree {shard} x "
                              f"cp {p.cp}), replicated {replicate} times; the launch checks replicate x shard x cp x tp "
                              f"x pp = {replicate * shard * p.cp * p.tp * p.pp} devices")
+    if p.layer_split is not None:  # a stated split (the search's balanced one, evaluate --pp-layout)
+        out["parallelism"]["module_fqns_per_model_part"] = module_fqns(p.layer_split)
     if p.zero == 1:
         out["_zero_note"] = zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
     if replicate > 1 and shard == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1):
@@ -148,6 +150,24 @@ def float8_config(p: Parallelism, shard: int) -> dict:
             "float8": {"recipe_name": "tensorwise", "enable_fsdp_float8_all_gather": fsdp,
                        "precompute_float8_dynamic_scale_for_fsdp": fsdp, "filter_fqns": ["output"]},
             "_fp8_note": note}
+
+
+def module_fqns(split: tuple[int, ...]) -> list[list[str]]:
+    """A split (layers per virtual stage, ``cost.train.TrainConfig.layer_split``) as torchtitan's
+    ``module_fqns_per_model_part`` (torchtitan/config/job_config.py ``Parallelism``): its models'
+    modules ``tok_embeddings``, ``layers.<i>``, ``norm``, ``output`` per stage, stage k on pipeline
+    rank k % pp as its looped schedules (Interleaved1F1B) place them, Megatron's layout order.
+
+    >>> module_fqns((1, 2, 0))
+    [['tok_embeddings', 'layers.0'], ['layers.1', 'layers.2'], ['norm', 'output']]
+    """
+    out, start = [], 0
+    for c in split:
+        out.append([f"layers.{i}" for i in range(start, start + c)])
+        start += c
+    out[0].insert(0, "tok_embeddings")
+    out[-1] += ["norm", "output"]
+    return out
 
 
 def _ddp_note(plan, p: Parallelism) -> str:

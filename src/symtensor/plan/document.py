@@ -57,6 +57,8 @@ def evaluation_json(plan: Plan) -> dict:
                config=megatron_summary(plan))
     out.update(prediction_terms(plan.model, plan.cluster, plan.report.step_time_s, zero=plan.train.zero,
                                 seq=plan.seq, framework=plan.engine, graph=plan.graph))
+    if plan.notes:  # (the pipeline split evaluate chose, when it is not Megatron's own)
+        out["notes"] = list(plan.notes)
     return out
 
 

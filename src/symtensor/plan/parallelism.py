@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from symtensor.cost import engine as _engine, precision as _precision
-from symtensor.cost.train import TrainConfig, chunks_fit
+from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.plan.summary import config_summary
 
@@ -77,6 +77,8 @@ class Parallelism:
         framework: the engine whose semantics the costs follow (``cost.engine``).
         precision: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``);
             fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16.
+        layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
+            Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
     """
 
     tp: int = 1
@@ -96,12 +98,16 @@ class Parallelism:
     framework: str = "megatron"
     precision: str = "bf16"
     fp8_recipe: str | None = None
+    layer_split: tuple[int, ...] | None = None
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
         """The configuration of a dict with (some of) its keys, e.g. a plan's JSON ``config``
         (the summary's other keys, ``micro_steps``, ``heterogeneous``, ``differs``, are left out)."""
-        return cls(**{k: data[k] for k in KEYS if k in data})
+        given = {k: data[k] for k in KEYS if k in data}
+        if given.get("layer_split") is not None:
+            given["layer_split"] = tuple(given["layer_split"])
+        return cls(**given)
 
     def as_dict(self) -> dict:
         """The keys and values (``KEYS`` order): a Megatron configuration, as the grid and the
@@ -164,7 +170,7 @@ class Parallelism:
         return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps, pp=self.pp, vpp=self.vpp,
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
-                           dp_replicate=self.dp_replicate if self.hsdp else None)
+                           dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split)
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
@@ -215,16 +221,13 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         return f"seq={p.seq} does not split into 2cp = {2 * cp} load-balanced chunks"
     if pp > model.layers:
         return f"pp={pp} exceeds the {model.layers} layers"
-    if p.vpp > 1 and not chunks_fit(model.layers, pp, p.vpp):
-        return f"{model.layers} layers do not split into pp*vpp = {pp * p.vpp} chunks"
+    if pp > 1 or p.layer_split is not None:
+        try:  # (a stated split of the wrong length or sum, or more virtual stages than layers)
+            p.train.chunk_layers(model.layers)
+        except PlanError as exc:
+            return str(exc)
     if tp == 1 and p.sp:
         return "sequence parallelism (--sp) needs tp > 1"
-    if pp > 1:
-        split = p.train.stage_layers(model.layers)
-        if pipeline_split(model.layers, pp, p.vpp, split) is None:
-            return (f"Megatron-LM cannot split {model.layers} layers over pp={pp} stages as {list(split)}: it takes "
-                    "even stages, the embedding and loss as layer slots, or the first and last stages apart from "
-                    "even middle ones; choose another pp")
     return None
 
 
@@ -266,28 +269,31 @@ def _hybrid_refusal(p: Parallelism) -> str | None:
     return None
 
 
-def pipeline_split(layers: int, pp: int, vpp: int, split: tuple[int, ...]) -> tuple | None:
+def pipeline_split(layers: int, pp: int, vpp: int, split: tuple[int, ...], stated: bool = False) -> tuple:
     """How Megatron-LM takes ``layers`` over pp stages of vpp virtual stages each, split as
-    ``split`` (layers per stage, ``TrainConfig.stage_layers``): ``("even", layers per chunk)``,
-    ``("slots",)`` (the embedding and the loss as a layer slot each, ``cost.train.chunks_fit``:
-    126 layers in 64 chunks, 94 in 32), or, without virtual stages, ``("ends", first, last)``:
-    the first and the last stage apart from even middle ones that hold as many layers as the
-    split's fullest middle stage (80 layers in 3 stages: 27, 27, 26; DeepSeek-V3's 61 in 16: 3,
-    4 x 14, 2 where the split is 3, 4 x 13, 3, 3: the same fullest stage, so the same pipeline's
-    pace); None when Megatron-LM cannot take it (it asserts the layers divide at launch; a split
-    whose fullest stage would grow)."""
+    ``split`` (layers per virtual stage, ``TrainConfig.chunk_layers``): ``("even", layers per
+    chunk)``, ``("slots",)`` (the embedding and the loss as a layer slot each,
+    ``cost.train.chunks_fit``: 126 layers in 64 chunks, 94 in 32), ``("ends", first, last)``
+    without virtual stages: the first and the last stage apart from even middle ones, or
+    ``("layout", split)``: --pipeline-model-parallel-layout, which takes any split (DeepSeek-V3's
+    61 layers over pp 4 x vpp 8). A split the configuration states (``stated``: the search's
+    balanced split, ``evaluate --pp-layout``) runs exactly: even or slots when it is theirs, else
+    its layout. The rule's split without virtual stages takes the ends where they hold as many
+    layers as the split's fullest middle stage (80 layers in 3 stages: 27, 27, 26; DeepSeek-V3's
+    61 in 16: 3, 4 x 14, 2 where the split is 3, 4 x 13, 3, 3: the same fullest stage, so the same
+    pipeline's pace)."""
     chunks = pp * vpp
-    if layers % chunks == 0:
+    if layers % chunks == 0 and split == (layers // chunks,) * chunks:
         return ("even", layers // chunks)
-    if (layers + 2) % chunks == 0:
+    per = (layers + 2) // chunks
+    if (layers + 2) % chunks == 0 and chunks > 1 and split == (per - 1,) + (per,) * (chunks - 2) + (per - 1,):
         return ("slots",)
-    if vpp > 1:
-        return None
-    middle = max(split[1:-1], default=0)
-    last = layers - split[0] - (pp - 2) * middle
-    if not 1 <= last <= max(split):
-        return None
-    return ("ends", split[0], last)
+    if vpp == 1 and not stated and pp > 1:
+        middle = max(split[1:-1], default=0)
+        last = layers - split[0] - (pp - 2) * middle
+        if split[0] > 0 and 1 <= last <= max(split):
+            return ("ends", split[0], last)
+    return ("layout", split)
 
 
 def has_dense_mlp(model) -> bool:

@@ -17,8 +17,9 @@ import math
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
+# (``layer_split``: the layers per virtual stage, only where the plan states its split)
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "dp_shard", "recompute", "micro_batch",
-                 "global_batch", "seq", "vpp", "framework", "precision", "fp8_recipe")
+                 "global_batch", "seq", "vpp", "framework", "precision", "fp8_recipe", "layer_split")
 # how the note of a ``megatron_recipe`` baseline begins (``search.baselines.megatron_recipe``): then
 # the recipe's name and source, or ``sizing rule`` and why no recipe was used
 RECIPE_NOTE = "Megatron recipe: "
@@ -119,7 +120,8 @@ def config_summary(plan) -> dict:
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
-            "framework": train.framework, **_precision(train)}
+            "framework": train.framework, **_precision(train),
+            **({} if train.layer_split is None else {"layer_split": list(train.layer_split)})}
 
 
 def _precision(train) -> dict:

@@ -67,6 +67,8 @@ def print_explain(console, out: dict, full: bool) -> None:
     console.print(w)
     if "memory" in out:
         print_memory(console, out["memory"])
+    if "pipeline" in out:
+        console.print(f"pipeline: {out['pipeline']['verdict']}", markup=False)
     if full:
         for lt in out["layer_types"]:
             print_candidates(console, lt)

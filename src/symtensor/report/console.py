@@ -101,6 +101,8 @@ def evaluation(out: dict, as_json: bool) -> int:
     for line in memory_lines(out):
         c.print(line)
     c.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
+    for note in out.get("notes", ()):
+        c.print(f"note: {note}", markup=False)
     return 0
 
 

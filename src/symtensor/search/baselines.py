@@ -118,8 +118,9 @@ def sizing_rule(pool: EvaluatorPool, global_batch: int, active_params: float) ->
         if global_batch % dp:
             continue
         for rc in ("selective", "full"):
+            # (the layers divide by pp: the recipe runs Megatron's own even split, no layout)
             cand = pool.try_config(tp=tp, pp=pp, dp=dp, ep=ep, sp=tp > 1, zero=1 if dp > 1 else 0, recompute=rc,
-                        micro_batch=mb, global_batch=global_batch, seq=seq)
+                                   micro_batch=mb, global_batch=global_batch, seq=seq, balance=False)
             if cand is None:
                 continue
             if cand.report.fits:

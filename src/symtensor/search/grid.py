@@ -24,7 +24,6 @@ then at its other variants.
 
 from __future__ import annotations
 
-from symtensor.cost import TrainConfig
 from symtensor.cost.params import data_axes, weight_axes
 from symtensor.errors import PlanError
 from symtensor.layout import REPLICATED
@@ -72,7 +71,7 @@ def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None) -> tupl
             continue
         vpps = virtual_stages(pool.cfg.layers, base["pp"])
         try:
-            lower = point_bound(pool, base, vpps[-1])
+            lower = point_bound(pool, base, vpps)
         except PlanError:  # its layouts break the one legality rule (megatron_layouts): not a point
             continue
         points.append((lower, index, base, vpps))
@@ -115,15 +114,16 @@ def _every_variant(pool: EvaluatorPool, base: dict, vpps: list[int], best: Coste
     return best
 
 
-def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")):
+def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf"), balance: bool = True):
     """The cheapest recomputation with which ``base`` fits and its step time; (None, None) when
     nothing fits (parameters and optimizer state alone overflowing the memory are checked before
     any evaluation) or when it cannot beat ``bound`` (a variant that does not fit is already no
-    faster, and recomputation only adds time: exact branch and bound)."""
+    faster, and recomputation only adds time: exact branch and bound). ``balance``:
+    ``EvaluatorPool.evaluate``'s."""
     if not pool.may_fit(**base):
         return None, None
     for rc in pool.recomputations():
-        cand = pool.try_config(**base, recompute=rc)
+        cand = pool.try_config(**base, recompute=rc, balance=balance)
         if cand is None:
             return None, None
         rep = cand.report
@@ -135,27 +135,26 @@ def fastest_fitting(pool: EvaluatorPool, base: dict, bound: float = float("inf")
 
 
 def virtual_stages(layers: int, pp: int) -> list[int]:
-    """The virtual-stage counts of a pipeline depth, ascending: interleaving needs every stage to
-    hold the same whole number of chunks."""
+    """The virtual-stage counts of a pipeline depth, ascending: where the layers divide by pp,
+    those that give every stage the same whole number of chunks; elsewhere (DeepSeek-V3's 61
+    layers) any of 2 to 4 that leaves every virtual stage a layer, its split stated
+    (``EvaluatorPool.split_of``: Megatron's --pipeline-model-parallel-layout)."""
     if pp == 1 or layers % pp:
         return [1]
     return [1] + [v for v in (2, 3, 4) if layers % (pp * v) == 0]
 
 
-def point_bound(pool: EvaluatorPool, base: dict, vpp_max: int) -> float:
+def point_bound(pool: EvaluatorPool, base: dict, vpps: list[int]) -> float:
     """A lower bound of the step time of every variant of the grid point ``base`` (see the module
-    docstring), from its inner grid's layer costs."""
-    seconds = pool.layer_seconds(base)
-    layers, pp = pool.cfg.layers, base["pp"]
+    docstring), from its inner grid's layer costs: the slowest rank under the split each of its
+    virtual-stage counts runs with (``EvaluatorPool.split_of``; another count's where it is lower
+    by more than rounding), and the bubble at the most virtual stages."""
     m = base["global_batch"] // (base["micro_batch"] * base["dp"])
-    counts = TrainConfig(global_batch=base["global_batch"], micro_steps=m, pp=pp).stage_layers(layers)
-    stages, start = [], 0
-    for c in counts:
-        stages.append(sum(seconds.get(layer, 0.0) for layer in range(start, start + c)))
-        start += c
-    stages[0] += seconds.get(-1, 0.0)
-    stages[-1] += seconds.get(layers, 0.0)
-    return m * max(stages) + (pp - 1) / vpp_max * sum(stages) / pp
+    _, slowest, total = pool.split_of({**base, "vpp": 1})
+    for v in vpps[1:]:
+        other = pool.split_of({**base, "vpp": v})[1]
+        slowest = other if other < slowest * (1 - 1e-9) else slowest
+    return m * slowest + (base["pp"] - 1) / vpps[-1] * total / base["pp"]
 
 
 # -- hybrid sharding: a variant of a costed point ---------------------------------------------------

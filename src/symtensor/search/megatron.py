@@ -31,6 +31,7 @@ from types import MappingProxyType
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.params import shard_axes
+from symtensor.cost.pipeline import balanced_split
 from symtensor.errors import PlanError
 from symtensor.graph import Graph
 from symtensor.hardware import Cluster, divisors
@@ -266,6 +267,19 @@ def megatron_plan(model: ModelConfig, cluster: Cluster, graph: Graph | None = No
     if train.dp_replicate is not None:
         check_shard_group(ev.mesh, c, c["dp_shard"])
     return Plan.of(model, cluster, train, c["seq"], graph, ev.mesh, ev.pp_axes, layouts, ev.evaluate(layouts, train))
+
+
+def balanced_layer_split(model: ModelConfig, cluster: Cluster, graph: Graph | None = None, **config) -> tuple[int, ...]:
+    """The layer split (layers per virtual stage) that balances the pipeline ranks of a Megatron
+    configuration (``cost.pipeline.balanced_split`` of its layers' seconds, ``Evaluator.layer_seconds``,
+    with its recomputation; the embedding and the head and loss as work on the first and last
+    stage); the configuration's own ``layer_split`` is ignored."""
+    c = configuration({**config, "layer_split": None})
+    check_config(model, cluster.n_devices, c)
+    graph = graph or build_graph(model, micro_batch=c["micro_batch"] * c["dp"], seq=c["seq"], skeleton=True)
+    ev = Evaluator(graph, cluster, pp=c["pp"], framework=c["framework"])
+    seconds = ev.layer_seconds(megatron_layouts(graph, ev.mesh, c), train_config(c))
+    return balanced_split(seconds, model.layers, c["pp"], c["vpp"])
 
 
 def expert_grids(cfg: ModelConfig, tp: int, stage: int) -> list[tuple[int, int]]:

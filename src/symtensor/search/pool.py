@@ -12,7 +12,9 @@ from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
+from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import default_recipe, has_fp8, refusal as precision_refusal
+from symtensor.cost.train import rule_split
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import OpLayout
@@ -91,6 +93,7 @@ class EvaluatorPool:
         self._layouts = Memo(self._megatron_layouts, limit=65)
         # Megatron inner grid (tp, cp, ep, etp, sp, micro batch) -> Evaluator.layer_seconds
         self._layer_seconds: dict = {}
+        self._splits: dict = {}  # (inner grid, pp, vpp) -> split_of
 
     def _graph(self, graph_batch: int):
         # the builders' graphs differ only in the batch size: validate the first one
@@ -159,13 +162,41 @@ class EvaluatorPool:
         key = (batch, c["pp"], c["tp"], c["cp"], c["dp"], c["ep"], c["etp"], c["sp"])
         return self.get(batch, c["pp"]), self._layouts[key]
 
-    def evaluate(self, c: dict, check: bool = False) -> Costed:
+    def evaluate(self, c: dict, check: bool = False, balance: bool = True) -> Costed:
         """Cost a Megatron configuration (complete: ``megatron.configuration``; its layouts are
-        legal by construction; ``check`` checks them anyway, for a configuration a user gave)."""
+        legal by construction; ``check`` checks them anyway, for a configuration a user gave).
+        A pipelined one without a stated split takes, with ``balance``, the balanced split where
+        that is the faster by its layers' costs (``split_of``); the rule's otherwise (the seeds'
+        scan, which the per-op search refines with the rule's split, and the Megatron recipe)."""
         ev, layouts = self.layouts(c)
         self.costed += 1
+        if balance and c["pp"] > 1 and c["layer_split"] is None:
+            split = self.split_of(c)[0]
+            c = c if split is None else {**c, "layer_split": split}
         train = train_config(c)
         return Costed(train, layouts, ev.evaluate(layouts, train, check=check), c)
+
+    def split_of(self, point: dict) -> tuple[tuple[int, ...] | None, float, float]:
+        """The layer split a pipelined Megatron grid point runs with, by its inner grid's layer
+        costs (``layer_seconds``): the balanced one (``cost.pipeline.balanced_split``) where its
+        slowest rank is faster than under the rule's split (``cost.train.rule_split``), else None
+        (the rule's: plans stay as they were); the seconds per micro-batch of that slowest rank
+        and of all ranks together (the rule's sum), which bound the point's step from below
+        (``search.grid``). The balance is by time: memory is the evaluation's to check, as for
+        any point. Memoised per inner grid, depth and vpp."""
+        key = (inner_grid(point), point["pp"], point.get("vpp", 1))
+        hit = self._splits.get(key)
+        if hit is None:
+            seconds, layers, pp, vpp = self.layer_seconds(point), self.cfg.layers, point["pp"], point.get("vpp", 1)
+            ranks = rank_seconds(seconds, rule_split(layers, pp, vpp), pp)
+            rule, total = max(ranks), sum(ranks)
+            split = None
+            if rule > total / pp * (1 + 1e-9):  # (else no split has a faster slowest rank)
+                split = balanced_split(seconds, layers, pp, vpp)
+                slowest = max(rank_seconds(seconds, split, pp))
+            hit = (split, slowest, total) if split is not None and slowest < rule * (1 - 1e-9) else (None, rule, total)
+            self._splits[key] = hit
+        return hit
 
     def layer_seconds(self, point: dict) -> dict[int, float]:
         """``Evaluator.layer_seconds`` of a Megatron grid point without recomputation, shared by
@@ -180,11 +211,11 @@ class EvaluatorPool:
             hit = self._layer_seconds[key] = ev.layer_seconds(layouts, train_config(c))
         return hit
 
-    def try_config(self, **config) -> Costed | None:
+    def try_config(self, balance: bool = True, **config) -> Costed | None:
         """``evaluate`` of the Megatron configuration ``config`` under this pool's engine; None
         when it is not a valid configuration."""
         try:
-            return self.evaluate(configuration({**config, **self.train_keys}))
+            return self.evaluate(configuration({**config, **self.train_keys}), balance=balance)
         except PlanError:
             return None
 

@@ -36,7 +36,9 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
     point that fits without recomputation is no faster than the one before (``_Chain``). Points
     already slower than the fastest seed of their tp are only costed once (recomputation only adds
     time). ``tps``: the degrees to scan; a call depends on nothing else, so the scan can be
-    split between two processes, which give the same seeds as one."""
+    split between two processes, which give the same seeds as one. The scan's points keep the
+    rule's layer split (the per-op search refines a seed with it); the grid takes the balanced
+    one where it is faster (``EvaluatorPool.split_of``)."""
     cfg, n = pool.cfg, pool.cluster.n_devices
     exhaustive, all_tps, points = seed_plan(pool, global_batch)
     if exhaustive:
@@ -62,11 +64,12 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                         continue
                     base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=tp > 1, zero=1 if dp > 1 else 0,
                                 micro_batch=mb, global_batch=global_batch, seq=pool.seq)
-                    cand, score = fastest_fitting(pool, dict(base, vpp=vpp), bound)
+                    cand, score = fastest_fitting(pool, dict(base, vpp=vpp), bound, balance=False)
                     if vpp > 1 and (cand is None or cand.megatron["recompute"] != "none"):
                         # interleaving holds more micro-batches in flight: without it, recomputation
                         # may be unnecessary
-                        plain, pscore = fastest_fitting(pool, dict(base, vpp=1), min(bound, score or bound))
+                        plain, pscore = fastest_fitting(pool, dict(base, vpp=1), min(bound, score or bound),
+                                                        balance=False)
                         if plain is not None:
                             cand, score = plain, pscore
                     if cand is not None:
@@ -145,7 +148,7 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
                 trial["zero"] = 1 if trial["dp"] > 1 else 0
                 if (rest // trial["pp"] * trial["dp"]) % (trial["ep"] * trial["etp"]):
                     continue  # the expert grid does not fold over the stage's ranks
-                cand, _ = fastest_fitting(pool, trial, (best or cur).report.step_time_s)
+                cand, _ = fastest_fitting(pool, trial, (best or cur).report.step_time_s, balance=False)
                 if cand is not None and (best is None or cand.report.step_time_s < best.report.step_time_s):
                     best = cand
         if best is None or best.report.step_time_s >= cur.report.step_time_s:
