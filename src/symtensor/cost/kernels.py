@@ -46,6 +46,8 @@ from __future__ import annotations
 
 import functools
 import math
+
+import numpy as np
 from dataclasses import dataclass, field
 
 from symtensor.cost import kernels_data as simumax
@@ -164,6 +166,7 @@ def envelope(points) -> tuple[tuple, tuple]:
     return tuple(xs), tuple(ys)
 
 
+@functools.lru_cache(maxsize=65536)
 def wave(m: float, n: float, sms: int | None) -> float:
     """Tile x wave quantisation efficiency of an M x N output on ``sms`` SMs, best over ``TILES``
     (``NVIDIA_GEMM_GUIDE``); 1 when the SM count is unknown."""
@@ -508,10 +511,14 @@ def _shape_index(device_name: str, dtype: str) -> tuple:
     no layout), the envelope and the conversions of ``gemm_efficiency``."""
     dev = DEVICES[device_name]
     table, scale = _gemm_table(dev, dtype)
-    by: dict = {}
+    rows: dict = {}
     for m, n, k, layout, eff in table.rows:
-        by.setdefault(layout if layout in GEMM_LAYOUTS else "-", []).append(
+        rows.setdefault(layout if layout in GEMM_LAYOUTS else "-", []).append(
             (math.log(m), math.log(n), math.log(k), eff))
+    # per layout: (log M, log N, log K) rows and their efficiencies as arrays (the nearest-row scan is hot)
+    by = {layout: (np.array([r[:3] for r in group]), [r[3] for r in group]) for layout, group in rows.items()}
+    every = [r for group in rows.values() for r in group]
+    by["*"] = (np.array([r[:3] for r in every]), [r[3] for r in every])
     xs, ys = _gemm_envelope(table)
     cap = min(dev.ceiling.get(dtype, (1.0,))[0], 1.0)
     return by, xs, ys, scale, cap, table.peak_tflops / dev.peak_tflops[dtype]
@@ -538,10 +545,9 @@ def gemm_shape_efficiency(device_name: str, m: float, n: float, k: float, dtype:
     by, xs, ys, scale, cap, ratio = _shape_index(device_name, dtype)
     bound = min(interp_log(xs, ys, 2.0 * m * n * k * groups * ratio) * scale, cap,
                 cap * wave(m * groups, n, DEVICES[device_name].sms))
-    rows = by.get(layout) or by.get("-") or [r for group in by.values() for r in group]
-    q = (math.log(m), math.log(n), math.log(k))
-    best = min(rows, key=lambda r: (r[0] - q[0]) ** 2 + (r[1] - q[1]) ** 2 + (r[2] - q[2]) ** 2)
-    return min(best[3] * scale, bound)
+    logs, effs = by.get(layout) or by.get("-") or by["*"]
+    d = logs - (math.log(m), math.log(n), math.log(k))
+    return min(effs[int(np.einsum("ij,ij->i", d, d).argmin())] * scale, bound)
 
 
 @functools.lru_cache(maxsize=65536)
