@@ -46,9 +46,9 @@ from __future__ import annotations
 
 import functools
 import math
+from dataclasses import dataclass, field
 
 import numpy as np
-from dataclasses import dataclass, field
 
 from symtensor.cost import kernels_data as simumax
 from symtensor.errors import PlanError, did_you_mean
