@@ -358,6 +358,24 @@ def band_coverage(loso_results: list[Result]) -> dict:
     return bands.coverage(triples, others)
 
 
+def outside(results: list[Result]) -> list[Result]:
+    """The rows a calibration fails on: a memory row outside its tolerance, a time or MFU row outside its
+    regime's band (``cost.bands.RESIDUALS``: kernel rates are measured, so time rows are held to the band
+    every prediction states, not to v2's fitted 5%)."""
+    from symtensor.cost import bands
+
+    out = []
+    for r in results:
+        if r.row.metric in TIME_METRICS:
+            (_, _, res), = time_residuals([r])
+            lo, hi = bands.RESIDUALS.get((r.row.device, "dense 3D"), bands.UNCALIBRATED)
+            if not lo - 1e-4 <= res <= hi + 1e-4:
+                out.append(r)
+        elif not r.within:
+            out.append(r)
+    return out
+
+
 def select_constants(rows: list[Row] | None = None, candidates=CANDIDATES) -> tuple[tuple, dict]:
     """Backward elimination on leave-one-source-out error: starting from every candidate, drop the
     constant whose removal (held at its prior) lowers the LOSO mean tolerance-scaled error of the time
