@@ -1,10 +1,13 @@
-"""Calibration: predicted vs published measurements, and the fit of the efficiency constants.
+"""Calibration: predicted vs published measurements, and the fit of the end-to-end constants.
 
 The rows are ``data/calibration.csv`` (a copy of ../shared/data/calibration.csv): Korthikanti et
 al. 2022 iteration times, MFU and memory of GPT 22B/175B/530B/1T on DGX A100, and the ZeRO paper's
-model-state memory of a 7.5B model. Only these rows may be used for fitting. ``compare`` prints
-predicted vs measured with errors; ``fit`` searches the efficiency constants that minimise the
-largest error relative to each metric's tolerance.
+model-state memory of a 7.5B model. Only these rows may be used for fitting. ``predict`` gives
+predicted vs measured with errors. Kernel rates are measured tables (``cost.kernels``), never fitted
+here; ``fit_end_to_end`` searches the end-to-end constants (``EndToEnd``: host overhead per step and per
+micro-batch, the gap between kernels, the compute share of a concurrent collective) inside their
+physical ranges, ``loso`` predicts each source family's rows with constants fitted without them, and
+``select_constants`` keeps only the constants that lower that leave-one-source-out error.
 
 Conventions (documented choices):
     - Korthikanti's GPT models: LayerNorm, GeLU MLP (4h), learned positions, dropout, biases,
@@ -24,10 +27,11 @@ import csv
 from dataclasses import dataclass
 from importlib import resources
 
-from symtensor.cost import GIB, Efficiency, Evaluator
-from symtensor.cost.efficiency import TABLES
+from symtensor.cost import GIB, Evaluator
+from symtensor.cost.efficiency import efficiency_for
 from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
+from symtensor.hardware.efficiency import END_TO_END_RANGES, EndToEnd
 from symtensor.models import ModelConfig, build_graph
 from symtensor.models.config import PRESETS, apply_overrides
 from symtensor.plan.parallelism import Parallelism
@@ -109,9 +113,10 @@ def _recompute(text: str) -> str:
 class _Cache:
     """Evaluators per (model, parallel layout), reused across metrics of the same configuration."""
 
-    def __init__(self, effs: dict):
-        self.effs = effs
+    def __init__(self, effs: dict, e2e=None, graphs: dict | None = None):
+        self.effs, self.e2e = effs, e2e
         self.evs: dict = {}
+        self.graphs = {} if graphs is None else graphs  # (model, batch, seq, dtype) -> graph, across fits
 
     @staticmethod
     def key(cfg, p: Parallelism, gpu="dgx-a100-80g", dtype="fp16") -> tuple:
@@ -126,8 +131,15 @@ class _Cache:
         key = self.key(cfg, p, gpu, dtype)
         if key not in self.evs:
             cluster = load_cluster(gpu, devices=p.world)
-            graph = build_graph(cfg, micro_batch=p.micro_batch * p.dp, seq=p.seq, dtype=dtype, skeleton=True)
-            self.evs[key] = Evaluator(graph, cluster, pp=p.pp, eff=self.effs["H100" if "h100" in gpu else "A100"])
+            gkey = (cfg, p.micro_batch * p.dp, p.seq, dtype)
+            graph = self.graphs.get(gkey)
+            if graph is None:
+                graph = self.graphs[gkey] = build_graph(cfg, micro_batch=p.micro_batch * p.dp, seq=p.seq, dtype=dtype,
+                                                        skeleton=True)
+            eff = self.effs.get("H100" if "h100" in gpu else "A100") or efficiency_for(cluster, "megatron")
+            if self.e2e is not None:
+                eff = eff.replace(end_to_end=self.e2e)
+            self.evs[key] = Evaluator(graph, cluster, pp=p.pp, eff=eff)
         ev = self.evs[key]
         layouts = megatron_layouts(ev.graph, ev.mesh, p.as_dict())
         train = p.train.replace(grad_bytes=grad_bytes)
@@ -203,10 +215,12 @@ def _nemo(row: Row, cache: _Cache) -> float:
     raise ValueError(f"no prediction for metric {row.metric!r}")
 
 
-def predict(rows: list[Row] | None = None, effs: dict | None = None) -> list[Result]:
-    """Predicted values of ``rows`` (default: every calibration row) with the efficiency tables
-    ``effs`` (device -> Efficiency; default: the calibrated ones)."""
-    cache = _Cache({**TABLES, **(effs or {})})
+def predict(rows: list[Row] | None = None, effs: dict | None = None, e2e=None, graphs: dict | None = None
+            ) -> list[Result]:
+    """Predicted values of ``rows`` (default: every calibration row) with the efficiency of each
+    row's cluster under Megatron (``efficiency_for``; ``effs``: device -> Efficiency instead) and the
+    end-to-end constants ``e2e`` (default: the shipped ``END_TO_END``)."""
+    cache = _Cache(dict(effs or {}), e2e, graphs)
     out = []
     for row in load_rows() if rows is None else rows:
         fn = _zero if row.source.startswith("ZERO") else _nemo if row.device == "H100" else _korthikanti
@@ -223,39 +237,164 @@ def summary(results: list[Result]) -> dict:
             for k, v in by.items()}
 
 
-# physical upper bounds of the fitted fractions: no kernel reaches its datasheet peak; ~90% of HBM
-# bandwidth is the best STREAM-like kernels reach; NCCL bus bandwidth stays below the link rate
-UPPER = {"gemm": 0.95, "bmm": 0.95, "attention": 0.95, "hbm": 0.9, "link": 0.9, "link_gather": 0.9}
+# -- the end-to-end fit ------------------------------------------------------------------------------
+# Kernel rates are measured (cost.kernels); what a fit may choose are the end-to-end constants
+# (``EndToEnd``), each inside its physical range (``END_TO_END_RANGES``). ``FIT_CONSTANTS`` are those the
+# shipped fit frees: a constant goes in only if it lowers the leave-one-source-out error of the time rows
+# (``select_constants``; benchmarks/cost_model_fidelity.py writes the comparison).
+TIME_METRICS = ("iteration time (s)", "MFU (%)")
+CANDIDATES = tuple(END_TO_END_RANGES)
+FIT_CONSTANTS = ("kernel_gap_s",)  # what select_constants kept (cost.efficiency.END_TO_END)
 
 
-# what each device's rows can tell apart: Korthikanti's A100 runs (unfused attention, no overlap)
-# pin the GEMM, batched-matmul, HBM and link fractions; NeMo's H100 runs (fused attention, overlapped
-# communication, all at 8K tokens) pin the GEMM fraction and the fused attention's (its backward
-# keeps the forward's ratio, see efficiency.py)
-FITTED = {"A100": ("gemm", "bmm", "hbm", "link", "link_gather", "gemm_knee"), "H100": ("gemm", "attention")}
+def shipped_end_to_end() -> EndToEnd:
+    """The end-to-end constants every prediction uses (``cost.efficiency.END_TO_END``)."""
+    from symtensor.cost.efficiency import END_TO_END
+
+    return END_TO_END
 
 
-def _score(results: list[Result]) -> tuple[float, float]:
-    """Worst and mean tolerance-scaled error."""
+def family(row: Row) -> str:
+    """The source family of a row (the text before the first colon: KORTH22, ZERO, DGXC): the unit
+    leave-one-source-out leaves out."""
+    return row.source.split(":", 1)[0].strip()
+
+
+def _objective(results: list[Result]) -> tuple[float, float]:
+    """Mean, then worst, tolerance-scaled error."""
     scores = [r.score for r in results]
-    return max(scores), sum(scores) / len(scores)
+    return sum(scores) / len(scores), max(scores)
 
 
-def fit(device: str = "A100", rows: list[Row] | None = None, start: Efficiency | None = None,
-        rounds: int = 3) -> Efficiency:
-    """Coordinate search on ``device``'s time-related constants (``FITTED``) minimising the worst,
-    then the mean, tolerance-scaled error of its time and MFU rows."""
-    rows = [r for r in (rows or load_rows((device,))) if r.metric in ("iteration time (s)", "MFU (%)")]
-    best = start or TABLES[device]
-    best_score = _score(predict(rows, {device: best}))
+def fit_end_to_end(rows: list[Row] | None = None, names=None, start: EndToEnd | None = None,
+                   rounds: int = 2, steps: int = 6) -> EndToEnd:
+    """Coordinate search of the end-to-end constants ``names`` (default ``FIT_CONSTANTS``) inside their
+    physical ranges, minimising the mean (then the worst) tolerance-scaled error of the time and MFU rows
+    of ``rows`` (default: every calibration row). A grid of ``steps`` + 1 values over the range, then
+    halving brackets around the best. Constants not named keep ``start``'s value (default: their priors,
+    ``EndToEnd()``)."""
+    rows = [r for r in (load_rows() if rows is None else rows) if r.metric in TIME_METRICS]
+    best = start or EndToEnd()
+    if not rows:
+        return best
+    names = sorted(FIT_CONSTANTS if names is None else names)  # one order: coordinate search depends on it
+    graphs: dict = {}
+    score = _objective(predict(rows, e2e=best, graphs=graphs))
     for _ in range(rounds):
-        for name in FITTED[device]:
-            value = getattr(best, name) or 1e9
-            for factor in (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 1.01, 1.02, 1.05, 1.1, 1.25, 2.0):
-                trial = best.replace(**{name: min(UPPER.get(name, 1e15), value * factor)})
-                if name == "attention":  # the backward keeps its measured ratio to the forward
-                    trial = trial.replace(attention_bwd=trial.attention * best.attention_bwd / best.attention)
-                score = _score(predict(rows, {device: trial}))
-                if score < best_score:
-                    best, best_score = trial, score
+        for name in names:
+            lo, hi, _why = END_TO_END_RANGES[name]
+            values = [min(hi, lo + (hi - lo) * i / steps) for i in range(steps + 1)]
+            width = (hi - lo) / steps
+            for _refine in range(4):
+                for v in values:
+                    trial = best.replace(**{name: v})
+                    got = _objective(predict(rows, e2e=trial, graphs=graphs))
+                    if got < score:
+                        best, score = trial, got
+                width /= 2
+                centre = getattr(best, name)
+                values = [min(hi, max(lo, centre + d * width)) for d in (-1, 1)]
     return best
+
+
+def loso(rows: list[Row] | None = None, names=None) -> list[Result]:
+    """Leave-one-source-out predictions: for each source family (``family``), the end-to-end constants
+    fitted without its rows (``fit_end_to_end``), its rows predicted with them. Rows whose metric no
+    constant changes (memory) come out as in-sample."""
+    rows = load_rows() if rows is None else rows
+    out: dict = {}
+    for fam in dict.fromkeys(family(r) for r in rows):
+        held = [r for r in rows if family(r) == fam]
+        e2e = fit_end_to_end([r for r in rows if family(r) != fam], names)
+        for r in predict(held, e2e=e2e):
+            out[id(r.row)] = r
+    return [out[id(r)] for r in rows]
+
+
+def regime_of_row(row: Row) -> str:
+    """The regime a calibration row reports under: its device and regime (``A100 dense 3D``)."""
+    return f"{row.device} {row.regime}"
+
+
+def error_by_regime(results: list[Result]) -> dict:
+    """Per regime and metric: rows, mean and max |error| and the signed mean (relative for relative
+    metrics, points otherwise)."""
+    by: dict = {}
+    for r in results:
+        by.setdefault((regime_of_row(r.row), r.metric_key), []).append(r.error)
+    return {f"{reg}: {metric}": {"n": len(v), "mean": sum(map(abs, v)) / len(v), "max": max(map(abs, v)),
+                                  "bias": sum(v) / len(v), "tolerance": TOLERANCE[metric][1]}
+            for (reg, metric), v in by.items()}
+
+
+def time_residuals(results: list[Result]) -> list[tuple[str, str, float]]:
+    """(source family, device table, r = predicted step / measured step - 1) of every time row; an MFU row
+    is a time row (MFU is inverse to the step: r = measured MFU / predicted MFU - 1)."""
+    out = []
+    for r in results:
+        if r.row.metric == "iteration time (s)":
+            out.append((family(r.row), r.row.device, r.predicted / r.row.measured - 1))
+        elif r.row.metric == "MFU (%)":
+            out.append((family(r.row), r.row.device, r.row.measured / r.predicted - 1))
+    return out
+
+
+def residual_ranges(triples) -> dict:
+    """{(device table, "dense 3D"): (lowest, highest) residual} of ``time_residuals`` triples: the base
+    ranges of the bands (``cost.bands.RESIDUALS`` stores those of the leave-one-source-out predictions)."""
+    by: dict = {}
+    for _, device, r in triples:
+        by.setdefault((device, "dense 3D"), []).append(r)
+    return {k: (round(min(v), 4), round(max(v), 4)) for k, v in by.items()}
+
+
+def band_coverage(loso_results: list[Result]) -> dict:
+    """Leave-one-source-out coverage of the bands (``cost.bands.coverage``): each time row's residual
+    against the band built from the other sources' residuals only."""
+    from symtensor.cost import bands
+
+    triples = time_residuals(loso_results)
+    others = {fam: residual_ranges([t for t in triples if t[0] != fam]) for fam in {t[0] for t in triples}}
+    return bands.coverage(triples, others)
+
+
+def outside(results: list[Result]) -> list[Result]:
+    """The rows a calibration fails on: a memory row outside its tolerance, a time or MFU row outside its
+    regime's band (``cost.bands.RESIDUALS``: kernel rates are measured, so time rows are held to the band
+    every prediction states, not to v2's fitted 5%)."""
+    from symtensor.cost import bands
+
+    out = []
+    for r in results:
+        if r.row.metric in TIME_METRICS:
+            (_, _, res), = time_residuals([r])
+            lo, hi = bands.RESIDUALS.get((r.row.device, "dense 3D"), bands.UNCALIBRATED)
+            if not lo - 1e-4 <= res <= hi + 1e-4:
+                out.append(r)
+        elif not r.within:
+            out.append(r)
+    return out
+
+
+def select_constants(rows: list[Row] | None = None, candidates=CANDIDATES) -> tuple[tuple, dict]:
+    """Backward elimination on leave-one-source-out error: starting from every candidate, drop the
+    constant whose removal (held at its prior) lowers the LOSO mean tolerance-scaled error of the time
+    rows most (or leaves it equal: a constant that does not improve it does not go in), until every
+    removal makes it worse. Returns (kept constants, {constant set: LOSO error})."""
+    rows = [r for r in (load_rows() if rows is None else rows) if r.metric in TIME_METRICS]
+    seen: dict = {}
+
+    def err(names) -> float:
+        key = tuple(sorted(names))
+        if key not in seen:
+            seen[key] = _objective(loso(rows, key))[0]
+        return seen[key]
+
+    kept = tuple(candidates)
+    while kept:
+        trials = {name: err(tuple(n for n in kept if n != name)) for name in kept}
+        name, best = min(trials.items(), key=lambda kv: kv[1])
+        if best > err(kept):  # a constant whose removal does not worsen the LOSO error goes
+            break
+        kept = tuple(n for n in kept if n != name)
+    return kept, seen

@@ -199,7 +199,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the rendezvous port on 127.0.0.1 (default: a free port the system picks)")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("calibrate", help="predicted vs published measurements (calibration.csv)")
-    p.add_argument("--fit", action="store_true", help="refit the efficiency constants first")
+    p.add_argument("--fit", action="store_true", help="refit the end-to-end constants first (kernel rates are "
+                   "measured tables, never fitted)")
     p.add_argument("--cluster", metavar="FILE", help="a profiled cluster file: its curves vs its measurements; with "
                    "--runs, the cluster the fit refines (default: the runs' own)")
     p.add_argument("--runs", metavar="CSV", help="your measured runs (one row per run: model, cluster, devices, the "
@@ -259,10 +260,15 @@ def _dispatch(args) -> int:
     if args.command == "calibrate":
         from symtensor import calibration
 
-        effs = {d: calibration.fit(d) for d in calibration.TABLES} if args.fit else dict(calibration.TABLES)
-        results = calibration.predict(effs=effs)
-        code = report.calibration(results, calibration.summary(results), effs, args.json)
-        return code if all(r.within for r in results) else 1
+        e2e = calibration.fit_end_to_end() if args.fit else None
+        results = calibration.predict(e2e=e2e)
+        loso = calibration.loso()
+        extra = {"end_to_end": (e2e or calibration.shipped_end_to_end()).as_dict(),
+                 "in_sample": calibration.error_by_regime(results),
+                 "leave_one_source_out": calibration.error_by_regime(loso),
+                 "band_coverage": {k: list(v) for k, v in calibration.band_coverage(loso).items()}}
+        code = report.calibration(results, calibration.summary(results), {}, args.json, extra)
+        return code if not calibration.outside(results) else 1
     from symtensor import api
     from symtensor.plan.document import evaluation_json
 

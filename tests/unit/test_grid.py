@@ -105,7 +105,10 @@ def test_more_devices_never_slower_at_a_fixed_batch():
             assert any(f"uses {used} of the {n} devices" in note and f"global batch of {2 * n // used}" in note
                        for note in plan.notes)
     assert steps[8] <= steps[4] <= steps[2]
-    assert plan.cluster.n_devices < 8  # two sequences cannot keep 8 devices busy
+    # (v2 also asserted that two sequences leave some of 8 devices idle: with its fitted GEMM knee a tiny
+    # kernel gained nothing from a smaller piece. v3 charges each op an idle launch gap per device
+    # (EndToEnd.kernel_gap_s), which a pipeline splits over its stages: 8 stages of this 2-layer model's
+    # ops now beat one device, and the plan may use all 8.)
 
 
 def test_the_megatron_space_plan_is_its_grid_baseline():

@@ -6,8 +6,11 @@ them with sympy symbols instead of numbers returns the expression the model eval
     b s t h n g d f v e c r   the op's dim sizes (graph/ir.py legend)
     p_<dim>                   how many ways the layout cuts that dim (a product of mesh axes)
     P                         peak FLOP/s of the device for the dtype
-    eta_<kind>                achievable fraction of P for the op kind (calibrated)
+    eta_<kind>, eta_<kind>_bwd  achievable fraction of P for the op's forward and backward kernels (the
+                              measured kernel tables at the op's local shape: cost.opcost.op_rates)
     K                         the GEMM knee in FLOPs: a kernel of F FLOPs runs at eta * F / (F + K)
+                              (0 when GEMMs are costed from the tables)
+    G                         idle seconds per op kernel (EndToEnd.kernel_gap_s)
     H, eta_hbm                HBM bytes/s and its achievable fraction
     m                         a collective's message bytes (collectives.py conventions)
     alpha_<level>, B_<level>  latency (s) and bandwidth (bytes/s per device) of a link level
@@ -25,9 +28,8 @@ from types import SimpleNamespace
 import sympy as sp
 
 from symtensor.cost.collectives import collective_time, level_counts
-from symtensor.cost.efficiency import attention_fractions
 from symtensor.cost.engine import ENGINES
-from symtensor.cost.opcost import attention_shape_factor, grouped_tile_factor, local_sizes
+from symtensor.cost.opcost import hbm_fraction, local_sizes, op_rates
 from symtensor.cost.precision import RECIPES, SAVED_FRACTION, cast_bytes, fp8_gemm, gemm_speedup
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
@@ -47,16 +49,16 @@ class _Roofline:
     """max(flops time, bytes time) kept as its two branches: sympy's Max over symbols that are
     merely positive spends seconds trying to order them."""
 
-    def __init__(self, *branches, plus=0):
-        self.branches, self.plus = branches, plus  # ``plus``: a term added after the max (FP8 casts)
+    def __init__(self, *branches, add=0):
+        self.branches, self.add = branches, add
 
     def text(self) -> str:
         parts = [str(b) for b in self.branches]
-        text = parts[0] if len(parts) == 1 else f"Max({', '.join(parts)})"
-        return text if not self.plus else f"{text} + {self.plus}"
+        core = parts[0] if len(parts) == 1 else f"Max({', '.join(parts)})"
+        return f"{core} + {self.add}" if self.add != 0 else core
 
     def value(self, values: dict) -> float:
-        return max(_value(b, values) for b in self.branches) + (_value(self.plus, values) if self.plus else 0.0)
+        return max(_value(b, values) for b in self.branches) + (_value(self.add, values) if self.add != 0 else 0.0)
 
 
 def _local_sizes(op, layout: OpLayout, mesh, values: dict) -> dict:
@@ -88,35 +90,33 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
             term = term * sizes[d]
         nbytes = nbytes + term
     eta = f"eta_{_EFF_FIELD.get(op.kind, 'gemm')}"
-    values.update(P=ev.cluster.device.flops(ev.dtype), H=ev.cluster.device.hbm_bandwidth, eta_hbm=ev.eff.hbm,
-                  K=ev.eff.gemm_knee, **{eta: getattr(ev.eff, _EFF_FIELD.get(op.kind, "gemm"))})
-    # a grouped expert GEMM's efficiency includes its tile fill (opcost.grouped_tile_factor)
-    values[eta] *= grouped_tile_factor(op, local_sizes(op, layout, ev.mesh))
+    local = local_sizes(op, layout, ev.mesh)
+    gap = ev.eff.end_to_end.kernel_gap_s
+    values.update(P=ev.cluster.device.flops(ev.dtype), H=ev.cluster.device.hbm_bandwidth,
+                  eta_hbm=hbm_fraction(op, ev.eff), K=0.0 if ev.eff.tabled("gemm") else ev.eff.gemm_knee, G=gap)
     hbm_time = nbytes / (_sym("H") * _sym("eta_hbm"))
+    g = _sym("G") if gap and op.kind != "reshape" else sp.Integer(0)
     casts = fp8 is not None and fp8_gemm(op)
     if casts:  # an FP8 GEMM: its measured speedup, and its casts as memory-bound time (cost.precision)
-        local = local_sizes(op, layout, ev.mesh)
         values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device)
         values["C_fwd"], values["C_bwd"] = cast_bytes(op, local, RECIPES[fp8], ENGINES[ev.framework].pytorch_kernels)
     if kind.memory_bound:
-        fwd = _Roofline(hbm_time)
-        bwd = _Roofline(kind.bwd_fixed * 2 * hbm_time if kind.bwd_fixed else sp.Integer(0))
+        fwd = _Roofline(hbm_time, add=g)
+        bwd = _Roofline(kind.bwd_fixed * 2 * hbm_time, add=g) if kind.bwd_fixed else _Roofline(sp.Integer(0))
         bwd_flops = sp.Integer(0)
     else:
-        ratio = sp.nsimplify(kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * ev.grad_operands[op.name])
+        grads = ev.grad_operands[op.name]
+        ratio = sp.nsimplify(kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grads)
         bwd_flops = flops * ratio
-        peak = peak_bwd = _sym("P") * _sym(eta)
-        if op.kind == "attention":  # separate backward fraction; both scaled by the shape factor
-            shape = attention_shape_factor(op.dim_sizes, ev.eff, op.attr("window"))
-            fwd_eta, bwd_eta = attention_fractions(ev.eff, op.attr("kernel"))
-            values.update(eta_attention=fwd_eta * shape, eta_attention_bwd=bwd_eta * shape)
-            peak_bwd = _sym("P") * _sym("eta_attention_bwd")
+        fwd_eta, bwd_eta = op_rates(op, local, ev.eff, grads, ev.dtype, kind.fwd_flops(local, dict(op.attrs)), False)
+        values.update({eta: fwd_eta, f"{eta}_bwd": bwd_eta})
+        bwd_kernels = grads if kind.bwd_ratio is not None else (1 if kind.bwd_fixed else 0)
         run, run_bwd = (flops / _sym("S_fp8"), bwd_flops / _sym("S_fp8")) if casts else (flops, bwd_flops)
         cast_fwd = _sym("C_fwd") / (_sym("H") * _sym("eta_hbm")) if casts else 0
         cast_bwd = _sym("C_bwd") / (_sym("H") * _sym("eta_hbm")) if casts else 0
-        fwd = _Roofline((run + _sym("K")) / peak, hbm_time, plus=cast_fwd)
-        bwd = _Roofline((run_bwd + _sym("K") * ratio) / peak_bwd, 2 * hbm_time, plus=cast_bwd) if ratio \
-            else _Roofline(sp.Integer(0))
+        fwd = _Roofline((run + _sym("K")) / (_sym("P") * _sym(eta)), hbm_time, add=g + cast_fwd)
+        bwd = _Roofline((run_bwd + _sym("K") * ratio) / (_sym("P") * _sym(f"{eta}_bwd")), 2 * hbm_time,
+                        add=g * bwd_kernels + cast_bwd) if ratio else _Roofline(sp.Integer(0))
     return {"fwd_flops": str(flops), "bwd_flops": str(bwd_flops), "bytes": str(nbytes),
             "fwd_time_s": fwd.text(), "bwd_time_s": bwd.text(),
             "value_fwd_s": fwd.value(values), "value_bwd_s": bwd.value(values),

@@ -1,16 +1,47 @@
-"""Achievable fractions of peak: the few constants the symbolic model multiplies by.
+"""Achievable fractions of peak, and the end-to-end constants: what the symbolic model multiplies by.
 
 Compute time of an op is a roofline, ``max(FLOPs / (peak * eff), bytes / (HBM bandwidth * hbm))``;
-a collective's beta is ``1 / (link bandwidth * link)``. The constants marked [Fitted] were fitted
-by ``symtensor calibrate --fit`` on ../shared/data/calibration.csv only (Korthikanti et al. 2022
-iteration times on DGX A100); ``symtensor calibrate`` prints the residual error. No other
-published measurement was used for fitting: those judge the model.
+a collective's beta is ``1 / (link bandwidth * link)``.
+
+Kernel rates come from measurements, not from end-to-end fits (issue 22): every device's GEMMs (by
+shape, forward and both backward GEMMs), grouped GEMMs (by tokens per expert), fused attention (by the
+engine's kernel, sequence, head dim and causality) and memory-bound kernels (at the measured fraction of
+HBM bandwidth) are read from ``cost.kernels``' tables, each with its source (``Efficiency.kernels`` and
+``tables``; the lookups are in ``cost.opcost``). A cluster file's measured fraction of a class
+(``symtensor profile``) takes that class out of the tables: its own measurement wins.
+
+The scalar fractions below (gemm, bmm, attention, hbm, the knees) are v2's end-to-end fit on the same
+rows; they cost only a class a cluster file does not measure and no table covers (none of the shipped
+devices) and are kept as the transfer of last resort. The link fractions (NCCL bus bandwidth over the
+link rate: all-reduce 0.82, all-gather / reduce-scatter 0.79) are v2's fit too, inside what nccl-tests
+publishes for DGX A100 (about 230 of 300 GB/s NVLink bus bandwidth, 0.77) and below the 0.9 no NCCL run
+exceeds; they are not refitted.
+
+The end-to-end constants (``EndToEnd``: per-step and per-micro-batch host overhead, the idle gap between
+kernels, the compute share a concurrent collective takes) are what no microbenchmark sees. They are
+fitted by ``symtensor calibrate --fit`` on ../shared/data/calibration.csv (Korthikanti et al. 2022, DGX
+A100) and calibration_h100.csv (NeMo 2 on DGX H100) together, one value for every device (the kernel
+tables carry what differs between devices), inside each constant's physical range
+(``hardware.efficiency.END_TO_END_RANGES``); ``symtensor calibrate`` prints their in-sample and
+leave-one-source-out error. No other published measurement was used for fitting: those judge the model.
 """
 
 from __future__ import annotations
 
-from symtensor.cost.engine import ENGINES
-from symtensor.hardware.efficiency import Efficiency
+from symtensor.cost import kernels
+from symtensor.cost.engine import ENGINES, attention_kernel
+from symtensor.errors import PlanError
+from symtensor.hardware.efficiency import TABLE_CLASSES, Efficiency, EndToEnd
+
+# [Fitted] by ``symtensor calibrate --fit`` (calibration.fit_end_to_end) on both calibration files, of the
+# constants ``calibration.select_constants`` kept: only the idle time per op (kernel_gap_s) lowered the
+# leave-one-source-out error (mean tolerance-scaled error of the time rows 1.60 -> 1.25; per step and per
+# micro-batch overhead and a fitted compute share of concurrent collectives raised it: 1.57-2.18, written
+# in benchmarks/results/cost_model_fidelity.md). It fits at the top of its physical range (20 us per op),
+# in each leave-one-source-out fold too: the H100 rows would take more, which host overhead cannot explain
+# (the H100 BF16 GEMM table is a transfer of A100 shapes, cost/kernels.py, the likelier cause). The others
+# keep their priors: no host overhead, the NCCL SM share 16/108 (engine.COMM_SM_FRACTION).
+END_TO_END = EndToEnd(kernel_gap_s=20e-6)
 
 # Fused attention's backward reaches 0.86 of its forward's fraction of peak (FlashAttention-2,
 # Dao 2023: up to 73% of A100 peak forward, 63% backward); its sequence knee is in opcost.py.
@@ -24,7 +55,8 @@ ATTENTION_KNEE_TOKENS = 340.0
 # forward fraction (73% of peak at head dim 128, long sequences; Dao 2023), not fitted.
 A100 = Efficiency(gemm=0.784, bmm=0.3417, attention=0.73, attention_bwd=0.73 * ATTENTION_BWD_RATIO, attention_sdpa=0.73,
                   attention_knee=ATTENTION_KNEE_TOKENS, hbm=0.882, link=0.8194, link_gather=0.7872,
-                  gemm_knee=1e10,
+                  gemm_knee=1e10, kernels="A100-SXM4-80GB", tables=TABLE_CLASSES, attention_kernel="fa2",
+                  end_to_end=END_TO_END,
                   source="A100: fitted on shared/data/calibration.csv (Korthikanti et al. 2022); "
                          "see symtensor calibrate")
 CALIBRATED = A100
@@ -36,7 +68,8 @@ CALIBRATED = A100
 # On H100 PyTorch's SDPA runs FlashAttention-2, which reaches ~35% of the BF16 peak forward
 # (~350 TFLOP/s at head dim 128; Shah et al. 2024, FlashAttention-3, Fig. 5), against the fused
 # attention Transformer Engine runs in the NeMo rows.
-H100 = A100.replace(gemm=0.6208, attention=0.6332, attention_bwd=0.6332 * ATTENTION_BWD_RATIO, attention_sdpa=0.35,
+H100 = A100.replace(kernels="H100-SXM5-80GB", attention_kernel="cudnn",
+                    gemm=0.6208, attention=0.6332, attention_bwd=0.6332 * ATTENTION_BWD_RATIO, attention_sdpa=0.35,
                     source="H100: fitted on shared/data/calibration_h100.csv (NeMo 2 Llama 3.1 on DGX H100); "
                            "see symtensor calibrate")
 
@@ -98,21 +131,48 @@ def attention_fractions(eff: Efficiency, kernel: str | None = None) -> tuple[flo
     return fwd, fwd * ATTENTION_BWD_RATIO
 
 
+# the Efficiency fields a cluster file's measured fraction of each table class replaces (the class then
+# leaves the tables)
+CLASS_FIELDS = {"gemm": ("gemm", "bmm", "gemm_knee"),
+                "attention": ("attention", "attention_bwd", "attention_sdpa", "attention_knee"),
+                "hbm": ("hbm",)}
+
+
+def kernel_device(device_name: str) -> str:
+    """The ``cost.kernels`` device whose tables ``device_name`` reads: its own, else A100's (the transfer of
+    every device without a table, as ``device_table``)."""
+    try:
+        return kernels.device_kernels(device_name).name
+    except PlanError:
+        return kernels.A100.name
+
+
 def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:
-    """The efficiency table of ``cluster``: the fields its cluster file sets (``Cluster.efficiency``,
-    e.g. measured by ``symtensor profile``) over the calibrated table of its device (or the table a
-    device without one borrows: ``TRANSFERS``, said in its ``source``), with the kernels of
-    ``framework``'s stack (``PYTORCH_KERNELS``: SDPA attention and eager elementwise ops).
-    ``cluster`` may also be a device name."""
+    """The efficiency of ``cluster`` under ``framework``'s engine: its device's kernel tables
+    (``cost.kernels``; a device without its own reads a documented transfer) with the engine's attention
+    kernel on that device (``Engine.attention_kernels``), the end-to-end constants (``END_TO_END``), and
+    the fields its cluster file sets (``Cluster.efficiency``, e.g. measured by ``symtensor profile``: a
+    class it measures leaves the tables) and its ``end_to_end:`` constants over them. The PyTorch stacks
+    (``PYTORCH_KERNELS``) run SDPA attention and eager elementwise ops. ``cluster`` may also be a device
+    name."""
     name = cluster if isinstance(cluster, str) else cluster.device.name
     base = TABLES[device_table(name)]
+    kdev = kernel_device(name)
     if own_table(name) is None:
         why = next((why for part, _, why in TRANSFERS if part in name.upper()), "no table of its own")
         base = base.replace(source=f"{device_table(name)}'s table transferred to {name} ({why}); {base.source}")
+    engine = ENGINES[framework]
+    base = base.replace(kernels=kdev, attention_kernel=attention_kernel(
+        engine, name, lambda k: kernels.has_attention(kdev, k)))
     if framework in PYTORCH_KERNELS:
         sdpa = base.attention_sdpa or base.attention
         base = base.replace(attention=sdpa, attention_bwd=sdpa * ATTENTION_BWD_RATIO, eager_elementwise=True)
     own = dict(getattr(cluster, "efficiency", ()) or ())
     if own:
-        return base.replace(**own, source=getattr(cluster, "efficiency_source", "") or "cluster file")
+        tables = tuple(c for c in base.tables if not any(f in own for f in CLASS_FIELDS[c]))
+        base = base.replace(**own, tables=tables,
+                            source=getattr(cluster, "efficiency_source", "") or "cluster file")
+    e2e = dict(getattr(cluster, "end_to_end", ()) or ())
+    if e2e:
+        base = base.replace(end_to_end=base.end_to_end.replace(**e2e))
     return base

@@ -97,6 +97,10 @@ class Engine:
     loss_grad_bytes: int = 2
     step_temp_bytes: int = 0
     expandable_segments: bool = False
+    # the fused attention kernel the stack runs, per device: (device name part, kernel of the kernel tables,
+    # ``cost.kernels``), the first part found in the device's name wins ("" matches every device); a device
+    # without that kernel's tables runs the first of ``ATTENTION_FALLBACK`` it has (``attention_kernel``)
+    attention_kernels: tuple[tuple[str, str], ...] = (("", "fa2"),)
 
     def shards(self, state: int, zero: int) -> bool:
         """Whether ZeRO stage ``zero`` shards ``state`` (WEIGHTS, GRADIENTS or OPTIMIZER) over the replicas."""
@@ -112,21 +116,39 @@ class Engine:
         return self.shards(WEIGHTS, zero) and zero >= self.reshards_from
 
 
+# Transformer Engine "prefers cuDNN flash attention on Hopper+ architectures, and Tri Dao flash attention on
+# Ampere" (NeMo docs, memory_optimizations.rst, NVIDIA/NeMo#9188); Blackwell's only table is SimuMax's measured
+# Transformer Engine attention (``te``). PyTorch's SDPA runs FlashAttention-2 (its flash backend since torch 2.2).
+TE_ATTENTION = (("H100", "cudnn"), ("H200", "cudnn"), ("H800", "cudnn"), ("B200", "te"), ("", "fa2"))
+SDPA_ATTENTION = (("", "fa2"),)
+# a device without the engine's kernel's tables runs the first of these it has
+ATTENTION_FALLBACK = ("fa2", "cudnn", "fa3", "te")
+
 ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
-                       state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False),
+                       state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
+                       attention_kernels=TE_ATTENTION),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
-                    ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=4, expandable_segments=True),
+                    ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=4, expandable_segments=True,
+                    attention_kernels=SDPA_ATTENTION),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
-                        bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4),
+                        bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION),
 }
 # other names of an engine a configuration may give: ``torch`` (PyTorch's own FSDP2)
 ALIASES = {"torch": "fsdp2"}
+
+
+def attention_kernel(engine: Engine, device_name: str, has=lambda kernel: True) -> str:
+    """The table kernel ``engine``'s fused attention runs on ``device_name`` (``Engine.attention_kernels``),
+    or the first of ``ATTENTION_FALLBACK`` for which ``has(kernel)`` holds when the device lacks it."""
+    name = device_name.upper()
+    kernel = next((k for part, k in engine.attention_kernels if part in name), "fa2")
+    return kernel if has(kernel) else next((k for k in ATTENTION_FALLBACK if has(k)), kernel)
 
 
 def engine_of(train) -> Engine:
@@ -192,31 +214,35 @@ def pipeline_window(train) -> float:
 # While a collective overlaps compute, NCCL's thread blocks hold SMs that the compute kernels cannot
 # use: "NCCL uses the minimal number of SMs to achieve the performance of the platform ... on DGX with
 # 8 NICs and a top speed of 190 GB/s, then it would use 16 SMs", and "NCCL CTAs won't share an SM
-# with compute kernels" (NCCL maintainer, NVIDIA/nccl#689). 16 of an A100's 108 SMs; the same share
-# is used on other devices (H100: 16 of 132 SMs would be 0.12; a documented transfer).
+# with compute kernels" (NCCL maintainer, NVIDIA/nccl#689). 16 of an A100's 108 SMs is the prior of
+# the end-to-end constant ``EndToEnd.comm_sm_fraction`` (the calibrated value is in cost.efficiency).
 COMM_SM_FRACTION = 16 / 108
 
 
-def _hidden(comm: float, compute: float) -> float:
+def hidden(comm: float, compute: float, share: float = COMM_SM_FRACTION) -> float:
     """Exposed part of ``comm`` running beside ``compute``: its excess over the compute, and at least
-    the compute lost to the SMs the collective holds while it runs (COMM_SM_FRACTION of ``comm``:
-    compute of t seconds beside a collective of c runs t + f c when that exceeds c)."""
-    return max(comm - compute, COMM_SM_FRACTION * comm)
+    the compute lost to the SMs (and memory bandwidth) the collective holds while it runs (``share``
+    of ``comm``: compute of t seconds beside a collective of c runs t + share c when that exceeds c)."""
+    return max(comm - compute, share * comm)
 
 
-def _bucketed(units, reduce_total: float, hide: float, bucket: float, ends: bool) -> float:
+_hidden = hidden
+
+
+def _bucketed(units, reduce_total: float, hide: float, bucket: float, ends: bool, share: float) -> float:
     """Bucketed reduction behind ``hide`` seconds of backward: the excess is exposed, and so is
     the last bucket (it fills when backward ends). Never more than the reduction itself."""
     grad = sum(u.grad_bytes * u.times for u in units)
     last = reduce_total * min(1.0, bucket / grad) if grad and ends else 0.0
-    return min(reduce_total, _hidden(reduce_total, hide) + last)
+    return min(reduce_total, _hidden(reduce_total, hide, share) + last)
 
 
-def exposure(units: list[Unit], train, ends: bool = True) -> Exposure:
+def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM_FRACTION) -> Exposure:
     """Exposed data-parallel seconds per step of one stage under ``train``'s engine and ZeRO stage.
 
     ``ends=False`` leaves out what only a whole stage has (the last gradient bucket, the first
-    unit's gather, the last unit's reduction): the per-op share the search charges an op."""
+    unit's gather, the last unit's reduction): the per-op share the search charges an op.
+    ``share``: the compute a collective beside it takes (``EndToEnd.comm_sm_fraction``)."""
     eng, m, z = engine_of(train), train.micro_steps, train.zero
     fwd = sum(u.fwd_s * u.times for u in units)
     bwd = sum(u.bwd_s * u.times for u in units)
@@ -224,28 +250,29 @@ def exposure(units: list[Unit], train, ends: bool = True) -> Exposure:
     reduce = sum(u.reduce_s * u.times for u in units)
     overlap = train.overlap_grad_reduce
     if eng.shards(WEIGHTS, z):
-        return _sharded(units, train, eng, overlap, ends)
+        return _sharded(units, train, eng, overlap, ends, share)
     # once per step, the reduction runs beside the pipeline's cool-down backward and the gather
     # beside its warm-up forward: micro-batches of the stage's compute to hide behind (ZeRO 2
     # reduces every micro-batch, beside that micro-batch's backward only)
     window = pipeline_window(train)
     reduce_window = 1.0 if eng.shards(GRADIENTS, z) else window
     if not eng.zero_sharded(z):
-        seconds = _bucketed(units, reduce, reduce_window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
+        seconds = _bucketed(units, reduce, reduce_window * bwd, eng.ddp_bucket_bytes, ends, share) \
+            if overlap else reduce
         return Exposure(seconds, {"all_reduce": 1})
     # ZeRO 1/2: reduce-scatter (per step, or per micro-batch at stage 2), then the parameter gather
     times = m if eng.shards(GRADIENTS, z) else 1
     fwd *= window
-    one = _bucketed(units, reduce, reduce_window * bwd, eng.ddp_bucket_bytes, ends) if overlap else reduce
+    one = _bucketed(units, reduce, reduce_window * bwd, eng.ddp_bucket_bytes, ends, share) if overlap else reduce
     if eng.exposed_param_gather or not overlap:
         ag = gather
     else:  # overlapped with the next step's first forward, unit by unit; the first unit waits
         first = units[0].gather_s if units and ends else 0.0
-        ag = min(gather, _hidden(gather, fwd) + first)
+        ag = min(gather, _hidden(gather, fwd, share) + first)
     return Exposure(times * one + ag, {"reduce_scatter": times, "all_gather": 1})
 
 
-def _sharded(units, train, eng, overlap, ends) -> Exposure:
+def _sharded(units, train, eng, overlap, ends, share) -> Exposure:
     """Per-unit gathers every micro-batch (FSDP / ZeRO 3): the next unit's gather is prefetched
     behind this unit's compute; each unit's gradients are reduce-scattered behind the next unit's
     backward. The first gather of forward and the last reduction of backward wait."""
@@ -258,7 +285,7 @@ def _sharded(units, train, eng, overlap, ends) -> Exposure:
         fwd_comm = u.gather_s
         bwd_comm = u.reduce_s + (u.gather_s if regather else 0.0) + (u.gather_s if redo else 0.0)
         total += u.times * (fwd_comm + bwd_comm)
-        exposed += u.times * (_hidden(fwd_comm, u.fwd_s) + _hidden(bwd_comm, u.bwd_s))
+        exposed += u.times * (_hidden(fwd_comm, u.fwd_s, share) + _hidden(bwd_comm, u.bwd_s, share))
         copies += u.times * gathers * u.copy_s if eng.copy_out else 0.0
     if units and ends:
         exposed += units[0].gather_s + units[-1].reduce_s

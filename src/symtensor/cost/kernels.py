@@ -3,9 +3,10 @@ kernel and shape, memory-bound kernels as a fraction of HBM bandwidth (issue 22,
 
 Every number here is a published microbenchmark (each table names its source, and its licence where rows are
 copied) or an exact conversion of one; none is fitted to an end-to-end run. A device without its own table uses
-another device's, and says which and why (``DeviceKernels.transfers``). The cost model does not read this
-module yet (``cost/efficiency.py`` still holds the fitted fractions); ``benchmarks/kernel_table_check.py``
-compares the two.
+another device's, and says which and why (``DeviceKernels.transfers``). The cost model reads them through
+the memoised lookups at the end of this module (``cost.opcost``: GEMMs by shape, grouped GEMMs by tokens per
+expert, attention by the engine's kernel, memory-bound ops at the measured HBM fraction);
+``benchmarks/kernel_table_check.py`` compares what it charges with the tables.
 
 Units: every lookup returns a fraction in (0, 1]: achieved FLOP/s over the device's dense peak of that dtype
 (``hardware`` presets: A100 312, H100/H200 989 BF16 and 1,979 FP8, B200 2,250 BF16 TFLOP/s), or achieved bytes/s
@@ -43,8 +44,11 @@ Unknown devices, kernels, dtypes and directions raise a one-line ``PlanError``.
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
+
+import numpy as np
 
 from symtensor.cost import kernels_data as simumax
 from symtensor.errors import PlanError, did_you_mean
@@ -162,6 +166,7 @@ def envelope(points) -> tuple[tuple, tuple]:
     return tuple(xs), tuple(ys)
 
 
+@functools.lru_cache(maxsize=65536)
 def wave(m: float, n: float, sms: int | None) -> float:
     """Tile x wave quantisation efficiency of an M x N output on ``sms`` SMs, best over ``TILES``
     (``NVIDIA_GEMM_GUIDE``); 1 when the SM count is unknown."""
@@ -491,3 +496,101 @@ def all_tables():
             out.append((dev.name, "attention", key, curve, curve.source))
         out.append((dev.name, "hbm", "all", dev.hbm, GPU_BENCHES))
     return out
+
+
+# -- the cost model's lookups (memoised: the evaluator asks once per op shape) -----------------------------------
+# A table's layout of each GEMM of a linear layer Y[M,N] = X[M,K] W[K,N] (``kernels_data``): the forward is TN
+# (M, N, K), the input gradient NN (M, K, N: output M x K, reduced over N), the weight gradient NT (N, K, M:
+# output N x K, reduced over the M tokens).
+GEMM_LAYOUTS = ("TN", "NN", "NT")
+
+
+@functools.cache
+def _shape_index(device_name: str, dtype: str) -> tuple:
+    """Per layout, the rows' (log M, log N, log K, efficiency) (every row under ``-`` when the table records
+    no layout), the envelope and the conversions of ``gemm_efficiency``."""
+    dev = DEVICES[device_name]
+    table, scale = _gemm_table(dev, dtype)
+    rows: dict = {}
+    for m, n, k, layout, eff in table.rows:
+        rows.setdefault(layout if layout in GEMM_LAYOUTS else "-", []).append(
+            (math.log(m), math.log(n), math.log(k), eff))
+    # per layout: (log M, log N, log K) rows and their efficiencies as arrays (the nearest-row scan is hot)
+    by = {layout: (np.array([r[:3] for r in group]), [r[3] for r in group]) for layout, group in rows.items()}
+    every = [r for group in rows.values() for r in group]
+    by["*"] = (np.array([r[:3] for r in every]), [r[3] for r in every])
+    xs, ys = _gemm_envelope(table)
+    cap = min(dev.ceiling.get(dtype, (1.0,))[0], 1.0)
+    return by, xs, ys, scale, cap, table.peak_tflops / dev.peak_tflops[dtype]
+
+
+def table_dtype(device, dtype: str) -> str:
+    """The GEMM table a ``dtype`` reads on ``device``: its own, else BF16's (FP16 runs the same Tensor Core
+    rate; another dtype without a table reads BF16's fractions of its own peak)."""
+    dev = device_kernels(device)
+    return dtype if dtype in dev.gemm else "bf16"
+
+
+@functools.lru_cache(maxsize=65536)
+def gemm_shape_efficiency(device_name: str, m: float, n: float, k: float, dtype: str, layout: str,
+                          groups: float = 1.0) -> float:
+    """Fraction of peak the cost model charges one GEMM of output M x N reduced over K in ``layout``
+    (``GEMM_LAYOUTS``; ``groups`` such GEMMs batched in one kernel): the measured row of that layout nearest
+    in shape (Euclidean over log M, log N, log K, as ``gemm_nearest``), scaled as ``gemm_efficiency``, never
+    above the envelope at its FLOPs (``gemm_efficiency``: what the device was measured to allow at that size)
+    nor above the device's ceiling times the output's tile and wave fill (``wave`` over the groups' tiles:
+    the rows are 4,096 tokens and more, so a far smaller output, such as a tiny model's or a thin shard's,
+    is bounded by the quantisation NVIDIA's guide describes, not extrapolated at the smallest row's rate).
+    A shape-matched measurement where the table has one near, the size's bound where it has none."""
+    by, xs, ys, scale, cap, ratio = _shape_index(device_name, dtype)
+    bound = min(interp_log(xs, ys, 2.0 * m * n * k * groups * ratio) * scale, cap,
+                cap * wave(m * groups, n, DEVICES[device_name].sms))
+    logs, effs = by.get(layout) or by.get("-") or by["*"]
+    d = logs - (math.log(m), math.log(n), math.log(k))
+    return min(effs[int(np.einsum("ij,ij->i", d, d).argmin())] * scale, bound)
+
+
+@functools.lru_cache(maxsize=65536)
+def gemm_bound(device_name: str, flops: float, dtype: str) -> float:
+    """``gemm_efficiency`` of a GEMM of ``flops`` (its envelope: no shape of these FLOPs was measured faster)."""
+    _, xs, ys, scale, cap, ratio = _shape_index(device_name, dtype)
+    return min(interp_log(xs, ys, flops * ratio) * scale, cap)
+
+
+@functools.lru_cache(maxsize=4096)
+def grouped_efficiency(device_name: str, tokens_per_expert: float, dtype: str) -> float:
+    """Memoised ``grouped_gemm_efficiency`` (BF16's table for a dtype without its own)."""
+    dev = DEVICES[device_name]
+    return grouped_gemm_efficiency(dev.name, tokens_per_expert, dtype if dtype in dev.grouped else "bf16")
+
+
+@functools.lru_cache(maxsize=64)
+def grouped_ceiling(device_name: str, dtype: str) -> float:
+    """The best grouped-GEMM fraction of ``device`` at any tokens per expert."""
+    dev = DEVICES[device_name]
+    curve, scale = dev.grouped[dtype if dtype in dev.grouped else "bf16"]
+    return min(max(curve.ys) * scale, 1.0)
+
+
+@functools.lru_cache(maxsize=16384)
+def attention_table(device_name: str, kernel: str, seq: float, head_dim: float, causal: bool,
+                    backward: bool) -> float:
+    """Memoised ``attention_efficiency``."""
+    return attention_efficiency(device_name, kernel, seq, head_dim, causal, backward)
+
+
+@functools.lru_cache(maxsize=256)
+def attention_ceiling(device_name: str, kernel: str, backward: bool) -> float:
+    """The best fraction any ``kernel`` curve of that direction reaches on ``device`` (any seq, head dim and
+    causality): what no piece of an attention op beats."""
+    direction = "bwd" if backward else "fwd"
+    curves = [c for key, c in DEVICES[device_name].attention.items() if key[0] == kernel and key[1] == direction]
+    if not curves:
+        raise PlanError(f"no {direction} attention table for kernel {kernel!r} on {device_name}")
+    return min(max(max(c.ys) for c in curves), 1.0)
+
+
+def has_attention(device, kernel: str) -> bool:
+    """Whether ``device`` has forward and backward tables of ``kernel``."""
+    have = {(key[0], key[1]) for key in device_kernels(device).attention}
+    return (kernel, "fwd") in have and (kernel, "bwd") in have

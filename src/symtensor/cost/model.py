@@ -258,7 +258,9 @@ class Evaluator:
                 redo = recomputed(op, train.recompute, layers)
                 per_mb += (fwd * (2 if redo else 1) + bwd) * layer_repeat(self.graph, op.layer)
             self._floor_cache[key] = per_mb
-        return train.micro_steps * per_mb / self.cluster.n_devices
+        # every plan pays the host's work per step (its per micro-batch work is left out: the floor may not
+        # depend on the micro-batch count)
+        return train.micro_steps * per_mb / self.cluster.n_devices + self.eff.end_to_end.step_s
 
     def layer_seconds(self, layouts: dict[str, OpLayout], train: TrainConfig) -> dict[int, float]:
         """Per layer index (-1: the ops before the layers, ``layers``: those after), the seconds
@@ -416,7 +418,9 @@ class _Accumulator:
     def _finish(self) -> CostReport:
         ev, train = self.ev, self.train
         pp, m, v = train.pp, train.micro_steps, train.vpp
-        per_mb = [st.per_microbatch_s for st in self.stages]
+        e2e = ev.eff.end_to_end
+        # each stage's seconds per micro-batch, with the host's work per micro-batch (EndToEnd.microbatch_s)
+        per_mb = [st.per_microbatch_s + e2e.microbatch_s for st in self.stages]
         crit = max(range(pp), key=lambda s: per_mb[s])
         cs = self.stages[crit]
         bubble_s = bubble(per_mb, pp, v)
@@ -426,13 +430,14 @@ class _Accumulator:
             p2p_s *= 2 * m  # activations forward and their gradients backward, every micro-batch
         # data-parallel synchronisation as the engine overlaps it, plus the all-reduce of gradients
         # over partial axes outside the data-parallel group (after backward, exposed)
-        exposures = [exposure(st.units, train) for st in self.stages]
+        exposures = [exposure(st.units, train, share=e2e.comm_sm_fraction) for st in self.stages]
         dp_exposed = max(e.seconds + st.other_sync for e, st in zip(exposures, self.stages))
         breakdown = {"compute": m * cs.compute, "recompute": m * cs.recompute}
         for cat in ("tp_comm", "cp_comm", "ep_comm"):
             breakdown[cat] = m * cs.comm.get(cat, 0.0)
         breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s,
-                         optimizer=max(st.opt_time for st in self.stages))
+                         optimizer=max(st.opt_time for st in self.stages),
+                         overhead=e2e.step_s + m * e2e.microbatch_s)
         step = sum(breakdown.values())
         memory, allocated, reserved = memory_peak(self.stages, train, ev.cluster.device, self._communicators())
         comm_bytes = {k: val * m for k, val in cs.bytes.items()}

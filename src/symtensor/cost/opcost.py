@@ -12,8 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from symtensor.cost import kernels
 from symtensor.cost.collectives import collective_time, level_counts
-from symtensor.cost.efficiency import attention_fractions
+from symtensor.cost.efficiency import ATTENTION_KERNELS, attention_fractions
 from symtensor.cost.precision import cast_bytes, floor_speedup, fp8_gemm, gemm_speedup
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
@@ -42,47 +43,57 @@ def _tensor_local_bytes(dims, sizes, dtype):
 
 def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int, dtype="bf16",
             fp8=None) -> OpTime:
-    """Roofline time of the op's local piece, forward and backward. ``fp8``: (recipe, weights cast
-    every micro-batch) when the linear GEMMs run in FP8 (``cost.precision``): an FP8 GEMM runs at its
-    measured speedup and pays its casts as memory-bound time."""
+    """Roofline time of the op's local piece, forward and backward, plus the idle gap before each of
+    its kernels (``EndToEnd.kernel_gap_s``). ``fp8``: (recipe, weights cast every micro-batch) when
+    the linear GEMMs run in FP8 (``cost.precision``): an FP8 GEMM runs at its measured speedup and
+    pays its casts as memory-bound time."""
     sizes = local_sizes(op, layout, mesh)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
-    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, eff.gemm_knee, fp8)
-    if fp8 is None or not fp8_gemm(op):
-        return t
-    fwd_bytes, bwd_bytes = cast_bytes(op, sizes, *fp8)
-    hbm = device.hbm_bandwidth * eff.hbm
-    return OpTime(t.fwd_s + fwd_bytes / hbm, t.bwd_s + (bwd_bytes / hbm if t.bwd_s else 0.0), t.fwd_flops)
+    knee = 0.0 if eff.tabled("gemm") else eff.gemm_knee
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee, floor=False, fp8=fp8)
+    if fp8 is not None and fp8_gemm(op):
+        fwd_bytes, bwd_bytes = cast_bytes(op, sizes, *fp8)
+        hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
+        t = OpTime(t.fwd_s + fwd_bytes / hbm, t.bwd_s + (bwd_bytes / hbm if t.bwd_s else 0.0), t.fwd_flops)
+    gap = eff.end_to_end.kernel_gap_s
+    if gap and op.kind != "reshape":
+        kind = kind_of(op.kind)
+        bwd_kernels = grad_operands if kind.bwd_ratio is not None else (1 if kind.bwd_fixed else 0)
+        t = OpTime(t.fwd_s + gap, t.bwd_s + gap * bwd_kernels if t.bwd_s else t.bwd_s, t.fwd_flops)
+    return t
 
 
 def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=None) -> tuple[float, float]:
-    """Seconds of the whole op on one device, forward and backward, with no knee and only its
-    activations' bytes: ``op_time`` of any layout, summed over the devices that share the op, is
-    at least this. A device's piece runs at most at the whole op's rates (a smaller piece only
-    lowers attention's shape factor and a grouped GEMM's tile fill), and the pieces' FLOPs and
-    activation bytes add up to at least the whole op's (FLOPs are linear in every dim; every
-    activation element is read or written by some device), so the roofline's larger term is at
-    least each term's share. (Weights are left out: what they add depends on the micro-batch
-    count, and this bound must not; FLOPs and activations scale with the batch.) In FP8 a GEMM is
-    charged at its largest speedup over any piece (``precision.floor_speedup``) and no casts."""
+    """Seconds of the whole op on one device, forward and backward, with no knee, no kernel gap and
+    only its activations' bytes: ``op_time`` of any layout, summed over the devices that share the op,
+    is at least this. A device's piece runs at most at the rates this charges the whole op (``op_rates``
+    with ``floor``: every GEMM, grouped GEMM and attention kernel at the best its table allows at any
+    size, which keeps the bound independent of the batch), and the pieces' FLOPs and activation bytes add
+    up to at least the whole op's (FLOPs are linear in every dim; every activation element is read or
+    written by some device), so the roofline's larger term is at least each term's share. (Weights are
+    left out: what they add depends on the micro-batch count, and this bound must not; FLOPs and
+    activations scale with the batch.) In FP8 a GEMM is charged at its largest speedup over any piece
+    (``precision.floor_speedup``) and no casts."""
     sizes = op.dim_sizes
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims) if not tensors[t].param)
-    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, 0.0, "floor" if fp8 else None)
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee=0.0, floor=True,
+                  fp8="floor" if fp8 else None)
     return t.fwd_s, t.bwd_s
 
 
-def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float, fp8=None) -> OpTime:
+def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float,
+              floor: bool = False, fp8=None) -> OpTime:
     """The larger of compute and memory time of an op of these sizes moving ``nbytes``. An FP8
     GEMM's FLOPs run ``speed`` times faster (``precision.gemm_speedup``; ``floor_speedup`` for
     ``op_floor``); its knee (idle time, not FLOPs) does not."""
     kind = kind_of(op.kind)
-    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype)
+    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype, floor)
     speed = 1.0
     if fp8 is not None and fp8_gemm(op):
         speed = floor_speedup(op, sizes, device) if fp8 == "floor" else gemm_speedup(op, sizes, device)
-    hbm = device.hbm_bandwidth * eff.hbm
+    hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
     if kind.memory_bound:
         eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
         if eager is not None:  # an eager PyTorch composite: its kernels' own reads and writes
@@ -95,6 +106,29 @@ def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, 
     bwd = max((bwd_flops / speed + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
         if bwd_flops else 0.0
     return OpTime(fwd, bwd, flops)
+
+
+def hbm_fraction(op, eff) -> float:
+    """The fraction of HBM bandwidth the op's memory traffic reaches: with memory-bound kernels costed
+    from the tables, the device's measured STREAM fraction (``cost.kernels.HBM_PATTERNS``) of the op's
+    pattern: a memory-bound op reading two or more activations and writing one (a residual add,
+    SwiGLU's product) is a triad (2 loads + 1 store), the others (and the operand traffic of a GEMM or
+    attention) a scale (1 load + 1 store; a norm's small weight does not count); else ``eff.hbm``."""
+    if not eff.tabled("hbm"):
+        return eff.hbm
+    pattern = "triad" if op is not None and _activation_inputs(op) >= 2 and kind_of(op.kind).memory_bound \
+        else "scale"
+    return kernels.hbm_fraction(eff.kernels, pattern)
+
+
+def _activation_inputs(op) -> int:
+    """Inputs of ``op`` that are not its parameters (the in-dims a parameter's would not carry b or s)."""
+    return sum(1 for dims in op.in_dims if "b" in dims or "t" in dims or "s" in dims or "c" in dims)
+
+
+def stream_fraction(eff, pattern: str) -> float:
+    """The measured HBM fraction of a STREAM ``pattern`` (the optimizer step: a triad), or ``eff.hbm``."""
+    return kernels.hbm_fraction(eff.kernels, pattern) if eff.tabled("hbm") else eff.hbm
 
 
 # Bytes an eager PyTorch composite moves, forward and backward, as multiples of the op's fused
@@ -136,18 +170,95 @@ def attention_shape_factor(sizes, eff, window=None) -> float:
     return seq * (d / (d + ATTENTION_HEAD_DIM_KNEE)) / ref
 
 
-def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype) -> tuple[float, float, float, float]:
+def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype, floor: bool = False
+             ) -> tuple[float, float, float, float]:
     """Forward and backward FLOPs of the op at these (local) sizes, and the FLOP/s its forward
-    and backward kernels reach at best (peak times the calibrated fraction)."""
+    and backward kernels reach at best (peak times the fraction of ``op_rates``)."""
     flops = kind.fwd_flops(sizes, dict(op.attrs))
     bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
     peak = device.flops(dtype)
-    if op.kind == "attention":  # the op's kernel (``efficiency.attention_fractions``) at its shape
-        shape = attention_shape_factor(sizes, eff, op.attr("window"))
-        fwd_eff, bwd_eff = attention_fractions(eff, op.attr("kernel"))
-        return flops, bwd_flops, peak * fwd_eff * shape, peak * bwd_eff * shape
-    rate = peak * (eff.bmm if op.kind == "bmm" else eff.gemm) * grouped_tile_factor(op, sizes)
-    return flops, bwd_flops, rate, rate
+    fwd_eff, bwd_eff = op_rates(op, sizes, eff, grad_operands, dtype, flops, floor)
+    return flops, bwd_flops, peak * fwd_eff, peak * bwd_eff
+
+
+def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: bool) -> tuple[float, float]:
+    """Forward and backward fractions of peak of a compute op (the one rule: the evaluator, the search,
+    explain's formulas and the kernel-table test read it).
+
+    From the kernel tables (``eff.tables``, ``cost.kernels``): a dense GEMM or batched matmul at the
+    measured row nearest its local shape (M, N, K: ``gemm_shape``), forward (TN), input gradient (NN)
+    and weight gradient (NT) each, never above the envelope at its FLOPs; its backward rate is the
+    two gradient GEMMs' together (with one gradient operand, the slower of the two). A grouped expert
+    GEMM at its tokens per expert, times its tile fill (``grouped_tile_factor``). Attention at the
+    engine's kernel (``eff.attention_kernel``, or the op's ``kernel`` attr) for its keys per query,
+    head dim and causality. With ``floor``, the upper bounds no piece of the op exceeds (``op_floor``).
+    Without tables: the scalar fractions of ``eff``."""
+    if op.kind == "attention":
+        if not eff.tabled("attention"):  # the op's kernel (``efficiency.attention_fractions``) at its shape
+            shape = attention_shape_factor(sizes, eff, op.attr("window"))
+            fwd_eff, bwd_eff = attention_fractions(eff, op.attr("kernel"))
+            return fwd_eff * shape, bwd_eff * shape
+        kernel, scale = table_attention_kernel(eff, op.attr("kernel"))
+        if floor:
+            return (scale * kernels.attention_ceiling(eff.kernels, kernel, False),
+                    scale * kernels.attention_ceiling(eff.kernels, kernel, True))
+        keys = min(sizes["t"], op.attr("window") or sizes["t"])
+        causal = bool(op.attr("causal", True))
+        return (scale * kernels.attention_table(eff.kernels, kernel, keys, sizes["d"], causal, False),
+                scale * kernels.attention_table(eff.kernels, kernel, keys, sizes["d"], causal, True))
+    if not eff.tabled("gemm") or len(op.in_dims) < 2:  # (a reshape: no FLOPs)
+        e = (eff.bmm if op.kind == "bmm" else eff.gemm) * (1.0 if floor else grouped_tile_factor(op, sizes))
+        return e, e
+    tdtype = kernels.table_dtype(eff.kernels, dtype)
+    m, n, k, groups = gemm_shape(op, sizes)
+    if groups > 1 and op.kind == "linear":  # a grouped expert GEMM
+        if floor:
+            e = kernels.grouped_ceiling(eff.kernels, tdtype)
+        else:
+            e = kernels.grouped_efficiency(eff.kernels, m, tdtype) * grouped_tile_factor(op, sizes)
+        return e, e
+    if floor:  # the best the table allows any GEMM (the floor may not depend on the batch)
+        e = kernels.gemm_bound(eff.kernels, math.inf, tdtype)
+        return e, e
+    fwd = kernels.gemm_shape_efficiency(eff.kernels, m, n, k, tdtype, "TN", groups)
+    dgrad = kernels.gemm_shape_efficiency(eff.kernels, m, k, n, tdtype, "NN", groups)
+    wgrad = kernels.gemm_shape_efficiency(eff.kernels, n, k, m, tdtype, "NT", groups)
+    bwd = 2 / (1 / dgrad + 1 / wgrad) if grad_operands >= 2 else min(dgrad, wgrad)
+    return fwd, bwd
+
+
+def gemm_shape(op, sizes) -> tuple[float, float, float, float]:
+    """(M, N, K, groups) of a linear op or batched matmul at these sizes: Y[M,N] = X[M,K] W[K,N] per
+    group; groups are the dims both inputs and the output carry (experts, attention's batch and heads),
+    K the dims both inputs carry and the output does not, M the first input's others, N the second's."""
+    a, b, out = set(op.in_dims[0]), set(op.in_dims[1]), set(op.out_dims[0])
+    m = n = k = g = 1.0
+    for d in a | b:
+        size = sizes[d]
+        if d in a and d in b:
+            if d in out:
+                g *= size
+            else:
+                k *= size
+        elif d in a:
+            m *= size
+        else:
+            n *= size
+    return m, n, k, g
+
+
+# The table kernel of each ``kernel`` attr a run may name (``models.config.ATTENTION``) other than the
+# engine's own (``None`` or ``flash``: ``eff.attention_kernel``), and its share of that table:
+# FlashAttention-2 (``flash2``) at its table; FlashAttention v1 and its Triton port (``flash1``) at half of
+# FlashAttention-2 (``ATTENTION_KERNELS``: "around 2x speedup compared to FlashAttention", Dao 2023).
+def table_attention_kernel(eff, kernel: str | None) -> tuple[str, float]:
+    """(table kernel, share of its table) of an attention op's ``kernel`` attr under ``eff``."""
+    if kernel is None or kernel == "flash":
+        return eff.attention_kernel, 1.0
+    if kernel not in ATTENTION_KERNELS:
+        raise ValueError(f"attention kernel {kernel!r}; use one of flash, {', '.join(ATTENTION_KERNELS)}")
+    own = "fa2" if kernels.has_attention(eff.kernels, "fa2") else eff.attention_kernel
+    return own, ATTENTION_KERNELS[kernel]
 
 
 # Grouped expert GEMMs tile each expert's tokens in blocks of GEMM_TILE_ROWS rows (CUTLASS and

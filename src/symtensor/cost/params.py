@@ -19,6 +19,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, Unit, engine_of
+from symtensor.cost.opcost import stream_fraction
 from symtensor.cost.train import TrainConfig
 from symtensor.graph import DTYPE_BYTES
 from symtensor.layout import REPLICATED, OpLayout
@@ -132,7 +133,8 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     owned = shard if eng.shards(OPTIMIZER, z) else 1  # the optimizer step updates its own shard
     optimizer = local * train.optim_bytes / owned
     moved = local / owned * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
-    opt_time = moved / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
+    # a fused Adam streams its loads and stores: a triad
+    opt_time = moved / (ev.cluster.device.hbm_bandwidth * stream_fraction(ev.eff, "triad"))
     gbytes = local * train.grad_bytes
     reduce = gather = replicate = None
     if replicas:
@@ -185,7 +187,8 @@ class Params:
             self.reduce_s = sum(ev.coll_time(kind, b, axes) for (kind, axes), b in self.reduces.items())
             self.reduce_s += sum(ev.coll_time("all_reduce", b, axes) for axes, b in self.replicas.items())
         # an engine that copies a gathered unit out of its buffer reads and writes its bytes (engine.py)
-        self.copy_s = 2 * sum(self.gathers.values()) / (ev.cluster.device.hbm_bandwidth * ev.eff.hbm)
+        hbm = ev.cluster.device.hbm_bandwidth * stream_fraction(ev.eff, "scale")
+        self.copy_s = 2 * sum(self.gathers.values()) / hbm
 
     def _add(self, ev, train, op, layout):
         for slot, tname in enumerate(op.inputs):

@@ -4,7 +4,7 @@ its saved activations. The evaluator (``cost.model``) builds segments and sums t
 
 from __future__ import annotations
 
-from symtensor.cost.engine import engine_of, tp_overlapped
+from symtensor.cost.engine import engine_of, hidden, tp_overlapped
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
 from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
 from symtensor.cost.train import TrainConfig
@@ -106,15 +106,17 @@ class Segment:
         """Exposed communication per category. Transformer Engine overlaps tensor-parallel
         collectives with the GEMMs they feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of
         which the first cannot be hidden; ring context parallelism exchanges the next key/value
-        block while attention runs on this one. Other communication is exposed."""
+        block while attention runs on this one. What is hidden still takes its share of the compute
+        (``engine.hidden``). Other communication is exposed."""
         self.raw_comm = dict(self.comm)
+        share = self.ev.eff.end_to_end.comm_sm_fraction  # the compute a collective beside it takes (engine.hidden)
         tp = self.comm.get("tp_comm", 0.0)
         if tp and tp_overlapped(self.train):
             gemm = self.overlap_compute.get("tp_comm", 0.0)
-            self.comm["tp_comm"] = max(tp / TP_OVERLAP_SPLITS, tp - gemm)
+            self.comm["tp_comm"] = max(tp / TP_OVERLAP_SPLITS, hidden(tp, gemm, share))
         cp = self.comm.get("cp_comm", 0.0)
         if cp:
-            self.comm["cp_comm"] = max(0.0, cp - self.overlap_compute.get("cp_comm", 0.0))
+            self.comm["cp_comm"] = hidden(cp, self.overlap_compute.get("cp_comm", 0.0), share)
 
     def _edges(self, op, layout, redo, inputs):
         ev = self.ev

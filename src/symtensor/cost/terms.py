@@ -60,7 +60,7 @@ def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
             ex = _NO_SYNC
         else:
             unit = Unit(1, t.fwd_s, bwd, pc.gather_s, pc.reduce_s, pc.reduce[1] if pc.reduce else 0.0)
-            ex = exposure([unit], train, ends=False)
+            ex = exposure([unit], train, ends=False, share=ev.eff.end_to_end.comm_sm_fraction)
         sync += ex.seconds + pc.other_s
         opt += pc.opt_time
         static += pc.params + pc.grads + pc.optimizer

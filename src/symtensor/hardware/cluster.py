@@ -16,7 +16,7 @@ from pathlib import Path
 
 from symtensor import validate
 from symtensor.errors import PlanError, did_you_mean
-from symtensor.hardware.efficiency import KINDS, Efficiency
+from symtensor.hardware.efficiency import END_TO_END_RANGES, KINDS, Efficiency, EndToEnd
 from symtensor.hardware.mesh import Axis, Mesh
 
 
@@ -86,6 +86,9 @@ class Cluster:
     efficiency: tuple[tuple[str, float], ...] = ()
     efficiency_source: str = field(default="", compare=False)
     band: tuple[float, float] | None = None
+    # (constant, value) pairs of ``symtensor.hardware.efficiency.EndToEnd`` that this cluster's file
+    # sets (its ``end_to_end:`` section, e.g. fitted by ``symtensor calibrate --runs``)
+    end_to_end: tuple[tuple[str, float], ...] = ()
 
     def __post_init__(self):
         if not isinstance(self.n_devices, int) or self.n_devices <= 0:
@@ -294,7 +297,7 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
           - {name: nvlink, fanout: 8, bandwidth_gbps: 450, latency_us: 3}
           - {name: ib, bandwidth_gbps: 50, latency_us: 8}
     """
-    _mapping(data, where, ("device", "levels"), ("name", "efficiency", "measured", "band"))
+    _mapping(data, where, ("device", "levels"), ("name", "efficiency", "measured", "band", "end_to_end"))
     dev = _mapping(data["device"], f"{where}: device", ("name", "peak_tflops", "hbm_gbps", "memory_gib"),
                    ("source",))
     peaks = dev["peak_tflops"]
@@ -326,7 +329,8 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
                             link_efficiency=_link_efficiency(lv, here),
                             source=str(lv.get("source", f"cluster file {where}"))))
     return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels),
-                   n_devices=n_devices, band=_band(data, where), **_efficiency(data, where))
+                   n_devices=n_devices, band=_band(data, where), **_efficiency(data, where),
+                   **_end_to_end(data, where))
 
 
 def _band(data: dict, where: str) -> tuple[float, float] | None:
@@ -364,6 +368,8 @@ def cluster_dict(cluster: Cluster) -> dict:
         doc["levels"].append(level)
     if cluster.efficiency:
         doc["efficiency"] = {**dict(cluster.efficiency), "source": cluster.efficiency_source}
+    if cluster.end_to_end:
+        doc["end_to_end"] = dict(cluster.end_to_end)
     if cluster.band is not None:
         doc["band"] = {"low": cluster.band[0], "high": cluster.band[1]}
     return doc
@@ -391,12 +397,28 @@ def _efficiency(data: dict, where: str) -> dict:
         _mapping(data["measured"], f"{where}: measured", (), MEASURED_KEYS)
     if "efficiency" not in data:
         return {}
-    names = tuple(f.name for f in fields(Efficiency) if f.name != "source")
+    names = tuple(f.name for f in fields(Efficiency) if f.name not in NOT_FRACTIONS)
     here = f"{where}: efficiency"
     eff = _mapping(data["efficiency"], here, (), names + ("source",))
     # fractions must be positive; a knee or a half-bandwidth message size of 0 means no size curve
     values = tuple((k, _number(eff, k, here, positive=not k.endswith(("_knee", "_bytes")))) for k in names if k in eff)
     return {"efficiency": values, "efficiency_source": str(eff.get("source", f"cluster file {where}"))}
+
+
+# Efficiency fields a cluster file's efficiency: section may not set (provenance, the kernel tables'
+# choice, the end-to-end constants, which have their own end_to_end: section)
+NOT_FRACTIONS = ("source", "kernels", "tables", "attention_kernel", "end_to_end")
+
+
+def _end_to_end(data: dict, where: str) -> dict:
+    """The ``end_to_end:`` section: constants of ``EndToEnd`` (each inside its physical range)."""
+    if "end_to_end" not in data:
+        return {}
+    here = f"{where}: end_to_end"
+    raw = _mapping(data["end_to_end"], here, (), tuple(END_TO_END_RANGES))
+    values = {k: _number(raw, k, here, positive=False) for k in raw}
+    EndToEnd().replace(**values)  # a one-line error for a value outside its range
+    return {"end_to_end": tuple(sorted(values.items()))}
 
 
 def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None) -> Cluster:
@@ -414,7 +436,8 @@ def load_cluster(spec: str, devices: int | None = None, nodes: int | None = None
                             + did_you_mean(spec, PRESETS))
         proto = _from_file(path, 1)
         device, levels, name = proto.device, proto.levels, proto.name
-        extra = dict(efficiency=proto.efficiency, efficiency_source=proto.efficiency_source, band=proto.band)
+        extra = dict(efficiency=proto.efficiency, efficiency_source=proto.efficiency_source, band=proto.band,
+                     end_to_end=proto.end_to_end)
     if nodes is not None:
         if not isinstance(nodes, int) or nodes <= 0:
             raise PlanError(f"--nodes must be a positive integer, got {nodes!r}")

@@ -8,10 +8,66 @@ type and the rules that choose one (``efficiency_for``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
+
+from symtensor.errors import PlanError
 
 # the collectives the cost model times (``cost.collectives``); a level's link_efficiency keys
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all", "send_recv")
+# op classes whose rates a device's measured kernel tables (``cost.kernels``) may give: dense and
+# batched GEMMs (``gemm``), fused attention (``attention``), memory-bound kernels (``hbm``)
+TABLE_CLASSES = ("gemm", "attention", "hbm")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class EndToEnd:
+    """The end-to-end constants: what no kernel or collective microbenchmark sees, fitted on whole
+    training steps (``symtensor calibrate``; a cluster file's ``end_to_end:`` section overrides them,
+    e.g. fitted by ``calibrate --runs`` on a user's own steps). Each has a physical range it may not
+    leave (``END_TO_END_RANGES``, with why).
+
+    Attributes:
+        step_s: seconds per optimizer step outside the micro-batches (the training loop's Python, data
+            loader hand-off, gradient-norm and loss all-reduces, logging, learning-rate schedule).
+        microbatch_s: seconds per micro-batch per pipeline stage outside the kernels (the schedule's
+            Python, autograd bookkeeping, the host-side launch of a micro-batch's first kernels).
+        kernel_gap_s: seconds the GPU idles per op of the graph, forward and per backward GEMM (the
+            launches of the op's kernels not hidden by the queue, stream synchronisation).
+        comm_sm_fraction: share of the compute a collective running beside it takes away (the SMs
+            NCCL's thread blocks hold, and the HBM bandwidth its copies use).
+    """
+
+    step_s: float = 0.0
+    microbatch_s: float = 0.0
+    kernel_gap_s: float = 0.0
+    comm_sm_fraction: float = 16 / 108
+
+    def replace(self, **kw) -> EndToEnd:
+        bad = [k for k in kw if k not in END_TO_END_RANGES]
+        if bad:
+            raise PlanError(f"unknown end-to-end constant {bad[0]!r}; use one of {', '.join(END_TO_END_RANGES)}")
+        for k, v in kw.items():
+            lo, hi, why = END_TO_END_RANGES[k]
+            if not isinstance(v, (int, float)) or not lo <= v <= hi:
+                raise PlanError(f"end-to-end {k}={v!r} is outside its physical range [{lo:g}, {hi:g}] ({why})")
+        return replace(self, **kw)
+
+    def as_dict(self) -> dict:
+        return {f.name: getattr(self, f.name) for f in fields(self)}
+
+
+# (lowest, highest, why) of each end-to-end constant: a fit may not leave them
+END_TO_END_RANGES = {
+    "step_s": (0.0, 1.0, "a training loop's per-step host work: Megatron-LM's and torchtitan's logged step "
+                         "overheads are tens to hundreds of milliseconds; a second would be visible in any profile"),
+    "microbatch_s": (0.0, 0.05, "host work per micro-batch: a Python forward/backward call and its first launches "
+                                "take milliseconds; 50 ms is 49 TFLOP of H100 work"),
+    "kernel_gap_s": (0.0, 20e-6, "per op of the graph: the stack runs a few kernels per op (Transformer Engine's "
+                                 "GEMM with its cast and amax kernels, attention with its preprocessing), each "
+                                 "launch 2-5 us (CUDA C Best Practices Guide); 20 us is four synchronising launches"),
+    "comm_sm_fraction": (0.0, 0.3, "NCCL runs on 16 of an A100's 108 SMs at 8 NICs (NCCL maintainer, NVIDIA/nccl#689), "
+                                   "up to 32 channels (NCCL_MAX_NCHANNELS) = 0.3 of 108"),
+}
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -38,6 +94,13 @@ class Efficiency:
             bus bandwidth (the size curve of nccl-tests); 0: no size curve.
         gemm_knee: FLOPs at which a matmul kernel reaches half of ``gemm`` (a small GEMM leaves
             the device partly idle): eff(F) = gemm * F / (F + gemm_knee) (spec open point 16).
+        kernels: the device whose measured kernel tables (``cost.kernels``) cost the op classes in
+            ``tables`` (its name, e.g. ``A100-SXM4-80GB``); "" for none.
+        tables: the op classes (``TABLE_CLASSES``) costed from those tables instead of the fractions
+            above; a cluster file's measured fraction of a class takes the class out of the tables.
+        attention_kernel: the table kernel (``cost.kernels``: fa2, fa3, cudnn, te) the engine's
+            fused attention runs on this device.
+        end_to_end: the end-to-end constants (``EndToEnd``).
         source: provenance of the numbers.
     """
 
@@ -54,6 +117,10 @@ class Efficiency:
     eager_elementwise: bool = False
     link_all_to_all: float = 0.0
     link_half_bytes: float = 0.0
+    kernels: str = ""
+    tables: tuple[str, ...] = ()
+    attention_kernel: str = ""
+    end_to_end: EndToEnd = EndToEnd()
     source: str = field(default="", compare=False)
 
     def __post_init__(self):
@@ -66,6 +133,10 @@ class Efficiency:
 
     def replace(self, **kw) -> Efficiency:
         return replace(self, **kw)
+
+    def tabled(self, cls: str) -> bool:
+        """Whether op class ``cls`` (``TABLE_CLASSES``) is costed from the kernel tables."""
+        return cls in self.tables
 
     def link_for(self, kind: str) -> float:
         if kind == "all_reduce":

@@ -106,16 +106,19 @@ def evaluation(out: dict, as_json: bool) -> int:
     return 0
 
 
-def calibration(results, summary: dict, effs: dict, as_json: bool) -> int:
+def calibration(results, summary: dict, effs: dict, as_json: bool, extra: dict | None = None) -> int:
+    """``symtensor calibrate``: predicted vs published per row, the error per metric, and (``extra``) the
+    end-to-end constants, the error per regime in-sample and leave-one-source-out, and the bands' coverage."""
     rows = [{"device": r.row.device, "source": r.row.source, "model": r.row.model, "metric": r.row.metric,
              "gpus": r.row.fields["gpus"], "tp": r.row.fields["tp"], "cp": r.row.fields.get("cp", ""),
              "pp": r.row.fields["pp"], "dp": r.row.fields["dp"], "sp": r.row.fields["sp"],
              "recompute": r.row.fields["recompute"], "measured": r.row.measured, "predicted": r.predicted,
              "error": r.error, "within_tolerance": r.within} for r in results]
+    extra = extra or {}
     if as_json:
         return _json({"rows": rows, "summary": summary, "efficiency": {device: {
             k: getattr(eff, k) for k in ("gemm", "bmm", "attention", "attention_bwd", "hbm", "link", "link_gather")}
-            for device, eff in effs.items()}})
+            for device, eff in effs.items()}, **extra})
     t = Table(title="Calibration: predicted vs published (shared/data/calibration.csv, calibration_h100.csv)")
     for col in ("device", "model", "metric", "gpus", "t/p/d", "sp", "recompute", "measured", "predicted", "error"):
         t.add_column(col, justify="right" if col in ("measured", "predicted", "error") else "left")
@@ -130,6 +133,15 @@ def calibration(results, summary: dict, effs: dict, as_json: bool) -> int:
     for k, v in summary.items():
         c.print(f"{k}: mean |error| {v['mean']:.4g}, max {v['max']:.4g} (tolerance {v['tolerance']}, n={v['n']})",
                 markup=False)
+    if "end_to_end" in extra:
+        c.print("end-to-end constants: " + ", ".join(f"{k}={v:.4g}" for k, v in extra["end_to_end"].items()),
+                markup=False)
+    for title, key in (("in-sample", "in_sample"), ("leave-one-source-out", "leave_one_source_out")):
+        for k, v in extra.get(key, {}).items():
+            c.print(f"{title} {k}: mean |error| {v['mean']:.4g}, max {v['max']:.4g}, bias {v['bias']:+.4g} "
+                    f"(n={v['n']})", markup=False)
+    for k, (hit, n) in extra.get("band_coverage", {}).items():
+        c.print(f"band coverage (leave-one-source-out) {k}: {hit} of {n} time rows inside their band", markup=False)
     return 0
 
 

@@ -1,0 +1,167 @@
+"""No op is costed faster than its device's measured kernel tables allow (issue 22, "must show"), the
+step floor stays a lower bound, and a cluster file's measured fractions still win over the tables.
+
+For every GEMM, batched matmul, grouped expert GEMM, fused attention and memory-bound op the evaluator
+charges (several models, data-parallel and tensor-parallel layouts, every engine, on A100, H100, H200,
+B200 and Ascend 910B), the charged forward and backward seconds of the op's local piece are at least what
+its table allows: FLOPs over (peak x the table's bound: ``kernels.gemm_efficiency``, the envelope of the
+measured GEMMs at that size; ``grouped_gemm_efficiency``; ``attention_efficiency`` of the engine's kernel at
+the op's keys, head dim and causality) and bytes over (HBM bandwidth x the best measured STREAM fraction).
+Sources of the tables: cost/kernels.py (SimuMax's measured Transformer Engine kernels, the FlashAttention-2
+and -3 papers, DeepGEMM, gpu-benches, ml-engineering's MAMF table).
+"""
+
+import functools
+
+import pytest
+
+from symtensor.cost import Evaluator, efficiency_for, kernels as K
+from symtensor.cost.opcost import gemm_shape, local_sizes, op_floor, op_time, table_attention_kernel
+from symtensor.graph import DTYPE_BYTES, kind_of
+from symtensor.hardware import load_cluster
+from symtensor.models import PRESETS, build_graph
+from symtensor.search.megatron import megatron_layouts
+
+CASES = [("llama2-7b", "dgx-a100-80g", {"tp": 1}), ("llama3-8b", "dgx-h100", {"tp": 8}),
+         ("llama2-70b", "dgx-h100", {"tp": 4}), ("mixtral-8x7b", "dgx-a100-80g", {"tp": 2, "ep": 4}),
+         ("gpt3-1.3b", "dgx-b200", {"tp": 1}), ("qwen2-7b", "dgx-h200", {"tp": 2}),
+         ("llama2-7b", "ascend-910b", {"tp": 8})]
+FRAMEWORKS = ("megatron", "fsdp2")
+
+
+@functools.cache
+def _charged(model, cluster_name, cuts, framework):
+    cfg = PRESETS[model]
+    cluster = load_cluster(cluster_name, devices=64)
+    par = dict(cuts)
+    tp, ep = par.get("tp", 1), par.get("ep", 1)
+    dp = 64 // tp
+    graph = build_graph(cfg, micro_batch=2 * dp, seq=min(4096, cfg.max_context), skeleton=True)
+    ev = Evaluator(graph, cluster, framework=framework)
+    layouts = megatron_layouts(graph, ev.mesh, dict(tp=tp, pp=1, dp=dp, cp=1, ep=ep, etp=1, sp=tp > 1))
+    out = []
+    for op in graph.ops:
+        lay = layouts.get(op.name)
+        if lay is None:
+            continue
+        t = ev.op_time(op, lay)
+        out.append((op, local_sizes(op, lay, ev.mesh), t, ev.grad_operands[op.name]))
+    return ev, out
+
+
+def _bound_rates(ev, op, sizes, grad_operands):
+    """(forward, backward) fraction of peak the tables allow this piece at most."""
+    dev, dtype = ev.eff.kernels, K.table_dtype(ev.eff.kernels, ev.dtype)
+    if op.kind == "attention":
+        kernel, share = table_attention_kernel(ev.eff, op.attr("kernel"))
+        keys = min(sizes["t"], op.attr("window") or sizes["t"])
+        causal = bool(op.attr("causal", True))
+        return tuple(share * K.attention_efficiency(dev, kernel, keys, sizes["d"], causal, bwd)
+                     for bwd in (False, True))
+    m, n, k, groups = gemm_shape(op, sizes)
+    if groups > 1 and op.kind == "linear":
+        e = K.grouped_gemm_efficiency(dev, m, dtype if dtype in K.device_kernels(dev).grouped else "bf16")
+    else:
+        e = K.gemm_efficiency(dev, m, n, k, dtype)
+    return e, e
+
+
+@pytest.mark.parametrize("framework", FRAMEWORKS)
+@pytest.mark.parametrize("model,cluster,cuts", CASES, ids=[f"{m}-{c}-{p}" for m, c, p in CASES])
+def test_no_op_is_costed_faster_than_its_table(model, cluster, cuts, framework):
+    ev, charged = _charged(model, cluster, tuple(sorted(cuts.items())), framework)
+    assert ev.eff.tables == ("gemm", "attention", "hbm") and ev.eff.kernels
+    device = ev.cluster.device
+    peak = device.flops(ev.dtype)
+    best_hbm = max(K.hbm_fraction(ev.eff.kernels, p) for p in K.HBM_PATTERNS)
+    seen = set()
+    for op, sizes, t, grads in charged:
+        kind = kind_of(op.kind)
+        flops = kind.fwd_flops(sizes, dict(op.attrs))
+        nbytes = sum(DTYPE_BYTES[ev.tensors[x].dtype] * _prod(sizes, dims)
+                     for x, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
+        # memory: no op moves its bytes faster than the best measured streaming kernel
+        assert t.fwd_s >= nbytes / (device.hbm_bandwidth * best_hbm) * (1 - 1e-9), op.name
+        if kind.memory_bound or op.kind == "reshape":
+            seen.add("memory")
+            continue
+        fwd_e, bwd_e = _bound_rates(ev, op, sizes, grads)
+        bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grads)
+        assert t.fwd_s >= flops / (peak * fwd_e) * (1 - 1e-9), (op.name, t.fwd_s, flops / (peak * fwd_e))
+        if bwd_flops:
+            assert t.bwd_s >= bwd_flops / (peak * bwd_e) * (1 - 1e-9), (op.name, t.bwd_s)
+        seen.add(op.kind)
+    assert {"linear", "attention", "memory"} <= seen
+
+
+def _prod(sizes, dims):
+    n = 1.0
+    for d in dims:
+        n *= sizes[d]
+    return n
+
+
+@pytest.mark.parametrize("model,cluster,cuts", CASES[:4], ids=[f"{m}-{c}" for m, c, _ in CASES[:4]])
+def test_op_floor_bounds_every_piece(model, cluster, cuts):
+    """``op_floor`` (the search's pruning bound) is at most the charged time of any layout's pieces
+    summed over the devices that share the op."""
+    ev, charged = _charged(model, cluster, tuple(sorted(cuts.items())), "megatron")
+    n = ev.cluster.n_devices
+    for op, sizes, t, grads in charged:
+        fwd, bwd = op_floor(op, ev.cluster.device, ev.eff, ev.tensors, grads, ev.dtype)
+        whole = op.dim_sizes
+        share = _prod(sizes, sizes) / _prod(whole, whole)  # this piece's share of the op's iteration space
+        pieces = min(n, round(1 / share))  # devices holding distinct pieces (the others replicate)
+        assert fwd <= t.fwd_s * pieces * (1 + 1e-9), op.name
+        assert bwd <= t.bwd_s * pieces * (1 + 1e-9) or not t.bwd_s, op.name
+
+
+def test_a_measured_cluster_file_overrides_the_tables():
+    """A cluster file's measured GEMM fraction (symtensor profile) takes GEMMs out of the tables: its
+    number is charged, the other classes stay tabled."""
+    from dataclasses import replace
+
+    cluster = replace(load_cluster("dgx-h100", devices=8), efficiency=(("gemm", 0.5), ("bmm", 0.5)),
+                      efficiency_source="test")
+    eff = efficiency_for(cluster)
+    assert eff.tables == ("attention", "hbm") and eff.gemm == 0.5
+    graph = build_graph(PRESETS["llama3-8b"], micro_batch=8, seq=2048, skeleton=True)
+    ev = Evaluator(graph, cluster)
+    op = next(o for o in graph.ops if o.kind == "linear")
+    lay = megatron_layouts(graph, ev.mesh, dict(tp=1, pp=1, dp=8, cp=1, ep=1, etp=1, sp=False))[op.name]
+    t = op_time(op, lay, ev.mesh, cluster.device, eff, ev.tensors, ev.grad_operands[op.name], ev.dtype)
+    tabled = op_time(op, lay, ev.mesh, cluster.device, efficiency_for(load_cluster("dgx-h100", devices=8)),
+                     ev.tensors, ev.grad_operands[op.name], ev.dtype)
+    flops = kind_of("linear").fwd_flops(local_sizes(op, lay, ev.mesh), {})
+    assert t.fwd_s >= flops / (cluster.device.flops("bf16") * 0.5)
+    assert t.fwd_s > 1.3 * tabled.fwd_s  # the tables allow ~0.75 of peak at this shape
+
+
+def test_end_to_end_constants_from_a_cluster_file(tmp_path):
+    """A cluster file's end_to_end: section sets the constants (inside their ranges; outside: a one-line
+    error) and they change the step."""
+    import yaml
+
+    from symtensor import api
+    from symtensor.errors import PlanError
+    from symtensor.hardware.efficiency import END_TO_END_RANGES
+
+    doc = {"name": "e2e", "device": {"name": "H100-SXM5-80GB", "peak_tflops": {"bf16": 989}, "hbm_gbps": 3350,
+                                     "memory_gib": 80},
+           "levels": [{"name": "nvlink", "fanout": 8, "bandwidth_gbps": 450, "latency_us": 3},
+                      {"name": "ib", "bandwidth_gbps": 400, "latency_us": 8}],
+           "end_to_end": {"step_s": 0.5, "microbatch_s": 0.01}}
+    path = tmp_path / "c.yaml"
+    path.write_text(yaml.safe_dump(doc))
+    eff = efficiency_for(load_cluster(str(path), devices=8))
+    assert eff.end_to_end.step_s == 0.5 and eff.end_to_end.microbatch_s == 0.01
+    base = api.evaluate("llama3-8b", str(path), 8, tp=1, zero=1, micro_batch=1, global_batch=16)
+    doc["end_to_end"] = {}
+    path.write_text(yaml.safe_dump(doc))
+    none = api.evaluate("llama3-8b", str(path), 8, tp=1, zero=1, micro_batch=1, global_batch=16)
+    assert base.report.step_time_s > none.report.step_time_s
+    assert base.report.breakdown["overhead"] == pytest.approx(0.5 + 2 * 0.01 + none.report.breakdown["overhead"])
+    doc["end_to_end"] = {"microbatch_s": 10 * END_TO_END_RANGES["microbatch_s"][1]}
+    path.write_text(yaml.safe_dump(doc))
+    with pytest.raises(PlanError, match="outside its physical range"):
+        load_cluster(str(path), devices=8)
