@@ -206,6 +206,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--runs", metavar="CSV", help="your measured runs (one row per run: model, cluster, devices, the "
                    "evaluate options, step_time_s, optional peak_memory_gib): fit the end-to-end constants to them")
     p.add_argument("--out", metavar="FILE", help="with --runs: the fitted cluster file to write (YAML)")
+    p.add_argument("--constants", metavar="A,B", help="with --runs: the constants to fit (default: all of "
+                   "step_s, microbatch_s, kernel_gap_s, comm_sm_fraction, link, link_gather)")
     p.add_argument("--force", action="store_true", help="with --runs: overwrite --out")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("profile", help="measure this machine's GEMM, attention, memory and collective curves "
@@ -372,7 +374,8 @@ def _calibrate_runs(args) -> int:
     own_runs.check_writable(args.out, args.force)
     runs = own_runs.read_runs(args.runs)
     base = args.cluster or runs[0].cluster
-    fitted = own_runs.fit(runs, args.cluster)
+    names = tuple(n.strip() for n in args.constants.split(",")) if args.constants else None
+    fitted = own_runs.fit(runs, args.cluster, names)
     source = (f"symtensor calibrate --runs {args.runs} ({len(runs)} runs, {datetime.date.today().isoformat()}) "
               f"on {base}")
     path = own_runs.write(fitted, base, args.out, source, args.force)

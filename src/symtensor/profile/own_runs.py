@@ -4,8 +4,9 @@ A team gives a few measured steps of its own stack, one CSV row per run: the mod
 the devices, the ``evaluate`` options of the configuration, the measured step time and optionally
 the measured peak memory. The model's free end-to-end constants (``FREE``: what microbenchmarks
 cannot see, each inside a physical range it may not leave) are fitted to those rows, and the
-fitted cluster file (the base cluster, its ``efficiency:`` section with the fitted constants, and a
-``band:`` from the residuals) is then taken by every command (``--cluster cluster.yaml``).
+fitted cluster file (the base cluster, its ``end_to_end:`` and ``efficiency:`` sections with the
+fitted constants, and a ``band:`` from the residuals) is then taken by every command
+(``--cluster cluster.yaml``).
 
     model,cluster,devices,tp,pp,zero,micro_batch,global_batch,seq,framework,step_time_s,peak_memory_gib
     llama2-7b,dgx-h100,64,1,1,1,1,512,4096,megatron,3.62,61.0
@@ -22,8 +23,8 @@ global_batch: ``parallelism.default_seq`` and ``default_global_batch``; micro_ba
 unknown column is an error (a misspelt key would silently fall back to a default).
 
 The fit minimises the mean squared log error of the step times by coordinate search, one
-constant at a time, over factors of its current value clamped to its range (as
-``calibration.fit`` searches the shipped tables). With three rows or more every row is also
+constant at a time, over factors of its current value and steps of its range, clamped to the
+range. With three rows or more every row is also
 predicted by a fit that did not see it (leave-one-out), and the band of the cluster file is the
 range of those residuals (with fewer rows, of the in-sample ones, widened to at least
 ``MIN_BAND``): a band from predictions the fit did not make is one that can cover the next run.
@@ -38,6 +39,7 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from symtensor.cost.efficiency import efficiency_for
+from symtensor.hardware.efficiency import END_TO_END_RANGES
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, load_cluster
 from symtensor.hardware.cluster import cluster_dict
@@ -46,18 +48,21 @@ from symtensor.plan.parallelism import KEYS, Parallelism, default_global_batch, 
 from symtensor.search.megatron import megatron_plan
 from symtensor.validate import MAX_FILE_BYTES
 
-# The free end-to-end constants: an Efficiency field -> (lowest, highest) value and why. What the
-# kernel tables and ``symtensor profile`` measure (GEMM, attention and memory-bound rates) is not
-# here: a user's step times cannot tell kernel rates from overlap, and the kernels are measured.
+# The free constants: name -> (the cluster file's section, lowest, highest value, why). The end-to-end
+# constants of the cost model (``hardware.efficiency.EndToEnd``: per-step and per-micro-batch host work,
+# the idle gap per op, the compute share a concurrent collective takes; their ranges are the model's own)
+# and the collectives' achieved fraction of the link. What the kernel tables and ``symtensor profile``
+# measure (GEMM, attention and memory-bound rates) is not here: a user's step times cannot tell kernel
+# rates from overlap and overhead, and the kernels are measured.
 FREE = {
-    "link": (0.3, 0.95, "all-reduce bus bandwidth as a fraction of the link: NCCL reaches 0.8-0.9 of it on large "
-                        "messages (nccl-tests), a congested or misconfigured fabric far less; never above 0.95"),
-    "link_gather": (0.3, 0.95, "all-gather / reduce-scatter / point-to-point, as for link"),
-    "link_all_to_all": (0.1, 0.95, "all-to-all reaches a lower fraction than rings across nodes (many small "
-                                   "messages); never above 0.95"),
+    **{k: ("end_to_end", lo, hi, why) for k, (lo, hi, why) in END_TO_END_RANGES.items()},
+    "link": ("efficiency", 0.3, 0.95, "all-reduce bus bandwidth as a fraction of the link: NCCL reaches 0.8-0.9 of "
+                                      "it on large messages (nccl-tests), a congested fabric far less"),
+    "link_gather": ("efficiency", 0.3, 0.95, "all-gather / reduce-scatter / point-to-point, as for link"),
 }
-FACTORS = (0.5, 0.8, 0.9, 0.95, 0.98, 0.99, 1.01, 1.02, 1.05, 1.1, 1.25, 2.0)
-ROUNDS = 3
+FACTORS = (0.5, 0.8, 0.95, 0.99, 1.01, 1.05, 1.25, 2.0)
+STEPS = (0.003, 0.02, 0.1, 0.3)  # additive moves, as fractions of a range (a constant may start at 0)
+ROUNDS = 8  # at most; the search stops after a round that moved nothing
 MIN_BAND = 0.03  # a band from fewer than 3 rows is at least +-3%: the run-to-run spread of a step
 REQUIRED = ("model", "cluster", "devices", "step_time_s")
 OPTIONAL = ("peak_memory_gib", "source") + KEYS
@@ -83,7 +88,7 @@ class Run:
 class Fit:
     """The fitted constants, each row's in-sample and leave-one-out predictions, and the band."""
 
-    constants: dict
+    constants: dict  # every constant of FREE: the fitted ones and the base cluster's others
     predicted: tuple[float, ...]
     held_out: tuple[float, ...] | None
     band: tuple[float, float]
@@ -195,13 +200,15 @@ class _Rows:
     def start(self) -> dict:
         """The constants of the base cluster's table (a cluster file's own values first)."""
         eff = efficiency_for(self.items[0][1])
-        return {k: getattr(eff, k) for k in FREE}
+        return {k: getattr(eff.end_to_end if FREE[k][0] == "end_to_end" else eff, k) for k in FREE}
 
     def predict(self, i: int, constants: dict) -> float:
         cfg, cluster, config = self.items[i]
-        own = dict(cluster.efficiency)
-        own.update(constants)
-        tuned = dataclasses.replace(cluster, efficiency=tuple(sorted(own.items())))
+        sections = {"efficiency": dict(cluster.efficiency), "end_to_end": dict(cluster.end_to_end)}
+        for k, v in constants.items():
+            sections[FREE[k][0]][k] = v
+        tuned = dataclasses.replace(cluster, **{name: tuple(sorted(values.items()))
+                                                for name, values in sections.items()})
         if i not in self.graphs:  # the constants change the costs, not the graph
             self.graphs[i] = build_graph(cfg, micro_batch=config.micro_batch * config.dp, seq=config.seq,
                                          skeleton=True)
@@ -212,30 +219,41 @@ def _loss(rows: _Rows, idx: list[int], constants: dict) -> float:
     return sum(math.log(rows.predict(i, constants) / rows.runs[i].step_time_s) ** 2 for i in idx) / len(idx)
 
 
-def _fit_on(rows: _Rows, idx: list[int], start: dict) -> dict:
-    """Coordinate search over ``FREE`` on the rows ``idx`` (each constant inside its range)."""
+def _fit_on(rows: _Rows, idx: list[int], start: dict, names) -> dict:
+    """Coordinate search over ``names`` (of ``FREE``) on the rows ``idx``, each inside its range."""
     best, best_loss = dict(start), _loss(rows, idx, start)
     for _ in range(ROUNDS):
-        for name, (lo, hi, _why) in FREE.items():
-            for factor in FACTORS:
-                trial = {**best, name: min(hi, max(lo, best[name] * factor))}
+        before = best_loss
+        for name in names:
+            _section, lo, hi, _why = FREE[name]
+            v = best[name]
+            moves = [v * f for f in FACTORS] + [v + sign * d * (hi - lo) for d in STEPS for sign in (1, -1)]
+            for value in sorted({min(hi, max(lo, m)) for m in moves} - {v}):
+                trial = {**best, name: value}
                 loss = _loss(rows, idx, trial)
                 if loss < best_loss - 1e-15:
                     best, best_loss = trial, loss
+        if best_loss >= before:
+            break
     return best
 
 
-def fit(runs: list[Run], base: str | None = None) -> Fit:
-    """Fit ``FREE`` to the runs; with 3 rows or more, also leave-one-out (each row predicted by a
+def fit(runs: list[Run], base: str | None = None, names: tuple[str, ...] | None = None) -> Fit:
+    """Fit the constants ``names`` (default: every one of ``FREE``; the others keep the base
+    cluster's values) to the runs; with 3 rows or more, also leave-one-out (each row predicted by a
     fit of the others). ``base``: the cluster the constants refine (default: each row's own)."""
+    names = tuple(FREE) if names is None else tuple(names)
+    unknown = [n for n in names if n not in FREE]
+    if unknown:
+        raise PlanError(f"{unknown[0]!r} is not a constant calibrate --runs fits; use {', '.join(FREE)}")
     rows = _Rows(runs, base)
     everything = list(range(len(runs)))
-    start = {k: min(FREE[k][1], max(FREE[k][0], v)) for k, v in rows.start().items()}
-    constants = _fit_on(rows, everything, start)
+    start = {k: min(FREE[k][2], max(FREE[k][1], v)) for k, v in rows.start().items()}
+    constants = _fit_on(rows, everything, start, names)
     predicted = tuple(rows.predict(i, constants) for i in everything)
     held_out = None
     if len(runs) >= 3:
-        held_out = tuple(rows.predict(i, _fit_on(rows, [j for j in everything if j != i], constants))
+        held_out = tuple(rows.predict(i, _fit_on(rows, [j for j in everything if j != i], constants, names))
                          for i in everything)
     errors = [p / r.step_time_s - 1 for p, r in zip(held_out or predicted, runs)]
     lo, hi = min(errors), max(errors)
@@ -271,10 +289,11 @@ def cluster_document(fitted: Fit, base: str, source: str) -> dict:
     """The fitted cluster file: ``base``'s device and levels (a preset or a file), the fitted
     constants as its ``efficiency:`` section and the residual range as its ``band:``."""
     doc = cluster_dict(load_cluster(base, devices=fitted.runs[0].devices))
-    eff = dict(doc.get("efficiency", {}))
-    eff.update({k: round(v, 6) for k, v in fitted.constants.items()})
-    eff["source"] = source
-    doc["efficiency"] = eff
+    for section in ("efficiency", "end_to_end"):
+        values = dict(doc.get(section, {}))
+        values.update({k: float(f"{v:.6g}") for k, v in fitted.constants.items() if FREE[k][0] == section})
+        doc[section] = values
+    doc["efficiency"]["source"] = source
     lo, hi = fitted.band
     doc["band"] = {"low": round(lo, 6), "high": round(hi, 6), "rows": len(fitted.runs),
                    "held_out": fitted.held_out is not None, "source": source}

@@ -156,7 +156,7 @@ def own_runs(fitted, memory_errors: list, path: str, as_json: bool) -> int:
              "held_out_s": fitted.held_out[i] if held else None,
              "held_out_error": fitted.held_out[i] / r.step_time_s - 1 if held else None,
              "peak_memory_error": memory_errors[i]} for i, (r, p) in enumerate(zip(fitted.runs, fitted.predicted))]
-    out = {"rows": rows, "constants": fitted.constants, "ranges": {k: FREE[k][:2] for k in FREE},
+    out = {"rows": rows, "constants": fitted.constants, "ranges": {k: FREE[k][1:3] for k in FREE},
            "band": list(fitted.band), "band_from": "leave-one-out" if held else "in-sample", "cluster_file": path}
     if as_json:
         return _json(out)
@@ -174,8 +174,8 @@ def own_runs(fitted, memory_errors: list, path: str, as_json: bool) -> int:
     c = _console()
     c.print(t)
     for k, v in fitted.constants.items():
-        lo, hi, _ = FREE[k]
-        c.print(f"{k} = {v:.4g} (range {lo:g}..{hi:g})", markup=False)
+        section, lo, hi, _ = FREE[k]
+        c.print(f"{section}.{k} = {v:.4g} (range {lo:g}..{hi:g})", markup=False)
     lo, hi = fitted.band
     how = "left out one at a time" if held else "in sample, at least +-3% (fewer than 3 runs: no left-out error)"
     c.print(f"band: {100 * lo:+.1f}% .. {100 * hi:+.1f}% ({how}); mean |error| left out: "
