@@ -39,10 +39,10 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 
 from symtensor.cost.efficiency import efficiency_for
-from symtensor.hardware.efficiency import END_TO_END_RANGES
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, load_cluster
 from symtensor.hardware.cluster import cluster_dict
+from symtensor.hardware.efficiency import END_TO_END_RANGES
 from symtensor.models import build_graph, load_model_config
 from symtensor.plan.parallelism import KEYS, Parallelism, default_global_batch, default_seq
 from symtensor.search.megatron import megatron_plan
