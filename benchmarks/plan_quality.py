@@ -9,6 +9,10 @@ names which; the table of recipes: ``benchmarks/results/recipes.md``). The SymTe
 (``api.plan_with_baselines``: never worse than the grid best, monotone in devices); ``search s``
 is the search's own time, ``guarantees s`` the time after it (the exhaustive grid, plans on fewer
 devices where they could win, the other baselines). ``--quick`` skips the largest clusters.
+
+Every plan and baseline of the table is BF16 (the recipes' own precision): the speedups compare
+layouts, not number formats. ``with FP8`` is the plan ``symtensor plan`` returns without
+``--precision`` (the search may take FP8 where the device has it), and its speedup over the BF16 plan.
 """
 
 from __future__ import annotations
@@ -43,13 +47,17 @@ LARGE = 1024
 
 
 def run(label, name, overrides, cluster, devices, gb, seq):
-    plan, base = api.plan_with_baselines(name, cluster, devices=devices, global_batch=gb, seq=seq,
-                                         overrides=[f"{k}={v}" for k, v in overrides.items()])
+    sets = [f"{k}={v}" for k, v in overrides.items()]
+    plan, base = api.plan_with_baselines(name, cluster, devices=devices, global_batch=gb, seq=seq, overrides=sets,
+                                         precision="bf16")
+    free = api.plan(name, cluster, devices=devices, global_batch=gb, seq=seq, overrides=sets)
     row = {"scenario": label, "model": plan.model.name + (" (LoRA)" if plan.model.lora_rank else ""),
            "cluster": cluster, "devices": devices, "seq": seq, "global_batch": gb,
            "search_s": round(plan.search_time_s, 3), "guarantees_s": round(plan.search_phases_s["guarantees_s"], 3),
            "symtensor_step_s": plan.report.step_time_s, "symtensor_mfu": plan.report.mfu,
-           "symtensor_fits": plan.report.fits, "symtensor_config": _cfg(plan)}
+           "symtensor_fits": plan.report.fits, "symtensor_config": _cfg(plan),
+           "default_step_s": free.report.step_time_s, "default_precision": free.train.precision,
+           "fp8_speedup": plan.report.step_time_s / free.report.step_time_s}
     for key, b in base.items():
         ok = b is not None and b.report.fits
         row[f"{key}_step_s"] = b.report.step_time_s if ok else None
@@ -73,6 +81,12 @@ def _cfg(plan) -> str:
             f"zero{c['zero']} vpp{c['vpp']}{het}")
 
 
+def _fp8(r) -> str:
+    if r["default_precision"] != "fp8":
+        return "-"
+    return f"{r['default_step_s']:.3f} s ({r['fp8_speedup']:.2f}x)"
+
+
 def _x(v) -> str:
     return "-" if v is None else f"{v:.2f}x"
 
@@ -87,14 +101,14 @@ def main(argv) -> int:
         rows.append(run(*sc))
     lines = ["# Plan quality (same cost model for every plan)", "",
              "| scenario | model | devices | seq | SymTensor step s | MFU | vs recipe | vs grid best | vs FSDP | "
-             "vs D-Rec | SymTensor plan | grid best | recipe | search s | guarantees s |",
-             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+             "vs D-Rec | SymTensor plan | grid best | recipe | search s | guarantees s | with FP8 |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {r['scenario']} | {r['model']} | {r['devices']} | {r['seq']} | {r['symtensor_step_s']:.3f} | "
                      f"{100 * r['symtensor_mfu']:.1f}% | {_x(r['speedup_vs_megatron_recipe'])} | "
                      f"{_x(r['speedup_vs_megatron_grid_best'])} | {_x(r['speedup_vs_fsdp'])} | "
                      f"{_x(r['speedup_vs_drec'])} | {r['symtensor_config']} | {r['megatron_grid_best_config']} | "
-                     f"{r['megatron_recipe']} | {r['search_s']} | {r['guarantees_s']} |")
+                     f"{r['megatron_recipe']} | {r['search_s']} | {r['guarantees_s']} | {_fp8(r)} |")
     write_results("plan_quality", lines, rows)
     return 0
 
