@@ -11,15 +11,18 @@ one; every test then judges its own run as before. A test declares its run with 
         ``launched`` fixture gives ``.spec``, ``.optimizer`` and ``.result`` (``run_spec``'s).
     ``@pytest.mark.launch_cli(argv)``: a ``symtensor run`` command line; the test runs it inside
         ``launches.serving()``, where the command's ``run_spec`` call returns the shared result
-        (it is found once by running the command up to that call, so the command plans the run
-        exactly as it will when judged). Everything else the command does runs unchanged.
+        (found once by running the command up to that call, so the command plans the run exactly
+        as it does when judged). Everything else the command does runs unchanged.
 
 A test selected alone (``-k llama-4``) launches only its own run. A call that no marker declared
 runs on its own launch, and so does every run of a launch that failed: each test still fails (or
 passes) on its own, and a warning names the shared launch's error.
 
-With pytest-xdist the torchrun tests go to one worker (``--dist loadgroup``), so that they launch
-together there, while the other worker runs the CPU-bound tests (the fuzz cases, the searches).
+Under pytest-xdist (``-n 2``, the Makefile's) the modules that start processes (``TORCHRUN``) run
+on one worker, one test at a time, so that their runs launch together there while the other
+worker runs the CPU-bound tests (the fuzz cases, the searches) one by one. xdist's own
+``--dist loadgroup`` does not group under pytest 9.2 (pytest-xdist issue 1386: it writes the
+group into a node id field that pytest no longer reads), hence ``pytest_xdist_make_scheduler``.
 """
 
 from __future__ import annotations
@@ -31,7 +34,11 @@ from dataclasses import dataclass
 
 import pytest
 
-TORCHRUN_GROUP = "torchrun"
+from symtensor.runtime.launch import run_spec as launch_alone  # (torch is imported when a run starts)
+
+# the modules whose tests start torchrun or worker processes (the ``dist`` marker)
+TORCHRUN = ("test_run.py", "test_runtime_dist.py", "test_run_moe_folding.py", "test_run_faults.py",
+            "test_profile_runs.py")
 
 
 def pytest_configure(config):
@@ -40,11 +47,25 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Every test that starts torchrun processes runs on the same xdist worker, one at a time."""
+    """A test that starts processes outside ``TORCHRUN`` would share its worker's cores unseen."""
     for item in items:
-        if item.get_closest_marker("dist") or item.get_closest_marker("launch") \
-                or item.get_closest_marker("launch_cli"):
-            item.add_marker(pytest.mark.xdist_group(TORCHRUN_GROUP))
+        if any(item.get_closest_marker(m) for m in ("dist", "launch", "launch_cli")) and item.path.name not in TORCHRUN:
+            raise pytest.UsageError(f"{item.nodeid} starts processes: add {item.path.name} to conftest.TORCHRUN")
+
+
+@pytest.hookimpl(optionalhook=True)  # (a pytest-xdist hook)
+def pytest_xdist_make_scheduler(config, log):
+    """``--dist load`` (``-n N`` alone), except that the ``TORCHRUN`` modules are one unit of work:
+    one worker runs them in order, the others the remaining tests, as each becomes free."""
+    if config.getvalue("dist") != "load":
+        return None
+    from xdist.scheduler import LoadScopeScheduling
+
+    class TorchrunApart(LoadScopeScheduling):
+        def _split_scope(self, nodeid: str) -> str:
+            return "torchrun" if nodeid.split("::")[0].rsplit("/", 1)[-1] in TORCHRUN else nodeid
+
+    return TorchrunApart(config, log)
 
 
 def _key(model, spec, steps=2, optimizer="sgd", nproc=None, seed=0, timeout_s=300, master_port=None,
@@ -118,12 +139,10 @@ class Launches:
 
     def run_spec(self, model, spec, **kwargs) -> dict:
         """``run_spec``'s result: the shared launch's when it ran this call, else a launch of its own."""
-        from symtensor.runtime.launch import run_spec
-
         if self.results is None:
             self._launch_all()
         result = self.results.get(_key(model, spec, **kwargs))
-        return dict(result) if result is not None else run_spec(model, spec, **kwargs)
+        return dict(result) if result is not None else launch_alone(model, spec, **kwargs)
 
     @contextmanager
     def serving(self):
@@ -142,6 +161,7 @@ def _marked(mark) -> dict:
 
 @pytest.fixture(scope="session")
 def launches(request) -> Launches:
+    """The shared runs of the selected tests."""
     return Launches(request.session.items)
 
 

@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -201,8 +203,6 @@ def _init_process_group(device: str = "cpu") -> None:
     """gloo (``cpu``) or NCCL (``cuda``, this rank's GPU: ``LOCAL_RANK``) over the launcher's
     rendezvous: rank 0 serves the TCPStore on the socket the launcher bound to 127.0.0.1
     (``symtensor.runtime.group``); under torchrun, its environment."""
-    import os
-
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -260,5 +260,15 @@ def main(argv: list[str] | None = None) -> None:
         dist.destroy_process_group()
 
 
+def _leave() -> None:
+    """Exit at once, without the interpreter's teardown: with torch loaded it takes seconds (more
+    on a loaded machine), during which the heartbeat thread no longer runs, so the launcher would
+    call this rank stalled after all was done. Everything is written and the group destroyed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    _leave()
