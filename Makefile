@@ -28,12 +28,15 @@ lint: $(VENV)/.installed
 # the compiled modules (in the gitignored __pycache__ folders), which PYTHONDONTWRITEBYTECODE=1 in
 # the environment turns off; otherwise each process compiles the package again (about 2 s of CPU).
 TEST_ENV := PYTHONDONTWRITEBYTECODE=
+# pytest-xdist workers: the integration tests that start processes run on one of them, one at a
+# time, and the CPU-bound ones (fuzz cases, searches) on the other (tests/integration/conftest.py)
+TEST_WORKERS ?= 2
 
 unit: $(VENV)/.installed
-	$(TEST_ENV) $(PY) -m pytest tests/unit
+	$(TEST_ENV) $(PY) -m pytest tests/unit -n $(TEST_WORKERS)
 
 integration: $(VENV)/.installed
-	$(TEST_ENV) $(PY) -m pytest tests/integration
+	$(TEST_ENV) $(PY) -m pytest tests/integration -n $(TEST_WORKERS)
 
 bench: $(VENV)/.installed
 	$(PY) benchmarks/cost_model_fidelity.py

@@ -1,6 +1,7 @@
 """Megatron's MoE parallel folding under ``symtensor run`` (issue 13): a Qwen3-style MoE (Q/K
 norms, every layer MoE) on 4 gloo ranks with EP = 4 folded over TP = 2 x DP = 2 (expert TP 1),
-judged against one process and against the bytes the cost model predicts for the same layouts."""
+judged against one process and against the bytes the cost model predicts for the same layouts
+(its launch shared with the other runs of 4 processes: ``conftest.Launches``)."""
 
 from __future__ import annotations
 
@@ -16,12 +17,17 @@ from symtensor.models import load_model_config  # noqa: E402
 pytestmark = pytest.mark.dist
 
 
-def test_ep4_folded_over_tp2_x_dp2(capsys):
+ARGV = ["run", "tiny-qwen3-moe", "--devices", "4", "--tp", "2", "--ep", "4", "--steps", "2", "--json"]
+
+
+@pytest.mark.launch_cli(ARGV)
+def test_ep4_folded_over_tp2_x_dp2(capsys, launches):
     """Each rank routes its own sequence shard (sequence parallel) to the experts of all four
     ranks: one all-to-all of E x T x h slots per dispatch and per combine, forward and backward,
     exactly as predicted, and every other collective kind too (the vocabulary-parallel embedding's
     gradient is synchronised as its parameter is placed: vocab / tp rows, not the whole table)."""
-    code = main(["run", "tiny-qwen3-moe", "--devices", "4", "--tp", "2", "--ep", "4", "--steps", "2", "--json"])
+    with launches.serving():
+        code = main(ARGV)
     out = json.loads(capsys.readouterr().out)
     assert code == 0, out
     c = out["config"]

@@ -5,8 +5,9 @@ before any process starts), starts ``python -m symtensor.runtime.worker`` on eve
 ``symtensor.runtime.group.WorkerGroup`` (one process group, rendezvous on 127.0.0.1, heartbeats,
 all stopped on an error, a stall or Ctrl-C) with ``OMP_NUM_THREADS=1``, runs the same training in
 this process without parallelism, and returns both, their differences, and the bytes every rank's
-collectives moved (definitions in ``symtensor.runtime.commcount``). ``local_torchrun`` and
-``run_process_group`` launch other commands under torchrun.
+collectives moved (definitions in ``symtensor.runtime.commcount``). ``run_specs`` does the same for
+several specs on one launch. ``local_torchrun`` and ``run_process_group`` launch other commands
+under torchrun.
 """
 
 from __future__ import annotations
@@ -149,35 +150,52 @@ def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, se
         PlanError: a rank failed, stalled or hung (every process is stopped first); the message
             names the rank, its last line and its log, which is kept.
     """
+    job = {"model": model, "spec": spec, "steps": steps, "optimizer": optimizer, "seed": seed}
+    return launch_jobs([job], nproc, timeout_s, master_port, device)[0]
+
+
+def launch_jobs(jobs: list[dict], nproc: int, timeout_s: float = 300, master_port: int | None = None,
+                device: str = "cpu") -> list[dict]:
+    """``launch`` for several runs on one launch of ``nproc`` processes: the workers import torch and
+    form their process group once, then run the jobs (``model``, ``spec``, ``steps``, ``optimizer``,
+    ``seed``) in order; rank 0's result of each, in order. A failure in any run stops them all."""
     run_dir = Path(tempfile.mkdtemp(prefix="symtensor-run-"))
-    spec_file, out = run_dir / "spec.json", run_dir / "result.json"
-    spec_file.write_text(json.dumps(spec.to_dict()))
-    cmd = worker_command(model, spec_file, steps, optimizer, out, seed, device)
+    outs = [run_dir / f"result{i}.json" for i in range(len(jobs))]
+    jobs_file = run_dir / "jobs.json"
+    jobs_file.write_text(json.dumps([dict(job, spec=job["spec"].to_dict(), out=str(out))
+                                     for job, out in zip(jobs, outs)]))
+    cmd = [sys.executable, "-m", "symtensor.runtime.worker", "--jobs", str(jobs_file), "--device", device]
     try:
         for _attempt in range(2):
             with WorkerGroup(cmd, nproc, run_dir, timeout_s, master_port, env=worker_env()) as group:
                 codes = group.wait()
             aborted = any(GLOO_TEARDOWN_ABORT in group.log(r).read_text(errors="replace") for r in range(nproc))
             # gloo sometimes aborts a worker ("terminate called without an active exception")
-            # while processes shut down; rank 0 has then written the complete result, or a
+            # while processes shut down; rank 0 has then written the complete results, or a
             # second launch succeeds. Any other failure is reported at once.
-            state_file = json.loads(out.read_text()).get("state_file") if out.exists() else None  # CPU runs
-            done = out.exists() and (state_file is None or Path(state_file).exists())
+            done = all(_written(out) for out in outs)
             if (done and (aborted or all(c == 0 for c in codes))) or not aborted:
                 break
         if not (done and (aborted or all(c == 0 for c in codes))):
             raise PlanError(_failure(codes, group))
         import torch  # after the workers: they import it meanwhile, on the other cores
 
-        result = json.loads(out.read_text())
-        if "state_file" in result:
-            result["state"] = torch.load(result.pop("state_file"))
+        results = [json.loads(out.read_text()) for out in outs]
+        for result in results:
+            if "state_file" in result:
+                result["state"] = torch.load(result.pop("state_file"))
     except BaseException as exc:  # keep the logs a failure message names, nothing else
         if isinstance(exc, KeyboardInterrupt) or not any(run_dir.glob("rank*.log")):
             shutil.rmtree(run_dir, ignore_errors=True)
         raise
     shutil.rmtree(run_dir, ignore_errors=True)
-    return result
+    return results
+
+
+def _written(out: Path) -> bool:
+    """Rank 0 wrote this result (and, on CPU, the parameters it names)."""
+    state_file = json.loads(out.read_text()).get("state_file") if out.exists() else None
+    return out.exists() and (state_file is None or Path(state_file).exists())
 
 
 def _max_abs_diff(a: dict, b: dict) -> float:
@@ -207,7 +225,7 @@ def run_spec(model: str, spec: RunSpec | dict, steps: int = 2, optimizer: str = 
         ``losses`` and ``reference_losses`` (per step), ``loss_max_abs_diff``,
         ``param_max_abs_diff``, ``comm_bytes`` (``[step][rank] -> {kind: bytes}``), ``comm`` (the
         full per-step, per-rank records with calls and bytes per mesh axis), ``step_times_s``,
-        ``peak_memory_bytes`` (per rank, cuda only), ``wall_s``.
+        ``peak_memory_bytes`` (per rank, cuda only), ``wall_s`` (the launch and the reference).
 
     Example:
         >>> spec = RunSpec(mesh={"dp": 2}, dp_axes=("dp",))      # doctest: +SKIP
@@ -215,23 +233,66 @@ def run_spec(model: str, spec: RunSpec | dict, steps: int = 2, optimizer: str = 
         >>> r["loss_max_abs_diff"] < 1e-5                          # doctest: +SKIP
         True
     """
-    spec = spec if isinstance(spec, RunSpec) else RunSpec.from_dict(spec)
-    nproc = spec.world_size if nproc is None else nproc
-    if optimizer not in OPTIMIZERS:
-        raise PlanError(f"optimizer {optimizer!r}; use one of {', '.join(OPTIMIZERS)}")
-    cfg = load_model_config(model)
-    check_fits(spec, cfg, nproc)  # before torch is imported or any process starts
-    start = time.perf_counter()
-    result = launch(model, spec, steps, optimizer, nproc, seed, timeout_s, master_port, device)
-    out = {"losses": result["losses"], "reference_losses": None, "loss_max_abs_diff": None,
-           "param_max_abs_diff": None, "comm_bytes": [[rank["bytes"] for rank in step] for step in result["comm"]],
-           "comm": result["comm"], "step_times_s": result["step_times_s"],
-           "peak_memory_bytes": result["peak_memory_bytes"]}
-    if device == "cpu":
-        from symtensor.runtime.worker import train_reference
+    run = {"model": model, "spec": spec, "steps": steps, "optimizer": optimizer, "seed": seed}
+    return run_specs([run], nproc, timeout_s, master_port, device)[0]
 
-        reference = train_reference(cfg, spec, steps, optimizer, seed)
-        out |= {"reference_losses": reference["losses"],
-                "loss_max_abs_diff": max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])),
-                "param_max_abs_diff": _max_abs_diff(result["state"], reference["state"])}
-    return out | {"wall_s": time.perf_counter() - start}
+
+def run_specs(runs: list[dict], nproc: int | None = None, timeout_s: float = 300, master_port: int | None = None,
+              device: str = "cpu") -> list[dict]:
+    """``run_spec`` for several runs on one launch: the processes start, import torch and form their
+    group once, then train the runs in order (a few seconds of CPU per process saved per run; the
+    test suite's way of running many). Each result is judged on its own, as ``run_spec``'s; the
+    single-process reference is computed once per distinct (model, batch, sequence, steps,
+    optimizer, seed). A failure in any run stops them all (``PlanError``, as ``launch``).
+
+    Args:
+        runs: dicts of ``run_spec``'s ``model``, ``spec`` and optionally ``steps`` (2),
+            ``optimizer`` (``sgd``) and ``seed`` (0).
+        nproc: processes (default: the mesh product, which every spec must share).
+        timeout_s, master_port, device: as for ``run_spec``.
+
+    Returns:
+        ``run_spec``'s result for each run, in order; ``wall_s`` with several runs is the run's
+        own time on the workers and its reference's (the start of the processes is shared).
+    """
+    jobs = []
+    for run in runs:
+        spec = run["spec"] if isinstance(run["spec"], RunSpec) else RunSpec.from_dict(run["spec"])
+        job = {"model": run["model"], "spec": spec, "steps": run.get("steps", 2),
+               "optimizer": run.get("optimizer", "sgd"), "seed": run.get("seed", 0)}
+        if job["optimizer"] not in OPTIMIZERS:
+            raise PlanError(f"optimizer {job['optimizer']!r}; use one of {', '.join(OPTIMIZERS)}")
+        job["cfg"] = load_model_config(job["model"])
+        jobs.append(job)
+    nproc = jobs[0]["spec"].world_size if nproc is None else nproc
+    for job in jobs:
+        check_fits(job["spec"], job["cfg"], nproc)  # before torch is imported or any process starts
+    start = time.perf_counter()
+    results = launch_jobs([{k: v for k, v in job.items() if k != "cfg"} for job in jobs], nproc, timeout_s,
+                          master_port, device)
+    references: dict[tuple, tuple[dict, float]] = {}
+    outs = []
+    for job, result in zip(jobs, results):
+        out = {"losses": result["losses"], "reference_losses": None, "loss_max_abs_diff": None,
+               "param_max_abs_diff": None, "comm_bytes": [[rank["bytes"] for rank in step] for step in result["comm"]],
+               "comm": result["comm"], "step_times_s": result["step_times_s"],
+               "peak_memory_bytes": result["peak_memory_bytes"]}
+        reference_s = 0.0
+        if device == "cpu":
+            from symtensor.runtime.worker import train_reference
+
+            spec = job["spec"]
+            key = (repr(job["cfg"]), spec.global_batch, spec.seq, job["steps"], job["optimizer"], job["seed"])
+            if key not in references:
+                t0 = time.perf_counter()
+                references[key] = (train_reference(job["cfg"], spec, job["steps"], job["optimizer"], job["seed"]),
+                                   time.perf_counter() - t0)
+                reference_s = references[key][1]
+            reference = references[key][0]
+            out |= {"reference_losses": reference["losses"],
+                    "loss_max_abs_diff": max(abs(a - b) for a, b in zip(result["losses"], reference["losses"])),
+                    "param_max_abs_diff": _max_abs_diff(result["state"], reference["state"])}
+        outs.append(out | {"wall_s": result["wall_s"] + reference_s})
+    if len(outs) == 1:
+        outs[0]["wall_s"] = time.perf_counter() - start
+    return outs

@@ -9,6 +9,13 @@ On GPUs (NCCL, one GPU per process, bf16 autocast; timed, no reference), add ``-
 ``symtensor run`` starts the same module itself (``symtensor.runtime.group``: one process group,
 a rendezvous on 127.0.0.1, heartbeats) with the environment torchrun would set.
 
+Several runs on one launch (one process group; torch is imported and the group formed once)::
+
+    ... -m symtensor.runtime.worker --jobs jobs.json
+
+``jobs.json``: a list of ``{"model", "spec", "steps", "optimizer", "seed", "out"}``, run in order;
+rank 0 writes each run's ``out`` when it is done (``symtensor.runtime.launch.run_specs``).
+
 And the single-process reference of the same run, without torchrun::
 
     python -m symtensor.runtime.worker --reference --spec spec.json --model tiny-llama --steps 2 --out ref.json
@@ -23,6 +30,8 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
+import sys
 import time
 from pathlib import Path
 
@@ -78,7 +87,7 @@ def _mean_loss(loss: torch.Tensor | None, device: torch.device) -> float:
 
 
 def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0, on_phase=None,
-                   device: str = "cpu") -> dict | None:
+                   device: str = "cpu", meshes: dict | None = None) -> dict | None:
     """Train ``steps`` steps of ``spec`` on this torchrun rank; the result on rank 0, else None.
 
     On ``cuda`` (NCCL) the steps run under bf16 autocast (fp32 weights, as mixed-precision training
@@ -93,6 +102,10 @@ def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0
         seed: weight and data seed.
         on_phase: called with where the rank is (``step 2: optimizer``), for its heartbeat.
         device: ``cpu`` or ``cuda`` (this rank's GPU, ``LOCAL_RANK``).
+        meshes: the DeviceMeshes of earlier runs in this process group, by axes: a run on the same
+            axes reuses its mesh. torch caches DTensor redistributions by the mesh's value (its
+            ranks and axis names), and a cached one issues its collectives on the mesh it was made
+            with, whose groups a new mesh's byte count would not know (bytes ``@?``).
     """
     from symtensor.runtime.apply import axis_of_group, build_mesh, parallelize
 
@@ -102,7 +115,10 @@ def train_parallel(cfg, spec: RunSpec, steps: int, optimizer: str, seed: int = 0
 
     check_fits(spec, cfg, dist.get_world_size())
     here = torch.device(device, torch.cuda.current_device()) if device == "cuda" else torch.device("cpu")
-    mesh = build_mesh(spec, device)
+    meshes = {} if meshes is None else meshes
+    if (device, spec.mesh) not in meshes:
+        meshes[(device, spec.mesh)] = build_mesh(spec, device)
+    mesh = meshes[(device, spec.mesh)]
     coords = {axis: mesh.get_local_rank(axis) for axis, _ in spec.mesh}
     ids, labels = (local_slice(t, spec, coords).to(here) for t in synthetic_batch(cfg, spec, seed))
     run = parallelize(build_torch_model(cfg, seed).to(here), spec, mesh, cfg, local_batch=ids.shape[0])
@@ -187,8 +203,6 @@ def _init_process_group(device: str = "cpu") -> None:
     """gloo (``cpu``) or NCCL (``cuda``, this rank's GPU: ``LOCAL_RANK``) over the launcher's
     rendezvous: rank 0 serves the TCPStore on the socket the launcher bound to 127.0.0.1
     (``symtensor.runtime.group``); under torchrun, its environment."""
-    import os
-
     backend = "nccl" if device == "cuda" else "gloo"
     if device == "cuda":
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", 0)))
@@ -204,35 +218,57 @@ def _init_process_group(device: str = "cpu") -> None:
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--spec", required=True, help="RunSpec JSON file")
-    parser.add_argument("--model", required=True, help="model preset or config.json")
+    parser.add_argument("--spec", help="RunSpec JSON file")
+    parser.add_argument("--model", help="model preset or config.json")
     parser.add_argument("--steps", type=int, default=2)
     parser.add_argument("--optimizer", choices=OPTIMIZERS, default="sgd")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--out", required=True, help="result JSON (rank 0 writes it)")
+    parser.add_argument("--out", help="result JSON (rank 0 writes it)")
+    parser.add_argument("--jobs", help="instead of --spec, --model, ...: a JSON list of runs, each with those keys")
     parser.add_argument("--device", choices=("cpu", "cuda"), default="cpu", help="cpu (gloo) or cuda (NCCL)")
     parser.add_argument("--reference", action="store_true",
                         help="run train_reference in this one process instead (no torchrun)")
     args = parser.parse_args(argv)
-    cfg = load_model_config(args.model)
-    spec = RunSpec.from_dict(json.loads(Path(args.spec).read_text()))
+    if args.jobs is None and None in (args.spec, args.model, args.out):
+        parser.error("give --spec, --model and --out, or --jobs")
+    jobs = json.loads(Path(args.jobs).read_text()) if args.jobs else [
+        {"model": args.model, "spec": json.loads(Path(args.spec).read_text()), "steps": args.steps,
+         "optimizer": args.optimizer, "seed": args.seed, "out": args.out}]
     if args.reference:
-        result = train_reference(cfg, spec, args.steps, args.optimizer, args.seed)
-        _write(result | {"model": cfg.name, "spec": spec.to_dict(), "steps": args.steps}, Path(args.out))
+        for job in jobs:
+            cfg, spec = load_model_config(job["model"]), RunSpec.from_dict(job["spec"])
+            result = train_reference(cfg, spec, job["steps"], job["optimizer"], job["seed"])
+            _write(result | {"model": cfg.name, "spec": spec.to_dict(), "steps": job["steps"]}, Path(job["out"]))
         return
     beat = Heartbeat.from_env().start()
     beat.at("startup: rendezvous")
     _init_process_group(args.device)
+    meshes = {}
     try:
-        result = train_parallel(cfg, spec, args.steps, args.optimizer, args.seed, on_phase=beat.at, device=args.device)
-        if result is not None:
-            beat.at("writing the result")
-            _write(result, Path(args.out))
-        beat.at("final barrier")
-        dist.barrier()  # tear the groups down together, after rank 0 has written
+        for i, job in enumerate(jobs):
+            tag = f" (run {i + 1} of {len(jobs)})" if len(jobs) > 1 else ""
+            start = time.perf_counter()
+            result = train_parallel(load_model_config(job["model"]), RunSpec.from_dict(job["spec"]), job["steps"],
+                                    job["optimizer"], job["seed"], on_phase=lambda where, tag=tag: beat.at(where + tag),
+                                    device=args.device, meshes=meshes)
+            if result is not None:
+                beat.at("writing the result" + tag)
+                _write(result | {"wall_s": time.perf_counter() - start}, Path(job["out"]))
+            beat.at("barrier" + tag)
+            dist.barrier()  # the next run (or the teardown) together, after rank 0 has written
     finally:
         dist.destroy_process_group()
 
 
+def _leave() -> None:
+    """Exit at once, without the interpreter's teardown: with torch loaded it takes seconds (more
+    on a loaded machine), during which the heartbeat thread no longer runs, so the launcher would
+    call this rank stalled after all was done. Everything is written and the group destroyed."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
+
+
 if __name__ == "__main__":
     main()
+    _leave()
