@@ -126,7 +126,7 @@ class Launches:
         self.results, batches = {}, {}
         for key, call in self.calls.items():
             batches.setdefault(key[4:], []).append((key, call))
-        for (nproc, seed, timeout_s, master_port, device), batch in batches.items():
+        for (nproc, _seed, timeout_s, master_port, device), batch in batches.items():
             runs = [{k: call[k] for k in ("model", "spec", "steps", "optimizer", "seed") if k in call}
                     for _, call in batch]
             try:
