@@ -23,9 +23,10 @@ import time
 import pytest
 from hypothesis import HealthCheck, given, settings
 
+from symtensor.cli import main
+
 from fixtures import fuzzing
 from fixtures.fuzzing import PROPERTIES, ROOT, cases, seeded_case
-from symtensor.cli import main
 
 CASES = 40  # about 80 s on a 2-core machine at bb38bfa (each case: two plans with their grids, a grid, file, exports)
 SHARDS = 4
