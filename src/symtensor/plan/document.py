@@ -15,13 +15,14 @@ from symtensor.plan.summary import layer_types, megatron_summary, recipe_of, rep
 MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
 
 
-def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str, graph) -> dict:
+def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str, graph,
+                     precision: str = "bf16") -> dict:
     """What every prediction states besides its numbers: the engine, the efficiency table and its
     source, the attention kernel the graph was costed with, and the error band of its regime
     (``cost.bands``)."""
     from symtensor.cost.efficiency import device_table, efficiency_for
 
-    b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework)
+    b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework, precision=precision)
     table = "measured (cluster file)" if cluster.efficiency else device_table(cluster.device.name)
     return {"framework": framework, "efficiency_table": table,
             "efficiency_source": efficiency_for(cluster).source, "attention_kernel": attention_kernel(graph),
@@ -38,16 +39,20 @@ def attention_kernel(graph) -> str:
     return ",".join(kernels) or "none"
 
 
-def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str):
+def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str, precision: str = "bf16"):
     """The error band (``cost.bands.Band``) of a prediction for ``cfg`` on ``cluster``: the
     residuals of the user's own runs where the cluster file was calibrated on them (``symtensor
-    calibrate --runs``), else the shipped calibration's for its device and regime."""
+    calibrate --runs``), else the shipped calibration's for its device and regime, widened along
+    each dimension the prediction leaves the calibrated domain (precision, scale, network
+    bandwidth per device: the outermost level's)."""
     from symtensor.cost.bands import band_of, from_residuals
 
     if cluster.band is not None:
         return from_residuals(step_s, cluster.band, f"your runs ({cluster.name})", True)
+    network = cluster.levels[-1].bandwidth / 1e9 if cluster.nodes > 1 else None
     return band_of(step_s, cluster.device.name, zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe,
-                   framework=framework)
+                   framework=framework, precision=precision, devices=cluster.n_devices,
+                   network_gbps_per_device=network)
 
 
 def evaluation_json(plan: Plan) -> dict:
@@ -56,7 +61,7 @@ def evaluation_json(plan: Plan) -> dict:
     out.update(model=plan.model.name, cluster=plan.cluster.name, devices=plan.cluster.n_devices,
                config=megatron_summary(plan))
     out.update(prediction_terms(plan.model, plan.cluster, plan.report.step_time_s, zero=plan.train.zero,
-                                seq=plan.seq, framework=plan.engine, graph=plan.graph))
+                                seq=plan.seq, framework=plan.engine, graph=plan.graph, precision=plan.train.precision))
     if plan.notes:  # (the pipeline split evaluate chose, when it is not Megatron's own)
         out["notes"] = list(plan.notes)
     return out
@@ -76,7 +81,7 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
                   layouts={name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},
                   layer_types=layer_types(plan))
     result.update(prediction_terms(plan.model, cl, plan.report.step_time_s, zero=plan.train.zero, seq=plan.seq,
-                                   framework=plan.engine, graph=plan.graph))
+                                   framework=plan.engine, graph=plan.graph, precision=plan.train.precision))
     if baselines is not None:
         result["baselines"] = baselines_json(plan, baselines, _band(result), detail)
     return result
@@ -104,7 +109,7 @@ def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False)
                  "memory_gib_per_device": rep.memory_peak / GIB}
         entry["speedup_of_plan"] = rep.step_time_s / ref if rep.fits else None
         band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=b.train.zero, seq=plan.seq,
-                           framework=b.engine)
+                           framework=b.engine, precision=b.train.precision)
         entry["step_time_band_s"] = band.as_list()
         entry["verdict_of_plan"] = verdict(plan_band, band, ref, rep.step_time_s) if rep.fits else \
             "baseline does not fit"
