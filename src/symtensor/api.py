@@ -16,7 +16,7 @@ from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config, params_active
 from symtensor.plan import Parallelism, Plan
-from symtensor.plan.parallelism import default_global_batch, default_seq
+from symtensor.plan.parallelism import default_global_batch, default_seq, evaluate_defaults
 from symtensor.search.megatron import megatron_plan
 
 
@@ -139,13 +139,9 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     balanced one."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
-    seq = seq or default_seq(cfg)
-    if dp is None:
-        if cl.n_devices % (tp * pp * cp):
-            raise PlanError(f"tp*pp*cp = {tp * pp * cp} does not divide the {cl.n_devices} devices")
-        dp = cl.n_devices // (tp * pp * cp)
-    global_batch = global_batch or default_global_batch(seq)
-    sp = tp > 1 if sp is None else sp
+    filled = evaluate_defaults(cfg, cl.n_devices, tp=tp, pp=pp, cp=cp, dp=dp, sp=sp, seq=seq,
+                               global_batch=global_batch)
+    dp, sp, seq, global_batch = filled["dp"], filled["sp"], filled["seq"], filled["global_batch"]
     split, mode = None, pp_layout if pp_layout in LAYOUT_WORDS else None
     if pp_layout is not None and mode != "balanced":
         vpp, split = stated_split(pp_layout, cfg, pp, vpp)

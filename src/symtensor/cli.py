@@ -379,7 +379,7 @@ def _calibrate_runs(args) -> int:
     source = (f"symtensor calibrate --runs {args.runs} ({len(runs)} runs, {datetime.date.today().isoformat()}) "
               f"on {base}")
     path = own_runs.write(fitted, base, args.out, source, args.force)
-    return show(fitted, own_runs.memory_errors(fitted, args.cluster), str(path), args.json)
+    return show(fitted, str(path), args.json)
 
 
 def _dispatch_profile(args) -> int:

@@ -55,6 +55,21 @@ def default_global_batch(seq: int) -> int:
     return max(1, TOKENS_PER_STEP // seq)
 
 
+def evaluate_defaults(cfg, n_devices: int, *, tp: int = 1, pp: int = 1, cp: int = 1, dp: int | None = None,
+                      sp: bool | None = None, seq: int | None = None, global_batch: int | None = None) -> dict:
+    """The keys ``evaluate`` (and a runs file's row) fills when they are left out: dp the devices
+    over tp x pp x cp, sequence parallelism where tp > 1, ``default_seq`` and
+    ``default_global_batch``; a PlanError where tp x pp x cp does not divide the devices."""
+    if dp is None:
+        if n_devices % (tp * pp * cp):
+            raise PlanError(f"tp*pp*cp = {tp * pp * cp} does not divide the {n_devices} devices; give dp or "
+                            "degrees that divide them")
+        dp = n_devices // (tp * pp * cp)
+    seq = seq or default_seq(cfg)
+    return {"dp": dp, "sp": tp > 1 if sp is None else sp, "seq": seq,
+            "global_batch": global_batch or default_global_batch(seq)}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class Parallelism:
     """A Megatron-expressible parallel configuration (see the module docstring). The defaults are

@@ -44,7 +44,7 @@ from symtensor.hardware import GIB, load_cluster
 from symtensor.hardware.cluster import cluster_dict
 from symtensor.hardware.efficiency import END_TO_END_RANGES
 from symtensor.models import build_graph, load_model_config
-from symtensor.plan.parallelism import KEYS, Parallelism, default_global_batch, default_seq
+from symtensor.plan.parallelism import KEYS, Parallelism, evaluate_defaults
 from symtensor.search.megatron import megatron_plan
 from symtensor.validate import MAX_FILE_BYTES
 
@@ -93,6 +93,7 @@ class Fit:
     held_out: tuple[float, ...] | None
     band: tuple[float, float]
     runs: tuple[Run, ...]
+    memory_errors: tuple[float | None, ...]  # predicted reserved peak / measured - 1 (None: not measured)
 
     def errors(self, held_out: bool = False) -> list[float]:
         """predicted / measured - 1 per row (leave-one-out when asked and available)."""
@@ -158,18 +159,11 @@ def read_runs(path: str | Path) -> list[Run]:
 
 
 def configuration(run: Run, cfg) -> Parallelism:
-    """The run's configuration with ``evaluate``'s defaults for the keys it leaves out."""
+    """The run's configuration with ``evaluate``'s defaults for the keys it leaves out
+    (``parallelism.evaluate_defaults``)."""
     c = dict(run.config)
-    tp, pp, cp = c.get("tp", 1), c.get("pp", 1), c.get("cp", 1)
-    if "dp" not in c:
-        if run.devices % (tp * pp * cp):
-            raise PlanError(f"tp*pp*cp = {tp * pp * cp} does not divide the {run.devices} devices; give dp or "
-                            "degrees that divide them")
-        c["dp"] = run.devices // (tp * pp * cp)
-    c.setdefault("sp", tp > 1)
-    c.setdefault("seq", default_seq(cfg))
-    c.setdefault("global_batch", default_global_batch(c["seq"]))
-    return Parallelism(**c)
+    keys = {k: c[k] for k in ("tp", "pp", "cp", "dp", "sp", "seq", "global_batch") if k in c}
+    return Parallelism(**{**c, **evaluate_defaults(cfg, run.devices, **keys)})
 
 
 class _Rows:
@@ -209,10 +203,25 @@ class _Rows:
             sections[FREE[k][0]][k] = v
         tuned = dataclasses.replace(cluster, **{name: tuple(sorted(values.items()))
                                                 for name, values in sections.items()})
-        if i not in self.graphs:  # the constants change the costs, not the graph
+        return megatron_plan(cfg, tuned, self.graph(i), **config.as_dict()).report.step_time_s
+
+    def graph(self, i: int):
+        """Row ``i``'s graph, built once (the constants change the costs, not the graph)."""
+        if i not in self.graphs:
+            cfg, _, config = self.items[i]
             self.graphs[i] = build_graph(cfg, micro_batch=config.micro_batch * config.dp, seq=config.seq,
                                          skeleton=True)
-        return megatron_plan(cfg, tuned, self.graphs[i], **config.as_dict()).report.step_time_s
+        return self.graphs[i]
+
+    def memory_error(self, i: int) -> float | None:
+        """Row ``i``'s predicted reserved peak / its measured peak - 1 (None when none was measured);
+        memory does not depend on the fitted constants."""
+        measured = self.runs[i].peak_memory_gib
+        if measured is None:
+            return None
+        cfg, cluster, config = self.items[i]
+        report = megatron_plan(cfg, cluster, self.graph(i), **config.as_dict()).report
+        return report.memory_reserved / GIB / measured - 1
 
 
 def _loss(rows: _Rows, idx: list[int], constants: dict) -> float:
@@ -259,7 +268,7 @@ def fit(runs: list[Run], base: str | None = None, names: tuple[str, ...] | None 
     lo, hi = min(errors), max(errors)
     if held_out is None:
         lo, hi = min(lo, -MIN_BAND), max(hi, MIN_BAND)
-    return Fit(constants, predicted, held_out, (lo, hi), tuple(runs))
+    return Fit(constants, predicted, held_out, (lo, hi), tuple(runs), tuple(rows.memory_error(i) for i in everything))
 
 
 HEADER = """\
@@ -298,18 +307,3 @@ def cluster_document(fitted: Fit, base: str, source: str) -> dict:
     doc["band"] = {"low": round(lo, 6), "high": round(hi, 6), "rows": len(fitted.runs),
                    "held_out": fitted.held_out is not None, "source": source}
     return doc
-
-
-def memory_errors(fitted: Fit, base: str | None = None) -> list[float | None]:
-    """predicted reserved (or allocated) peak / measured peak - 1 per row with a measured peak."""
-    rows = _Rows(list(fitted.runs), base)
-    out = []
-    for i, r in enumerate(fitted.runs):
-        if r.peak_memory_gib is None:
-            out.append(None)
-            continue
-        cfg, cluster, config = rows.items[i]
-        report = megatron_plan(cfg, cluster, **config.as_dict()).report
-        peak = getattr(report, "memory_reserved", None) or report.memory_peak
-        out.append(peak / GIB / r.peak_memory_gib - 1)
-    return out

@@ -145,7 +145,7 @@ def calibration(results, summary: dict, effs: dict, as_json: bool, extra: dict |
     return 0
 
 
-def own_runs(fitted, memory_errors: list, path: str, as_json: bool) -> int:
+def own_runs(fitted, path: str, as_json: bool) -> int:
     """``symtensor calibrate --runs``: each run measured, predicted in sample and left out, the
     fitted constants with their ranges, the band, and where the cluster file went."""
     from symtensor.profile.own_runs import FREE
@@ -155,7 +155,8 @@ def own_runs(fitted, memory_errors: list, path: str, as_json: bool) -> int:
              "predicted_s": p, "error": p / r.step_time_s - 1,
              "held_out_s": fitted.held_out[i] if held else None,
              "held_out_error": fitted.held_out[i] / r.step_time_s - 1 if held else None,
-             "peak_memory_error": memory_errors[i]} for i, (r, p) in enumerate(zip(fitted.runs, fitted.predicted))]
+             "peak_memory_error": fitted.memory_errors[i]}
+            for i, (r, p) in enumerate(zip(fitted.runs, fitted.predicted))]
     out = {"rows": rows, "constants": fitted.constants, "ranges": {k: FREE[k][1:3] for k in FREE},
            "band": list(fitted.band), "band_from": "leave-one-out" if held else "in-sample", "cluster_file": path}
     if as_json:
