@@ -126,7 +126,9 @@ def _beats(a: Plan, b: Plan) -> bool:
 def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None = None, *, tp=1, pp=1, dp=None,
              cp=1, ep=1, etp=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
              vpp=1, overrides=None, framework: str = "megatron", precision: str = "bf16",
-             fp8_recipe: str | None = None, dp_shard: int | None = None, pp_layout: str | None = None) -> Plan:
+             fp8_recipe: str | None = None, dp_shard: int | None = None, pp_layout: str | None = None,
+             moe_dispatcher: str = "alltoall", moe_routing: str = "balanced", moe_capacity_factor: float | None = None,
+             moe_shared_overlap: bool = False) -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
     the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
@@ -136,7 +138,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     (``Parallelism.dp_shard``). ``pp_layout``: the layer split over the pipeline (``stated_split``:
     Megatron's layout string, ``FIRST,LAST`` stage layers, ``even`` or ``balanced``); by default the
     better of Megatron's own split and the balanced one, and the plan's note says when that is the
-    balanced one."""
+    balanced one. ``moe_*``: how the MoE layers run (``Parallelism``, ``cost.moe``)."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     filled = evaluate_defaults(cfg, cl.n_devices, tp=tp, pp=pp, cp=cp, dp=dp, sp=sp, seq=seq,
@@ -149,7 +151,9 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
                          recompute=recompute,
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
                          seq=seq, vpp=vpp, framework=framework, precision=precision,
-                         fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework), layer_split=split)
+                         fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework), layer_split=split,
+                         moe_dispatcher=moe_dispatcher, moe_routing=moe_routing,
+                         moe_capacity_factor=moe_capacity_factor, moe_shared_overlap=moe_shared_overlap)
     why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)

@@ -52,6 +52,21 @@ def _framework_arg(p: argparse.ArgumentParser) -> None:
                    help="the engine whose semantics the costs follow (overlap, gathers, buckets); default megatron")
 
 
+def _moe_args(p: argparse.ArgumentParser) -> None:
+    """How the MoE layers run (cost.moe): dispatcher, routing, capacity, shared-expert overlap."""
+    p.add_argument("--moe-dispatcher", default="alltoall", choices=("alltoall", "deepep"),
+                   help="MoE token dispatcher: alltoall (NCCL all-to-all of top_k copies; Megatron's alltoall, "
+                   "torchtitan's) or deepep (DeepEP normal kernels: once per node over RDMA, NVLink forwarding; "
+                   "Megatron's flex dispatcher); default alltoall")
+    p.add_argument("--moe-routing", default="balanced", choices=("balanced", "aux_loss"),
+                   help="balanced: every expert rank at the mean (Megatron's --moe-router-force-load-balancing); "
+                   "aux_loss: the most-loaded rank of the EP group paces the step; default balanced")
+    p.add_argument("--moe-capacity-factor", type=float, metavar="F", help="experts drop tokens beyond F x their "
+                   "mean (Megatron's --moe-expert-capacity-factor); default: dropless")
+    p.add_argument("--moe-shared-overlap", action="store_true", help="the shared expert runs beside the dispatch "
+                   "and combine all-to-alls (Megatron's --moe-shared-expert-overlap)")
+
+
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
     """--precision and --fp8-recipe (cost.precision)."""
     p.add_argument("--precision", default=None if auto else "bf16", choices=("bf16", "fp8"),
@@ -123,6 +138,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "Megatron's own (the output says so)")
     _framework_arg(p)
     _precision_args(p, auto=False)
+    _moe_args(p)
     p = sub.add_parser("plan", help="search the best plan (default: LLaMA-3-8B on 64 H100)")
     _model_args(p, model_required=False)
     _cluster_args(p, required=False)
@@ -284,7 +300,9 @@ def _dispatch(args) -> int:
                            dp_shard=args.dp_shard, recompute=args.recompute,
                            micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
                            overrides=args.set, framework=args.framework, precision=args.precision,
-                           fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout)
+                           fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout, moe_dispatcher=args.moe_dispatcher,
+                           moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
+                           moe_shared_overlap=args.moe_shared_overlap)
         return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
         return _plan(args)

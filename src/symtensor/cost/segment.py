@@ -4,8 +4,9 @@ its saved activations. The evaluator (``cost.model``) builds segments and sums t
 
 from __future__ import annotations
 
+from symtensor.cost import moe
 from symtensor.cost.engine import engine_of, hidden, tp_overlapped
-from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
+from symtensor.cost.opcost import OpTime, collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
 from symtensor.cost.train import TrainConfig
 from symtensor.layout import REPLICATED, OpLayout
@@ -22,7 +23,8 @@ def activation_key(train: TrainConfig) -> tuple:
     """What a segment's cost depends on besides layouts: recomputation, the engine's semantics
     and the FP8 recipe (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
     schedule only enter the step)."""
-    return train.recompute, train.framework, tp_overlapped(train), train.fp8
+    return train.recompute, train.framework, tp_overlapped(train), train.fp8, \
+        (train.moe_dispatcher, train.moe_routing, train.moe_capacity_factor, train.moe_shared_overlap)
 
 
 def recomputed(op, recompute: str, layers: int) -> bool:
@@ -58,6 +60,7 @@ class Segment:
         self.logits = 0.0  # local elements of the logits a loss op reads (``cost.memory``'s loss transient)
         self.groups: set = set()  # the mesh axes of each group its collectives run over (NCCL communicators)
         self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
+        self.moe = moe.active(train)  # MoE options beyond today's costing (``cost.moe``)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
@@ -77,12 +80,17 @@ class Segment:
         for op, inputs, saves in wiring:
             layout = self.layout(op)
             t = self.ev.op_time(op, layout, self.train.fp8)
+            if self.moe and moe.expert_op(op):  # the most-loaded expert rank paces the step
+                f = self._load(op, layout)
+                t = OpTime(t.fwd_s * f, t.bwd_s * f, t.fwd_flops)
             self.compute += t.fwd_s + t.bwd_s
             self.fwd += t.fwd_s
             redo = recomputed(op, recompute, layers)
             if redo:
                 self.recompute += t.fwd_s
             hides = _HIDES.get(op.kind)
+            if self.moe and self.train.moe_shared_overlap and "shared_expert" in op.name:
+                hides = "ep_comm"  # Megatron --moe-shared-expert-overlap: beside the dispatch and combine
             if hides is not None:
                 busy = t.fwd_s * (2 if redo else 1) + t.bwd_s
                 self.overlap_compute[hides] = self.overlap_compute.get(hides, 0.0) + busy
@@ -117,6 +125,23 @@ class Segment:
         cp = self.comm.get("cp_comm", 0.0)
         if cp:
             self.comm["cp_comm"] = hidden(cp, self.overlap_compute.get("cp_comm", 0.0), share)
+        ep = self.comm.get("ep_comm", 0.0)
+        if ep and self.overlap_compute.get("ep_comm"):
+            self.comm["ep_comm"] = hidden(ep, self.overlap_compute["ep_comm"], share)
+
+    def _load(self, op, layout) -> float:
+        """The load factor (``cost.moe.load_factor``) of expert op ``op`` under ``layout``."""
+        ev = self.ev
+        return moe.op_load_factor(self.train, op, local_sizes(op, layout, ev.mesh), ev.graph.meta["config"].experts)
+
+    def _edge_seconds(self, seconds, colls, op, prod) -> float:
+        """An ``ep_comm`` edge's seconds under the MoE options (``cost.moe.edge_seconds``): the
+        dispatcher's, times the load of the expert op at its end."""
+        if not self.moe:
+            return seconds
+        expert = op if moe.expert_op(op) else prod
+        load = self._load(expert, self.layout(expert)) if moe.expert_op(expert) else 1.0
+        return moe.edge_seconds(seconds, colls, self.ev, self.train, load)
 
     def _edges(self, op, layout, redo, inputs):
         ev = self.ev
@@ -137,6 +162,8 @@ class Segment:
                 charged.add((tname, dst))
                 seconds, colls = ev.edge(ev.out_layout(prod, playout, pslot, partial=True), dst, tname)
                 if colls:
+                    if cat == "ep_comm":
+                        seconds = self._edge_seconds(seconds, colls, op, prod)
                     self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
             if grad:
                 gsrc = ev.in_layout(op, layout, slot, grad=True)
@@ -145,6 +172,8 @@ class Segment:
                 charged.add((tname, gsrc, "grad"))
                 seconds, colls = ev.edge(gsrc, ev.out_layout(prod, playout, pslot, partial=False), tname)
                 if colls:
+                    if cat == "ep_comm":
+                        seconds = self._edge_seconds(seconds, colls, op, prod)
                     self.add_comm(cat, colls, seconds)
 
     def _saved(self, op, layout, saves):
@@ -155,6 +184,7 @@ class Segment:
         regather = engine_of(self.train).keeps_sp_shard
         mesh = ev.mesh
         fp8 = self.train.fp8 is not None and fp8_gemm(op)
+        load = self._load(op, layout) if self.moe and moe.expert_op(op) else 1.0  # the most-loaded rank's buffers
         for io, idx, tname, tbytes, prod, pslot in saves:
             view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
             nbytes = tbytes / view.factor(mesh)
@@ -174,6 +204,7 @@ class Segment:
                     nbytes = pbytes
             if fp8 and io == "in":  # an FP8 GEMM keeps its own FP8 copy of the input (cost.precision)
                 tname, nbytes = f"{tname}#fp8", nbytes * SAVED_FRACTION
+            nbytes *= load
             prev = self.saved.get(tname)
             if prev is None or nbytes < prev:
                 self.saved[tname] = nbytes

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from symtensor.cost import precision as _precision
+from symtensor.cost import moe as _moe, precision as _precision
 from symtensor.cost.engine import ALIASES, ENGINES
 from symtensor.errors import PlanError
 
@@ -91,6 +91,12 @@ class TrainConfig:
             (``cost.precision``); ``fp8_recipe``: its scaling recipe as Megatron-LM names it
             (``delayed``, ``tensorwise``, ``blockwise``, ``mxfp8``), None with bf16 (with fp8: the
             caller's device default, ``precision.default_recipe``, else Megatron-LM's ``delayed``).
+        moe_dispatcher: the MoE token dispatcher, ``alltoall`` (Megatron's and torchtitan's NCCL
+            all-to-all) or ``deepep`` (DeepEP's normal kernels); ``moe_routing``: ``balanced`` (every
+            EP rank at the mean: Megatron's --moe-router-force-load-balancing, today's costing) or
+            ``aux_loss`` (the most-loaded rank paces the step); ``moe_capacity_factor``: experts
+            drop tokens beyond that many times their mean (None: dropless); ``moe_shared_overlap``:
+            the shared expert runs beside the dispatch (``cost.moe``).
     """
 
     global_batch: int
@@ -109,6 +115,10 @@ class TrainConfig:
     tp_overlap: bool | None = None
     precision: str = "bf16"
     fp8_recipe: str | None = None
+    moe_dispatcher: str = "alltoall"
+    moe_routing: str = "balanced"
+    moe_capacity_factor: float | None = None
+    moe_shared_overlap: bool = False
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -141,6 +151,7 @@ class TrainConfig:
         why = _precision.refusal(self.precision, self.fp8_recipe, None)
         if why is not None:
             raise PlanError(why)
+        _moe.check(self)
         if self.layer_split is not None:
             split = tuple(self.layer_split)
             if not all(isinstance(c, int) and c >= 0 for c in split):

@@ -190,13 +190,30 @@ def _moe_args(cfg, p: Parallelism) -> list[str]:
     shared experts and the dense layers among the MoE ones."""
     args = [f"--num-experts {cfg.experts}", f"--moe-router-topk {cfg.top_k}", f"--moe-ffn-hidden-size {cfg.moe_ffn}",
             f"--expert-model-parallel-size {p.ep}", f"--expert-tensor-parallel-size {p.etp}",
-            "--moe-token-dispatcher-type alltoall", "--moe-grouped-gemm"]
+            *dispatcher_args(p), "--moe-grouped-gemm"]
     if cfg.shared_ffn:
         args.append(f"--moe-shared-expert-intermediate-size {cfg.shared_ffn}")
         args += ["--moe-shared-expert-gate"] if cfg.shared_gate else []
+        args += ["--moe-shared-expert-overlap"] if p.moe_shared_overlap else []
     moe = [int(cfg.is_moe_layer(i)) for i in range(cfg.layers)]
     if not all(moe):
         args.append(f"--moe-layer-freq '{layer_pattern(moe)}'")
+    return args
+
+
+def dispatcher_args(p: Parallelism) -> list[str]:
+    """The token dispatcher and routing the cost model followed (``cost.moe``; megatron/training/
+    arguments.py): ``--moe-token-dispatcher-type alltoall``, or ``flex`` with ``--moe-enable-deepep``
+    (DeepEP's normal kernels); under auxiliary-loss routing its load-balancing type, and a capacity
+    factor with Megatron's default drop policy stated (``probs``: the lowest-probability tokens go).
+    Balanced routing, the cost model's default, is left to the run (a benchmark adds
+    ``--moe-router-force-load-balancing``)."""
+    args = ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"] if p.moe_dispatcher == "deepep" \
+        else ["--moe-token-dispatcher-type alltoall"]
+    if p.moe_routing == "aux_loss":
+        args.append("--moe-router-load-balancing-type aux_loss")
+    if p.moe_capacity_factor is not None:
+        args += [f"--moe-expert-capacity-factor {p.moe_capacity_factor:g}", "--moe-token-drop-policy probs"]
     return args
 
 

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from symtensor.cost import engine as _engine, precision as _precision
+from symtensor.cost import engine as _engine, moe as _moe, precision as _precision
 from symtensor.cost.train import TrainConfig
 from symtensor.errors import PlanError
 from symtensor.plan.summary import config_summary
@@ -94,6 +94,10 @@ class Parallelism:
             fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16.
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
+        moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap: how the MoE layers
+            run (``cost.moe``: the token dispatcher, balanced or auxiliary-loss routing, capacity
+            and token dropping, the shared expert beside the dispatch); the defaults cost them as
+            before (all-to-all, balanced, dropless, serial).
     """
 
     tp: int = 1
@@ -114,6 +118,10 @@ class Parallelism:
     precision: str = "bf16"
     fp8_recipe: str | None = None
     layer_split: tuple[int, ...] | None = None
+    moe_dispatcher: str = "alltoall"
+    moe_routing: str = "balanced"
+    moe_capacity_factor: float | None = None
+    moe_shared_overlap: bool = False
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
@@ -185,7 +193,9 @@ class Parallelism:
         return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps, pp=self.pp, vpp=self.vpp,
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
-                           dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split)
+                           dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
+                           moe_dispatcher=self.moe_dispatcher, moe_routing=self.moe_routing,
+                           moe_capacity_factor=self.moe_capacity_factor, moe_shared_overlap=self.moe_shared_overlap)
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
@@ -208,7 +218,8 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         v = getattr(p, key)
         if not isinstance(v, int) or v <= 0:
             return f"{key} must be a positive integer, got {v!r}"
-    why = _precision.refusal(p.precision, p.fp8_recipe, device)
+    why = _precision.refusal(p.precision, p.fp8_recipe, device) or \
+        _moe.refusal(p.moe_dispatcher, p.moe_capacity_factor, p.moe_routing, p.moe_shared_overlap)
     if why is not None:
         return why
     tp, pp, dp, cp = p.tp, p.pp, p.dp, p.cp

@@ -1,0 +1,186 @@
+"""Mixture-of-experts as it is trained today: the token dispatcher, routing imbalance, capacity and
+token dropping, shared experts overlapped with the dispatch. The graph (``models.builder``) holds
+the MoE layer at the mean load (capacity ``c`` = top_k x tokens / experts per sequence, Megatron's
+alltoall dispatcher: the permuted buffer carries top_k copies of each token); this module turns
+what the engine does with it into seconds and bytes. ``cost.segment`` reads it for the edges into
+and out of the experts (``ep_comm``) and for the expert ops; ``TrainConfig`` carries the choices.
+
+Dispatchers (``TrainConfig.moe_dispatcher``):
+    alltoall  Megatron's MoEAlltoAllTokenDispatcher (and torchtitan's all-to-all): the permuted
+              buffer, top_k copies per token, through one NCCL all-to-all (``cost.collectives``).
+    deepep    DeepEP's normal kernels (Megatron ``--moe-token-dispatcher-type flex
+              --moe-enable-deepep``): a token goes once to each node that holds one of its experts
+              (RDMA) and from there once to each rank of that node that does (NVLink forwarding),
+              so the bytes are the token times the expected number of distinct nodes / ranks its
+              top_k experts fall on (``distinct``), not top_k. Measured bottleneck bandwidths
+              (deepseek-ai/DeepEP docs/legacy.md @ 0297fc8, "Normal kernels with NVLink and RDMA
+              forwarding", H800 with ~160 GB/s NVLink and a CX7 400 Gb/s NIC, ~50 GB/s): intranode
+              EP 8 dispatch 153 GB/s, combine 158 GB/s; internode EP 16 43 GB/s, EP 32 58 GB/s,
+              EP 64 51 GB/s (the internode figures are "logical" and include the local-rank share).
+              Taken as fractions of the link: NVLink 153/160, RDMA 43/50 (the lowest measured row:
+              this module counts only the bytes that leave the node).
+
+Routing imbalance (``TrainConfig.moe_routing``): ``balanced`` (Megatron's
+``--moe-router-force-load-balancing``, every rank the mean) or ``aux_loss`` (a router trained with
+the load-balancing auxiliary loss, dropless): the step waits for the most-loaded rank of the EP
+group, so the expert GEMMs, their saved buffers and the all-to-all that feeds them scale by the
+expected maximum over the ``n`` ranks of the group of the rank loads (``load_factor``):
+
+    E[max] / mean = 1 + z(n) * sqrt(1 / mu + cv^2 / e_local)
+
+with mu the token copies a rank receives (multinomial sampling noise, which shrinks with tokens per
+rank), cv the spread of expert popularity under the auxiliary loss (the rank sums e_local experts),
+and z(n) the expected maximum of n standard normals (Blom's approximation). cv from the published
+global imbalance of an auxiliary-loss-balanced router: MaxVio_global = max load / mean load - 1 =
+0.52 for the 3B, 64-expert model of Wang et al. 2024 ("Auxiliary-Loss-Free Load Balancing Strategy
+for Mixture-of-Experts", arXiv 2408.15664, Table 1), so cv = 0.52 / z(64).
+
+Capacity (``TrainConfig.moe_capacity_factor``, Megatron ``--moe-expert-capacity-factor`` with
+``--moe-token-drop-policy probs``): an expert keeps at most F x its mean tokens and drops the rest,
+so the rank's load is at most F x the mean: min(load_factor, F). None: dropless.
+
+Shared experts (``TrainConfig.moe_shared_overlap``, Megatron ``--moe-shared-expert-overlap``): the
+shared expert's GEMMs run on their own stream while the dispatch and combine all-to-alls are in
+flight, so the ``ep_comm`` of a layer hides behind them (``engine.hidden``); otherwise both are
+serial.
+"""
+
+from __future__ import annotations
+
+import math
+from statistics import NormalDist
+
+from symtensor.cost.collectives import collective_time, level_counts
+from symtensor.errors import PlanError
+
+DISPATCHERS = ("alltoall", "deepep")
+ROUTINGS = ("balanced", "aux_loss")
+
+# deepseek-ai/DeepEP docs/legacy.md @ 0297fc8 (normal kernels, H800): bottleneck bandwidth over the link's
+DEEPEP_NVLINK_FRACTION = 153 / 160  # intranode EP 8 dispatch 153 GB/s of ~160 GB/s NVLink
+DEEPEP_RDMA_FRACTION = 43 / 50  # internode EP 16 dispatch 43 GB/s of ~50 GB/s CX7 (the lowest row)
+
+# Wang et al. 2024 (arXiv 2408.15664) Table 1: MaxVio_global of the auxiliary-loss-controlled 3B model
+AUX_LOSS_MAXVIO = 0.52
+AUX_LOSS_EXPERTS = 64
+
+
+def expected_max_normal(n: int) -> float:
+    """E[max of n iid standard normals], Blom's approximation Phi^-1((n - 0.375) / (n + 0.25));
+    0 for n = 1."""
+    if n <= 1:
+        return 0.0
+    return NormalDist().inv_cdf((n - 0.375) / (n + 0.25))
+
+
+AUX_LOSS_CV = AUX_LOSS_MAXVIO / expected_max_normal(AUX_LOSS_EXPERTS)  # spread of expert popularity
+
+
+def refusal(dispatcher: str, capacity_factor, routing: str, shared_overlap) -> str | None:
+    """One line naming the bad MoE option and the fix, or None."""
+    if dispatcher not in DISPATCHERS:
+        return f"moe_dispatcher={dispatcher!r}; use one of {', '.join(DISPATCHERS)}"
+    if routing not in ROUTINGS:
+        return f"moe_routing={routing!r}; use one of {', '.join(ROUTINGS)}"
+    number = isinstance(capacity_factor, (int, float)) and not isinstance(capacity_factor, bool)
+    if capacity_factor is not None and not (number and 1.0 <= capacity_factor < math.inf):
+        return (f"moe_capacity_factor={capacity_factor!r} must be a number >= 1 (an expert keeps that many times its "
+                "mean tokens); leave it out for dropless training")
+    if not isinstance(shared_overlap, bool):
+        return f"moe_shared_overlap must be true or false, got {shared_overlap!r}"
+    return None
+
+
+def active(train) -> bool:
+    """Whether ``train`` asks for anything beyond today's costing (alltoall, balanced, dropless,
+    serial shared experts): the hooks leave every other step untouched, byte for byte."""
+    return (train.moe_dispatcher != "alltoall" or train.moe_routing != "balanced"
+            or train.moe_capacity_factor is not None or train.moe_shared_overlap)
+
+
+def load_factor(train, experts_local: float, copies_local: float, n_ranks: int) -> float:
+    """Max over the EP group of the rank loads over their mean (the module docstring):
+    ``experts_local`` experts per rank, ``copies_local`` token copies a rank receives at the mean
+    per micro-batch, ``n_ranks`` ranks holding distinct experts. 1 with balanced routing or one rank;
+    capped at the capacity factor when tokens are dropped."""
+    if train.moe_routing == "balanced" or n_ranks <= 1 or copies_local <= 0:
+        f = 1.0
+    else:
+        f = 1.0 + expected_max_normal(n_ranks) * math.sqrt(1.0 / copies_local + AUX_LOSS_CV ** 2 / experts_local)
+    cap = train.moe_capacity_factor
+    return f if cap is None else min(f, cap)
+
+
+def expert_op(op) -> bool:
+    """Ops whose work is the routed tokens: the grouped expert GEMMs and their activation (an output
+    with expert slots ``c``; the dispatch that fills them is the edge's, the router's ``[b, s, e]``
+    scores have none)."""
+    return op.kind != "moe_dispatch" and any("c" in dims for dims in op.out_dims)
+
+
+def op_load_factor(train, op, sizes: dict, experts: int) -> float:
+    """``load_factor`` of an expert op whose local sizes are ``sizes`` (e experts, b x c slots each)
+    in a model of ``experts`` routed experts."""
+    e = sizes.get("e", 1.0)
+    copies = e * sizes.get("b", 1.0) * sizes.get("c", 1.0)
+    return load_factor(train, e, copies, max(1, round(experts / e)))
+
+
+def distinct(experts: int, top_k: int, groups: int) -> float:
+    """Expected number of the ``groups`` equal blocks of experts that a token's ``top_k`` experts
+    (uniform, without replacement) fall in: groups x (1 - C(E - E/g, k) / C(E, k))."""
+    if groups <= 1:
+        return 1.0
+    per = experts // groups
+    miss = math.comb(experts - per, top_k) / math.comb(experts, top_k) if experts - per >= top_k else 0.0
+    return groups * (1.0 - miss)
+
+
+def deepep_time(nbytes: float, counts, levels, experts: int, top_k: int) -> float:
+    """Seconds of one DeepEP normal dispatch (or combine) whose alltoall buffer would be ``nbytes``
+    per device (top_k copies of each token) over a group with ``counts`` members per level
+    (innermost, the NVLink domain, first): RDMA carries each token once per remote node holding one
+    of its experts, NVLink once per other rank of a node that does; both run at once, the slower
+    bounds it; one latency per level, as the kernel launches once."""
+    token = nbytes / top_k  # one copy of the rank's tokens
+    inner = counts[0]
+    outer = 1
+    for c in counts[1:]:
+        outer *= c
+    group = inner * outer
+    ranks = distinct(experts, top_k, group)
+    nvl = token * ranks * (inner - 1) / inner if inner > 1 else 0.0
+    t = nvl / (levels[0].bandwidth * DEEPEP_NVLINK_FRACTION) if nvl else 0.0
+    latency = levels[0].latency if inner > 1 else 0.0
+    if outer > 1:
+        nodes = distinct(experts, top_k, outer)
+        rdma = token * nodes * (outer - 1) / outer
+        bw = min(lv.bandwidth for lv, c in zip(levels[1:], counts[1:]) if c > 1)
+        t = max(t, rdma / (bw * DEEPEP_RDMA_FRACTION))
+        latency += sum(lv.latency for lv, c in zip(levels[1:], counts[1:]) if c > 1)
+    return latency + t
+
+
+def edge_seconds(seconds: float, colls, ev, train, load: float) -> float:
+    """The seconds of a dispatch or combine edge (the collectives ``colls`` the graph's
+    redistribution charges ``seconds`` for) under ``train``'s dispatcher, times the ``load`` factor
+    of the most-loaded rank (its all-to-all receives that many times the mean)."""
+    if train.moe_dispatcher == "alltoall" and load == 1.0:
+        return seconds
+    cfg = ev.graph.meta["config"]
+    total = 0.0
+    for c in colls:
+        counts = level_counts(c.axes, ev.mesh, len(ev.levels))
+        if c.kind == "all_to_all" and train.moe_dispatcher == "deepep":
+            t = deepep_time(c.nbytes, counts, ev.levels, cfg.experts, cfg.top_k)
+        else:
+            t = collective_time(c.kind, c.nbytes, counts, ev.levels, ev.eff.link_for(c.kind))
+        total += t * (load if c.kind == "all_to_all" else 1.0)
+    return total
+
+
+def check(train) -> None:
+    """Raise the one-line PlanError of ``refusal`` for ``train``'s MoE options."""
+    why = refusal(train.moe_dispatcher, train.moe_capacity_factor, train.moe_routing, train.moe_shared_overlap)
+    if why is not None:
+        raise PlanError(why)

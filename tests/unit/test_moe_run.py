@@ -1,0 +1,132 @@
+"""MoE as it is trained today (issue 23 item 4, ``cost.moe``): the token dispatcher (NCCL all-to-all
+or DeepEP), routing imbalance (the most-loaded rank of the EP group), capacity and token dropping,
+the shared expert overlapped with the dispatch, and the expert state sharded over expert data
+parallelism; each in ``evaluate`` and the Megatron export. Directions and magnitudes from the
+module's formulas."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from symtensor.api import evaluate
+from symtensor.cost import moe
+from symtensor.cost.train import TrainConfig
+from symtensor.errors import PlanError
+from symtensor.export import megatron_args
+from symtensor.hardware import load_cluster
+from symtensor.models import build_graph, load_model_config
+from symtensor.search import megatron_plan
+
+TINY = load_model_config("tiny-qwen3-moe")  # experts 8, top_k 2
+RUN = {"seq": 4096, "global_batch": 2048, "micro_batch": 1, "recompute": "selective", "zero": 1}
+
+
+def _qwen(**kw):
+    """Qwen3-235B-A22B on 256 H100 as the Megatron MoE model zoo runs it: TP 2, EP 32 over 4 nodes."""
+    return evaluate("qwen3-235b-a22b", "dgx-h100", 256, tp=2, ep=32, pp=8, vpp=4, pp_layout="even", **RUN, **kw)
+
+
+def test_distinct_destinations():
+    """A token's top_k experts fall in between 1 and min(k, groups) blocks; with one expert per
+    block, exactly k; with 4 nodes of 32 experts each, 4 (1 - C(96, 8) / C(128, 8))."""
+    assert moe.distinct(128, 8, 1) == 1.0
+    assert moe.distinct(128, 8, 128) == pytest.approx(8.0)
+    assert moe.distinct(128, 8, 4) == pytest.approx(4 * (1 - math.comb(96, 8) / math.comb(128, 8)))
+    assert moe.distinct(128, 8, 4) < moe.distinct(128, 8, 32) < 8
+
+
+def test_load_factor_grows_with_ep_and_shrinks_with_tokens():
+    """E[max]/mean = 1 + z(n) sqrt(1/mu + cv^2/e): 1 when balanced or on one rank; larger over more
+    ranks (same experts per rank), smaller with more tokens per rank; capped by the capacity."""
+    routed = TrainConfig(global_batch=8, moe_routing="aux_loss")
+    assert moe.load_factor(TrainConfig(global_batch=8), 4, 16384, 32) == 1.0
+    assert moe.load_factor(routed, 4, 16384, 1) == 1.0
+    f8, f32 = moe.load_factor(routed, 4, 16384, 8), moe.load_factor(routed, 4, 16384, 32)
+    assert 1.0 < f8 < f32
+    assert f32 == pytest.approx(1 + moe.expected_max_normal(32) * math.sqrt(1 / 16384 + moe.AUX_LOSS_CV ** 2 / 4))
+    assert moe.load_factor(routed, 4, 512, 32) > moe.load_factor(routed, 4, 65536, 32)
+    capped = routed.replace(moe_capacity_factor=1.1)
+    assert moe.load_factor(capped, 4, 512, 32) == 1.1
+    assert moe.expected_max_normal(1) == 0.0 and 2.0 < moe.expected_max_normal(32) < 2.1
+
+
+def test_deepep_sends_each_token_once_per_node():
+    """DeepEP across 4 nodes moves a token once per remote node holding one of its experts (RDMA at
+    43/50 of the NIC), where the all-to-all moves its top_k copies: fewer bytes, less time."""
+    cl = load_cluster("dgx-h100", devices=256)
+    levels, counts = cl.levels, [8, 4] + [1] * (len(cl.levels) - 2)
+    nbytes = 2048 * 8 * 4096 * 2  # 2,048 tokens, top-8 copies, hidden 4,096, bf16
+    t = moe.deepep_time(nbytes, counts, levels, 128, 8)
+    rdma = nbytes / 8 * moe.distinct(128, 8, 4) * 3 / 4 / (levels[1].bandwidth * moe.DEEPEP_RDMA_FRACTION)
+    assert t == pytest.approx(rdma + levels[0].latency + levels[1].latency)
+    from symtensor.cost.collectives import collective_time
+    assert t < collective_time("all_to_all", nbytes, counts, levels)
+
+
+def test_deepep_evaluation_cuts_cross_node_dispatch():
+    """EP 32 across 4 nodes: DeepEP's ep_comm is less than half the all-to-all's (2.7 of 8 copies
+    leave the node), and the step is shorter."""
+    a2a, deep = _qwen().report, _qwen(moe_dispatcher="deepep").report
+    assert deep.breakdown["ep_comm"] < 0.5 * a2a.breakdown["ep_comm"]
+    assert deep.step_time_s < a2a.step_time_s
+
+
+def test_aux_loss_routing_paces_by_the_most_loaded_rank():
+    """Dropless auxiliary-loss routing: the expert compute and the all-to-alls grow; a capacity
+    factor of 1 drops back to the mean, exactly the balanced step."""
+    bal = _qwen().report
+    aux = _qwen(moe_routing="aux_loss").report
+    assert aux.breakdown["ep_comm"] > bal.breakdown["ep_comm"] and aux.breakdown["compute"] > bal.breakdown["compute"]
+    assert aux.step_time_s > bal.step_time_s
+    dropped = _qwen(moe_routing="aux_loss", moe_capacity_factor=1.0).report
+    assert dropped.step_time_s == pytest.approx(bal.step_time_s)
+
+
+def test_shared_expert_overlap_hides_dispatch():
+    """Megatron --moe-shared-expert-overlap: the shared expert's GEMMs run beside the dispatch and
+    combine, so less ep_comm is exposed and the step is shorter."""
+    kw = {"tp": 1, "ep": 8, "micro_batch": 1, "global_batch": 16, "seq": 2048, "overrides": ["shared_ffn=1536"]}
+    serial = evaluate("qwen3-30b-a3b", "dgx-h100", 16, **kw).report
+    over = evaluate("qwen3-30b-a3b", "dgx-h100", 16, moe_shared_overlap=True, **kw).report
+    assert over.breakdown["ep_comm"] < serial.breakdown["ep_comm"]
+    assert over.step_time_s < serial.step_time_s
+
+
+@pytest.mark.parametrize("kw, message", [
+    ({"moe_dispatcher": "nccl"}, "moe_dispatcher='nccl'; use one of alltoall, deepep"),
+    ({"moe_routing": "random"}, "moe_routing='random'; use one of balanced, aux_loss"),
+    ({"moe_capacity_factor": 0.5}, "moe_capacity_factor=0.5 must be a number >= 1"),
+])
+def test_bad_moe_options(kw, message):
+    with pytest.raises(PlanError, match=message.replace("(", r"\(").replace("[", r"\[")):
+        evaluate("tiny-qwen3-moe", "dgx-h100", 8, ep=4, global_batch=8, seq=64, **kw)
+    with pytest.raises(PlanError, match="moe_"):
+        TrainConfig(global_batch=8, **kw)
+
+
+def test_expert_state_shards_over_expert_data_parallelism():
+    """Megatron's distributed optimizer shards the experts' state over EDP = dp x cp x tp / (ep x etp)
+    and the dense layers' over dp x cp: tp 1, dp 8, ep 4 keeps each expert on 4 ranks, its state on
+    EDP 2 of them; optimizer bytes 12 x (dense / 8 + experts / (4 x 2))."""
+    plan = megatron_plan(TINY, load_cluster("dgx-h100", devices=8), global_batch=8, seq=64, dp=8, ep=4, zero=1)
+    g = build_graph(TINY, micro_batch=8, seq=64)
+    expert = sum(t.numel for t in g.params() if ".experts." in t.name)
+    dense = sum(t.numel for t in g.params()) - expert
+    mem = plan.report.memory
+    assert mem["params"] == pytest.approx(2 * (dense + expert / 4))
+    assert mem["optimizer"] == pytest.approx(12 * (dense / 8 + expert / 8))
+
+
+def test_megatron_export_states_the_dispatcher_capacity_and_overlap():
+    cl = load_cluster("dgx-h100", devices=8)
+    base = dict(global_batch=8, seq=64, dp=8, ep=4)
+    assert "--moe-token-dispatcher-type alltoall" in megatron_args(megatron_plan(TINY, cl, **base))
+    args = megatron_args(megatron_plan(TINY, cl, moe_dispatcher="deepep", moe_capacity_factor=1.25,
+                                       moe_routing="aux_loss", **base))
+    for flag in ("--moe-token-dispatcher-type flex", "--moe-enable-deepep", "--moe-expert-capacity-factor 1.25",
+                 "--moe-token-drop-policy probs", "--moe-router-load-balancing-type aux_loss"):
+        assert flag in args
+    shared = load_model_config("tiny-qwen3-moe", ["shared_ffn=32"])
+    assert "--moe-shared-expert-overlap" in megatron_args(megatron_plan(shared, cl, moe_shared_overlap=True, **base))
