@@ -48,7 +48,8 @@ def _cluster_args(p: argparse.ArgumentParser, required=True) -> None:
 
 
 def _framework_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--framework", default="megatron", choices=("megatron", "fsdp2", "deepspeed"),
+    p.add_argument("--framework", default="megatron",
+                   choices=("megatron", "fsdp2", "deepspeed", "megatron-deepspeed"),
                    help="the engine whose semantics the costs follow (overlap, gathers, buckets); default megatron")
 
 

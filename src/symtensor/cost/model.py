@@ -427,7 +427,9 @@ class _Accumulator:
         p2p_s = p2p_bytes = 0.0
         if pp > 1:
             p2p_s, p2p_bytes = p2p(ev, self.stage, self.layouts)
-            p2p_s *= 2 * m  # activations forward and their gradients backward, every micro-batch
+            # activations forward and their gradients backward, every micro-batch: on a stage's critical path,
+            # two transfers (a send batched with the opposite receive) or the engine's (Engine.p2p_transfers)
+            p2p_s *= ENGINES[train.framework].p2p_transfers * m
         # data-parallel synchronisation as the engine overlaps it, plus the all-reduce of gradients
         # over partial axes outside the data-parallel group (after backward, exposed)
         exposures = [exposure(st.units, train, share=e2e.comm_sm_fraction) for st in self.stages]

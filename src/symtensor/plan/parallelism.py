@@ -211,6 +211,9 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
     why = _precision.refusal(p.precision, p.fp8_recipe, device)
     if why is not None:
         return why
+    why = engine_refusal(p)
+    if why is not None:
+        return why
     tp, pp, dp, cp = p.tp, p.pp, p.dp, p.cp
     if p.world != n_devices:
         return (f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {p.world} but the cluster has {n_devices} devices; make the "
@@ -244,6 +247,16 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
     if tp == 1 and p.sp:
         return "sequence parallelism (--sp) needs tp > 1"
     return None
+
+
+def engine_refusal(p: Parallelism) -> str | None:
+    """What ``p``'s engine does not run of it (``cost.engine.Engine.refuses``: the DeepSpeed pipeline engine's
+    ZeRO 2/3, interleaving, stated splits, ...), or None (an unknown engine is TrainConfig's to name)."""
+    eng = _engine.ENGINES.get(_engine.ALIASES.get(p.framework, p.framework))
+    if eng is None or not eng.refuses:
+        return None
+    return _engine.refusal(eng, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8", hsdp=p.hsdp,
+                           layout=p.layer_split is not None)
 
 
 def _expert_refusal(p: Parallelism, model) -> str | None:
