@@ -79,6 +79,15 @@ def _micro(value: str):
         raise argparse.ArgumentTypeError(f"--micro-batch must be an integer or auto, got {value!r}") from None
 
 
+def _recompute(value: str) -> str:
+    from symtensor.cost.train import recompute_refusal
+
+    why = recompute_refusal(value)
+    if why is not None:
+        raise argparse.ArgumentTypeError("invalid choice: " + why.split("=", 1)[1])
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's error format: one line, exit status 2 (not usage + message)."""
 
@@ -115,7 +124,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-shard", type=int, help="hybrid sharding (HSDP): ZeRO shards over the innermost N ranks of "
                    "dp x cp (one node first) and replicates across the rest (torchtitan's data_parallel_shard_degree, "
                    "Megatron's --num-distributed-optimizer-instances dp*cp/N); default: the whole group")
-    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    p.add_argument("--recompute", default="none", type=_recompute, metavar="{none,selective,full,selective-op,layer:N}",
+                   help="recomputation: none, selective (Megatron's: the attention core), full (every layer), or "
+                        "torchtitan's selective checkpointing: selective-op (its per-op policy) or layer:N (every "
+                        "N-th layer whole)")
     p.add_argument("--micro-batch", type=_micro, default="auto")
     p.add_argument("--pp-layout", metavar="LAYOUT", help="the layers over the pipeline stages: Megatron's "
                    "--pipeline-model-parallel-layout string ('Et*3|(tt|)*29,|L': its stages give vpp), FIRST,LAST "

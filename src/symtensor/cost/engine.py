@@ -151,7 +151,8 @@ class Engine:
     zero_all_reduce: bool = False
     reduce_bytes: int = 0
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
-    # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split)
+    # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
+    # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
     refuses: tuple[tuple[str, str], ...] = ()
 
     def shards(self, state: int, zero: int) -> bool:
@@ -168,6 +169,11 @@ class Engine:
         return self.shards(WEIGHTS, zero) and zero >= self.reshards_from
 
 
+# torchtitan's selective activation checkpointing (``cost.segment.recompute_share``) is torchtitan's: Megatron-LM's
+# selective recomputation is by module (--recompute-modules), DeepSpeed's by layer (Megatron's checkpointing)
+_SAC = ("sac", "torchtitan's selective checkpointing (selective-op, layer:N) runs under --framework fsdp2 "
+        "(torchtitan); use --recompute selective or full")
+
 # Transformer Engine "prefers cuDNN flash attention on Hopper+ architectures, and Tri Dao flash attention on
 # Ampere" (NeMo docs, memory_optimizations.rst, NVIDIA/NeMo#9188); Blackwell's only table is SimuMax's measured
 # Transformer Engine attention (``te``). PyTorch's SDPA runs FlashAttention-2 (its flash backend since torch 2.2).
@@ -180,7 +186,7 @@ ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
-                       attention_kernels=TE_ATTENTION),
+                       attention_kernels=TE_ATTENTION, refuses=(_SAC,)),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
@@ -189,7 +195,8 @@ ENGINES = {
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
-                        bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION),
+                        bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION,
+                        refuses=(_SAC,)),
 }
 # DeepSpeed's pipeline engine under Megatron-DeepSpeed (the module docstring); its refusals name the fix
 _DS_PIPE = "DeepSpeed's pipeline engine (Megatron-DeepSpeed)"
@@ -210,7 +217,7 @@ ENGINES["megatron-deepspeed"] = Engine(
                "use --cp 1"),
         ("ep", f"{_DS_PIPE}: DeepSpeed-MoE expert parallelism is not modelled; use --ep 1 or --framework megatron"),
         ("fp8", f"{_DS_PIPE}: FP8 is not modelled; use --precision bf16"),
-        ("hsdp", f"{_DS_PIPE} shards ZeRO 1 over the whole data-parallel group; leave --dp-shard out"),
+        ("hsdp", f"{_DS_PIPE} shards ZeRO 1 over the whole data-parallel group; leave --dp-shard out"), _SAC,
     ))
 # other names of an engine a configuration may give: ``torch`` (PyTorch's own FSDP2)
 ALIASES = {"torch": "fsdp2"}
@@ -225,10 +232,10 @@ def attention_kernel(engine: Engine, device_name: str, has=lambda kernel: True) 
 
 
 def refusal(engine: Engine, *, zero: int = 0, vpp: int = 1, cp: int = 1, ep: int = 1, fp8: bool = False,
-            hsdp: bool = False, layout: bool = False) -> str | None:
+            hsdp: bool = False, layout: bool = False, sac: bool = False) -> str | None:
     """Why ``engine`` does not run a configuration with these features (``Engine.refuses``), or None."""
     used = {"zero2": zero == 2, "zero3": zero == 3, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1, "fp8": fp8,
-            "hsdp": hsdp, "layout": layout}
+            "hsdp": hsdp, "layout": layout, "sac": sac}
     return next((why for feature, why in engine.refuses if used[feature]), None)
 
 

@@ -36,8 +36,8 @@ from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
 from symtensor.cost.pipeline import Stage, bubble, merge, p2p, split_mesh
 from symtensor.cost.precision import RECIPES
 from symtensor.cost.report import CostReport
-from symtensor.cost.segment import Segment, activation_key, out_slot, recomputed
-from symtensor.cost.train import TrainConfig
+from symtensor.cost.segment import Segment, activation_key, out_slot, recompute_share, sac_mm_index
+from symtensor.cost.train import SAC_OP, TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
@@ -252,11 +252,12 @@ class Evaluator:
         if per_mb is None:
             layers = self.graph.meta["layers"]
             per_mb = 0.0
+            mms = sac_mm_index(self.graph.ops) if train.recompute == SAC_OP else {}
             for op in self.graph.ops:
                 fwd, bwd = op_floor(op, self.cluster.device, self.eff, self.tensors, self.grad_operands[op.name],
                                     self.dtype, self._fp8(train.fp8))
-                redo = recomputed(op, train.recompute, layers)
-                per_mb += (fwd * (2 if redo else 1) + bwd) * layer_repeat(self.graph, op.layer)
+                share = recompute_share(op, train.recompute, layers, mms.get(op.name))
+                per_mb += (fwd * (1 + share) + bwd) * layer_repeat(self.graph, op.layer)
             self._floor_cache[key] = per_mb
         # every plan pays the host's work per step (its per micro-batch work is left out: the floor may not
         # depend on the micro-batch count)
