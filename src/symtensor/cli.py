@@ -182,7 +182,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "none to skip")
     p = sub.add_parser("export", help="a plan file as Megatron-LM arguments, a torchtitan config or a DTensor plan")
     p.add_argument("plan", help="a plan file (symtensor plan --out)")
-    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "dtensor"))
+    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "dtensor", "megatron-deepspeed"))
     p = sub.add_parser("run", help="run a plan under torchrun (gloo on CPU): numerics and bytes vs the model")
     p.add_argument("model", help="a small model preset (tiny-llama, tiny-mixtral) or config.json")
     p.add_argument("--devices", type=int, required=True, help="processes")
