@@ -16,7 +16,7 @@ from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config, params_active
 from symtensor.plan import Parallelism, Plan
-from symtensor.plan.parallelism import default_global_batch, default_seq, evaluate_defaults
+from symtensor.plan.parallelism import default_global_batch, default_seq, engine_refusal, evaluate_defaults
 from symtensor.search.megatron import megatron_plan
 
 
@@ -99,7 +99,10 @@ def _configured_plan(cfg, cluster, config: Parallelism, layout: str | None) -> P
     from symtensor.cost.pipeline import layout_string
     from symtensor.search.megatron import balanced_layer_split
 
-    if config.pp == 1 or config.layer_split is not None or layout == "even":
+    ruled = config.pp > 1 and engine_refusal(config.replace(layer_split=(0,)))  # an engine that splits by its rule
+    if ruled and layout == "balanced":
+        raise PlanError(ruled)
+    if config.pp == 1 or config.layer_split is not None or layout == "even" or ruled:
         return megatron_plan(cfg, cluster, **config.as_dict())
     split = balanced_layer_split(cfg, cluster, **config.as_dict())
     balanced = megatron_plan(cfg, cluster, **config.replace(layer_split=split).as_dict())
@@ -231,6 +234,10 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     from symtensor.search import BASELINES, search
     from symtensor.search.guarantee import GRID, guaranteed_plan
 
+    if engine_refusal(Parallelism(framework=framework, zero=2)) is not None:
+        raise PlanError(f"plan does not search under {framework} (its search would try what the engine does not run: "
+                        f"{engine_refusal(Parallelism(framework=framework, zero=2))}); cost a configuration with "
+                        f"evaluate --framework {framework}")
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     if torch:
         cfg, seq, factory = torch_model(torch)

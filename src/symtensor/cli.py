@@ -48,7 +48,8 @@ def _cluster_args(p: argparse.ArgumentParser, required=True) -> None:
 
 
 def _framework_arg(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--framework", default="megatron", choices=("megatron", "fsdp2", "deepspeed"),
+    p.add_argument("--framework", default="megatron",
+                   choices=("megatron", "fsdp2", "deepspeed", "megatron-deepspeed"),
                    help="the engine whose semantics the costs follow (overlap, gathers, buckets); default megatron")
 
 
@@ -93,6 +94,15 @@ def _micro(value: str):
         raise argparse.ArgumentTypeError(f"--micro-batch must be an integer or auto, got {value!r}") from None
 
 
+def _recompute(value: str) -> str:
+    from symtensor.cost.train import recompute_refusal
+
+    why = recompute_refusal(value)
+    if why is not None:
+        raise argparse.ArgumentTypeError("invalid choice: " + why.split("=", 1)[1])
+    return value
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with the project's error format: one line, exit status 2 (not usage + message)."""
 
@@ -129,7 +139,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-shard", type=int, help="hybrid sharding (HSDP): ZeRO shards over the innermost N ranks of "
                    "dp x cp (one node first) and replicates across the rest (torchtitan's data_parallel_shard_degree, "
                    "Megatron's --num-distributed-optimizer-instances dp*cp/N); default: the whole group")
-    p.add_argument("--recompute", default="none", choices=("none", "selective", "full"))
+    p.add_argument("--recompute", default="none", type=_recompute, metavar="{none,selective,full,selective-op,layer:N}",
+                   help="recomputation: none, selective (Megatron's: the attention core), full (every layer), or "
+                        "torchtitan's selective checkpointing: selective-op (its per-op policy) or layer:N (every "
+                        "N-th layer whole)")
     p.add_argument("--micro-batch", type=_micro, default="auto")
     p.add_argument("--pp-layout", metavar="LAYOUT", help="the layers over the pipeline stages: Megatron's "
                    "--pipeline-model-parallel-layout string ('Et*3|(tt|)*29,|L': its stages give vpp), FIRST,LAST "
@@ -185,7 +198,7 @@ def build_parser() -> argparse.ArgumentParser:
                                    "none to skip")
     p = sub.add_parser("export", help="a plan file as Megatron-LM arguments, a torchtitan config or a DTensor plan")
     p.add_argument("plan", help="a plan file (symtensor plan --out)")
-    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "dtensor"))
+    p.add_argument("--to", required=True, choices=("megatron", "torchtitan", "dtensor", "megatron-deepspeed"))
     p = sub.add_parser("run", help="run a plan under torchrun (gloo on CPU): numerics and bytes vs the model")
     p.add_argument("model", help="a small model preset (tiny-llama, tiny-mixtral) or config.json")
     p.add_argument("--devices", type=int, required=True, help="processes")

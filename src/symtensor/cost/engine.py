@@ -29,6 +29,46 @@ gather) stays exposed.
                the optimizer step, exposed. Stage 3 gathers each parameter on its own (one
                collective per tensor: latency per tensor), prefetched like FSDP, and again for a
                recomputed forward under full recomputation.
+    megatron-deepspeed
+               Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, the BLOOM-176B stack) on DeepSpeed's pipeline
+               engine: Megatron's fused kernels, tensor and sequence parallelism (its pre-Transformer-Engine
+               layers: no TP overlap, FlashAttention-2 through --use-flash-attn-v2), every model a
+               ``PipelineModule`` (GPTModelPipe unless --no-pipeline-parallel, which ZeRO 2/3 need) run by
+               DeepSpeed's ``PipelineEngine`` with ZeRO 0/1 and bf16, as Megatron-DeepSpeed's examples
+               configure it (``"bf16": {"enabled": true}``, ``"data_types": {"grad_accum_dtype": "fp32"}``),
+               which selects DeepSpeed's ``BF16_Optimizer``. Its documented differences from megatron:
+               - p2p: ``TrainSchedule`` exchanges a micro-batch's activation and gradient in four instructions
+                 of their own (SendActivation, RecvActivation, SendGrad, RecvGrad), each a blocking
+                 ``dist.send``/``dist.recv`` (p2p.py: "Doesn't support async_op true"), where Megatron batches a
+                 send with the opposite receive (send_forward_recv_backward): four transfers on a stage's
+                 critical path per micro-batch, not two (``p2p_transfers``), none overlapped with compute.
+               - gradients: the pipeline engine turns DeepSpeed's backward all-reduce off ("We schedule the
+                 all-reduces, so disable it in super().backward()") and reduces once, in the ReduceGrads
+                 instruction after the last backward (``reduce_after_backward``): nothing hides it.
+                 ``BF16_Optimizer`` accumulates the gradients in fp32 and all-reduces them
+                 (``buffered_allreduce_fallback`` in buckets of MEMORY_OPT_ALLREDUCE_SIZE = 5e8 elements, one
+                 flattened bucket at a time) even at ZeRO 1 (``zero_all_reduce``, ``reduce_bytes`` 4), steps
+                 its fp32 partition and all-gathers the updated bf16 weights after the step
+                 (``all_gather_dp_groups``, allgather_bucket_size), exposed.
+               - state: bf16 weights and their bf16 gradients (zeroed, kept: ``clear_lp_grads``) + the fp32
+                 accumulation buffer of every gradient (``fp32_groups_gradients``, not sharded at ZeRO 1),
+                 fp32 master + Adam m, v sharded at ZeRO 1 (2 + 6 + 12 bytes per parameter); the loss runs on
+                 an fp32 copy of the logits (``vocab_parallel_cross_entropy(output.float())``).
+               - refusals (``refuses``): ZeRO 2/3 ("ZeRO-2 and ZeRO-3 are incompatible with pipeline
+                 parallelism", PipelineEngine.__init__; Megatron-DeepSpeed then runs --no-pipeline-parallel,
+                 the deepspeed engine); interleaving (TrainSchedule is the only training schedule); a stated
+                 layer split (GPTModelPipe partitions with partition_method='type:transformer'); context
+                 parallelism (its long-sequence path is DeepSpeed-Ulysses, not modelled), expert parallelism
+                 (DeepSpeed-MoE, not modelled), FP8 and hybrid sharding.
+               Sources: deepspeedai/DeepSpeed@edaa7221267243c7be7fb49c5d5f5c4fb97b4641:
+               deepspeed/runtime/pipe/engine.py (PipelineEngine.__init__, _exec_reduce_grads,
+               _bf16_reduce_grads, _exec_backward_pass), deepspeed/runtime/pipe/schedule.py (TrainSchedule),
+               deepspeed/runtime/pipe/p2p.py (send, recv), deepspeed/runtime/engine.py
+               (_do_optimizer_sanity_check, buffered_allreduce_fallback, MEMORY_OPT_ALLREDUCE_SIZE),
+               deepspeed/runtime/bf16_optimizer.py; microsoft/Megatron-DeepSpeed@
+               f4157bea69f3df8c6cb66f2ebcda66ba03d1288e: pretrain_gpt.py (model_provider), megatron/model/
+               gpt_model.py (GPTModelPipe, CrossEntropy), examples_deepspeed/universal_checkpointing/
+               megatron_gpt/run_bf16.sh (the ds_config).
 
 What each keeps per parameter (``state_bytes``: weights, gradients, optimizer state): Megatron
 bf16 weights, fp32 main gradients, fp32 master weights + Adam m, v (2 + 4 + 12; Korthikanti et
@@ -101,6 +141,19 @@ class Engine:
     # ``cost.kernels``), the first part found in the device's name wins ("" matches every device); a device
     # without that kernel's tables runs the first of ``ATTENTION_FALLBACK`` it has (``attention_kernel``)
     attention_kernels: tuple[tuple[str, str], ...] = (("", "fa2"),)
+    # the pipeline and the data-parallel reduction (the module docstring's megatron-deepspeed): stage-boundary
+    # transfers on a stage's critical path per micro-batch (2: a send batched with the opposite receive, twice);
+    # whether gradients are reduced only after the last backward (nothing hides them); whether ZeRO 1/2 reduce
+    # the gradients with an all-reduce (each rank keeps its shard) instead of a reduce-scatter; bytes per element
+    # of the reduced gradients (0: the gradients' own, ``TrainConfig.grad_bytes``)
+    p2p_transfers: int = 2
+    reduce_after_backward: bool = False
+    zero_all_reduce: bool = False
+    reduce_bytes: int = 0
+    # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
+    # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
+    # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
+    refuses: tuple[tuple[str, str], ...] = ()
 
     def shards(self, state: int, zero: int) -> bool:
         """Whether ZeRO stage ``zero`` shards ``state`` (WEIGHTS, GRADIENTS or OPTIMIZER) over the replicas."""
@@ -116,6 +169,11 @@ class Engine:
         return self.shards(WEIGHTS, zero) and zero >= self.reshards_from
 
 
+# torchtitan's selective activation checkpointing (``cost.segment.recompute_share``) is torchtitan's: Megatron-LM's
+# selective recomputation is by module (--recompute-modules), DeepSpeed's by layer (Megatron's checkpointing)
+_SAC = ("sac", "torchtitan's selective checkpointing (selective-op, layer:N) runs under --framework fsdp2 "
+        "(torchtitan); use --recompute selective or full")
+
 # Transformer Engine "prefers cuDNN flash attention on Hopper+ architectures, and Tri Dao flash attention on
 # Ampere" (NeMo docs, memory_optimizations.rst, NVIDIA/NeMo#9188); Blackwell's only table is SimuMax's measured
 # Transformer Engine attention (``te``). PyTorch's SDPA runs FlashAttention-2 (its flash backend since torch 2.2).
@@ -128,7 +186,7 @@ ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
-                       attention_kernels=TE_ATTENTION),
+                       attention_kernels=TE_ATTENTION, refuses=(_SAC,)),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
@@ -137,8 +195,30 @@ ENGINES = {
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
-                        bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION),
+                        bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION,
+                        refuses=(_SAC,)),
 }
+# DeepSpeed's pipeline engine under Megatron-DeepSpeed (the module docstring); its refusals name the fix
+_DS_PIPE = "DeepSpeed's pipeline engine (Megatron-DeepSpeed)"
+ENGINES["megatron-deepspeed"] = Engine(
+    "megatron-deepspeed", ddp_bucket_bytes=5e8 * 4, per_tensor_gathers=False, regather_recompute=False,
+    tp_overlap=False, keeps_sp_shard=True, exposed_param_gather=True, copy_out=False, state_bytes=(2, 6, 12),
+    sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False, bucket_buffers=1, loss_grad_bytes=4,
+    attention_kernels=SDPA_ATTENTION, p2p_transfers=4, reduce_after_backward=True, zero_all_reduce=True,
+    reduce_bytes=4, refuses=(
+        ("zero2", f"{_DS_PIPE} runs ZeRO 0 or 1 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); "
+                  "use --zero 1, or --framework deepspeed (Megatron-DeepSpeed's --no-pipeline-parallel, pp 1)"),
+        ("zero3", f"{_DS_PIPE} runs ZeRO 0 or 1 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); "
+                  "use --zero 1, or --framework deepspeed (Megatron-DeepSpeed's --no-pipeline-parallel, pp 1)"),
+        ("vpp", f"{_DS_PIPE} has no interleaved schedule (TrainSchedule only); use --vpp 1"),
+        ("layout", f"{_DS_PIPE} splits the layers by count (partition_method 'type:transformer'); leave "
+                   "--pp-layout out or use 'even'"),
+        ("cp", f"{_DS_PIPE}: context parallelism is not modelled (its long-sequence path is DeepSpeed-Ulysses); "
+               "use --cp 1"),
+        ("ep", f"{_DS_PIPE}: DeepSpeed-MoE expert parallelism is not modelled; use --ep 1 or --framework megatron"),
+        ("fp8", f"{_DS_PIPE}: FP8 is not modelled; use --precision bf16"),
+        ("hsdp", f"{_DS_PIPE} shards ZeRO 1 over the whole data-parallel group; leave --dp-shard out"), _SAC,
+    ))
 # other names of an engine a configuration may give: ``torch`` (PyTorch's own FSDP2)
 ALIASES = {"torch": "fsdp2"}
 
@@ -149,6 +229,14 @@ def attention_kernel(engine: Engine, device_name: str, has=lambda kernel: True) 
     name = device_name.upper()
     kernel = next((k for part, k in engine.attention_kernels if part in name), "fa2")
     return kernel if has(kernel) else next((k for k in ATTENTION_FALLBACK if has(k)), kernel)
+
+
+def refusal(engine: Engine, *, zero: int = 0, vpp: int = 1, cp: int = 1, ep: int = 1, fp8: bool = False,
+            hsdp: bool = False, layout: bool = False, sac: bool = False) -> str | None:
+    """Why ``engine`` does not run a configuration with these features (``Engine.refuses``), or None."""
+    used = {"zero2": zero == 2, "zero3": zero == 3, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1, "fp8": fp8,
+            "hsdp": hsdp, "layout": layout, "sac": sac}
+    return next((why for feature, why in engine.refuses if used[feature]), None)
 
 
 def engine_of(train) -> Engine:
@@ -248,7 +336,7 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
     bwd = sum(u.bwd_s * u.times for u in units)
     gather = sum(u.gather_s * u.times for u in units)
     reduce = sum(u.reduce_s * u.times for u in units)
-    overlap = train.overlap_grad_reduce
+    overlap = train.overlap_grad_reduce and not eng.reduce_after_backward
     if eng.shards(WEIGHTS, z):
         return _sharded(units, train, eng, overlap, ends, share)
     # once per step, the reduction runs beside the pipeline's cool-down backward and the gather
@@ -269,7 +357,8 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
     else:  # overlapped with the next step's first forward, unit by unit; the first unit waits
         first = units[0].gather_s if units and ends else 0.0
         ag = min(gather, _hidden(gather, fwd, share) + first)
-    return Exposure(times * one + ag, {"reduce_scatter": times, "all_gather": 1})
+    return Exposure(times * one + ag, {"all_reduce" if eng.zero_all_reduce else "reduce_scatter": times,
+                                       "all_gather": 1})
 
 
 def _sharded(units, train, eng, overlap, ends, share) -> Exposure:

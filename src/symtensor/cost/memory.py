@@ -31,7 +31,7 @@ from __future__ import annotations
 from symtensor.cost.engine import GRADIENTS, WEIGHTS, engine_of
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
-from symtensor.cost.train import TrainConfig
+from symtensor.cost.train import RECOMPUTE, TrainConfig
 
 MIB = 2**20
 
@@ -167,6 +167,8 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         if train.recompute == "full":
             layers_act = st.layer_inputs
             redo = max(st.layer_saved, default=0.0)
+        elif train.recompute not in RECOMPUTE:  # torchtitan's per-op or every-N-th-layer checkpointing
+            layers_act, redo = st.layer_kept, st.rematerialised
         else:
             layers_act, redo = sum(st.layer_saved), 0.0
         held = inflight(s, train)

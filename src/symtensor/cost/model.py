@@ -36,8 +36,8 @@ from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
 from symtensor.cost.pipeline import Stage, bubble, merge, p2p, split_mesh
 from symtensor.cost.precision import RECIPES
 from symtensor.cost.report import CostReport
-from symtensor.cost.segment import Segment, activation_key, out_slot, recomputed
-from symtensor.cost.train import TrainConfig
+from symtensor.cost.segment import Segment, activation_key, out_slot, recompute_share, sac_mm_index
+from symtensor.cost.train import SAC_OP, TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
@@ -252,11 +252,12 @@ class Evaluator:
         if per_mb is None:
             layers = self.graph.meta["layers"]
             per_mb = 0.0
+            mms = sac_mm_index(self.graph.ops) if train.recompute == SAC_OP else {}
             for op in self.graph.ops:
                 fwd, bwd = op_floor(op, self.cluster.device, self.eff, self.tensors, self.grad_operands[op.name],
                                     self.dtype, self._fp8(train.fp8))
-                redo = recomputed(op, train.recompute, layers)
-                per_mb += (fwd * (2 if redo else 1) + bwd) * layer_repeat(self.graph, op.layer)
+                share = recompute_share(op, train.recompute, layers, mms.get(op.name))
+                per_mb += (fwd * (1 + share) + bwd) * layer_repeat(self.graph, op.layer)
             self._floor_cache[key] = per_mb
         # every plan pays the host's work per step (its per micro-batch work is left out: the floor may not
         # depend on the micro-batch count)
@@ -427,7 +428,9 @@ class _Accumulator:
         p2p_s = p2p_bytes = 0.0
         if pp > 1:
             p2p_s, p2p_bytes = p2p(ev, self.stage, self.layouts)
-            p2p_s *= 2 * m  # activations forward and their gradients backward, every micro-batch
+            # activations forward and their gradients backward, every micro-batch: on a stage's critical path,
+            # two transfers (a send batched with the opposite receive) or the engine's (Engine.p2p_transfers)
+            p2p_s *= ENGINES[train.framework].p2p_transfers * m
         # data-parallel synchronisation as the engine overlaps it, plus the all-reduce of gradients
         # over partial axes outside the data-parallel group (after backward, exposed)
         exposures = [exposure(st.units, train, share=e2e.comm_sm_fraction) for st in self.stages]

@@ -135,11 +135,11 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     moved = local / owned * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
     # a fused Adam streams its loads and stores: a triad
     opt_time = moved / (ev.cluster.device.hbm_bandwidth * stream_fraction(ev.eff, "triad"))
-    gbytes = local * train.grad_bytes
+    gbytes = local * (eng.reduce_bytes or train.grad_bytes)  # (an engine may reduce another dtype: Engine)
     reduce = gather = replicate = None
     if replicas:
         zero = eng.zero_sharded(z)  # reduce-scatter to the shards' owners, all-gather the weights back
-        reduce = ("reduce_scatter" if zero else "all_reduce", gbytes, replicas)
+        reduce = ("reduce_scatter" if zero and not eng.zero_all_reduce else "all_reduce", gbytes, replicas)
         gather = (gathered, replicas) if zero else None
     if across:  # hybrid sharding: the reduced shard, all-reduced across the replicas
         replicate = (gbytes / shard, across)

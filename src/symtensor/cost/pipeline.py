@@ -51,6 +51,9 @@ class Stage:
         self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
         self.layer_saved: list[float] = []
         self.layer_inputs = 0.0
+        # under torchtitan's checkpointing (``Segment._kept``): what the layers keep from forward to backward,
+        # and the most one layer's recomputation brings back at once
+        self.layer_kept = self.rematerialised = 0.0
         self.other_saved = 0.0
         self.layer_state = 0.0  # params + grads + optimizer of the transformer layers only
         self.ties: set[str] = set()
@@ -76,6 +79,8 @@ class Stage:
             self.layer_state += params.total * times
             self.layer_saved += [seg.saved_total] * times
             self.layer_inputs += seg.layer_input * times
+            self.layer_kept += seg.kept * times
+            self.rematerialised = max(self.rematerialised, seg.rematerialised)
         else:
             self.other_saved += seg.saved_total * times
 

@@ -8,7 +8,7 @@ from symtensor.cost import moe
 from symtensor.cost.engine import engine_of, hidden, tp_overlapped
 from symtensor.cost.opcost import OpTime, collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
-from symtensor.cost.train import TrainConfig
+from symtensor.cost.train import SAC_OP, TrainConfig, layer_every
 from symtensor.layout import REPLICATED, OpLayout
 
 _CATEGORY_BY_KIND = {"attention": "cp_comm", "moe_dispatch": "ep_comm", "moe_combine": "ep_comm"}
@@ -28,10 +28,54 @@ def activation_key(train: TrainConfig) -> tuple:
 
 
 def recomputed(op, recompute: str, layers: int) -> bool:
-    """Whether backward re-runs ``op``'s forward under ``recompute``: every transformer-layer op
-    under full recomputation, the attention core's unfused ops (marked ``core``) under selective;
-    never the ops before or after the ``layers`` layers."""
-    return 0 <= op.layer < layers and (recompute == "full" or (recompute == "selective" and bool(op.attr("core"))))
+    """Whether backward re-runs ``op``'s forward (some of it, ``recompute_share``) under ``recompute``: every
+    transformer-layer op under full recomputation, the attention core's unfused ops (marked ``core``) under
+    selective; never the ops before or after the ``layers`` layers."""
+    return recompute_share(op, recompute, layers) > 0.0
+
+
+def sac_mm(op) -> bool:
+    """Whether torchtitan's per-op policy counts ``op`` among a block's matmuls (``aten.mm``): a linear op
+    without an experts dim. The router's GEMM is forced to recompute (per_op_sac_force_recompute_mm_shapes_by_fqns
+    "moe.router.gate") and the experts' run ``torch._grouped_mm``, which its save list lacks: both recomputed."""
+    return op.kind == "linear" and "e" not in dict(op.dims)
+
+
+def sac_mm_index(ops) -> dict:
+    """Position (1, 2, ...) of each counted matmul (``sac_mm``) among its layer's, in forward order: what
+    torchtitan's per-op policy counts in each checkpointed block's forward (``meta["forward_mm_count"]``)."""
+    out, count = {}, {}
+    for op in ops:
+        if sac_mm(op):
+            count[op.layer] = count.get(op.layer, 0) + 1
+            out[op.name] = count[op.layer]
+    return out
+
+
+def recompute_share(op, recompute: str, layers: int, mm_index: int | None = None) -> float:
+    """The share of ``op``'s forward that backward re-runs under ``recompute`` (0 outside the ``layers``
+    layers): 1 under ``full``; the attention core's unfused ops (``core``) under ``selective`` (Megatron's);
+    under ``layer:N`` 1/N of every layer (torchtitan's layer SAC checkpoints every N-th block whole:
+    ``_apply_layer_sac``, ``_layer_sac_count % ac_freq == 0``; costed as that share of each layer); under
+    ``selective-op`` torchtitan's per-op policy (``_apply_op_sac``, the llama3 ``_op_sac_save_list``: aten.mm,
+    the SDPA kernels, reduce_scatter, max): "Saves output of all compute ops, except every second mm", so
+    the 1st, 3rd, ... counted matmul of a block (``mm_index``, ``sac_mm_index``) and the fused attention are
+    kept, every other op (the even matmuls, the router and expert GEMMs, norms, RoPE, activations, residual
+    adds) re-runs; a matmul whose position is not given counts half (the op-local terms' estimate).
+    Source: pytorch/torchtitan@238fa9953e4aec2a62582121564273d7cbb1e9f1 torchtitan/distributed/
+    activation_checkpoint.py, torchtitan/models/llama3/infra/parallelize.py, torchtitan/config/job_config.py
+    (ActivationCheckpoint: mode "selective", selective_ac_option "op" or an integer, default "2")."""
+    if not 0 <= op.layer < layers or recompute == "none":
+        return 0.0
+    if recompute == "full":
+        return 1.0
+    if recompute == "selective":
+        return 1.0 if op.attr("core") else 0.0
+    if recompute == SAC_OP:
+        if sac_mm(op):
+            return 0.5 if mm_index is None else float(mm_index % 2 == 0)
+        return 0.0 if op.kind == "attention" else 1.0
+    return 1.0 / layer_every(recompute)
 
 
 def out_slot(prod, tname) -> int:
@@ -77,6 +121,8 @@ class Segment:
     def run(self) -> Segment:
         recompute, layers = self.train.recompute, self.ev.graph.meta["layers"]
         wiring = self.ev.wiring(self.ops, self.ext_producer)
+        mms = sac_mm_index(op for op, _, _ in wiring) if recompute == SAC_OP else {}
+        kept = 0.0  # per-op checkpointing: the outputs of the ops it keeps
         for op, inputs, saves in wiring:
             layout = self.layout(op)
             t = self.ev.op_time(op, layout, self.train.fp8)
@@ -85,25 +131,50 @@ class Segment:
                 t = OpTime(t.fwd_s * f, t.bwd_s * f, t.fwd_flops)
             self.compute += t.fwd_s + t.bwd_s
             self.fwd += t.fwd_s
-            redo = recomputed(op, recompute, layers)
-            if redo:
-                self.recompute += t.fwd_s
+            share = recompute_share(op, recompute, layers, mms.get(op.name))
+            if share:
+                self.recompute += t.fwd_s * share
             hides = _HIDES.get(op.kind)
             if self.moe and self.train.moe_shared_overlap and "shared_expert" in op.name:
                 hides = "ep_comm"  # Megatron --moe-shared-expert-overlap: beside the dispatch and combine
             if hides is not None:
-                busy = t.fwd_s * (2 if redo else 1) + t.bwd_s
+                busy = t.fwd_s * (1 + share) + t.bwd_s
                 self.overlap_compute[hides] = self.overlap_compute.get(hides, 0.0) + busy
-            self._edges(op, layout, redo, inputs)
+            self._edges(op, layout, share, inputs)
             self._saved(op, layout, saves)
+            if mms and not share and 0 <= op.layer < layers:
+                kept += self._outputs(op, layout)
             if op.kind == "cross_entropy":
                 ev = self.ev
                 self.logits += ev.tensors[op.inputs[0]].numel / ev.in_layout(op, layout, 0).factor(ev.mesh)
         self.saved_total = sum(self.saved.values())
         self.largest = max(self.saved.values(), default=0.0)  # its largest saved activation
+        self._kept(recompute, kept)
         self.bwd = self.compute - self.fwd + self.recompute
         self._overlap()
         return self
+
+    def _outputs(self, op, layout) -> float:
+        """Local bytes of ``op``'s outputs (and of what its kernel saves besides, the attention's log-sum-exp)."""
+        ev = self.ev
+        out = sum(ev.tensors[t].nbytes / ev.out_layout(op, layout, i, partial=False).factor(ev.mesh)
+                  for i, t in enumerate(op.outputs))
+        return out + extra_saved_bytes(op, layout, ev.mesh)
+
+    def _kept(self, recompute: str, kept: float):
+        """What a layer keeps from its forward to its backward (``kept``) and what its backward's recomputation
+        brings back at once (``rematerialised``), read by ``cost.memory`` under torchtitan's checkpointing: per
+        op, the layer's input and the kept ops' outputs, and the rest of what the layer would save; every N-th
+        layer whole, 1/N of the layer input and (N - 1)/N of what a layer saves, and a whole layer's set."""
+        every = layer_every(recompute)
+        if every:
+            self.kept = self.layer_input / every + self.saved_total * (every - 1) / every
+            self.rematerialised = self.saved_total
+        elif recompute == SAC_OP:
+            self.kept = self.layer_input + kept
+            self.rematerialised = max(self.saved_total - kept, 0.0)
+        else:
+            self.kept, self.rematerialised = self.saved_total, 0.0
 
     @property
     def seconds(self) -> float:
@@ -143,12 +214,14 @@ class Segment:
         load = self._load(expert, self.layout(expert)) if moe.expert_op(expert) else 1.0
         return moe.edge_seconds(seconds, colls, self.ev, self.train, load)
 
-    def _edges(self, op, layout, redo, inputs):
+    def _edges(self, op, layout, share, inputs):
+        """The op's own collectives and its inputs' redistributions (again for the ``share`` of its forward
+        that backward re-runs), and its input gradients'."""
         ev = self.ev
         category = _CATEGORY_BY_KIND.get(op.kind, "tp_comm")
         intra = intra_collectives(op, layout, ev.mesh)
         if intra:
-            self.add_comm("tp_comm", intra, collectives_time(intra, ev.mesh, ev.levels, ev.eff), 2.0 if redo else 1.0)
+            self.add_comm("tp_comm", intra, collectives_time(intra, ev.mesh, ev.levels, ev.eff), 1.0 + share)
         charged, layouts = self.charged, self.layouts
         for slot, tname, prod, pslot, grad in inputs:
             if tname in self.cross_stage:
@@ -164,7 +237,7 @@ class Segment:
                 if colls:
                     if cat == "ep_comm":
                         seconds = self._edge_seconds(seconds, colls, op, prod)
-                    self.add_comm(cat, colls, seconds, 2.0 if redo else 1.0)
+                    self.add_comm(cat, colls, seconds, 1.0 + share)
             if grad:
                 gsrc = ev.in_layout(op, layout, slot, grad=True)
                 if (tname, gsrc, "grad") in charged:

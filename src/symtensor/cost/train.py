@@ -10,6 +10,27 @@ from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
 FRAMEWORKS = tuple(ENGINES)
+# recomputation a configuration may state besides the searched ``RECOMPUTE`` (opt-in: the search never tries
+# them), torchtitan's selective activation checkpointing (``cost.segment.recompute_share``): ``selective-op``,
+# its per-op policy (activation_checkpoint.selective_ac_option = "op"), and ``layer:N``, every N-th
+# transformer block checkpointed whole (selective_ac_option = "N")
+SAC_OP, LAYER_SAC = "selective-op", "layer:"
+
+
+def layer_every(recompute: str) -> int:
+    """N of ``layer:N`` (every N-th layer recomputed whole), 0 for the other modes."""
+    return int(recompute[len(LAYER_SAC):]) if recompute.startswith(LAYER_SAC) else 0
+
+
+def recompute_refusal(recompute) -> str | None:
+    """Why ``recompute`` is not a recomputation mode, in one line, or None."""
+    if recompute in RECOMPUTE or recompute == SAC_OP:
+        return None
+    text = str(recompute)
+    if text.startswith(LAYER_SAC) and text[len(LAYER_SAC):].isdigit() and int(text[len(LAYER_SAC):]) >= 1:
+        return None
+    return (f"recompute={recompute!r}; use one of {', '.join(RECOMPUTE)}, {SAC_OP} (torchtitan's per-op selective "
+            f"checkpointing) or {LAYER_SAC}N (every N-th layer recomputed whole, N >= 1)")
 
 
 def chunks_fit(layers: int, pp: int, vpp: int) -> bool:
@@ -65,7 +86,9 @@ class TrainConfig:
             with it; 0 for a stage that holds only the embedding or the loss, as Megatron's
             --pipeline-model-parallel-layout allows); the embedding is work on the first, the LM
             head and loss on the last. None: the rule's split (``chunk_layers``).
-        recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input).
+        recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input), or, stated
+            only (the search does not try them), torchtitan's ``selective-op`` (its per-op policy) and
+            ``layer:N`` (every N-th layer whole): ``cost.segment.recompute_share``.
         zero: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded over replicas.
         dp_replicate: hybrid sharding (HSDP; Megatron's ``--num-distributed-optimizer-instances``,
             torchtitan's ``data_parallel_replicate_degree``): each parameter's data-parallel group
@@ -127,8 +150,9 @@ class TrainConfig:
                 raise PlanError(f"{key} must be a positive integer, got {v!r}")
         if self.global_batch % self.micro_steps:
             raise PlanError(f"global batch {self.global_batch} is not divisible into {self.micro_steps} micro-batches")
-        if self.recompute not in RECOMPUTE:
-            raise PlanError(f"recompute={self.recompute!r}; use one of {', '.join(RECOMPUTE)}")
+        why = recompute_refusal(self.recompute)
+        if why is not None:
+            raise PlanError(why)
         if self.zero not in (0, 1, 2, 3):
             raise PlanError(f"zero={self.zero!r}; use 0, 1, 2 or 3")
         if self.dp_replicate is not None:

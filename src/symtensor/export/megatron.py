@@ -31,6 +31,9 @@ def refusal(p: Parallelism) -> str | None:
                 "or export to torchtitan for FSDP)")
     if p.hsdp and p.zero == 0:
         return "--num-distributed-optimizer-instances needs --use-distributed-optimizer (ZeRO-1)"
+    if p.recompute not in CAPABILITIES.recompute:
+        return (f"Megatron-LM has no {p.recompute} recomputation (torchtitan's selective checkpointing): use "
+                "--recompute selective or full, or export to torchtitan")
     return None
 
 

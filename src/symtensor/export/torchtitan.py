@@ -8,6 +8,7 @@ beyond the configuration rule is ``CAPABILITIES``, the rules it adds ``refusal``
 
 from __future__ import annotations
 
+from symtensor.cost.train import SAC_OP, layer_every
 from symtensor.errors import PlanError
 from symtensor.export.common import evaluate_command, lowered, zero1_note
 from symtensor.plan.parallelism import Capabilities, Parallelism
@@ -89,6 +90,16 @@ def _expert_grid(p: Parallelism, model) -> str | None:
     return None
 
 
+def activation_checkpoint(recompute: str) -> dict:
+    """torchtitan's [activation_checkpoint] for the plan's recomputation (torchtitan/config/job_config.py
+    ``ActivationCheckpoint``: mode, selective_ac_option "op" or an integer N, every N-th block): torchtitan's
+    own checkpointing as stated (``selective-op``, ``layer:N``); the planner's none, selective, full by mode."""
+    every = layer_every(recompute)
+    if recompute == SAC_OP or every:
+        return {"mode": "selective", "selective_ac_option": "op" if recompute == SAC_OP else str(every)}
+    return {"mode": {"none": "none", "selective": "selective", "full": "full"}[recompute]}
+
+
 def torchtitan_config(plan) -> dict:
     """A torchtitan job config (the [parallelism] and [training] sections) for the plan."""
     p = lowered(plan, CAPABILITIES)
@@ -115,7 +126,7 @@ def torchtitan_config(plan) -> dict:
                         "enable_async_tensor_parallel": False,
                         "pipeline_parallel_schedule": "Interleaved1F1B" if p.vpp > 1 else "1F1B"},
         "training": {"local_batch_size": p.micro_batch, "global_batch_size": p.global_batch, "seq_len": p.seq},
-        "activation_checkpoint": {"mode": {"none": "none", "selective": "selective", "full": "full"}[p.recompute]},
+        "activation_checkpoint": activation_checkpoint(p.recompute),
         "_devices": plan.cluster.n_devices,
     }
     if p.precision == "fp8":

@@ -37,7 +37,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields, replace
 
 from symtensor.cost import engine as _engine, moe as _moe, precision as _precision
-from symtensor.cost.train import TrainConfig
+from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
 from symtensor.plan.summary import config_summary
 
@@ -85,7 +85,8 @@ class Parallelism:
         dp_shard: hybrid sharding: ZeRO shards over the innermost dp_shard ranks of the dp x cp
             group and replicates across the rest (``cost.params.shard_axes``); None (or dp x cp
             itself): over the whole group.
-        recompute: ``none``, ``selective`` or ``full``.
+        recompute: ``none``, ``selective`` or ``full``, or torchtitan's ``selective-op`` and ``layer:N``
+            (``cost.train.recompute_refusal``; stated only: the search does not try them).
         micro_batch: sequences per micro-batch of one data-parallel replica.
         global_batch: sequences per optimizer step; seq: tokens per sequence.
         vpp: virtual pipeline stages (interleaved chunks) per device.
@@ -222,6 +223,9 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         _moe.refusal(p.moe_dispatcher, p.moe_capacity_factor, p.moe_routing, p.moe_shared_overlap)
     if why is not None:
         return why
+    why = engine_refusal(p)
+    if why is not None:
+        return why
     tp, pp, dp, cp = p.tp, p.pp, p.dp, p.cp
     if p.world != n_devices:
         return (f"tp*pp*dp*cp = {tp}*{pp}*{dp}*{cp} = {p.world} but the cluster has {n_devices} devices; make the "
@@ -255,6 +259,17 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
     if tp == 1 and p.sp:
         return "sequence parallelism (--sp) needs tp > 1"
     return None
+
+
+def engine_refusal(p: Parallelism) -> str | None:
+    """What ``p``'s engine does not run of it (``cost.engine.Engine.refuses``: the DeepSpeed pipeline engine's
+    ZeRO 2/3, interleaving, stated splits, ...; torchtitan's checkpointing outside fsdp2), or None (an unknown
+    engine is TrainConfig's to name)."""
+    eng = _engine.ENGINES.get(_engine.ALIASES.get(p.framework, p.framework))
+    if eng is None or not eng.refuses:
+        return None
+    return _engine.refusal(eng, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8", hsdp=p.hsdp,
+                           layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE)
 
 
 def _expert_refusal(p: Parallelism, model) -> str | None:

@@ -1,0 +1,60 @@
+"""Plan -> a Megatron-DeepSpeed launch: pretrain_gpt.py's arguments and the DeepSpeed config JSON it reads.
+
+The plan's configuration (``Plan.parallelism``) as microsoft/Megatron-DeepSpeed takes it (its
+megatron/arguments.py at f4157bea69f3df8c6cb66f2ebcda66ba03d1288e) and the ds_config of its bf16 examples
+(examples_deepspeed/universal_checkpointing/megatron_gpt/run_bf16.sh: ``"bf16": {"enabled": true}``,
+``"data_types": {"grad_accum_dtype": "fp32"}``, which selects DeepSpeed's BF16_Optimizer). It runs the
+``megatron-deepspeed`` engine (``cost.engine``): what that engine refuses (ZeRO 2/3 under the pipeline engine,
+interleaving, stated splits, context and expert parallelism, FP8, hybrid sharding, torchtitan's checkpointing)
+is refused here in one line. Recomputation: full is DeepSpeed's per-layer checkpointing of the pipeline module
+(``--checkpoint-activations --checkpoint-num-layers 1``: GPTModelPipe's activation_checkpoint_interval),
+selective Megatron's core-attention recomputation (``--recompute-granularity selective``).
+
+    deepspeed pretrain_gpt.py <pretrain_gpt_args> --deepspeed --deepspeed_config ds_config.json
+"""
+
+from __future__ import annotations
+
+from symtensor.errors import PlanError
+from symtensor.export.common import lowered
+from symtensor.plan.parallelism import Capabilities, engine_refusal
+
+CAPABILITIES = Capabilities(name="Megatron-DeepSpeed", engine="megatron-deepspeed", zero=(0, 1),
+                            context_parallel=False)
+
+
+def refusal(p) -> str | None:
+    """What the DeepSpeed pipeline engine does not run of ``p`` (``cost.engine.Engine.refuses``), or None."""
+    return engine_refusal(p.replace(framework=CAPABILITIES.engine))
+
+
+def megatron_deepspeed_config(plan) -> dict:
+    """``pretrain_gpt_args`` (argument lines) and ``ds_config`` (the JSON of --deepspeed_config) for the plan."""
+    p = lowered(plan, CAPABILITIES)
+    why = refusal(p)
+    if why is not None:
+        raise PlanError(f"Megatron-DeepSpeed would refuse this plan at launch: {why}")
+    cfg = plan.model
+    args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
+            f"--micro-batch-size {p.micro_batch}", f"--global-batch-size {p.global_batch}",
+            f"--seq-length {p.seq}", f"--max-position-embeddings {max(p.seq, cfg.max_context)}",
+            f"--num-layers {cfg.layers}", f"--hidden-size {cfg.hidden}", f"--num-attention-heads {cfg.heads}",
+            f"--ffn-hidden-size {cfg.ffn}"]
+    if cfg.kv_heads != cfg.heads:
+        args.append(f"--num-key-value-heads {cfg.kv_heads}")
+    if p.sp:
+        args.append("--sequence-parallel")
+    if cfg.family == "llama":
+        args += ["--normalization rmsnorm", "--swiglu", "--use-rotary-position-embeddings",
+                 "--untie-embeddings-and-output-weights"]
+        args += [] if cfg.bias else ["--disable-bias-linear"]
+    if p.recompute == "full":
+        args += ["--checkpoint-activations", "--checkpoint-num-layers 1"]
+    elif p.recompute == "selective":
+        args.append("--recompute-granularity selective")
+    args += ["--use-flash-attn-v2", "--bf16", f"--zero-stage {p.zero}", "--deepspeed",
+             "--deepspeed_config ds_config.json"]
+    ds = {"train_batch_size": p.global_batch, "train_micro_batch_size_per_gpu": p.micro_batch,
+          "zero_optimization": {"stage": p.zero}, "bf16": {"enabled": True},
+          "data_types": {"grad_accum_dtype": "fp32"}}
+    return {"pretrain_gpt_args": args, "ds_config": ds, "_devices": plan.cluster.n_devices}
