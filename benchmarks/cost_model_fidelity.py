@@ -76,6 +76,13 @@ V2 = {"A100 dense 3D: iteration time (s)": ("2.44%", "4.06%", "21.29% (max 26.35
       "H100 dense 3D: iteration time (s)": ("2.04%", "4.57%", "17.91% (max 21.82%, bias -17.91%)")}
 
 
+# v3.0 (main 1755889: H100 BF16 GEMMs at the H100 SXM MAMF burst ceiling, kernel_gap_s the one fitted constant):
+# in-sample and leave-one-source-out mean / max / bias, as this file printed them then
+V3_0 = {"A100 dense 3D: iteration time (s)": ("3.66% / 10.20% / +2.86%", "3.66% / 10.20% / +2.86%"),
+        "A100 dense 3D: MFU (%)": ("1.25 pt / 2.13 pt / +0.08 pt", "1.25 pt / 2.13 pt / +0.08 pt"),
+        "H100 dense 3D: iteration time (s)": ("5.91% / 12.26% / -5.91%", "8.54% / 14.07% / -8.54%")}
+
+
 def _fmt(key: str, v: float, signed: bool = False) -> str:
     mode, _ = calibration.TOLERANCE[key.split(": ", 1)[1]]
     sign = "+" if signed else ""
@@ -102,15 +109,17 @@ def _regime_lines(results, loso) -> list[str]:
     lines = ["## Error per regime: in-sample and leave-one-source-out", "",
              "Leave-one-source-out: the end-to-end constants fitted without a source family's rows (KORTH22: "
              "Korthikanti et al. 2022, A100; ZERO: the ZeRO paper's memory; DGXC: NVIDIA dgxc-benchmarking "
-             "NeMo runs, H100), its rows predicted with them. v2: main before this change.", "",
+             "NeMo runs, H100), its rows predicted with them. v3.0: main 1755889, H100 GEMMs at the burst "
+             "ceiling (MAMF) instead of the sustained one (MSMF). v2: main bb579c4, kernel fractions fitted.", "",
              "| regime: metric | rows | in-sample mean / max / bias | LOSO mean / max / bias | "
-             "v2 in-sample mean / max | v2 other device's fit |", "|---|---:|---|---|---|---|"]
+             "v3.0 in-sample | v3.0 LOSO | v2 in-sample mean / max | v2 other device's fit |",
+             "|---|---:|---|---|---|---|---|---|"]
     for key, s in ins.items():
         o = out[key]
-        v2 = V2.get(key, ("", "", ""))
+        v2, v30 = V2.get(key, ("", "", "")), V3_0.get(key, ("", ""))
         lines.append(f"| {key} | {s['n']} | {_fmt(key, s['mean'])} / {_fmt(key, s['max'])} / "
                      f"{_fmt(key, s['bias'], True)} | {_fmt(key, o['mean'])} / {_fmt(key, o['max'])} / "
-                     f"{_fmt(key, o['bias'], True)} | {v2[0]} / {v2[1]} | {v2[2]} |")
+                     f"{_fmt(key, o['bias'], True)} | {v30[0]} | {v30[1]} | {v2[0]} / {v2[1]} | {v2[2]} |")
     return lines + [""]
 
 

@@ -244,7 +244,7 @@ def summary(results: list[Result]) -> dict:
 # (``select_constants``; benchmarks/cost_model_fidelity.py writes the comparison).
 TIME_METRICS = ("iteration time (s)", "MFU (%)")
 CANDIDATES = tuple(END_TO_END_RANGES)
-FIT_CONSTANTS = ("kernel_gap_s",)  # what select_constants kept (cost.efficiency.END_TO_END)
+FIT_CONSTANTS = ("microbatch_s",)  # what select_constants kept (cost.efficiency.END_TO_END)
 
 
 def shipped_end_to_end() -> EndToEnd:

@@ -263,7 +263,7 @@ def test_bands_are_the_calibration_residuals():
 def test_every_prediction_names_engine_and_band():
     out = _step("llama3-8b", 64, zero=1)
     lo, hi = out["step_time_band_s"]
-    r_lo, r_hi = bands.RESIDUALS[("H100", "dense 3D")]  # the model is optimistic on H100: the band lies above
+    r_lo, r_hi = bands.RESIDUALS[("H100", "dense 3D")]
     assert (lo, hi) == pytest.approx((out["step_time_s"] / (1 + r_hi), out["step_time_s"] / (1 + r_lo)))
     assert out["framework"] == "megatron" and out["band_calibrated"] and out["regime"] == "dense 3D"
     fsdp = _step("llama3-8b", 64, zero=3, framework="fsdp2")
@@ -280,13 +280,13 @@ def test_mfu_counts_causal_attention_halved_and_stays_below_one():
 
 
 def test_h100_calibration_meets_its_bounds():
-    """The H100 time rows as the measured-kernel model predicts them (cost model v3): every row within
-    13% and their mean absolute error at most 7%, optimistic (every residual below zero). v2 met 8% and
-    5% by fitting the H100 GEMM and attention fractions on these very rows; v3 reads kernel rates from
-    measured tables (issue 22), and the H100 BF16 GEMM table is a transfer of A100 shapes (cost/kernels.py),
-    the likely cause of the optimism; the bands carry it (cost/bands.py)."""
+    """The H100 time rows as the measured-kernel model predicts them (cost model v3): every row within 5%
+    and their mean absolute error at most 3%, neither side favoured (a mean signed error within 1%). v2
+    met 8% and 5% by fitting the H100 GEMM and attention fractions on these very rows; v3 reads kernel rates
+    from measured tables (issue 22): with H100 GEMMs at the boost-clock ceiling (MAMF) every row came out
+    optimistic (5.9% mean, up to 12.3%); at the sustained one (MSMF, cost/kernels.py) they do not."""
     results = calibration.predict(calibration.load_rows(("H100",)))
     errors = [r.error for r in results]
-    assert max(map(abs, errors)) <= 0.13
-    assert sum(map(abs, errors)) / len(errors) <= 0.07
-    assert max(errors) < 0
+    assert max(map(abs, errors)) <= 0.05
+    assert sum(map(abs, errors)) / len(errors) <= 0.03
+    assert abs(sum(errors)) / len(errors) <= 0.01
