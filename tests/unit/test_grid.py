@@ -62,7 +62,8 @@ def test_the_cheaper_tiers_of_the_bound_never_exceed_the_exact_bound(case):
     """The grid visits its points lazily, by bounds that are only tightened when they are the
     lowest left (``search.grid``); that visits them in the exact bound's order only if every
     cheaper tier is at most the exact bound: the step floor's share (tier 0) and the mean stage
-    (tier 1), on every point of the grid, pipelined or not."""
+    of the layers' compute (tier 1) and of their whole costs (tier 2), on every point of the
+    grid, pipelined or not."""
     model, cluster, devices, seq, gb, overrides = case
     pool = _pool(model, cluster, devices, seq, overrides)
     floor, totals, pipelined = _floor_share(pool, gb), {}, 0
@@ -72,7 +73,7 @@ def test_the_cheaper_tiers_of_the_bound_never_exceed_the_exact_bound(case):
         exact = point_bound(pool, base, vpps)
         m = gb // (base["micro_batch"] * base["dp"])
         assert floor * (1 + (base["pp"] - 1) / (vpps[-1] * m)) <= exact, base
-        assert _mean_bound(pool, base, vpps, totals) <= exact, base
+        assert _mean_bound(pool, base, vpps, totals, 0) <= exact and _mean_bound(pool, base, vpps, totals) <= exact
         pipelined += base["pp"] > 1
     assert pipelined > 0
 

@@ -21,7 +21,7 @@ faster than the best plan that fits is skipped, and once the bound reaches it th
 is. A point that survives is costed at (no recomputation, most virtual stages), its exact bound,
 then at its other variants.
 
-The bounds are themselves computed lazily, in tiers that never exceed the tier above (A*'s lazy
+The bounds are themselves computed lazily, in tiers that never exceed the exact bound (A*'s lazy
 expansion: a point's next tier is computed only when its current one is the lowest left, so the
 points are visited in exactly the order of their exact bounds, and a point whose cheap bound is
 no faster than the best is never bounded exactly):
@@ -29,9 +29,11 @@ no faster than the best is never bounded exactly):
     0. the step floor (``Evaluator.step_floor``: every op at the best rates its kernels allow, spread
        over all devices) plus the bubble's share of it: no layer costs at all, only where the caller
        needs a time beaten (``beat``);
-    1. the stages' mean: m * mean_stage T_mb + (p - 1) / v_max * mean_stage T_mb, from the inner
+    1. tier 2 with the layers' compute only (their ops' times under the inner grid's layouts, no
+       communication: a third of the cost of the layer costs, which most inner grids then skip);
+    2. the stages' mean: m * mean_stage T_mb + (p - 1) / v_max * mean_stage T_mb, from the inner
        grid's layer costs, without the split that balances them (``EvaluatorPool.split_of``);
-    2. the exact bound above.
+    3. the exact bound above.
 """
 
 from __future__ import annotations
@@ -43,7 +45,7 @@ from symtensor.cost import TrainConfig
 from symtensor.cost.params import data_axes, weight_axes
 from symtensor.errors import PlanError
 from symtensor.layout import REPLICATED
-from symtensor.search.megatron import inner_grid
+from symtensor.search.megatron import configuration, inner_grid, train_config
 from symtensor.search.parallel import Background
 from symtensor.search.pool import Costed, EvaluatorPool
 
@@ -100,7 +102,7 @@ def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None, beat: f
         m = base["global_batch"] // (base["micro_batch"] * base["dp"])
         heap.append((floor * (1 + (base["pp"] - 1) / (vpps[-1] * m)), index, 0, base, vpps))
     heapq.heapify(heap)
-    totals: dict = {}  # inner grid -> the sum of its layer costs (tier 1)
+    totals: dict = {}  # inner grid -> (the point that costs it, its compute, the sum of its layer costs)
     best, visit = None, None
     overflowing = []
     while heap:
@@ -109,9 +111,9 @@ def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None, beat: f
         if lower >= beat or (fitting and lower >= best.report.step_time_s):
             break  # no point left can beat it (every point's exact bound is at least its bound here)
         heapq.heappop(heap)
-        if tier < 2:
+        if tier < 3:
             try:
-                lower = point_bound(pool, base, vpps) if tier == 1 else _mean_bound(pool, base, vpps, totals)
+                lower = point_bound(pool, base, vpps) if tier == 2 else _mean_bound(pool, base, vpps, totals, tier)
             except PlanError:  # its layouts break the one legality rule (megatron_layouts): not a point
                 continue
             heapq.heappush(heap, (lower, index, tier + 1, base, vpps))
@@ -151,15 +153,36 @@ def _floor_share(pool: EvaluatorPool, global_batch: int) -> float:
     return (floor - ev.eff.end_to_end.step_s) * (1 - FLOOR_MARGIN)
 
 
-def _mean_bound(pool: EvaluatorPool, base: dict, vpps: list[int], totals: dict) -> float:
-    """Tier 1 (the module docstring): ``point_bound`` with the mean stage in place of the slowest
-    rank (the slowest rank under any split holds at least the mean), a little under."""
+def _mean_bound(pool: EvaluatorPool, base: dict, vpps: list[int], totals: dict, tier: int = 1) -> float:
+    """Tiers 1 and 2 (the module docstring): ``point_bound`` with the mean stage in place of the
+    slowest rank (the slowest rank under any split holds at least the mean), of the layers'
+    compute (tier 0 -> 1) or of their whole costs (tier 1 -> 2), a little under. Both are costed on
+    the first point of the inner grid that asks (``EvaluatorPool.layer_seconds``)."""
     key = inner_grid(base)
-    total = totals.get(key)
-    if total is None:
-        total = totals[key] = sum(pool.layer_seconds(base).values())
+    hit = totals.get(key)
+    if hit is None:
+        hit = totals[key] = [base, _compute(pool, base), None]
+    if tier == 1 and hit[2] is None:
+        hit[2] = sum(pool.layer_seconds(hit[0]).values())
     m = base["global_batch"] // (base["micro_batch"] * base["dp"])
-    return total / base["pp"] * (m + (base["pp"] - 1) / vpps[-1]) * (1 - MEAN_MARGIN)
+    return hit[tier + 1] / base["pp"] * (m + (base["pp"] - 1) / vpps[-1]) * (1 - MEAN_MARGIN)
+
+
+def _compute(pool: EvaluatorPool, base: dict) -> float:
+    """Seconds per micro-batch of every layer's ops (forward and backward, no recomputation) under
+    the layouts of ``base``'s inner grid: what ``Evaluator.layer_seconds`` charges besides
+    communication, which only adds (``cost.segment.Segment.seconds``)."""
+    c = configuration({**base, "recompute": "none", "vpp": 1, **pool.train_keys})
+    ev, layouts = pool.layouts(c)
+    fp8, total = train_config(c).fp8, 0.0
+    pieces: dict = {}  # id(ops) -> seconds: a skeleton run's copies share their ops
+    for _, ops, _, _, _ in ev.segments:
+        seconds = pieces.get(id(ops))
+        if seconds is None:
+            seconds = pieces[id(ops)] = sum(t.fwd_s + t.bwd_s for t in (ev.op_time(op, layouts.get(op.name, REPLICATED),
+                                                                                     fp8) for op in ops))
+        total += seconds
+    return total
 
 
 def _every_variant(pool: EvaluatorPool, base: dict, vpps: list[int], best: Costed | None) -> Costed | None:

@@ -208,7 +208,7 @@ def op_roles(graph: Graph) -> dict[str, tuple]:
 
 
 def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
-                     family: OpLayout = REPLICATED) -> dict[str, OpLayout]:
+                     family: OpLayout = REPLICATED, legal: dict | None = None) -> dict[str, OpLayout]:
     """Per-op layouts of a Megatron configuration on the stage mesh; a PlanError when one of
     them is illegal (``layout.refusal``, the one rule: e.g. sequence or context parallelism
     cutting an MoE capacity ``c`` it does not divide), so no search costs such a configuration.
@@ -216,6 +216,8 @@ def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
     Args:
         roles: ``op_roles(graph)``, when the caller keeps it.
         family: a layout whose family the layouts join (``OpLayout.family``; a search's).
+        legal: the caller's memo of the legality checks of this graph (``roles``) on this mesh,
+            (signature class, layout) -> ``layout.refusal`` (a search keeps one per graph and mesh).
     """
     ax = assign_axes(mesh, c)
     roles = op_roles(graph) if roles is None else roles
@@ -231,18 +233,20 @@ def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
         if layout is None:
             layout = of_role[role] = _role_layout(role, ax, experts, c["sp"], family)
         layouts[op.name] = layout
-    checked = set()  # (signature class, layout): checked once, in graph order (the first refusal is reported)
+    legal = {} if legal is None else legal  # (signature class, layout) -> refusal: once per pair
     for op in graph.ops:
         key = (roles[op.name][1], layouts[op.name])
-        if key in checked:
-            continue
-        checked.add(key)
-        why = refusal(op, layouts[op.name], mesh)
-        if why is not None:
+        why = legal.get(key, _UNCHECKED)
+        if why is _UNCHECKED:
+            why = legal[key] = refusal(op, layouts[op.name], mesh)
+        if why is not None:  # (in graph order: the first op refused is the one reported)
             sp = " with sequence parallelism" if c["sp"] else ""
             raise PlanError(f"tp={c['tp']} cp={c['cp']} ep={c['ep']} etp={c['etp']}{sp}: op {op.name}: {why}; "
                             "choose degrees whose cuts divide it")
     return layouts
+
+
+_UNCHECKED = object()  # a legality check not done yet (None is an answer: legal)
 
 
 def _role_layout(role: tuple, ax: dict, experts: dict, sp_on: bool, family: OpLayout) -> OpLayout:
