@@ -5,7 +5,7 @@ import pytest
 
 from symtensor.hardware import load_cluster
 from symtensor.models import load_model_config
-from symtensor.search.grid import megatron_grid, point_bound, virtual_stages
+from symtensor.search.grid import _floor_share, _mean_bound, megatron_grid, point_bound, virtual_stages
 from symtensor.search.pool import EvaluatorPool
 
 # (model, cluster, devices, seq, global batch, overrides): dense and MoE, one node and several,
@@ -55,6 +55,43 @@ def test_grid_equals_brute_force(case):
     assert best.report.fits == brute.report.fits
     assert best.report.step_time_s == pytest.approx(brute.report.step_time_s, rel=1e-12)
     assert best.megatron == brute.megatron
+
+
+@pytest.mark.parametrize("case", CASES[:3], ids=[c[0] for c in CASES[:3]])
+def test_the_cheaper_tiers_of_the_bound_never_exceed_the_exact_bound(case):
+    """The grid visits its points lazily, by bounds that are only tightened when they are the
+    lowest left (``search.grid``); that visits them in the exact bound's order only if every
+    cheaper tier is at most the exact bound: the step floor's share (tier 0) and the mean stage
+    of the layers' compute (tier 1) and of their whole costs (tier 2), on every point of the
+    grid, pipelined or not."""
+    model, cluster, devices, seq, gb, overrides = case
+    pool = _pool(model, cluster, devices, seq, overrides)
+    floor, totals, pipelined = _floor_share(pool, gb), {}, 0
+    assert floor > 0
+    for base in pool.grid(gb):
+        vpps = virtual_stages(pool.cfg.layers, base["pp"])
+        exact = point_bound(pool, base, vpps)
+        m = gb // (base["micro_batch"] * base["dp"])
+        assert floor * (1 + (base["pp"] - 1) / (vpps[-1] * m)) <= exact, base
+        assert _mean_bound(pool, base, vpps, totals, 0) <= exact and _mean_bound(pool, base, vpps, totals) <= exact
+        pipelined += base["pp"] > 1
+    assert pipelined > 0
+
+
+@pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[CASES[0][0], CASES[2][0]])
+def test_a_grid_told_what_to_beat_is_exact_below_it(case):
+    """``beat`` (the guarantee's plan on more devices): a grid whose best is faster finds the
+    same best; one whose best is not returns nothing better than it, costing no more; below the
+    step floor it costs nothing."""
+    model, cluster, devices, seq, gb, overrides = case
+    best, count = megatron_grid(_pool(model, cluster, devices, seq, overrides), gb)
+    t = best.report.step_time_s
+    above, _ = megatron_grid(_pool(model, cluster, devices, seq, overrides), gb, beat=t * 1.001)
+    assert (above.megatron, above.layouts, above.report) == (best.megatron, best.layouts, best.report)
+    below, fewer = megatron_grid(_pool(model, cluster, devices, seq, overrides), gb, beat=t)
+    assert fewer <= count and (below is None or below.key >= best.key)
+    pool = _pool(model, cluster, devices, seq, overrides)
+    assert megatron_grid(pool, gb, beat=_floor_share(pool, gb) / 2) == (None, 0)
 
 
 @pytest.mark.parametrize("case", [CASES[0], CASES[2]], ids=[CASES[0][0], CASES[2][0]])

@@ -23,6 +23,8 @@
 
 from __future__ import annotations
 
+import math
+
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import GIB, Cluster, divisors
 from symtensor.models import ModelConfig, build_graph, params_active
@@ -143,14 +145,16 @@ def fsdp(pool: EvaluatorPool, global_batch: int) -> Costed | None:
 
 def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, framework: str = "megatron",
                    names=BASELINES, fork: bool = False, pool: EvaluatorPool | None = None,
-                   precision: str | None = None, fp8_recipe: str | None = None) -> dict[str, Plan | None]:
+                   precision: str | None = None, fp8_recipe: str | None = None, beat: float = math.inf
+                   ) -> dict[str, Plan | None]:
     """The named baselines as plans (None where a baseline has no valid configuration), through
     the same cost model and engine: the one place they are assembled (``symtensor plan``,
     ``compare`` and ``report`` read them). D-Rec's unitless costs have no engine: its layouts are
     costed under Megatron's. ``fork``: the grid shares its work with a forked child
     (``grid.megatron_grid``; not where torch may be loaded: ``search.parallel``). ``pool``: the
     caller's pool of this model, cluster, sequence and engine, to share its evaluators. ``precision``
-    (``EvaluatorPool``): the baselines' precision; None: BF16 (the recipes' own)."""
+    (``EvaluatorPool``): the baselines' precision; None: BF16 (the recipes' own). ``beat``: the
+    grid's (``grid.megatron_grid``: only a best faster than it is exact)."""
     from symtensor.search.drec import drec_plan
 
     unknown = [n for n in names if n not in BASELINES]
@@ -168,7 +172,7 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
                                                                                                seq=min(seq, 128))))
             note = (used,)
         elif name == "megatron_grid_best":
-            costed = megatron_grid(pool, global_batch, fork=fork)[0]
+            costed = megatron_grid(pool, global_batch, fork=fork, beat=beat)[0]
         else:
             costed = fsdp(pool, global_batch)
         out[name] = None if costed is None else pool.plan(costed, notes=note)

@@ -20,22 +20,43 @@ recomputation only adds. Points are visited in the order of that bound: a point 
 faster than the best plan that fits is skipped, and once the bound reaches it the rest of the grid
 is. A point that survives is costed at (no recomputation, most virtual stages), its exact bound,
 then at its other variants.
+
+The bounds are themselves computed lazily, in tiers that never exceed the exact bound (A*'s lazy
+expansion: a point's next tier is computed only when its current one is the lowest left, so the
+points are visited in exactly the order of their exact bounds, and a point whose cheap bound is
+no faster than the best is never bounded exactly):
+
+    0. the step floor (``Evaluator.step_floor``: every op at the best rates its kernels allow, spread
+       over all devices) plus the bubble's share of it: no layer costs at all, only where the caller
+       needs a time beaten (``beat``);
+    1. tier 2 with the layers' compute only (their ops' times under the inner grid's layouts, no
+       communication: a third of the cost of the layer costs, which most inner grids then skip);
+    2. the stages' mean: m * mean_stage T_mb + (p - 1) / v_max * mean_stage T_mb, from the inner
+       grid's layer costs, without the split that balances them (``EvaluatorPool.split_of``);
+    3. the exact bound above.
 """
 
 from __future__ import annotations
 
+import heapq
+import math
+
+from symtensor.cost import TrainConfig
 from symtensor.cost.params import data_axes, weight_axes
 from symtensor.errors import PlanError
 from symtensor.layout import REPLICATED
-from symtensor.search.megatron import inner_grid
+from symtensor.search.megatron import configuration, inner_grid, train_config
 from symtensor.search.parallel import Background
 from symtensor.search.pool import Costed, EvaluatorPool
 
 FORK_POINTS = 64  # grids smaller than this are not worth a second process
+# relative margins that keep a cheaper tier of the bound below the exact one whatever the rounding of
+# its sums (a few hundred floating-point additions: relative errors below 1e-13)
+MEAN_MARGIN, FLOOR_MARGIN = 1e-9, 1e-6
 
 
-def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None, fork: bool = False
-                  ) -> tuple[Costed | None, int]:
+def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | None = None, fork: bool = False,
+                  beat: float = math.inf) -> tuple[Costed | None, int]:
     """The best Megatron configuration (the one that fits fastest; the least memory when none
     fits) and how many configurations it costed in full.
 
@@ -43,16 +64,21 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
     points, which share its layer costs) and this process the rest; each bounds and searches its
     own points. The best is the same either way: each process finds the best of its points, and
     of two equal ones the one the serial order visits first is kept; more configurations may be
-    costed (each process prunes with its own best only)."""
+    costed (each process prunes with its own best only).
+
+    ``beat``: a step time only a faster plan matters against (the guarantee's plan on more
+    devices, ``search.guarantee``): points whose bound reaches it are not costed, so the best is
+    exact when it fits faster than ``beat``, and otherwise it is some slower point, one that does
+    not fit, or None."""
     start = pool.costed
     bases = [b for b in pool.grid(global_batch) if micro_batch is None or b["micro_batch"] == micro_batch]
     if not (fork and len(bases) >= FORK_POINTS):
-        return _bound_and_search(pool, bases)[0], pool.costed - start
+        return _bound_and_search(pool, bases, beat=beat)[0], pool.costed - start
     inner = list(dict.fromkeys(inner_grid(b) for b in bases))
     theirs = set(inner[1::2])
-    with Background(lambda: (*_bound_and_search(pool, bases, lambda b: inner_grid(b) in theirs),
+    with Background(lambda: (*_bound_and_search(pool, bases, lambda b: inner_grid(b) in theirs, beat),
                              pool.costed - start)) as child:
-        ours = _bound_and_search(pool, bases, lambda b: inner_grid(b) not in theirs)
+        ours = _bound_and_search(pool, bases, lambda b: inner_grid(b) not in theirs, beat)
         *found, costed = child.result()
     pool.costed += costed  # (the child's configurations, costed on this pool's behalf)
     best = min([f for f in (ours, tuple(found)) if f[0] is not None], key=lambda f: (f[0].key, f[1]),
@@ -60,28 +86,38 @@ def megatron_grid(pool: EvaluatorPool, global_batch: int, micro_batch: int | Non
     return best, pool.costed - start
 
 
-def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None) -> tuple[Costed | None, tuple]:
+def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None, beat: float = math.inf
+                      ) -> tuple[Costed | None, tuple]:
     """The best of the grid points ``bases`` (those that ``mine`` accepts), by exact branch and
-    bound (the module docstring), and when the serial order over all of ``bases`` visits it:
-    (0, its bound, its index) or, for a point whose state alone overflows (costed only when
-    nothing fits, after every other point), (1, ...)."""
-    points = []
+    bound over lazily tightened bounds (the module docstring), and when the serial order over all
+    of ``bases`` visits it: (0, its bound, its index) or, for a point whose state alone overflows
+    (costed only when nothing fits, after every other point), (1, ...). ``beat``:
+    ``megatron_grid``'s."""
+    floor = _floor_share(pool, bases[0]["global_batch"]) if bases and beat < math.inf else 0.0
+    heap = []  # (bound, index, tier, base, vpps): the index breaks ties as the serial order does
     for index, base in enumerate(bases):
         if mine is not None and not mine(base):
             continue
         vpps = virtual_stages(pool.cfg.layers, base["pp"])
-        try:
-            lower = point_bound(pool, base, vpps)
-        except PlanError:  # its layouts break the one legality rule (megatron_layouts): not a point
-            continue
-        points.append((lower, index, base, vpps))
-    points.sort(key=lambda p: p[:2])
+        m = base["global_batch"] // (base["micro_batch"] * base["dp"])
+        heap.append((floor * (1 + (base["pp"] - 1) / (vpps[-1] * m)), index, 0, base, vpps))
+    heapq.heapify(heap)
+    totals: dict = {}  # inner grid -> (the point that costs it, its compute, the sum of its layer costs)
     best, visit = None, None
     overflowing = []
-    for lower, index, base, vpps in points:
+    while heap:
+        lower, index, tier, base, vpps = heap[0]
         fitting = best is not None and best.report.fits
-        if fitting and lower >= best.report.step_time_s:
-            break  # no point left can beat it
+        if lower >= beat or (fitting and lower >= best.report.step_time_s):
+            break  # no point left can beat it (every point's exact bound is at least its bound here)
+        heapq.heappop(heap)
+        if tier < 3:
+            try:
+                lower = point_bound(pool, base, vpps) if tier == 2 else _mean_bound(pool, base, vpps, totals, tier)
+            except PlanError:  # its layouts break the one legality rule (megatron_layouts): not a point
+                continue
+            heapq.heappush(heap, (lower, index, tier + 1, base, vpps))
+            continue
         if not pool.may_fit(**base):
             overflowing.append((lower, index, base, vpps))  # parameters and optimizer state alone overflow
             continue
@@ -95,13 +131,58 @@ def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None) -> tupl
         found = _every_variant(pool, base, vpps, best)
         if found is not best:
             best, visit = found, (0, lower, index)
-    if best is None or not best.report.fits:
-        # nothing fits: the least memory may be among the points whose state alone overflows
+    if beat == math.inf and (best is None or not best.report.fits):
+        # nothing fits: the least memory may be among the points whose state alone overflows (with
+        # ``beat``, a plan that does not fit does not matter: none of these fits)
         for lower, index, base, vpps in overflowing:
             found = _every_variant(pool, base, vpps, best)
             if found is not best:
                 best, visit = found, (1, lower, index)
     return best, visit
+
+
+def _floor_share(pool: EvaluatorPool, global_batch: int) -> float:
+    """Tier 0 per step: the step floor of the whole global batch in one micro-step without the
+    host's work per step (``Evaluator.step_floor``; the bound of a grid point has no such term), a
+    little under. Every layer of a point adds to its stage per micro-batch at least its ops'
+    floor over the stage's devices (``layer_seconds`` of the point: compute, then communication
+    and the rest, at rates no better than the floor's), so m micro-batches of the mean stage take
+    at least this, and the bubble (p - 1) / v_max of a mean stage at least its 1 / m part."""
+    ev = pool.get(global_batch, 1)
+    floor = ev.step_floor(TrainConfig(global_batch=global_batch, micro_steps=1, **pool.train_keys))
+    return (floor - ev.eff.end_to_end.step_s) * (1 - FLOOR_MARGIN)
+
+
+def _mean_bound(pool: EvaluatorPool, base: dict, vpps: list[int], totals: dict, tier: int = 1) -> float:
+    """Tiers 1 and 2 (the module docstring): ``point_bound`` with the mean stage in place of the
+    slowest rank (the slowest rank under any split holds at least the mean), of the layers'
+    compute (tier 0 -> 1) or of their whole costs (tier 1 -> 2), a little under. Both are costed on
+    the first point of the inner grid that asks (``EvaluatorPool.layer_seconds``)."""
+    key = inner_grid(base)
+    hit = totals.get(key)
+    if hit is None:
+        hit = totals[key] = [base, _compute(pool, base), None]
+    if tier == 1 and hit[2] is None:
+        hit[2] = sum(pool.layer_seconds(hit[0]).values())
+    m = base["global_batch"] // (base["micro_batch"] * base["dp"])
+    return hit[tier + 1] / base["pp"] * (m + (base["pp"] - 1) / vpps[-1]) * (1 - MEAN_MARGIN)
+
+
+def _compute(pool: EvaluatorPool, base: dict) -> float:
+    """Seconds per micro-batch of every layer's ops (forward and backward, no recomputation) under
+    the layouts of ``base``'s inner grid: what ``Evaluator.layer_seconds`` charges besides
+    communication, which only adds (``cost.segment.Segment.seconds``)."""
+    c = configuration({**base, "recompute": "none", "vpp": 1, **pool.train_keys})
+    ev, layouts = pool.layouts(c)
+    fp8, total = train_config(c).fp8, 0.0
+    pieces: dict = {}  # id(ops) -> seconds: a skeleton run's copies share their ops
+    for _, ops, _, _, _ in ev.segments:
+        seconds = pieces.get(id(ops))
+        if seconds is None:
+            seconds = pieces[id(ops)] = sum(t.fwd_s + t.bwd_s for t in (ev.op_time(op, layouts.get(op.name, REPLICATED),
+                                                                                     fp8) for op in ops))
+        total += seconds
+    return total
 
 
 def _every_variant(pool: EvaluatorPool, base: dict, vpps: list[int], best: Costed | None) -> Costed | None:

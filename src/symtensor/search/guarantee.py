@@ -15,13 +15,16 @@
   (``Evaluator.step_floor``: every op's FLOPs or activation bytes, whichever take longer, at the
   best rates, spread evenly, nothing else) is no faster than the best plan of the levels above (a
   plan on N devices that beats the plan for 2N but not the one for 4N changes nothing), or where
-  the parameters alone overflow them.
+  the parameters alone overflow them. Below the top, for the same reason, the grid skips the
+  points that cannot beat the plans above (``_baselines``), which changes no plan: DeepSeek-V3
+  on 512 of 1,024 H100 bounds none of its 5,703 points (their step floor is slower).
 
 Both say so in the plan's notes when they change the plan.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import replace
 
@@ -64,7 +67,7 @@ def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), ab
     pool = EvaluatorPool(cfg, cluster, seq, framework=framework, **precision)
     seeded, _, _ = seed_plan(pool, global_batch)
     wanted = names + tuple(k for k in (GRID, RECIPE) if k not in names and not (k == GRID and seeded))
-    base = baseline_plans(cfg, cluster, global_batch, seq, framework, wanted, fork=True, pool=pool)  # (builders')
+    base = _baselines(pool, global_batch, wanted, above)  # (builders')
     plan = never_worse_than_recipe(never_worse_than_grid(search(cluster), base.get(GRID)), base.get(RECIPE))
     n = cluster.n_devices
     target = plan if above is None or _better(plan, above) else above  # what a plan on fewer devices must beat
@@ -77,6 +80,29 @@ def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), ab
             fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search, above=target, precision=precision)
             plan = fewer_devices(plan, fewer, n, global_batch)
     return plan, {k: base[k] for k in names}
+
+
+def _baselines(pool: EvaluatorPool, global_batch: int, wanted: tuple[str, ...], above: Plan | None) -> dict:
+    """The baselines ``wanted`` on the pool's cluster (the builders'); below the top of the
+    recursion, where only a plan that beats ``above`` matters, the grid skips the points that
+    cannot (``grid.megatron_grid``'s ``beat``), unless the recipe beats ``above``.
+
+    Why that leaves every plan as it was: this level's plan is the best of the search's, the grid's
+    and the recipe's (and of the levels below), and it reaches the plan above only when it beats
+    ``above``. Where the grid's best beats ``above`` the grid finds it exactly. Where it does not,
+    the grid's answer is no better than its best, so this level's plan beats ``above`` only when the
+    search's or a level's below does, and then it is that same plan: the grid's best never won, so
+    no note names it. The recipe is costed first: its note names the time of what it beat (the
+    search's or the grid's best), so where it beats ``above`` the grid is searched in full."""
+    cfg, cluster, seq, framework = pool.cfg, pool.cluster, pool.seq, pool.framework
+    beat = above.report.step_time_s if above is not None and above.report.fits else math.inf
+    base: dict[str, Plan | None] = {}
+    if beat < math.inf and RECIPE in wanted:
+        base = baseline_plans(cfg, cluster, global_batch, seq, framework, (RECIPE,), pool=pool)
+        if _better(base[RECIPE], above):
+            beat = math.inf
+    rest = tuple(k for k in wanted if k not in base)
+    return base | baseline_plans(cfg, cluster, global_batch, seq, framework, rest, fork=True, pool=pool, beat=beat)
 
 
 def never_worse_than_grid(plan: Plan, grid: Plan | None) -> Plan:

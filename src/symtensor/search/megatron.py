@@ -191,22 +191,24 @@ def expert_op(op) -> bool:
 
 
 def op_roles(graph: Graph) -> dict[str, tuple]:
-    """Per op, what ``megatron_layouts`` reads of it: (expert op, its sequence dim, the
-    tensor-parallel dim, the dim sequence parallelism cuts, whether it has a batch dim).
-    Fixed by the graph: ``EvaluatorPool`` keeps one per graph, as every grid point asks."""
-    roles = {}
+    """Per op, what ``megatron_layouts`` reads of it: its role (expert op, its sequence dim, the
+    tensor-parallel dim, the dim sequence parallelism cuts, whether it has a batch dim) and the
+    class of its signature (ops of one class are equal to the legality rule: one check serves
+    them all). Fixed by the graph: ``EvaluatorPool`` keeps one per graph, as every grid point asks."""
+    roles, classes = {}, {}
     for op in graph.ops:
         sizes = op.dim_sizes
         expert = expert_op(op)
         seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
         tdim = tp_dim(op)
         tdim = tdim if tdim in sizes else None
-        roles[op.name] = (expert, seq_dim if seq_dim in sizes else None, tdim, sp_dim(op), "b" in sizes)
+        role = (expert, seq_dim if seq_dim in sizes else None, tdim, sp_dim(op), "b" in sizes)
+        roles[op.name] = (role, classes.setdefault(op.signature, len(classes)))
     return roles
 
 
 def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
-                     family: OpLayout = REPLICATED) -> dict[str, OpLayout]:
+                     family: OpLayout = REPLICATED, legal: dict | None = None) -> dict[str, OpLayout]:
     """Per-op layouts of a Megatron configuration on the stage mesh; a PlanError when one of
     them is illegal (``layout.refusal``, the one rule: e.g. sequence or context parallelism
     cutting an MoE capacity ``c`` it does not divide), so no search costs such a configuration.
@@ -214,6 +216,8 @@ def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
     Args:
         roles: ``op_roles(graph)``, when the caller keeps it.
         family: a layout whose family the layouts join (``OpLayout.family``; a search's).
+        legal: the caller's memo of the legality checks of this graph (``roles``) on this mesh,
+            (signature class, layout) -> ``layout.refusal`` (a search keeps one per graph and mesh).
     """
     ax = assign_axes(mesh, c)
     roles = op_roles(graph) if roles is None else roles
@@ -222,29 +226,44 @@ def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
     token_cut = {a: "b" for a in ax["dp"]} | {a: "c" for a in ax["cp"] + ax["tp"]}
     experts = {"e": ax["ep"], "b": tuple(a for a in ax["edp"] if token_cut[a] == "b"),
                "c": tuple(a for a in ax["edp"] if token_cut[a] == "c")}
-    layouts = {}
+    layouts, of_role = {}, {}  # (the ops of one role share a layout: it is built once)
     for op in graph.ops:
-        expert, seq_dim, tdim, sp, batch = roles[op.name]
-        if expert:
-            layouts[op.name] = family.relative(experts | ({tdim: ax["etp"]} if tdim else {}))
-            continue
-        cuts: dict[str, tuple[int, ...]] = {}
-        if batch:
-            cuts["b"] = ax["dp"]
-        if seq_dim and ax["cp"]:
-            cuts[seq_dim] = ax["cp"]
-        if ax["tp"] and tdim:
-            cuts[tdim] = ax["tp"]
-        elif ax["tp"] and c["sp"] and sp:
-            cuts[sp] = cuts.get(sp, ()) + ax["tp"]
-        layouts[op.name] = family.relative(cuts)
+        role = roles[op.name][0]
+        layout = of_role.get(role)
+        if layout is None:
+            layout = of_role[role] = _role_layout(role, ax, experts, c["sp"], family)
+        layouts[op.name] = layout
+    legal = {} if legal is None else legal  # (signature class, layout) -> refusal: once per pair
     for op in graph.ops:
-        why = refusal(op, layouts[op.name], mesh)
-        if why is not None:
+        key = (roles[op.name][1], layouts[op.name])
+        why = legal.get(key, _UNCHECKED)
+        if why is _UNCHECKED:
+            why = legal[key] = refusal(op, layouts[op.name], mesh)
+        if why is not None:  # (in graph order: the first op refused is the one reported)
             sp = " with sequence parallelism" if c["sp"] else ""
             raise PlanError(f"tp={c['tp']} cp={c['cp']} ep={c['ep']} etp={c['etp']}{sp}: op {op.name}: {why}; "
                             "choose degrees whose cuts divide it")
     return layouts
+
+
+_UNCHECKED = object()  # a legality check not done yet (None is an answer: legal)
+
+
+def _role_layout(role: tuple, ax: dict, experts: dict, sp_on: bool, family: OpLayout) -> OpLayout:
+    """The layout of the ops of one role (``op_roles``) under the axes ``ax`` (``assign_axes``)."""
+    expert, seq_dim, tdim, sp, batch = role
+    if expert:
+        return family.relative(experts | ({tdim: ax["etp"]} if tdim else {}))
+    cuts: dict[str, tuple[int, ...]] = {}
+    if batch:
+        cuts["b"] = ax["dp"]
+    if seq_dim and ax["cp"]:
+        cuts[seq_dim] = ax["cp"]
+    if ax["tp"] and tdim:
+        cuts[tdim] = ax["tp"]
+    elif ax["tp"] and sp_on and sp:
+        cuts[sp] = cuts.get(sp, ()) + ax["tp"]
+    return family.relative(cuts)
 
 
 def megatron_plan(model: ModelConfig, cluster: Cluster, graph: Graph | None = None, **config) -> Plan:

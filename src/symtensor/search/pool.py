@@ -88,9 +88,11 @@ class EvaluatorPool:
         self._memos = Memo(lambda key: {("root",): self.family})  # (graph batch, pp) -> Problem tables
         self._grids = Memo(self._grid)  # global batch -> grid_points
         self._roles = Memo(lambda batch: op_roles(self._graphs[batch]))  # graph batch -> megatron.op_roles
-        # (graph batch, pp, tp, cp, dp, ep, etp, sp) -> Megatron layouts: the last few, as the variants of
-        # one point (recomputation, ZeRO, virtual stages) share them
-        self._layouts = Memo(self._megatron_layouts, limit=65)
+        # (graph batch, pp, tp, cp, dp, ep, etp, sp) -> Megatron layouts: the last 2,048 (the grid's
+        # bounds cost each inner grid's layouts twice, its compute then its layer costs, and the
+        # variants of one point (recomputation, ZeRO, virtual stages) share them; a few MB)
+        self._layouts = Memo(self._megatron_layouts, limit=2048)
+        self._legal = Memo(lambda key: {})  # (graph batch, pp) -> megatron_layouts' legality checks
         # Megatron inner grid (tp, cp, ep, etp, sp, micro batch) -> Evaluator.layer_seconds
         self._layer_seconds: dict = {}
         self._splits: dict = {}  # (inner grid, pp, vpp) -> split_of
@@ -125,7 +127,8 @@ class EvaluatorPool:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key
         ev = self.get(graph_batch, pp)
         degrees = dict(tp=tp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp)  # all the layouts read
-        return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family)
+        return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family,
+                                self._legal[(graph_batch, pp)])
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         """The evaluator of one micro-step batch and pipeline depth."""
