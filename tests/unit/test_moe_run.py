@@ -130,3 +130,30 @@ def test_megatron_export_states_the_dispatcher_capacity_and_overlap():
         assert flag in args
     shared = load_model_config("tiny-qwen3-moe", ["shared_ffn=32"])
     assert "--moe-shared-expert-overlap" in megatron_args(megatron_plan(shared, cl, moe_shared_overlap=True, **base))
+
+
+def test_plan_costs_the_moe_options_the_user_runs():
+    """``plan`` takes the MoE options as stated facts of the stack: every point of the search (and the
+    grid it is guaranteed against) runs with them, the plan carries them, its Megatron export states
+    them; without them the search's training keys are today's."""
+    from symtensor.api import moe_options, plan
+    from symtensor.search.pool import EvaluatorPool
+
+    run = dict(seq=512, global_batch=64, space="megatron")
+    base = plan("tiny-qwen3-moe", "dgx-h100", 16, **run)
+    p = plan("tiny-qwen3-moe", "dgx-h100", 16, moe_dispatcher="deepep", moe_routing="aux_loss", **run)
+    assert (p.train.moe_dispatcher, p.train.moe_routing) == ("deepep", "aux_loss")
+    assert (base.train.moe_dispatcher, base.train.moe_routing) == ("alltoall", "balanced")
+    assert p.config["moe_routing"] == "aux_loss" and "moe_routing" not in base.config
+    assert "--moe-router-load-balancing-type aux_loss" in " ".join(megatron_args(p))
+    # the plan's own configuration costed again with the options is what the search reported
+    again = megatron_plan(TINY, load_cluster("dgx-h100", devices=16), **{
+        k: v for k, v in p.config.items() if k in ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute",
+                                                   "micro_batch", "global_batch", "seq", "vpp", "moe_dispatcher",
+                                                   "moe_routing")})
+    assert again.report.step_time_s == pytest.approx(p.report.step_time_s)
+    pool = EvaluatorPool(TINY, load_cluster("dgx-h100", devices=16), 512)
+    assert pool.train_keys == EvaluatorPool(TINY, load_cluster("dgx-h100", devices=16), 512,
+                                            moe=moe_options()).train_keys
+    with pytest.raises(PlanError, match="moe_dispatcher='nccl'"):
+        moe_options("nccl")

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
+from symtensor.cost.moe import refusal as moe_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import default_recipe, has_fp8, refusal as precision_refusal
 from symtensor.cost.train import rule_split
@@ -32,6 +33,22 @@ from symtensor.search.megatron import (
     train_config,
 )
 from symtensor.search.partition import Problem
+
+MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_routing": "balanced", "moe_capacity_factor": None,
+                "moe_shared_overlap": False}
+
+
+def moe_keys(moe: dict | None) -> dict:
+    """The MoE options of ``moe`` that differ from the defaults (``MOE_DEFAULTS``: today's costing), checked:
+    an unknown key or a bad value is a one-line PlanError (``cost.moe.refusal``)."""
+    moe = dict(moe or {})
+    unknown = sorted(moe.keys() - MOE_DEFAULTS.keys())
+    if unknown:
+        raise PlanError(f"{unknown[0]}: not a MoE option; use {', '.join(MOE_DEFAULTS)}")
+    why = moe_refusal(**{k.removeprefix("moe_"): v for k, v in {**MOE_DEFAULTS, **moe}.items()})
+    if why is not None:
+        raise PlanError(why)
+    return {k: v for k, v in moe.items() if v != MOE_DEFAULTS[k]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +75,16 @@ class EvaluatorPool:
     tables, the layout family, the Megatron grid and layouts). It lives as long as the search."""
 
     def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None, framework: str = "megatron",
-                 precision: str | None = None, fp8_recipe: str | None = None):
+                 precision: str | None = None, fp8_recipe: str | None = None, moe: dict | None = None):
         """``graph_factory(graph_batch)`` supplies the graphs (a captured model); default: the
         builders' skeleton graphs of ``cfg``. ``framework``: the engine every configuration of
         this search is costed under (``cost.engine``). ``precision``: ``bf16`` or ``fp8`` (under
         ``fp8_recipe``, default the device's) for every configuration; None: BF16, and the search
-        may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``)."""
+        may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``).
+        ``moe``: how the MoE layers run, stated facts of the stack that every configuration carries
+        (``moe_dispatcher``, ``moe_routing``, ``moe_capacity_factor``, ``moe_shared_overlap`` of
+        ``Parallelism``, ``cost.moe``); only the keys that differ from the defaults, so a search
+        without them is today's."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
         self.framework = framework
         why = precision_refusal(precision or "bf16", fp8_recipe if precision else None, cluster.device)
@@ -74,7 +95,8 @@ class EvaluatorPool:
         self.fp8_recipe = recipe if precision == "fp8" else None
         self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None
         # what every configuration and training configuration of this search carries besides its degrees
-        self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe}
+        self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe,
+                           **moe_keys(moe)}
         self.graph_factory = graph_factory
         self._param_sums = None
         self._recomputations = None
