@@ -65,6 +65,9 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    "mean (Megatron's --moe-expert-capacity-factor); default: dropless")
     p.add_argument("--moe-shared-overlap", action="store_true", help="the shared expert runs beside the dispatch "
                    "and combine all-to-alls (Megatron's --moe-shared-expert-overlap)")
+    p.add_argument("--moe-ep-overlap", action="store_true", help="one micro-batch's dispatch and combine beside "
+                   "another's compute in the 1F1B steady state (Megatron's --overlap-moe-expert-parallel-comm "
+                   "--delay-wgrad-compute)")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
@@ -304,7 +307,7 @@ def _dispatch(args) -> int:
                            overrides=args.set, framework=args.framework, precision=args.precision,
                            fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout, moe_dispatcher=args.moe_dispatcher,
                            moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
-                           moe_shared_overlap=args.moe_shared_overlap)
+                           moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap)
         return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
         return _plan(args)
@@ -339,7 +342,8 @@ def _moe(args) -> dict:
     """The MoE options of ``args`` a search holds (``api.moe_options``)."""
     from symtensor import api
 
-    return api.moe_options(args.moe_dispatcher, args.moe_routing, args.moe_capacity_factor, args.moe_shared_overlap)
+    return api.moe_options(args.moe_dispatcher, args.moe_routing, args.moe_capacity_factor, args.moe_shared_overlap,
+                           args.moe_ep_overlap)
 
 
 def _plan(args) -> int:
@@ -381,7 +385,7 @@ def _dispatch_analysis(args) -> int:
                             overrides=args.set, on_point=on_point, precision=args.precision,
                             fp8_recipe=args.fp8_recipe, moe_dispatcher=args.moe_dispatcher,
                             moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
-                            moe_shared_overlap=args.moe_shared_overlap)
+                            moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap)
             return console.sweep(out, args.json)
         out = api.report(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,

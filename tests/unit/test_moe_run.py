@@ -157,3 +157,23 @@ def test_plan_costs_the_moe_options_the_user_runs():
                                             moe=moe_options()).train_keys
     with pytest.raises(PlanError, match="moe_dispatcher='nccl'"):
         moe_options("nccl")
+
+
+def test_ep_overlap_hides_dispatch_behind_the_paired_micro_batch():
+    """--overlap-moe-expert-parallel-comm (combined 1F1B): the layer's expert all-to-alls hide behind the
+    paired micro-batch's compute in the steady state, so ep_comm falls and nothing else moves; the share
+    paired is all but the pipeline's warm-up; Megatron's refusals; the export states it."""
+    base, over = _qwen(moe_dispatcher="deepep"), _qwen(moe_dispatcher="deepep", moe_ep_overlap=True)
+    assert over.report.breakdown["ep_comm"] < 0.5 * base.report.breakdown["ep_comm"]
+    assert over.report.breakdown["compute"] == pytest.approx(base.report.breakdown["compute"])
+    assert over.report.step_time_s < base.report.step_time_s
+    steady = TrainConfig(global_batch=2048, micro_steps=128, pp=8, vpp=4, moe_ep_overlap=True)
+    assert moe.ep_overlap_share(steady) == pytest.approx(1 - (1 + (7 * 2 + 3 * 8) / 4) / 128)
+    assert moe.ep_overlap_share(TrainConfig(global_batch=4, micro_steps=4, moe_ep_overlap=True)) == 0.75
+    args = megatron_args(over)
+    assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
+    grid = dict(tp=2, ep=32, pp=8, vpp=4, moe_ep_overlap=True)
+    for kw, message in ((dict(recompute="full"), "full recomputation"), (dict(moe_shared_overlap=True), "exclude"),
+                        (dict(vpp=1), "interleaved"), (dict(ep=1), "ep > 1")):
+        with pytest.raises(PlanError, match=message):
+            evaluate("qwen3-235b-a22b", "dgx-h100", 256, **{**RUN, **grid, **kw})

@@ -35,7 +35,7 @@ from symtensor.search.megatron import (
 from symtensor.search.partition import Problem
 
 MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_routing": "balanced", "moe_capacity_factor": None,
-                "moe_shared_overlap": False}
+                "moe_shared_overlap": False, "moe_ep_overlap": False}
 
 
 def moe_keys(moe: dict | None) -> dict:
@@ -45,7 +45,9 @@ def moe_keys(moe: dict | None) -> dict:
     unknown = sorted(moe.keys() - MOE_DEFAULTS.keys())
     if unknown:
         raise PlanError(f"{unknown[0]}: not a MoE option; use {', '.join(MOE_DEFAULTS)}")
-    why = moe_refusal(**{k.removeprefix("moe_"): v for k, v in {**MOE_DEFAULTS, **moe}.items()})
+    opts = {**MOE_DEFAULTS, **moe}
+    why = moe_refusal(opts["moe_dispatcher"], opts["moe_capacity_factor"], opts["moe_routing"],
+                      opts["moe_shared_overlap"], opts["moe_ep_overlap"])
     if why is not None:
         raise PlanError(why)
     return {k: v for k, v in moe.items() if v != MOE_DEFAULTS[k]}
