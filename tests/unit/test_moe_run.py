@@ -137,6 +137,7 @@ def test_plan_costs_the_moe_options_the_user_runs():
     grid it is guaranteed against) runs with them, the plan carries them, its Megatron export states
     them; without them the search's training keys are today's."""
     from symtensor.api import moe_options, plan
+    from symtensor.plan.parallelism import Parallelism
     from symtensor.search.pool import EvaluatorPool
 
     run = dict(seq=512, global_batch=64, space="megatron")
@@ -147,10 +148,7 @@ def test_plan_costs_the_moe_options_the_user_runs():
     assert p.config["moe_routing"] == "aux_loss" and "moe_routing" not in base.config
     assert "--moe-router-load-balancing-type aux_loss" in " ".join(megatron_args(p))
     # the plan's own configuration costed again with the options is what the search reported
-    again = megatron_plan(TINY, load_cluster("dgx-h100", devices=16), **{
-        k: v for k, v in p.config.items() if k in ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute",
-                                                   "micro_batch", "global_batch", "seq", "vpp", "moe_dispatcher",
-                                                   "moe_routing")})
+    again = megatron_plan(TINY, load_cluster("dgx-h100", devices=16), **Parallelism.from_dict(p.config).as_dict())
     assert again.report.step_time_s == pytest.approx(p.report.step_time_s)
     pool = EvaluatorPool(TINY, load_cluster("dgx-h100", devices=16), 512)
     assert pool.train_keys == EvaluatorPool(TINY, load_cluster("dgx-h100", devices=16), 512,
