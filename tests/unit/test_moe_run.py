@@ -175,3 +175,17 @@ def test_ep_overlap_hides_dispatch_behind_the_paired_micro_batch():
                         (dict(vpp=1), "interleaved"), (dict(ep=1), "ep > 1")):
         with pytest.raises(PlanError, match=message):
             evaluate("qwen3-235b-a22b", "dgx-h100", 256, **{**RUN, **grid, **kw})
+
+
+def test_a_search_holds_ep_overlap_only_where_megatron_runs_it():
+    """A search that holds --moe-ep-overlap keeps it on the points Megatron runs it on and drops it
+    elsewhere (full recomputation, pp > 1 without virtual stages, another engine); a plan without expert
+    parallelism does not state it."""
+    on = dict(global_batch=64, micro_steps=8, moe_ep_overlap=True)
+    assert TrainConfig(**on).moe_ep_overlap and TrainConfig(pp=2, vpp=2, **on).moe_ep_overlap
+    for kw in (dict(recompute="full"), dict(pp=2), dict(framework="fsdp2")):
+        assert not TrainConfig(**on, **kw).moe_ep_overlap
+    from symtensor.api import plan
+
+    dense = plan("tiny-llama", "dgx-h100", 8, seq=256, global_batch=32, space="megatron", moe_ep_overlap=True)
+    assert "moe_ep_overlap" not in dense.config

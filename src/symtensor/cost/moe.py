@@ -112,6 +112,8 @@ def overlap_refusal(p) -> str | None:
     (``plan.Parallelism``), one line each, or None (the module docstring)."""
     if not p.moe_ep_overlap:
         return None
+    if p.framework != "megatron":
+        return f"moe_ep_overlap is Megatron's --overlap-moe-expert-parallel-comm; framework {p.framework} has none"
     if p.ep <= 1:
         return "moe_ep_overlap overlaps the expert all-to-alls: it needs ep > 1"
     if p.recompute == "full":
@@ -121,6 +123,12 @@ def overlap_refusal(p) -> str | None:
     if p.pp > 1 and p.vpp <= 1:
         return "moe_ep_overlap with pp > 1 needs the interleaved schedule (Megatron refuses it without); give --vpp"
     return None
+
+
+def ep_overlap_runs(train) -> bool:
+    """Whether Megatron runs the combined 1F1B schedule for ``train`` (``overlap_refusal``'s rules that a
+    training configuration can check; a search holding ``moe_ep_overlap`` drops it where they fail)."""
+    return train.framework == "megatron" and train.recompute != "full" and (train.pp == 1 or train.vpp > 1)
 
 
 def ep_overlap_share(train) -> float:

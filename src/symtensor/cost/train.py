@@ -155,6 +155,8 @@ class TrainConfig:
         if why is not None:
             raise PlanError(why)
         _moe.check(self)
+        if self.moe_ep_overlap and not _moe.ep_overlap_runs(self):  # where Megatron does not run it (a search's
+            object.__setattr__(self, "moe_ep_overlap", False)  # point; a stated configuration is refused before)
         if self.layer_split is not None:
             split = tuple(self.layer_split)
             if not all(isinstance(c, int) and c >= 0 for c in split):

@@ -126,12 +126,15 @@ def config_summary(plan) -> dict:
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
             "framework": train.framework, **_precision(train),
-            **({} if train.layer_split is None else {"layer_split": list(train.layer_split)}), **_moe(train)}
+            **({} if train.layer_split is None else {"layer_split": list(train.layer_split)}),
+            **_moe(train, edeg["ep"])}
 
 
-def _moe(train) -> dict:
-    """The summary's MoE keys: those that differ from ``MOE_DEFAULTS`` (none by default)."""
-    return {k: getattr(train, k) for k, v in MOE_DEFAULTS.items() if getattr(train, k) != v}
+def _moe(train, ep: int = 2) -> dict:
+    """The summary's MoE keys: those that differ from ``MOE_DEFAULTS`` (none by default); the expert
+    all-to-all overlap only where there is expert parallelism (``ep``) to overlap."""
+    return {k: getattr(train, k) for k, v in MOE_DEFAULTS.items()
+            if getattr(train, k) != v and not (k == "moe_ep_overlap" and ep <= 1)}
 
 
 def _precision(train) -> dict:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
-from symtensor.cost.moe import refusal as moe_refusal
+from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal, refusal as moe_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import default_recipe, has_fp8, refusal as precision_refusal
 from symtensor.cost.train import rule_split
@@ -21,6 +21,7 @@ from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import OpLayout
 from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
+from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.plan import Plan
 from symtensor.search.megatron import (
     check_config,
@@ -132,6 +133,15 @@ class EvaluatorPool:
         return Evaluator(self._graphs[graph_batch], self.cluster, pp=pp, shared=self._shared[pp],
                          framework=self.framework)
 
+    def held(self, config: dict) -> dict:
+        """Megatron configuration ``config`` with what this search carries besides its degrees
+        (``train_keys``); the expert all-to-all overlap only where Megatron runs it on ``config``
+        (``cost.moe.overlap_refusal``): a stack fact holds where it applies, not a refusal of the point."""
+        out = {**config, **self.train_keys}
+        if out.get("moe_ep_overlap") and moe_overlap_refusal(Parallelism(**configuration(out))) is not None:
+            del out["moe_ep_overlap"]
+        return out
+
     @property
     def floor_keys(self) -> dict:
         """``train_keys`` for a step floor that bounds every plan this search may return: in FP8
@@ -230,7 +240,7 @@ class EvaluatorPool:
         key = inner_grid(point)
         hit = self._layer_seconds.get(key)
         if hit is None:
-            c = configuration({**point, "recompute": "none", "vpp": 1, **self.train_keys})
+            c = configuration(self.held({**point, "recompute": "none", "vpp": 1}))
             ev, layouts = self.layouts(c)
             hit = self._layer_seconds[key] = ev.layer_seconds(layouts, train_config(c))
         return hit
@@ -239,14 +249,14 @@ class EvaluatorPool:
         """``evaluate`` of the Megatron configuration ``config`` under this pool's engine; None
         when it is not a valid configuration."""
         try:
-            return self.evaluate(configuration({**config, **self.train_keys}), balance=balance)
+            return self.evaluate(configuration(self.held(config)), balance=balance)
         except PlanError:
             return None
 
     def may_fit(self, **config) -> bool:
         """``static_fits`` of the Megatron configuration ``config``; False when it is invalid."""
         try:
-            return self.static_fits(configuration({**config, **self.train_keys}))
+            return self.static_fits(configuration(self.held(config)))
         except PlanError:
             return False
 
