@@ -131,7 +131,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
              vpp=1, overrides=None, framework: str = "megatron", precision: str = "bf16",
              fp8_recipe: str | None = None, dp_shard: int | None = None, pp_layout: str | None = None,
              moe_dispatcher: str = "alltoall", moe_routing: str = "balanced", moe_capacity_factor: float | None = None,
-             moe_shared_overlap: bool = False) -> Plan:
+             moe_shared_overlap: bool = False, moe_ep_overlap: bool = False) -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
     the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
@@ -156,7 +156,8 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
                          seq=seq, vpp=vpp, framework=framework, precision=precision,
                          fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework), layer_split=split,
                          moe_dispatcher=moe_dispatcher, moe_routing=moe_routing,
-                         moe_capacity_factor=moe_capacity_factor, moe_shared_overlap=moe_shared_overlap)
+                         moe_capacity_factor=moe_capacity_factor, moe_shared_overlap=moe_shared_overlap,
+                         moe_ep_overlap=moe_ep_overlap)
     why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)
@@ -209,28 +210,43 @@ def torch_model(spec: str):
 def plan(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
          global_batch=None, seq=None, space: str = "symtensor", overrides=None, capture: bool = False,
          torch: str | None = None, framework: str = "megatron", precision: str | None = None,
-         fp8_recipe: str | None = None) -> Plan:
+         fp8_recipe: str | None = None, moe_dispatcher: str = "alltoall", moe_routing: str = "balanced",
+         moe_capacity_factor: float | None = None, moe_shared_overlap: bool = False,
+         moe_ep_overlap: bool = False) -> Plan:
     """Search the best plan under ``framework``'s engine semantics (``plan.document.plan_json`` is
     the JSON of ``symtensor plan``); never worse than the Megatron grid's best
     (``plan_with_baselines``). With ``capture`` the graph is the model's own PyTorch forward,
     captured by torch.export, instead of the builders'; ``torch``: a module factory to capture.
     ``precision``: ``bf16`` or ``fp8`` (under ``fp8_recipe``); None: the search chooses (FP8 where
-    the device has it and it wins, ``search.planner`` step 6)."""
+    the device has it and it wins, ``search.planner`` step 6). ``moe_*``: how the MoE layers run
+    (``evaluate``'s), stated facts of the stack that every point of the search runs with."""
+    moe = moe_options(moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap)
     return plan_with_baselines(model, cluster, devices, nodes, micro_batch, global_batch, seq, space, overrides,
-                               capture, torch, framework, names=(), precision=precision, fp8_recipe=fp8_recipe)[0]
+                               capture, torch, framework, names=(), precision=precision, fp8_recipe=fp8_recipe,
+                               moe=moe)[0]
+
+
+def moe_options(dispatcher: str = "alltoall", routing: str = "balanced", capacity_factor: float | None = None,
+                shared_overlap: bool = False, ep_overlap: bool = False) -> dict:
+    """The MoE options a search holds (``search.pool.moe_keys``: those that differ from today's costing)."""
+    from symtensor.search.pool import moe_keys
+
+    return moe_keys({"moe_dispatcher": dispatcher, "moe_routing": routing, "moe_capacity_factor": capacity_factor,
+                     "moe_shared_overlap": shared_overlap, "moe_ep_overlap": ep_overlap})
 
 
 def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: int | None = None,
                         micro_batch="auto", global_batch=None, seq=None, space: str = "symtensor", overrides=None,
                         capture: bool = False, torch: str | None = None, framework: str = "megatron",
                         names=None, precision: str | None = None,
-                        fp8_recipe: str | None = None) -> tuple[Plan, dict[str, Plan | None]]:
+                        fp8_recipe: str | None = None, moe: dict | None = None) -> tuple[Plan, dict[str, Plan | None]]:
     """``plan`` and the baselines ``names`` (default all of ``search.BASELINES``) beside it. A
     builders' plan of the whole space keeps the promises of ``search.guarantee``: never worse
     than the Megatron grid's best (costed either way, once) and monotone in devices. A captured
     graph's costs are its own (the grid's are the builders'), and a fixed micro batch holds the
     search to it: their plans are the search's. A stated ``precision`` holds the baselines too;
-    without one they keep BF16 (the recipes')."""
+    without one they keep BF16 (the recipes'). ``moe``: the MoE options (``moe_options``) the search, the
+    grid and the baselines run with."""
     from symtensor.search import BASELINES, search
     from symtensor.search.guarantee import GRID, guaranteed_plan
 
@@ -250,10 +266,12 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     names = BASELINES if names is None else tuple(names)
 
     held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
+    if moe:
+        held["moe"] = moe
 
     def run(on):
         return search(cfg, on, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory,
-                      framework=framework, precision=precision, fp8_recipe=fp8_recipe)
+                      framework=framework, precision=precision, fp8_recipe=fp8_recipe, moe=moe)
 
     if space == "symtensor" and factory is None and mb is None:
         return guaranteed_plan(cfg, cl, global_batch, seq, framework, run, names, precision=held)
@@ -268,14 +286,15 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     return p, baselines(p, names, **held)
 
 
-def baselines(p: Plan, names=None, precision: str | None = None, fp8_recipe: str | None = None) -> dict:
+def baselines(p: Plan, names=None, precision: str | None = None, fp8_recipe: str | None = None,
+              moe: dict | None = None) -> dict:
     """The Megatron recipe, the Megatron grid best, FSDP and D-Rec (or those ``names``) for ``p``'s
     model, cluster, batch, sequence and engine (None where one has no valid configuration), in
-    ``precision`` (default BF16, the recipes')."""
+    ``precision`` (default BF16, the recipes') and with the MoE options ``moe``."""
     from symtensor.search import BASELINES, baseline_plans
 
     return baseline_plans(p.model, p.cluster, p.train.global_batch, p.seq, p.engine, names or BASELINES,
-                          precision=precision, fp8_recipe=fp8_recipe)
+                          precision=precision, fp8_recipe=fp8_recipe, moe=moe)
 
 
 def explain(plan_file: str, op: str | None = None, formulas: bool = False) -> dict:
@@ -298,10 +317,13 @@ def compare(a: str, b: str, precision: str | None = None, fp8_recipe: str | None
 
 def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=None, micro_batch="auto",
           space: str = "symtensor", overrides=None, on_point=None, precision: str | None = None,
-          fp8_recipe: str | None = None) -> dict:
+          fp8_recipe: str | None = None, moe_dispatcher: str = "alltoall", moe_routing: str = "balanced",
+          moe_capacity_factor: float | None = None, moe_shared_overlap: bool = False,
+          moe_ep_overlap: bool = False) -> dict:
     """Plans across a range of one of ``seq``, ``devices``, ``nodes`` or ``global_batch`` (each an int, a
     list, or a range string ``A..B``, ``A..B:F``, ``A,B,C``); the JSON of ``symtensor sweep``.
-    Without ``global_batch`` every point keeps about 4M tokens per step. ``precision`` as ``plan``'s."""
+    Without ``global_batch`` every point keeps about 4M tokens per step. ``precision`` and ``moe_*`` as
+    ``plan``'s."""
     from symtensor.analysis.sweep import run_sweep
     from symtensor.validate import parse_range
 
@@ -326,6 +348,9 @@ def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=
                      "global_batch": point["global_batch"] or default_global_batch(s)})
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
     held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
+    moe = moe_options(moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap)
+    if moe:
+        held["moe"] = moe
     return run_sweep(cfg, cluster, param, grid, micro_batch=mb, space=space, on_point=on_point, precision=held)
 
 

@@ -66,6 +66,9 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    "mean (Megatron's --moe-expert-capacity-factor); default: dropless")
     p.add_argument("--moe-shared-overlap", action="store_true", help="the shared expert runs beside the dispatch "
                    "and combine all-to-alls (Megatron's --moe-shared-expert-overlap)")
+    p.add_argument("--moe-ep-overlap", action="store_true", help="one micro-batch's dispatch and combine beside "
+                   "another's compute in the 1F1B steady state (Megatron's --overlap-moe-expert-parallel-comm "
+                   "--delay-wgrad-compute)")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
@@ -160,6 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
                                                                  "anyway: the plan is never worse than its best)")
     _framework_arg(p)
     _precision_args(p)
+    _moe_args(p)
     p.add_argument("--out", help="write the plan file (read by export, run, explain)")
     p.add_argument("--force", action="store_true", help="write --out through a symbolic link")
     p.add_argument("--capture", action="store_true",
@@ -187,6 +191,7 @@ def build_parser() -> argparse.ArgumentParser:
         p.add_argument(flag, help="N, or a range: A..B (doubling), A..B:F (times F), A,B,C")
     _search_args(p)
     _precision_args(p)
+    _moe_args(p)
     p.add_argument("--json", action="store_true", help="print one JSON object (points, breakpoints)")
     p = sub.add_parser("report", help="one self-contained HTML page with the plan's plots and tables")
     _model_args(p, model_required=False)
@@ -315,7 +320,7 @@ def _dispatch(args) -> int:
                            overrides=args.set, framework=args.framework, precision=args.precision,
                            fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout, moe_dispatcher=args.moe_dispatcher,
                            moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
-                           moe_shared_overlap=args.moe_shared_overlap)
+                           moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap)
         return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
         return _plan(args)
@@ -346,6 +351,14 @@ def _dispatch(args) -> int:
     raise AssertionError(args.command)
 
 
+def _moe(args) -> dict:
+    """The MoE options of ``args`` a search holds (``api.moe_options``)."""
+    from symtensor import api
+
+    return api.moe_options(args.moe_dispatcher, args.moe_routing, args.moe_capacity_factor, args.moe_shared_overlap,
+                           args.moe_ep_overlap)
+
+
 def _plan(args) -> int:
     """symtensor plan: search, the baselines beside it, the JSON, the plan file."""
     from symtensor import api, report
@@ -358,7 +371,7 @@ def _plan(args) -> int:
             args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
             global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set, capture=args.capture,
             torch=args.torch, framework=args.framework, names=() if args.no_baselines else None,
-            precision=args.precision, fp8_recipe=args.fp8_recipe)
+            precision=args.precision, fp8_recipe=args.fp8_recipe, moe=_moe(args))
         base = base or None
     out = plan_json(plan, base, space=args.space, captured=bool(args.capture or args.torch))
     if args.out:
@@ -383,7 +396,9 @@ def _dispatch_analysis(args) -> int:
             out = api.sweep(args.model, args.cluster, devices=devices, nodes=args.nodes, seq=args.seq,
                             global_batch=args.global_batch, micro_batch=args.micro_batch, space=args.space,
                             overrides=args.set, on_point=on_point, precision=args.precision,
-                            fp8_recipe=args.fp8_recipe)
+                            fp8_recipe=args.fp8_recipe, moe_dispatcher=args.moe_dispatcher,
+                            moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
+                            moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap)
             return console.sweep(out, args.json)
         out = api.report(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,

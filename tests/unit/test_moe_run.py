@@ -130,3 +130,62 @@ def test_megatron_export_states_the_dispatcher_capacity_and_overlap():
         assert flag in args
     shared = load_model_config("tiny-qwen3-moe", ["shared_ffn=32"])
     assert "--moe-shared-expert-overlap" in megatron_args(megatron_plan(shared, cl, moe_shared_overlap=True, **base))
+
+
+def test_plan_costs_the_moe_options_the_user_runs():
+    """``plan`` takes the MoE options as stated facts of the stack: every point of the search (and the
+    grid it is guaranteed against) runs with them, the plan carries them, its Megatron export states
+    them; without them the search's training keys are today's."""
+    from symtensor.api import moe_options, plan
+    from symtensor.plan.parallelism import Parallelism
+    from symtensor.search.pool import EvaluatorPool
+
+    run = dict(seq=512, global_batch=64, space="megatron")
+    base = plan("tiny-qwen3-moe", "dgx-h100", 16, **run)
+    p = plan("tiny-qwen3-moe", "dgx-h100", 16, moe_dispatcher="deepep", moe_routing="aux_loss", **run)
+    assert (p.train.moe_dispatcher, p.train.moe_routing) == ("deepep", "aux_loss")
+    assert (base.train.moe_dispatcher, base.train.moe_routing) == ("alltoall", "balanced")
+    assert p.config["moe_routing"] == "aux_loss" and "moe_routing" not in base.config
+    assert "--moe-router-load-balancing-type aux_loss" in " ".join(megatron_args(p))
+    # the plan's own configuration costed again with the options is what the search reported
+    again = megatron_plan(TINY, load_cluster("dgx-h100", devices=16), **Parallelism.from_dict(p.config).as_dict())
+    assert again.report.step_time_s == pytest.approx(p.report.step_time_s)
+    pool = EvaluatorPool(TINY, load_cluster("dgx-h100", devices=16), 512)
+    assert pool.train_keys == EvaluatorPool(TINY, load_cluster("dgx-h100", devices=16), 512,
+                                            moe=moe_options()).train_keys
+    with pytest.raises(PlanError, match="moe_dispatcher='nccl'"):
+        moe_options("nccl")
+
+
+def test_ep_overlap_hides_dispatch_behind_the_paired_micro_batch():
+    """--overlap-moe-expert-parallel-comm (combined 1F1B): the layer's expert all-to-alls hide behind the
+    paired micro-batch's compute in the steady state, so ep_comm falls and nothing else moves; the share
+    paired is all but the pipeline's warm-up; Megatron's refusals; the export states it."""
+    base, over = _qwen(moe_dispatcher="deepep"), _qwen(moe_dispatcher="deepep", moe_ep_overlap=True)
+    assert over.report.breakdown["ep_comm"] < 0.5 * base.report.breakdown["ep_comm"]
+    assert over.report.breakdown["compute"] == pytest.approx(base.report.breakdown["compute"])
+    assert over.report.step_time_s < base.report.step_time_s
+    steady = TrainConfig(global_batch=2048, micro_steps=128, pp=8, vpp=4, moe_ep_overlap=True)
+    assert moe.ep_overlap_share(steady) == pytest.approx(1 - (1 + (7 * 2 + 3 * 8) / 4) / 128)
+    assert moe.ep_overlap_share(TrainConfig(global_batch=4, micro_steps=4, moe_ep_overlap=True)) == 0.75
+    args = megatron_args(over)
+    assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
+    grid = dict(tp=2, ep=32, pp=8, vpp=4, moe_ep_overlap=True)
+    for kw, message in ((dict(recompute="full"), "full recomputation"), (dict(moe_shared_overlap=True), "exclude"),
+                        (dict(vpp=1), "interleaved"), (dict(ep=1), "ep > 1")):
+        with pytest.raises(PlanError, match=message):
+            evaluate("qwen3-235b-a22b", "dgx-h100", 256, **{**RUN, **grid, **kw})
+
+
+def test_a_search_holds_ep_overlap_only_where_megatron_runs_it():
+    """A search that holds --moe-ep-overlap keeps it on the points Megatron runs it on and drops it
+    elsewhere (full recomputation, pp > 1 without virtual stages, another engine); a plan without expert
+    parallelism does not state it."""
+    on = dict(global_batch=64, micro_steps=8, moe_ep_overlap=True)
+    assert TrainConfig(**on).moe_ep_overlap and TrainConfig(pp=2, vpp=2, **on).moe_ep_overlap
+    for kw in (dict(recompute="full"), dict(pp=2), dict(framework="fsdp2")):
+        assert not TrainConfig(**on, **kw).moe_ep_overlap
+    from symtensor.api import plan
+
+    dense = plan("tiny-llama", "dgx-h100", 8, seq=256, global_batch=32, space="megatron", moe_ep_overlap=True)
+    assert "moe_ep_overlap" not in dense.config

@@ -43,6 +43,19 @@ Shared experts (``TrainConfig.moe_shared_overlap``, Megatron ``--moe-shared-expe
 shared expert's GEMMs run on their own stream while the dispatch and combine all-to-alls are in
 flight, so the ``ep_comm`` of a layer hides behind them (``engine.hidden``); otherwise both are
 serial.
+
+Expert-parallel overlap across micro-batches (``TrainConfig.moe_ep_overlap``, Megatron
+``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``, the MoE model zoo's A2A_OVERLAP=1, "+1f1b
+overlap"): in the 1F1B steady state Megatron runs one micro-batch's forward and another's backward as one
+combined step, layer by layer, with the communication on its own stream, so the forward's dispatch and
+combine hide behind the backward's compute and the other way round (megatron/core/pipeline_parallel/
+combined_1f1b.py, ``forward_backward_step``/``schedule_chunk_1f1b``, recipe ``ep_a2a``). A layer's
+``ep_comm`` then hides behind the layer's compute (``engine.hidden``) in the share of micro-batches that
+run paired (``ep_overlap_share``): all but the first forward and the last backward without a pipeline
+(``combined_1f1b_schedule_for_no_pipelining``), all but the interleaved schedule's warm-up and cool-down
+with one (``engine.pipeline_window``). Megatron's TransformerConfig refuses it without expert parallelism,
+with full recomputation, beside --moe-shared-expert-overlap, and with pp > 1 but no virtual pipeline
+(``overlap_refusal``).
 """
 
 from __future__ import annotations
@@ -51,6 +64,7 @@ import math
 from statistics import NormalDist
 
 from symtensor.cost.collectives import collective_time, level_counts
+from symtensor.cost.engine import pipeline_window
 from symtensor.errors import PlanError
 
 DISPATCHERS = ("alltoall", "deepep")
@@ -76,7 +90,7 @@ def expected_max_normal(n: int) -> float:
 AUX_LOSS_CV = AUX_LOSS_MAXVIO / expected_max_normal(AUX_LOSS_EXPERTS)  # spread of expert popularity
 
 
-def refusal(dispatcher: str, capacity_factor, routing: str, shared_overlap) -> str | None:
+def refusal(dispatcher: str, capacity_factor, routing: str, shared_overlap, ep_overlap=False) -> str | None:
     """One line naming the bad MoE option and the fix, or None."""
     if dispatcher not in DISPATCHERS:
         return f"moe_dispatcher={dispatcher!r}; use one of {', '.join(DISPATCHERS)}"
@@ -88,14 +102,46 @@ def refusal(dispatcher: str, capacity_factor, routing: str, shared_overlap) -> s
                 "mean tokens); leave it out for dropless training")
     if not isinstance(shared_overlap, bool):
         return f"moe_shared_overlap must be true or false, got {shared_overlap!r}"
+    if not isinstance(ep_overlap, bool):
+        return f"moe_ep_overlap must be true or false, got {ep_overlap!r}"
     return None
+
+
+def overlap_refusal(p) -> str | None:
+    """Megatron's TransformerConfig rules for --overlap-moe-expert-parallel-comm on configuration ``p``
+    (``plan.Parallelism``), one line each, or None (the module docstring)."""
+    if not p.moe_ep_overlap:
+        return None
+    if p.framework != "megatron":
+        return f"moe_ep_overlap is Megatron's --overlap-moe-expert-parallel-comm; framework {p.framework} has none"
+    if p.ep <= 1:
+        return "moe_ep_overlap overlaps the expert all-to-alls: it needs ep > 1"
+    if p.recompute == "full":
+        return "moe_ep_overlap does not run with full recomputation (Megatron refuses it); use --recompute selective"
+    if p.moe_shared_overlap:
+        return "moe_ep_overlap and moe_shared_overlap exclude each other (Megatron refuses both); keep one"
+    if p.pp > 1 and p.vpp <= 1:
+        return "moe_ep_overlap with pp > 1 needs the interleaved schedule (Megatron refuses it without); give --vpp"
+    return None
+
+
+def ep_overlap_runs(train) -> bool:
+    """Whether Megatron runs the combined 1F1B schedule for ``train`` (``overlap_refusal``'s rules that a
+    training configuration can check; a search holding ``moe_ep_overlap`` drops it where they fail)."""
+    return train.framework == "megatron" and train.recompute != "full" and (train.pp == 1 or train.vpp > 1)
+
+
+def ep_overlap_share(train) -> float:
+    """The share of a stage's micro-batches whose forward and backward run paired under
+    ``moe_ep_overlap`` (the module docstring): 1 - (its pipeline warm-up in micro-batches) / micro-batches."""
+    return max(0.0, 1.0 - pipeline_window(train) / train.micro_steps)
 
 
 def active(train) -> bool:
     """Whether ``train`` asks for anything beyond today's costing (alltoall, balanced, dropless,
     serial shared experts): the hooks leave every other step untouched, byte for byte."""
     return (train.moe_dispatcher != "alltoall" or train.moe_routing != "balanced"
-            or train.moe_capacity_factor is not None or train.moe_shared_overlap)
+            or train.moe_capacity_factor is not None or train.moe_shared_overlap or train.moe_ep_overlap)
 
 
 def load_factor(train, experts_local: float, copies_local: float, n_ranks: int) -> float:
@@ -181,6 +227,7 @@ def edge_seconds(seconds: float, colls, ev, train, load: float) -> float:
 
 def check(train) -> None:
     """Raise the one-line PlanError of ``refusal`` for ``train``'s MoE options."""
-    why = refusal(train.moe_dispatcher, train.moe_capacity_factor, train.moe_routing, train.moe_shared_overlap)
+    why = refusal(train.moe_dispatcher, train.moe_capacity_factor, train.moe_routing, train.moe_shared_overlap,
+                  train.moe_ep_overlap)
     if why is not None:
         raise PlanError(why)

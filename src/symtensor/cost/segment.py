@@ -24,7 +24,8 @@ def activation_key(train: TrainConfig) -> tuple:
     and the FP8 recipe (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
     schedule only enter the step)."""
     return train.recompute, train.framework, tp_overlapped(train), train.fp8, \
-        (train.moe_dispatcher, train.moe_routing, train.moe_capacity_factor, train.moe_shared_overlap)
+        (train.moe_dispatcher, train.moe_routing, train.moe_capacity_factor, train.moe_shared_overlap,
+         train.moe_ep_overlap)
 
 
 def recomputed(op, recompute: str, layers: int) -> bool:
@@ -186,7 +187,9 @@ class Segment:
         collectives with the GEMMs they feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of
         which the first cannot be hidden; ring context parallelism exchanges the next key/value
         block while attention runs on this one. What is hidden still takes its share of the compute
-        (``engine.hidden``). Other communication is exposed."""
+        (``engine.hidden``). Under ``moe_ep_overlap`` the expert dispatch and combine of the 1F1B steady
+        state run beside the paired micro-batch's compute of the layer (``cost.moe.ep_overlap_share``).
+        Other communication is exposed."""
         self.raw_comm = dict(self.comm)
         share = self.ev.eff.end_to_end.comm_sm_fraction  # the compute a collective beside it takes (engine.hidden)
         tp = self.comm.get("tp_comm", 0.0)
@@ -199,6 +202,9 @@ class Segment:
         ep = self.comm.get("ep_comm", 0.0)
         if ep and self.overlap_compute.get("ep_comm"):
             self.comm["ep_comm"] = hidden(ep, self.overlap_compute["ep_comm"], share)
+        if ep and self.moe and self.train.moe_ep_overlap:  # beside the paired micro-batch's compute (cost.moe)
+            f = moe.ep_overlap_share(self.train)
+            self.comm["ep_comm"] = f * hidden(ep, self.compute + self.recompute, share) + (1.0 - f) * ep
 
     def _load(self, op, layout) -> float:
         """The load factor (``cost.moe.load_factor``) of expert op ``op`` under ``layout``."""

@@ -119,7 +119,9 @@ class TrainConfig:
             EP rank at the mean: Megatron's --moe-router-force-load-balancing, today's costing) or
             ``aux_loss`` (the most-loaded rank paces the step); ``moe_capacity_factor``: experts
             drop tokens beyond that many times their mean (None: dropless); ``moe_shared_overlap``:
-            the shared expert runs beside the dispatch (``cost.moe``).
+            the shared expert runs beside the dispatch (``cost.moe``); ``moe_ep_overlap``: Megatron's
+            --overlap-moe-expert-parallel-comm, one micro-batch's dispatch and combine beside another's
+            compute in the 1F1B steady state (``cost.moe.ep_overlap_share``).
     """
 
     global_batch: int
@@ -142,6 +144,7 @@ class TrainConfig:
     moe_routing: str = "balanced"
     moe_capacity_factor: float | None = None
     moe_shared_overlap: bool = False
+    moe_ep_overlap: bool = False
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -176,6 +179,8 @@ class TrainConfig:
         if why is not None:
             raise PlanError(why)
         _moe.check(self)
+        if self.moe_ep_overlap and not _moe.ep_overlap_runs(self):  # where Megatron does not run it (a search's
+            object.__setattr__(self, "moe_ep_overlap", False)  # point; a stated configuration is refused before)
         if self.layer_split is not None:
             split = tuple(self.layer_split)
             if not all(isinstance(c, int) and c >= 0 for c in split):

@@ -208,8 +208,9 @@ def dispatcher_args(p: Parallelism) -> list[str]:
     """The token dispatcher and routing the cost model followed (``cost.moe``; megatron/training/
     arguments.py): ``--moe-token-dispatcher-type alltoall``, or ``flex`` with ``--moe-enable-deepep``
     (DeepEP's normal kernels); under auxiliary-loss routing its load-balancing type, and a capacity
-    factor with Megatron's default drop policy stated (``probs``: the lowest-probability tokens go).
-    Balanced routing, the cost model's default, is left to the run (a benchmark adds
+    factor with Megatron's default drop policy stated (``probs``: the lowest-probability tokens go); the
+    expert all-to-alls overlapped across micro-batches (``moe_ep_overlap``). Balanced routing, the cost
+    model's default, is left to the run (a benchmark adds
     ``--moe-router-force-load-balancing``)."""
     args = ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"] if p.moe_dispatcher == "deepep" \
         else ["--moe-token-dispatcher-type alltoall"]
@@ -217,6 +218,8 @@ def dispatcher_args(p: Parallelism) -> list[str]:
         args.append("--moe-router-load-balancing-type aux_loss")
     if p.moe_capacity_factor is not None:
         args += [f"--moe-expert-capacity-factor {p.moe_capacity_factor:g}", "--moe-token-drop-policy probs"]
+    if p.moe_ep_overlap:  # the combined 1F1B schedule (cost.moe), as the MoE model zoo's A2A_OVERLAP=1 runs it
+        args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return args
 
 

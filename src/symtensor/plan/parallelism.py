@@ -99,6 +99,9 @@ class Parallelism:
             run (``cost.moe``: the token dispatcher, balanced or auxiliary-loss routing, capacity
             and token dropping, the shared expert beside the dispatch); the defaults cost them as
             before (all-to-all, balanced, dropless, serial).
+        moe_ep_overlap: Megatron's --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute): the
+            1F1B steady state runs one micro-batch's forward beside another's backward, layer by layer,
+            so each one's dispatch and combine hide behind the other's compute (``cost.moe``).
     """
 
     tp: int = 1
@@ -123,6 +126,7 @@ class Parallelism:
     moe_routing: str = "balanced"
     moe_capacity_factor: float | None = None
     moe_shared_overlap: bool = False
+    moe_ep_overlap: bool = False
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
@@ -196,7 +200,8 @@ class Parallelism:
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
                            moe_dispatcher=self.moe_dispatcher, moe_routing=self.moe_routing,
-                           moe_capacity_factor=self.moe_capacity_factor, moe_shared_overlap=self.moe_shared_overlap)
+                           moe_capacity_factor=self.moe_capacity_factor, moe_shared_overlap=self.moe_shared_overlap,
+                           moe_ep_overlap=self.moe_ep_overlap)
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
@@ -220,7 +225,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         if not isinstance(v, int) or v <= 0:
             return f"{key} must be a positive integer, got {v!r}"
     why = _precision.refusal(p.precision, p.fp8_recipe, device) or \
-        _moe.refusal(p.moe_dispatcher, p.moe_capacity_factor, p.moe_routing, p.moe_shared_overlap)
+        _moe.refusal(p.moe_dispatcher, p.moe_capacity_factor, p.moe_routing, p.moe_shared_overlap, p.moe_ep_overlap)
     if why is not None:
         return why
     why = engine_refusal(p)
@@ -236,7 +241,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
                         (model.shared_ffn, "shared expert width")):
         if width % tp:
             return f"tp={tp} must divide the {what} {width}"
-    why = _expert_refusal(p, model)
+    why = _expert_refusal(p, model) or _moe.overlap_refusal(p)
     if why is not None:
         return why
     why = _hybrid_refusal(p)

@@ -20,10 +20,11 @@ MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # (``layer_split``: the layers per virtual stage, only where the plan states its split)
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "dp_shard", "recompute", "micro_batch",
                  "global_batch", "seq", "vpp", "framework", "precision", "fp8_recipe", "layer_split",
-                 "moe_dispatcher", "moe_routing", "moe_capacity_factor", "moe_shared_overlap")
+                 "moe_dispatcher", "moe_routing", "moe_capacity_factor", "moe_shared_overlap",
+                 "moe_ep_overlap")
 # the MoE options and their defaults (``cost.moe``): the summary names them only where they differ
 MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_routing": "balanced", "moe_capacity_factor": None,
-                "moe_shared_overlap": False}
+                "moe_shared_overlap": False, "moe_ep_overlap": False}
 # how the note of a ``megatron_recipe`` baseline begins (``search.baselines.megatron_recipe``): then
 # the recipe's name and source, or ``sizing rule`` and why no recipe was used
 RECIPE_NOTE = "Megatron recipe: "
@@ -125,12 +126,15 @@ def config_summary(plan) -> dict:
             "global_batch": train.global_batch, "seq": plan.seq, "vpp": train.vpp,
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
             "framework": train.framework, **_precision(train),
-            **({} if train.layer_split is None else {"layer_split": list(train.layer_split)}), **_moe(train)}
+            **({} if train.layer_split is None else {"layer_split": list(train.layer_split)}),
+            **_moe(train, edeg["ep"])}
 
 
-def _moe(train) -> dict:
-    """The summary's MoE keys: those that differ from ``MOE_DEFAULTS`` (none by default)."""
-    return {k: getattr(train, k) for k, v in MOE_DEFAULTS.items() if getattr(train, k) != v}
+def _moe(train, ep: int = 2) -> dict:
+    """The summary's MoE keys: those that differ from ``MOE_DEFAULTS`` (none by default); the expert
+    all-to-all overlap only where there is expert parallelism (``ep``) to overlap."""
+    return {k: getattr(train, k) for k, v in MOE_DEFAULTS.items()
+            if getattr(train, k) != v and not (k == "moe_ep_overlap" and ep <= 1)}
 
 
 def _precision(train) -> dict:

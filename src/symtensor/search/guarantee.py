@@ -207,8 +207,8 @@ def _may_win(pool: EvaluatorPool, devices: int, global_batch: int, plan: Plan) -
     device, and (when ``plan`` fits) their step floor is below ``plan``'s time."""
     cluster = pool.cluster
     # (the state does not depend on the batch: one sequence per device)
-    state = pool.static_lower_bound(configuration(dict(dp=devices, zero=3, global_batch=devices, seq=pool.seq,
-                                                       **pool.train_keys)))
+    state = pool.static_lower_bound(configuration(pool.held(dict(dp=devices, zero=3, global_batch=devices,
+                                                                  seq=pool.seq))))
     if state > cluster.device.memory * MEMORY_HEADROOM:
         return False
     if not plan.report.fits:

@@ -55,7 +55,8 @@ from symtensor.search.seeds import grid_descent, seed_phase, seed_plan
 
 def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
            order: str = "topological", space: str = "symtensor", graph_factory=None,
-           framework: str = "megatron", precision: str | None = None, fp8_recipe: str | None = None) -> Plan:
+           framework: str = "megatron", precision: str | None = None, fp8_recipe: str | None = None,
+           moe: dict | None = None) -> Plan:
     """The SymTensor plan: the fastest predicted step that fits in memory, costed under
     ``framework``'s engine semantics (``cost.engine``).
 
@@ -65,10 +66,11 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         graph_factory: graphs per micro-step batch for a captured model (``frontends``).
         precision: ``bf16`` or ``fp8`` (under ``fp8_recipe``) for every point; None: BF16, and FP8
             where it wins as a variant of the best point (step 6, ``outer.precision_variant``).
+        moe: the MoE options every point runs with (``EvaluatorPool``); default: today's costing.
     """
     with _collector_paused():
         return _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework,
-                       precision, fp8_recipe)
+                       precision, fp8_recipe, moe)
 
 
 @contextmanager
@@ -86,9 +88,9 @@ def _collector_paused():
 
 
 def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework, precision=None,
-            fp8_recipe=None) -> Plan:
+            fp8_recipe=None, moe=None) -> Plan:
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq, graph_factory, framework, precision, fp8_recipe)
+    pool = EvaluatorPool(cfg, cluster, seq, graph_factory, framework, precision, fp8_recipe, moe)
     s = OuterSearch(pool, global_batch, micro_batch, order)
     if space == "megatron":
         seed, points = megatron_grid(pool, global_batch, micro_batch)

@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
+from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal, refusal as moe_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import default_recipe, has_fp8, refusal as precision_refusal
 from symtensor.cost.train import rule_split
@@ -20,6 +21,7 @@ from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import OpLayout
 from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
+from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.plan import Plan
 from symtensor.search.megatron import (
     check_config,
@@ -32,6 +34,24 @@ from symtensor.search.megatron import (
     train_config,
 )
 from symtensor.search.partition import Problem
+
+MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_routing": "balanced", "moe_capacity_factor": None,
+                "moe_shared_overlap": False, "moe_ep_overlap": False}
+
+
+def moe_keys(moe: dict | None) -> dict:
+    """The MoE options of ``moe`` that differ from the defaults (``MOE_DEFAULTS``: today's costing), checked:
+    an unknown key or a bad value is a one-line PlanError (``cost.moe.refusal``)."""
+    moe = dict(moe or {})
+    unknown = sorted(moe.keys() - MOE_DEFAULTS.keys())
+    if unknown:
+        raise PlanError(f"{unknown[0]}: not a MoE option; use {', '.join(MOE_DEFAULTS)}")
+    opts = {**MOE_DEFAULTS, **moe}
+    why = moe_refusal(opts["moe_dispatcher"], opts["moe_capacity_factor"], opts["moe_routing"],
+                      opts["moe_shared_overlap"], opts["moe_ep_overlap"])
+    if why is not None:
+        raise PlanError(why)
+    return {k: v for k, v in moe.items() if v != MOE_DEFAULTS[k]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -58,12 +78,16 @@ class EvaluatorPool:
     tables, the layout family, the Megatron grid and layouts). It lives as long as the search."""
 
     def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None, framework: str = "megatron",
-                 precision: str | None = None, fp8_recipe: str | None = None):
+                 precision: str | None = None, fp8_recipe: str | None = None, moe: dict | None = None):
         """``graph_factory(graph_batch)`` supplies the graphs (a captured model); default: the
         builders' skeleton graphs of ``cfg``. ``framework``: the engine every configuration of
         this search is costed under (``cost.engine``). ``precision``: ``bf16`` or ``fp8`` (under
         ``fp8_recipe``, default the device's) for every configuration; None: BF16, and the search
-        may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``)."""
+        may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``).
+        ``moe``: how the MoE layers run, stated facts of the stack that every configuration carries
+        (``moe_dispatcher``, ``moe_routing``, ``moe_capacity_factor``, ``moe_shared_overlap`` of
+        ``Parallelism``, ``cost.moe``); only the keys that differ from the defaults, so a search
+        without them is today's."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
         self.framework = framework
         why = precision_refusal(precision or "bf16", fp8_recipe if precision else None, cluster.device)
@@ -74,7 +98,8 @@ class EvaluatorPool:
         self.fp8_recipe = recipe if precision == "fp8" else None
         self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None
         # what every configuration and training configuration of this search carries besides its degrees
-        self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe}
+        self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe,
+                           **moe_keys(moe)}
         self.graph_factory = graph_factory
         self._param_sums = None
         self._recomputations = None
@@ -109,6 +134,15 @@ class EvaluatorPool:
         # depth share one mesh, and their batch-free caches
         return Evaluator(self._graphs[graph_batch], self.cluster, pp=pp, shared=self._shared[pp],
                          framework=self.framework)
+
+    def held(self, config: dict) -> dict:
+        """Megatron configuration ``config`` with what this search carries besides its degrees
+        (``train_keys``); the expert all-to-all overlap only where Megatron runs it on ``config``
+        (``cost.moe.overlap_refusal``): a stack fact holds where it applies, not a refusal of the point."""
+        out = {**config, **self.train_keys}
+        if out.get("moe_ep_overlap") and moe_overlap_refusal(Parallelism(**configuration(out))) is not None:
+            del out["moe_ep_overlap"]
+        return out
 
     @property
     def floor_keys(self) -> dict:
@@ -209,7 +243,7 @@ class EvaluatorPool:
         key = inner_grid(point)
         hit = self._layer_seconds.get(key)
         if hit is None:
-            c = configuration({**point, "recompute": "none", "vpp": 1, **self.train_keys})
+            c = configuration(self.held({**point, "recompute": "none", "vpp": 1}))
             ev, layouts = self.layouts(c)
             hit = self._layer_seconds[key] = ev.layer_seconds(layouts, train_config(c))
         return hit
@@ -218,14 +252,14 @@ class EvaluatorPool:
         """``evaluate`` of the Megatron configuration ``config`` under this pool's engine; None
         when it is not a valid configuration."""
         try:
-            return self.evaluate(configuration({**config, **self.train_keys}), balance=balance)
+            return self.evaluate(configuration(self.held(config)), balance=balance)
         except PlanError:
             return None
 
     def may_fit(self, **config) -> bool:
         """``static_fits`` of the Megatron configuration ``config``; False when it is invalid."""
         try:
-            return self.static_fits(configuration({**config, **self.train_keys}))
+            return self.static_fits(configuration(self.held(config)))
         except PlanError:
             return False
 
