@@ -172,7 +172,7 @@ def _compute(pool: EvaluatorPool, base: dict) -> float:
     """Seconds per micro-batch of every layer's ops (forward and backward, no recomputation) under
     the layouts of ``base``'s inner grid: what ``Evaluator.layer_seconds`` charges besides
     communication, which only adds (``cost.segment.Segment.seconds``)."""
-    c = configuration({**base, "recompute": "none", "vpp": 1, **pool.train_keys})
+    c = configuration(pool.held({**base, "recompute": "none", "vpp": 1}))
     ev, layouts = pool.layouts(c)
     fp8, total = train_config(c).fp8, 0.0
     pieces: dict = {}  # id(ops) -> seconds: a skeleton run's copies share their ops
