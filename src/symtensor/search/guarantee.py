@@ -37,7 +37,7 @@ from symtensor.plan.plan import Plan
 from symtensor.plan.summary import recipe_of
 from symtensor.search.baselines import baseline_plans
 from symtensor.search.megatron import configuration
-from symtensor.search.outer import fp8_refused
+from symtensor.search.outer import fp8_refused, fp8_trials
 from symtensor.search.pool import EvaluatorPool
 from symtensor.search.seeds import seed_plan
 
@@ -113,10 +113,9 @@ def _baselines(pool: EvaluatorPool, global_batch: int, wanted: tuple[str, ...], 
 def in_fp8(pool: EvaluatorPool, plan: Plan) -> Plan:
     """An adopted grid or recipe plan (BF16, as the search's baselines are costed), or its configuration
     with FP8 GEMMs where the search may choose FP8 (``pool.fp8_variant``) and that is faster and fits: the
-    variants ``outer.precision_variant`` tries on the search's own points (its recomputation and each
-    lighter one, deeper ZeRO stages while FP8's weight copies overflow), so a baseline that beat the
-    search in BF16 is not kept in BF16 where FP8 would beat both (LLaMA-2-70B on 64 H100: the recipe's
-    tp 4 pp 4 vpp 20, 53.5 s in BF16, 37.1 s in FP8). The note says what FP8 bought."""
+    variants ``outer.precision_variant`` tries on the search's own points (``outer.fp8_trials``), so a
+    baseline that beat the search in BF16 is not kept in BF16 where FP8 would beat both (LLaMA-2-70B on
+    64 H100: the recipe's tp 4 pp 4 vpp 20, 53.5 s in BF16, 37.1 s in FP8). The note says what FP8 bought."""
     recipe = pool.fp8_variant
     modes = pool.recomputations()
     c = plan.parallelism.as_dict()
@@ -126,8 +125,8 @@ def in_fp8(pool: EvaluatorPool, plan: Plan) -> Plan:
     if fp8_refused(ev, layouts):
         return plan
     best = None
-    for rc in modes[:modes.index(c["recompute"]) + 1]:
-        for zero in range(c["zero"], 4) if c["zero"] > 0 else (c["zero"],):
+    for rc, zeros in fp8_trials(modes, c["recompute"], c["zero"]):
+        for zero in zeros:
             costed = pool.evaluate({**c, "precision": "fp8", "fp8_recipe": recipe, "recompute": rc, "zero": zero},
                                    balance=False)
             if costed.report.fits:

@@ -287,16 +287,15 @@ def refine_best(s: OuterSearch, plan: Costed | None, speculated: tuple | None = 
 
 def precision_variant(s: OuterSearch, zero_variants: bool = True) -> str | None:
     """Step 6 of ``search.planner``, where no precision was given and the device has FP8 Tensor
-    Cores (``EvaluatorPool.fp8_variant``): the best point's layouts costed with FP8 GEMMs, at its
-    recomputation and at each lighter one (FP8 saves the GEMM inputs in 8 bits, which may let less
-    recomputation fit) and, while FP8's weight copies overflow the device, at each deeper ZeRO stage;
-    the fastest that fits becomes the best point. Where none of them fits (FP8's weight copies on a
-    point that barely fits in BF16) or a GEMM's local shape is not one FP8 kernels take
-    (``precision.gemm_refusal``), the next of the search's ``leaders`` (the fastest BF16 points of other
-    layouts) is tried the same way: LLaMA-2-70B on 64 H100 is best in BF16 at tp 4 pp 2, where the FP8
-    copies overflow, and 1.4x faster in FP8 at tp 2 pp 8. At most twelve evaluations per leader: variants
-    of costed points, not an axis of the search (``zero_variants`` False: the Megatron space keeps its
-    stage). Returns what FP8 bought (a plan note), or None when it did not win."""
+    Cores (``EvaluatorPool.fp8_variant``): the best point's layouts costed with FP8 GEMMs where
+    ``fp8_trials`` says (its recomputation and each lighter one, deeper ZeRO stages while FP8's weight
+    copies overflow); the fastest that fits becomes the best point. Where none of them fits (FP8's
+    weight copies on a point that barely fits in BF16) or a GEMM's local shape is not one FP8 kernels
+    take (``precision.gemm_refusal``), the next of the search's ``leaders`` (the fastest BF16 points of
+    other layouts) is tried the same way. At most twelve evaluations per leader: variants of costed
+    points, not an axis of the search (``zero_variants`` False: the Megatron space keeps its stage); a
+    grid or recipe plan the guarantee adopts instead is re-costed the same way (``guarantee.in_fp8``).
+    Returns what FP8 bought (a plan note), or None when it did not win."""
     recipe = s.pool.fp8_variant
     if recipe is None or s.best is None:
         return None
@@ -324,16 +323,24 @@ def fp8_refused(ev: Evaluator, layouts: dict) -> bool:
                for op in ev.graph.ops)
 
 
+def fp8_trials(modes: tuple[str, ...], recompute: str, zero: int, zero_variants: bool = True) -> list:
+    """Where a point's FP8 variants are tried, in order (``precision_variant``, ``guarantee.in_fp8``): its
+    recomputation and each lighter one of ``modes`` (FP8 saves the GEMM inputs in 8 bits, which may let less
+    recomputation fit), each at the point's ZeRO stage first and, while FP8's weight copies overflow the
+    device, at each deeper one (``zero_variants`` False: its stage only); per recomputation, the first stage
+    that fits ends the stages (deeper ones only add time). [(recomputation, ZeRO stages)]."""
+    zeros = range(zero, 4) if zero > 0 and zero_variants else (zero,)
+    return [(rc, zeros) for rc in modes[:modes.index(recompute) + 1]]
+
+
 def _fp8_variants(s: OuterSearch, base: Costed, recipe: str, zero_variants: bool) -> bool:
     """``base``'s layouts costed with FP8 GEMMs (``precision_variant``); whether one of them fits."""
     ev = s.evaluator(base.train.graph_batch, base.train.pp)
     if fp8_refused(ev, base.layouts):
         return False
-    modes, fitted = s.pool.recomputations(), False
-    for rc in modes[:modes.index(base.train.recompute) + 1]:
-        # the same ZeRO stage first; deeper ones only while FP8's weight copies overflow the device (the outer
-        # search's variants: deeper stages only add time)
-        for zero in range(base.train.zero, 4) if base.train.zero > 0 and zero_variants else (base.train.zero,):
+    fitted = False
+    for rc, zeros in fp8_trials(s.pool.recomputations(), base.train.recompute, base.train.zero, zero_variants):
+        for zero in zeros:
             train = base.train.replace(precision="fp8", fp8_recipe=recipe, recompute=rc, zero=zero)
             variant = Costed(train, base.layouts, ev.evaluate(base.layouts, train, check=False))
             s.offer(variant)
