@@ -125,7 +125,7 @@ def band_of(step_s: float, device_name: str, *, zero: int, seq: int, lora: bool,
     return band(step_s, own_table(device_name) or device_name, regime, dims)
 
 
-def residual_range(table: str, regime: str = "dense 3D", dims: tuple[str, ...] = (),
+def residual_range(table: str, dims: tuple[str, ...] = (),
                    residuals: dict | None = None) -> tuple[float, tuple[str, ...], bool]:
     """(lo, hi), the dimensions widened, and whether ``table``'s own rows gave the base (the rule)."""
     residuals = RESIDUALS if residuals is None else residuals
@@ -148,7 +148,7 @@ def band(step_s: float, table: str, regime: str, dims: tuple[str, ...] = (), res
     [step / (1 + hi), step / (1 + lo)]."""
     if regime != "dense 3D" and "regime" not in dims and "family" not in dims:
         dims = dims + (("family",) if regime == "MoE" else ("regime",))
-    (lo, hi), widened, calibrated = residual_range(table, regime, dims, residuals)
+    (lo, hi), widened, calibrated = residual_range(table, dims, residuals)
     return from_residuals(step_s, (lo, hi), regime, calibrated, widened)
 
 
@@ -167,7 +167,7 @@ def coverage(results, loso_residuals) -> dict:
     residual r) triples. Returns {device table: (rows covered, rows)} and "all"."""
     out: dict = {}
     for fam, table, r in results:
-        (lo, hi), _, _ = residual_range(table, "dense 3D", (), loso_residuals[fam])
+        (lo, hi), _, _ = residual_range(table, (), loso_residuals[fam])
         hit = lo - 1e-12 <= r <= hi + 1e-12
         for key in (table, "all"):
             got, n = out.get(key, (0, 0))

@@ -314,15 +314,12 @@ def hidden(comm: float, compute: float, share: float = COMM_SM_FRACTION) -> floa
     return max(comm - compute, share * comm)
 
 
-_hidden = hidden
-
-
 def _bucketed(units, reduce_total: float, hide: float, bucket: float, ends: bool, share: float) -> float:
     """Bucketed reduction behind ``hide`` seconds of backward: the excess is exposed, and so is
     the last bucket (it fills when backward ends). Never more than the reduction itself."""
     grad = sum(u.grad_bytes * u.times for u in units)
     last = reduce_total * min(1.0, bucket / grad) if grad and ends else 0.0
-    return min(reduce_total, _hidden(reduce_total, hide, share) + last)
+    return min(reduce_total, hidden(reduce_total, hide, share) + last)
 
 
 def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM_FRACTION) -> Exposure:
@@ -356,7 +353,7 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
         ag = gather
     else:  # overlapped with the next step's first forward, unit by unit; the first unit waits
         first = units[0].gather_s if units and ends else 0.0
-        ag = min(gather, _hidden(gather, fwd, share) + first)
+        ag = min(gather, hidden(gather, fwd, share) + first)
     return Exposure(times * one + ag, {"all_reduce" if eng.zero_all_reduce else "reduce_scatter": times,
                                        "all_gather": 1})
 
@@ -374,7 +371,7 @@ def _sharded(units, train, eng, overlap, ends, share) -> Exposure:
         fwd_comm = u.gather_s
         bwd_comm = u.reduce_s + (u.gather_s if regather else 0.0) + (u.gather_s if redo else 0.0)
         total += u.times * (fwd_comm + bwd_comm)
-        exposed += u.times * (_hidden(fwd_comm, u.fwd_s, share) + _hidden(bwd_comm, u.bwd_s, share))
+        exposed += u.times * (hidden(fwd_comm, u.fwd_s, share) + hidden(bwd_comm, u.bwd_s, share))
         copies += u.times * gathers * u.copy_s if eng.copy_out else 0.0
     if units and ends:
         exposed += units[0].gather_s + units[-1].reduce_s

@@ -185,6 +185,7 @@ def wave(m: float, n: float, sms: int | None) -> float:
     return best
 
 
+@functools.cache  # (a table is frozen: its envelope, sorted once, serves every lookup)
 def _gemm_envelope(table: GemmTable):
     return envelope((2.0 * m * n * k, eff) for m, n, k, _, eff in table.rows)
 
@@ -197,6 +198,26 @@ def gemm_envelope(device, dtype: str = "bf16") -> tuple[tuple, tuple]:
     xs, ys = _gemm_envelope(table)
     ratio = dev.peak_tflops[dtype] / table.peak_tflops
     return tuple(x * ratio for x in xs), tuple(min(y * scale, dev.ceiling.get(dtype, (1.0,))[0], 1.0) for y in ys)
+
+
+def gemm_dims(op, sizes) -> tuple[float, float, float, float]:
+    """(M, N, K, groups) of a linear op or batched matmul at these sizes: Y[M,N] = X[M,K] W[K,N] per
+    group; groups are the dims both inputs and the output carry (experts, attention's batch and heads),
+    K the dims both inputs carry and the output does not, M the first input's others, N the second's."""
+    a, b, out = set(op.in_dims[0]), set(op.in_dims[1]), set(op.out_dims[0])
+    m = n = k = g = 1.0
+    for d in a | b:
+        size = sizes[d]
+        if d in a and d in b:
+            if d in out:
+                g *= size
+            else:
+                k *= size
+        elif d in a:
+            m *= size
+        else:
+            n *= size
+    return m, n, k, g
 
 
 def gemm_wave(device, m: float, n: float) -> float:

@@ -401,12 +401,7 @@ class _Accumulator:
         out = []
         for st in self.stages:
             groups = [g for g in st.groups if g]
-            sizes = []
-            for g in groups:
-                n = 1
-                for a in g:
-                    n *= ev.mesh[a].size
-                sizes.append(n)
+            sizes = [ev.mesh.size(g) for g in groups]
             if pp > 1:
                 sizes.append(pp)
                 if st.ties:

@@ -15,6 +15,7 @@ from dataclasses import dataclass
 from symtensor.cost import kernels
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import ATTENTION_KERNELS, attention_fractions
+from symtensor.cost.kernels import gemm_dims as gemm_shape
 from symtensor.cost.precision import cast_bytes, floor_speedup, fp8_gemm, gemm_speedup
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
@@ -225,26 +226,6 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
     wgrad = kernels.gemm_shape_efficiency(eff.kernels, n, k, m, tdtype, "NT", groups)
     bwd = 2 / (1 / dgrad + 1 / wgrad) if grad_operands >= 2 else min(dgrad, wgrad)
     return fwd, bwd
-
-
-def gemm_shape(op, sizes) -> tuple[float, float, float, float]:
-    """(M, N, K, groups) of a linear op or batched matmul at these sizes: Y[M,N] = X[M,K] W[K,N] per
-    group; groups are the dims both inputs and the output carry (experts, attention's batch and heads),
-    K the dims both inputs carry and the output does not, M the first input's others, N the second's."""
-    a, b, out = set(op.in_dims[0]), set(op.in_dims[1]), set(op.out_dims[0])
-    m = n = k = g = 1.0
-    for d in a | b:
-        size = sizes[d]
-        if d in a and d in b:
-            if d in out:
-                g *= size
-            else:
-                k *= size
-        elif d in a:
-            m *= size
-        else:
-            n *= size
-    return m, n, k, g
 
 
 # The table kernel of each ``kernel`` attr a run may name (``models.config.ATTENTION``) other than the

@@ -118,9 +118,7 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     data = set(sync_axes) if data_axes is None else set(sync_axes) & set(data_axes)
     other = tuple(a for a in sync_axes if a not in data)
     replicas, across = shard_axes(tuple(sorted(data)), ev.mesh, train.dp_replicate)
-    shard = 1
-    for a in replicas:
-        shard *= ev.mesh[a].size
+    shard = ev.mesh.size(replicas)
     eng, z = engine_of(train), train.zero
     params = local * train.param_bytes / (shard if eng.shards(WEIGHTS, z) else 1)
     # parameters are gathered in the compute dtype (FSDP2 keeps fp32 shards, gathers bf16)

@@ -154,9 +154,7 @@ def _transfer(ev, prod, tname, layouts) -> tuple[float, float]:
     local = ev.tensors[tname].nbytes / view.factor(ev.mesh)
     used = {a for ax in view.axes for a in ax}
     replicas = tuple(a for a in range(len(ev.mesh)) if a not in used)
-    r = 1
-    for a in replicas:
-        r *= ev.mesh[a].size
+    r = ev.mesh.size(replicas)
     lvl = ev.levels[max(a.level for a in ev.pp_axes)]
     seconds = lvl.latency + local / r / (lvl.bandwidth * ev.eff.link_gather)
     if replicas:

@@ -184,11 +184,7 @@ def gemm_shape(op, sizes) -> tuple[float, float, float]:
     """(M, N, K) of a linear op at local ``sizes``: M the input's own dims (tokens), K the dims it
     shares with the weight (reduced), N the weight's own dims; the expert dim of a grouped GEMM is in
     neither (M is then the tokens per expert)."""
-    x, w = op.in_dims[0], op.in_dims[1]
-    m = _product([d for d in x if d not in w], sizes)
-    k = _product([d for d in x if d in w and d != "e"], sizes)
-    n = _product([d for d in w if d not in x], sizes)
-    return m, n, k
+    return kernels.gemm_dims(op, sizes)[:3]
 
 
 def _tables(device) -> tuple:

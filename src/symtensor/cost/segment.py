@@ -106,6 +106,7 @@ class Segment:
         self.groups: set = set()  # the mesh axes of each group its collectives run over (NCCL communicators)
         self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
         self.moe = moe.active(train)  # MoE options beyond today's costing (``cost.moe``)
+        self._loads: dict[str, float] = {}  # expert op -> its load factor (``_load``)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
@@ -207,9 +208,14 @@ class Segment:
             self.comm["ep_comm"] = f * hidden(ep, self.compute + self.recompute, share) + (1.0 - f) * ep
 
     def _load(self, op, layout) -> float:
-        """The load factor (``cost.moe.load_factor``) of expert op ``op`` under ``layout``."""
-        ev = self.ev
-        return moe.op_load_factor(self.train, op, local_sizes(op, layout, ev.mesh), ev.graph.meta["config"].experts)
+        """The load factor (``cost.moe.load_factor``) of expert op ``op`` under ``layout`` (its layout in this
+        segment): once per op, as its time, its saved buffers and its dispatch edges all read it."""
+        hit = self._loads.get(op.name)
+        if hit is None:
+            ev = self.ev
+            hit = self._loads[op.name] = moe.op_load_factor(self.train, op, local_sizes(op, layout, ev.mesh),
+                                                            ev.graph.meta["config"].experts)
+        return hit
 
     def _edge_seconds(self, seconds, colls, op, prod) -> float:
         """An ``ep_comm`` edge's seconds under the MoE options (``cost.moe.edge_seconds``): the

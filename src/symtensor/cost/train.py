@@ -54,7 +54,7 @@ def rule_split(layers: int, pp: int, vpp: int = 1) -> tuple[int, ...]:
     if chunks > layers + 2:
         raise PlanError(f"pp*vpp = {chunks} virtual stages exceed the {layers} layers and the embedding and loss "
                         "stages; choose a smaller vpp")
-    if layers % chunks and (layers + 2) % chunks == 0:  # the embedding and the loss as layer slots
+    if layers % chunks and chunks_fit(layers, pp, vpp):  # the embedding and the loss as layer slots
         per = (layers + 2) // chunks
         return (per - 1,) + (per,) * (chunks - 2) + (per - 1,)
     base, extra = divmod(layers, chunks)
