@@ -8,6 +8,7 @@ import pytest
 from symtensor import api
 from symtensor.analysis.explain import explain_plan
 from symtensor.cost.collectives import collective_time, level_counts
+from symtensor.cost.memory import NCCL_GROUP_BYTES
 from symtensor.cost.params import shard_axes
 from symtensor.errors import PlanError
 from symtensor.export import export
@@ -55,6 +56,15 @@ def test_hybrid_bytes_and_memory():
     assert hb["all_reduce"] - fb.get("all_reduce", 0.0) == pytest.approx(fb["reduce_scatter"] / 8)
     assert hsdp.report.memory["optimizer"] == pytest.approx(8 * flat.report.memory["optimizer"])
     assert hsdp.config["dp_shard"] == 8 and "dp_shard" not in flat.config
+
+
+def test_hybrid_sharding_creates_the_replicas_communicator():
+    """NCCL's buffers count one communicator per group a plan's collectives run over: ZeRO over the whole
+    group of 64 has one (it is the world's); dp_shard=8 has the shard group's (8 ranks of a node), the
+    replicas' all-reduce group's (8 nodes) and the world's: two more, of 688 MB each."""
+    flat, hsdp = seven_b(), seven_b(dp_shard=8)
+    assert flat.report.memory["nccl"] == pytest.approx(NCCL_GROUP_BYTES)
+    assert hsdp.report.memory["nccl"] == pytest.approx(3 * NCCL_GROUP_BYTES)
 
 
 def test_whole_group_is_the_default():

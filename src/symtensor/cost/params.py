@@ -227,6 +227,7 @@ class Params:
         if pc.replicate is not None:
             nbytes, axes = pc.replicate
             self.replicas[axes] = self.replicas.get(axes, 0.0) + nbytes
+            self.groups.add(axes)  # (its own communicator, as the shard group's)
 
     def unit(self, times: int, fwd: float = 0.0, bwd: float = 0.0) -> Unit:
         """``times`` identical units whose compute (forward, backward) the engine overlaps with."""
