@@ -86,3 +86,21 @@ def test_bad_modes_are_one_line_errors(bad, capsys):
     with pytest.raises(SystemExit):
         main(["evaluate", "llama2-7b", "--cluster", "dgx-a100-80g", "--devices", "8", "--recompute", bad])
     assert "--recompute" in capsys.readouterr().err
+
+
+def test_op_local_terms_charge_the_share_of_the_forward_re_run():
+    """The op-local terms ``explain`` and the per-op search read (``cost.terms``) charge a layer op's forward
+    again for the share backward re-runs, as the evaluator does: half of it under layer:2, all of it under full
+    (they charged all of it for any recomputation)."""
+    from symtensor.cost import terms
+
+    plan = _run("layer:2")
+    ev, layouts = plan.evaluator(), plan.op_layouts()
+    op = next(o for o in ev.graph.ops if o.kind == "linear" and 0 <= o.layer < LAYERS)
+    cost = {rc: terms.op_cost(ev, op, layouts[op.name], plan.train.replace(recompute=rc))
+            for rc in ("none", "layer:2", "full")}
+    fwd = cost["full"].compute_s - cost["none"].compute_s
+    assert fwd > 0
+    assert cost["layer:2"].compute_s - cost["none"].compute_s == pytest.approx(fwd / 2)
+    assert (cost["none"].intra_calls, cost["layer:2"].intra_calls, cost["full"].intra_calls) == (1, 1.5, 2)
+    assert terms.edge_seconds(1.0, 0.5, 1.5) == pytest.approx(2.0)

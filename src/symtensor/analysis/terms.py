@@ -117,17 +117,16 @@ def edge_terms(problem, e, lu: OpLayout, lv: OpLayout, other: str) -> tuple[floa
     the seconds equal ``Problem.edge_cost``."""
     ev = problem.ev
     k = e.weight * problem.train.micro_steps
-    redo = problem.redo(e.dst)
+    runs = problem.redo(e.dst)  # the consumer's forward runs (again where recomputed)
     src = ev.out_layout(e.src, lu, e.src_slot, partial=True)
     dst = ev.in_layout(e.dst, lv, e.dst_slot)
     grad = ev.needs_grad(e.tensor)
     gsrc = ev.in_layout(e.dst, lv, e.dst_slot, grad=True) if grad else None
     gdst = ev.out_layout(e.src, lu, e.src_slot, partial=False) if grad else None
     fwd_s, fwd_c, bwd_s, bwd_c = cost_terms.edge_terms(ev, e.tensor, src, dst, gsrc, gdst)
-    fwd_times = 2 if redo else 1
-    moved = [Transfer(c.kind, c.nbytes, c.axes, k * fwd_times, f"with {other} ({e.tensor}, forward)") for c in fwd_c]
+    moved = [Transfer(c.kind, c.nbytes, c.axes, k * runs, f"with {other} ({e.tensor}, forward)") for c in fwd_c]
     moved += [Transfer(c.kind, c.nbytes, c.axes, k, f"with {other} ({e.tensor}, backward)") for c in bwd_c]
-    return k * cost_terms.edge_seconds(fwd_s, bwd_s, redo), moved
+    return k * cost_terms.edge_seconds(fwd_s, bwd_s, runs), moved
 
 
 def saved_bytes(problem, op, layout: OpLayout) -> float:

@@ -35,6 +35,14 @@ def recomputed(op, recompute: str, layers: int) -> bool:
     return recompute_share(op, recompute, layers) > 0.0
 
 
+def forward_runs(op, recompute: str, layers: int) -> float:
+    """How many times a micro-batch runs ``op``'s forward: once, and again for the share backward re-runs
+    (``recompute_share``; the op-local terms' estimate under torchtitan's per-op policy); a whole number is
+    an int (1 or 2 under none, selective and full), a fraction stays one (``layer:N``, ``selective-op``)."""
+    runs = 1.0 + recompute_share(op, recompute, layers)
+    return int(runs) if runs.is_integer() else runs
+
+
 def sac_mm(op) -> bool:
     """Whether torchtitan's per-op policy counts ``op`` among a block's matmuls (``aten.mm``): a linear op
     without an experts dim. The router's GEMM is forced to recompute (per_op_sac_force_recompute_mm_shapes_by_fqns

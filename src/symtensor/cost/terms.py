@@ -21,7 +21,7 @@ from symtensor.cost.engine import Exposure, Unit, exposure
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
 from symtensor.cost.params import data_axes, weight_axes
 from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
-from symtensor.cost.segment import recomputed
+from symtensor.cost.segment import forward_runs, recomputed
 from symtensor.cost.train import TrainConfig
 from symtensor.graph import op_saves
 from symtensor.layout import OpLayout
@@ -51,7 +51,7 @@ def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
     if not slots:
         return ParamTerms(0.0, 0.0, 0.0, ())
     t = ev.op_time(op, layout, train.fp8)
-    bwd = t.bwd_s + (t.fwd_s if recomputed(op, train.recompute, ev.graph.meta["layers"]) else 0.0)
+    bwd = t.bwd_s + t.fwd_s * (forward_runs(op, train.recompute, ev.graph.meta["layers"]) - 1)
     data = data_axes(layout, weight_axes((op,), {op.name: layout}))
     for slot in slots:
         tname = op.inputs[slot]
@@ -83,7 +83,7 @@ class OpCost:
     compute_s: float
     intra_s: float
     intra: tuple  # the in-op collectives (``opcost.Collective``), run ``intra_calls`` times per micro-batch
-    intra_calls: int
+    intra_calls: float
     params: ParamTerms
 
     @property
@@ -97,11 +97,10 @@ class OpCost:
 
 def op_cost(ev, op, layout: OpLayout, train) -> OpCost:
     """The op's terms under ``train`` (its recomputation, engine and ZeRO stage)."""
-    redo = recomputed(op, train.recompute, ev.graph.meta["layers"])
+    calls = forward_runs(op, train.recompute, ev.graph.meta["layers"])  # (the in-op collectives run as often)
     t = ev.op_time(op, layout, train.fp8)
-    compute = t.fwd_s + t.bwd_s + (t.fwd_s if redo else 0.0)
+    compute = t.fwd_s + t.bwd_s + t.fwd_s * (calls - 1)
     intra = intra_collectives(op, layout, ev.mesh)
-    calls = 2 if redo else 1
     intra_s = collectives_time(intra, ev.mesh, ev.levels, ev.eff) * calls if intra else 0.0
     return OpCost(compute, intra_s, intra, calls, param_terms(ev, op, layout, train))
 
@@ -127,12 +126,13 @@ def edge_terms(ev, tensor: str, src, dst, gsrc=None, gdst=None) -> tuple:
     """One micro-batch of a redistribution of ``tensor``: the producer's placement ``src`` into
     the consumer's ``dst`` forward, and the gradient's ``gsrc`` into ``gdst`` backward (None: no
     gradient). Returns (forward seconds, its collectives, backward seconds, its collectives); a
-    recomputed consumer pays the forward twice (``edge_seconds``)."""
+    recomputed consumer pays the forward as often as it runs (``edge_seconds``)."""
     fwd_s, fwd_c = ev.edge(src, dst, tensor)
     bwd_s, bwd_c = ev.edge(gsrc, gdst, tensor) if gsrc is not None else (0.0, ())
     return fwd_s, fwd_c, bwd_s, bwd_c
 
 
-def edge_seconds(fwd_s: float, bwd_s: float, redo: bool) -> float:
-    """Seconds of an edge per micro-batch: its forward (again for a recomputed consumer) and backward."""
-    return fwd_s * (2 if redo else 1) + bwd_s
+def edge_seconds(fwd_s: float, bwd_s: float, runs: float) -> float:
+    """Seconds of an edge per micro-batch: its forward as often as the consumer's forward runs
+    (``segment.forward_runs``) and its backward."""
+    return fwd_s * runs + bwd_s

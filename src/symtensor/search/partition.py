@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from operator import attrgetter, or_
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.segment import recomputed
+from symtensor.cost.segment import forward_runs
 from symtensor.cost.terms import edge_seconds, edge_terms, op_cost, saved_bytes
 from symtensor.graph import layer_repeat, op_no_cut
 from symtensor.layout import REPLICATED, OpLayout, cut_factor, linked_layout, matmul_roles, refusal
@@ -226,8 +226,9 @@ class Problem:
             hit = memo[key] = cand if d and self.legal(op, cand) else base
         return hit
 
-    def redo(self, op) -> bool:
-        return recomputed(op, self.train.recompute, self.layers)
+    def redo(self, op) -> float:
+        """How many times a micro-batch runs ``op``'s forward (``segment.forward_runs``)."""
+        return forward_runs(op, self.train.recompute, self.layers)
 
     def op_cost(self, op, layout: OpLayout) -> float:
         memo = self._op_memo[op.name]
