@@ -29,7 +29,7 @@ leave-one-source-out error. No other published measurement was used for fitting:
 from __future__ import annotations
 
 from symtensor.cost import kernels
-from symtensor.cost.engine import ENGINES, attention_kernel
+from symtensor.cost.engine import ENGINES, attention_kernel, engine_named
 from symtensor.errors import PlanError
 from symtensor.hardware.efficiency import TABLE_CLASSES, Efficiency, EndToEnd
 
@@ -162,7 +162,7 @@ def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:
     if own_table(name) is None:
         why = next((why for part, _, why in TRANSFERS if part in name.upper()), "no table of its own")
         base = base.replace(source=f"{device_table(name)}'s table transferred to {name} ({why}); {base.source}")
-    engine = ENGINES[framework]
+    engine = engine_named(framework)
     base = base.replace(kernels=kdev, attention_kernel=attention_kernel(
         engine, name, lambda k: kernels.has_attention(kdev, k)))
     if framework in PYTORCH_KERNELS:

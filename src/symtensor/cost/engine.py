@@ -243,18 +243,23 @@ def engine_of(train) -> Engine:
     return ENGINES[train.framework]
 
 
+def engine_named(framework: str) -> Engine:
+    """The engine ``framework`` names, an alias (``ALIASES``: torch, torchtitan, ...) included."""
+    return ENGINES[ALIASES.get(framework, framework)]
+
+
 def sharded_parameters(zero: int, framework: str) -> bool:
     """Whether parameters are sharded over their replicas and gathered unit by unit for compute
     (``Engine.sharded_from``): ZeRO 3 under every engine; FSDP2 at every stage above 0 (ZeRO 1/2 =
     FSDP2 without resharding after forward)."""
-    return ENGINES[ALIASES.get(framework, framework)].shards(WEIGHTS, zero)
+    return engine_named(framework).shards(WEIGHTS, zero)
 
 
 def reshards_after_forward(zero: int, framework: str = "fsdp2") -> bool:
     """Whether sharded parameters are freed after forward and gathered again for backward (FSDP2's
     ``reshard_after_forward``, ``Engine.reshards_from``): at ZeRO 3 only; FSDP2's ZeRO 1/2 keep them
     to backward. ``framework``: FSDP2 by default, the engine the runtime and torchtitan run."""
-    return ENGINES[ALIASES.get(framework, framework)].reshards(zero)
+    return engine_named(framework).reshards(zero)
 
 
 def tp_overlapped(train) -> bool:

@@ -47,7 +47,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import kernels
-from symtensor.cost.engine import ALIASES, ENGINES
+from symtensor.cost.engine import engine_named
 from symtensor.errors import PlanError
 
 PRECISIONS = ("bf16", "fp8")
@@ -117,7 +117,7 @@ def default_recipe(device, framework: str = "megatron") -> str:
     converter) under the engines on PyTorch's own kernels."""
     if has_mx(device):
         return "mxfp8"
-    return "tensorwise" if ENGINES[ALIASES.get(framework, framework)].pytorch_kernels else DEFAULT_RECIPE
+    return "tensorwise" if engine_named(framework).pytorch_kernels else DEFAULT_RECIPE
 
 
 def gemm_refusal(op, sizes) -> str | None:
