@@ -103,8 +103,6 @@ def _recipe_note(r: recipes.Recipe, c: dict, n: int) -> str:
         parts.append(f"micro batch 1 (the recipe's {r.micro_batch} does not divide a replica's batch)")
     if r.pp_layout and not r.pp_layout.startswith("embedding"):
         parts.append(f"pipeline layout {r.pp_layout} costed as the planner's balanced split")
-    if r.precision != c.get("precision", "bf16"):
-        parts.append(f"precision {r.precision} costed in bf16")
     return "; ".join(parts + ([r.notes] if r.notes else []))
 
 
