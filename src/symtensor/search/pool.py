@@ -23,6 +23,7 @@ from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.plan import Plan
+from symtensor.plan.summary import MOE_DEFAULTS
 from symtensor.search.megatron import (
     check_config,
     configuration,
@@ -34,9 +35,6 @@ from symtensor.search.megatron import (
     train_config,
 )
 from symtensor.search.partition import Problem
-
-MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_routing": "balanced", "moe_capacity_factor": None,
-                "moe_shared_overlap": False, "moe_ep_overlap": False}
 
 
 def moe_keys(moe: dict | None) -> dict:
