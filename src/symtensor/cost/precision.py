@@ -120,6 +120,12 @@ def default_recipe(device, framework: str = "megatron") -> str:
     return "tensorwise" if ENGINES[ALIASES.get(framework, framework)].pytorch_kernels else DEFAULT_RECIPE
 
 
+def named_recipe(recipe: str | None, device, framework: str = "megatron") -> str:
+    """The FP8 recipe a run names, or where it names none (None) the device's and the engine's
+    default (``default_recipe``)."""
+    return default_recipe(device, framework) if recipe is None else recipe
+
+
 def gemm_refusal(op, sizes) -> str | None:
     """Why ``op``'s local GEMM (``gemm_shape``) cannot run in FP8, or None: Transformer Engine's
     ``assert_dim_for_fp8_exec`` (and ``torch._scaled_mm``) take rows in multiples of 8 and widths in
