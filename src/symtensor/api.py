@@ -104,13 +104,18 @@ def _configured_plan(cfg, cluster, config: Parallelism, layout: str | None) -> P
         raise PlanError(ruled)
     if config.pp == 1 or config.layer_split is not None or layout == "even" or ruled:
         return megatron_plan(cfg, cluster, **config.as_dict())
-    split = balanced_layer_split(cfg, cluster, **config.as_dict())
-    balanced = megatron_plan(cfg, cluster, **config.replace(layer_split=split).as_dict())
+    # one skeleton graph for the split and both plans (the one each would build: the layer split
+    # changes neither the batch nor the sequence)
+    graph = build_graph(cfg, micro_batch=config.micro_batch * config.dp, seq=config.seq, skeleton=True)
+    split = balanced_layer_split(cfg, cluster, graph, **config.as_dict())
+    if layout != "balanced" and split == config.train.chunk_layers(cfg.layers):
+        return megatron_plan(cfg, cluster, graph, **config.as_dict())  # (the balanced plan would be the rule's)
+    balanced = megatron_plan(cfg, cluster, graph, **config.replace(layer_split=split).as_dict())
     says = f"the balanced layer split {layout_string(split)} (layers per virtual stage {list(split)})"
     if layout == "balanced":
         return replace(balanced, notes=(f"{says}, as --pp-layout balanced asks",))
-    rule = megatron_plan(cfg, cluster, **config.as_dict())
-    if split == config.train.chunk_layers(cfg.layers) or not _beats(balanced, rule):
+    rule = megatron_plan(cfg, cluster, graph, **config.as_dict())
+    if not _beats(balanced, rule):
         return rule
     how = f"{rule.report.step_time_s:.4g} s" if rule.report.fits else "does not fit"
     return replace(balanced, notes=(f"{says}: its slowest pipeline rank is faster than under the even split "
