@@ -104,13 +104,18 @@ def _configured_plan(cfg, cluster, config: Parallelism, layout: str | None) -> P
         raise PlanError(ruled)
     if config.pp == 1 or config.layer_split is not None or layout == "even" or ruled:
         return megatron_plan(cfg, cluster, **config.as_dict())
-    split = balanced_layer_split(cfg, cluster, **config.as_dict())
-    balanced = megatron_plan(cfg, cluster, **config.replace(layer_split=split).as_dict())
+    # one skeleton graph for the split and both plans (the one each would build: the layer split
+    # changes neither the batch nor the sequence)
+    graph = build_graph(cfg, micro_batch=config.micro_batch * config.dp, seq=config.seq, skeleton=True)
+    split = balanced_layer_split(cfg, cluster, graph, **config.as_dict())
+    if layout != "balanced" and split == config.train.chunk_layers(cfg.layers):
+        return megatron_plan(cfg, cluster, graph, **config.as_dict())  # (the balanced plan would be the rule's)
+    balanced = megatron_plan(cfg, cluster, graph, **config.replace(layer_split=split).as_dict())
     says = f"the balanced layer split {layout_string(split)} (layers per virtual stage {list(split)})"
     if layout == "balanced":
         return replace(balanced, notes=(f"{says}, as --pp-layout balanced asks",))
-    rule = megatron_plan(cfg, cluster, **config.as_dict())
-    if split == config.train.chunk_layers(cfg.layers) or not _beats(balanced, rule):
+    rule = megatron_plan(cfg, cluster, graph, **config.as_dict())
+    if not _beats(balanced, rule):
         return rule
     how = f"{rule.report.step_time_s:.4g} s" if rule.report.fits else "does not fit"
     return replace(balanced, notes=(f"{says}: its slowest pipeline rank is faster than under the even split "
@@ -168,11 +173,11 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
 
 def fp8_recipe_for(precision: str | None, recipe: str | None, device, framework: str = "megatron") -> str | None:
     """The FP8 recipe a run names or, under ``--precision fp8`` without one, the device's and the
-    engine's default (``cost.precision.default_recipe``); None in BF16."""
-    from symtensor.cost.precision import default_recipe, has_fp8
+    engine's default (``cost.precision.named_recipe``); None in BF16."""
+    from symtensor.cost.precision import has_fp8, named_recipe
 
-    if precision == "fp8" and recipe is None and has_fp8(device):
-        return default_recipe(device, framework)
+    if precision == "fp8" and has_fp8(device):
+        return named_recipe(recipe, device, framework)
     return recipe
 
 
@@ -250,9 +255,10 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     from symtensor.search import BASELINES, search
     from symtensor.search.guarantee import GRID, guaranteed_plan
 
-    if engine_refusal(Parallelism(framework=framework, zero=2)) is not None:
+    why = engine_refusal(Parallelism(framework=framework, zero=2))
+    if why is not None:
         raise PlanError(f"plan does not search under {framework} (its search would try what the engine does not run: "
-                        f"{engine_refusal(Parallelism(framework=framework, zero=2))}); cost a configuration with "
+                        f"{why}); cost a configuration with "
                         f"evaluate --framework {framework}")
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     if torch:
@@ -265,9 +271,7 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
     names = BASELINES if names is None else tuple(names)
 
-    held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
-    if moe:
-        held["moe"] = moe
+    held = _held(precision, fp8_recipe, moe)
 
     def run(on):
         return search(cfg, on, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory,
@@ -284,6 +288,15 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
         grid = replace(p, notes=()).with_account(None)
         return p, {n: grid if n == GRID else rest[n] for n in names}
     return p, baselines(p, names, **held)
+
+
+def _held(precision: str | None, fp8_recipe: str | None, moe: dict | None) -> dict:
+    """What a search holds its baselines to besides its own (``plan_with_baselines``, ``sweep``): a
+    stated precision with its FP8 recipe, and the MoE options (``moe_options``); empty for neither."""
+    held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
+    if moe:
+        held["moe"] = moe
+    return held
 
 
 def baselines(p: Plan, names=None, precision: str | None = None, fp8_recipe: str | None = None,
@@ -347,10 +360,8 @@ def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=
         grid.append({"value": v, "devices": point["devices"], "nodes": point["nodes"], "seq": s,
                      "global_batch": point["global_batch"] or default_global_batch(s)})
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
     moe = moe_options(moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap)
-    if moe:
-        held["moe"] = moe
+    held = _held(precision, fp8_recipe, moe)
     return run_sweep(cfg, cluster, param, grid, micro_batch=mb, space=space, on_point=on_point, precision=held)
 
 

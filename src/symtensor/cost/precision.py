@@ -97,6 +97,8 @@ DEFAULT_RECIPE = "delayed"  # Megatron-LM's --fp8-recipe default
 NUMERICS_NOTE = ("FP8 changes the numerics: GEMM operands are rounded to 8 bits (E4M3 forward, E5M2 "
                  "gradients under the hybrid format); check the loss curve against a BF16 run before "
                  "committing a long training run to it")
+# how a note of an FP8 plan ends: what FP8 leaves in BF16, and how to keep all of it BF16
+STAYS_BF16 = "attention, norms, embedding and LM head stay BF16; --precision bf16 keeps BF16"
 
 
 def has_fp8(device) -> bool:
@@ -118,6 +120,12 @@ def default_recipe(device, framework: str = "megatron") -> str:
     if has_mx(device):
         return "mxfp8"
     return "tensorwise" if engine_named(framework).pytorch_kernels else DEFAULT_RECIPE
+
+
+def named_recipe(recipe: str | None, device, framework: str = "megatron") -> str:
+    """The FP8 recipe a run names, or where it names none (None) the device's and the engine's
+    default (``default_recipe``)."""
+    return default_recipe(device, framework) if recipe is None else recipe
 
 
 def gemm_refusal(op, sizes) -> str | None:

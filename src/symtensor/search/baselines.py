@@ -23,6 +23,7 @@
 
 from __future__ import annotations
 
+import functools
 import math
 
 from symtensor.errors import PlanError, did_you_mean
@@ -59,7 +60,7 @@ def _recipe_tp(cfg: ModelConfig, active_params: float, node: int) -> int:
     return tp
 
 
-def megatron_recipe(pool: EvaluatorPool, global_batch: int, active_params: float) -> tuple[Costed | None, str]:
+def megatron_recipe(pool: EvaluatorPool, global_batch: int) -> tuple[Costed | None, str]:
     """The model's published recipe with dp scaled to the devices, else the sizing rule (see the
     module docstring), and the note that says which (``RECIPE_NOTE``, then the recipe's name and
     source, or ``sizing rule`` and why). The recipe is the best-ranked one whose degrees run on
@@ -91,7 +92,7 @@ def megatron_recipe(pool: EvaluatorPool, global_batch: int, active_params: float
             others = {0: "", 1: f" (nor does the other recipe of {cfg.name})"}.get(
                 k, f" (nor do the other {k} recipes of {cfg.name})")
             why = refused[0] + others
-    return sizing_rule(pool, global_batch, active_params), f"{RECIPE_NOTE}{recipes.RULE} ({why})"
+    return sizing_rule(pool, global_batch), f"{RECIPE_NOTE}{recipes.RULE} ({why})"
 
 
 def _recipe_note(r: recipes.Recipe, c: dict, n: int) -> str:
@@ -102,14 +103,22 @@ def _recipe_note(r: recipes.Recipe, c: dict, n: int) -> str:
         parts.append(f"micro batch 1 (the recipe's {r.micro_batch} does not divide a replica's batch)")
     if r.pp_layout and not r.pp_layout.startswith("embedding"):
         parts.append(f"pipeline layout {r.pp_layout} costed as the planner's balanced split")
-    if r.precision != c.get("precision", "bf16"):
-        parts.append(f"precision {r.precision} costed in bf16")
     return "; ".join(parts + ([r.notes] if r.notes else []))
 
 
-def sizing_rule(pool: EvaluatorPool, global_batch: int, active_params: float) -> Costed | None:
-    """NVIDIA's published sizing rules (see the module docstring)."""
+@functools.lru_cache(maxsize=32)
+def _active_params(cfg: ModelConfig, seq: int) -> float:
+    """The model's parameters active per token, counted on a graph of one sequence of ``seq``
+    tokens: the sizing rule sizes tensor parallelism by them."""
+    return params_active(cfg, build_graph(cfg, micro_batch=1, seq=seq))
+
+
+def sizing_rule(pool: EvaluatorPool, global_batch: int, active_params: float | None = None) -> Costed | None:
+    """NVIDIA's published sizing rules (see the module docstring). ``active_params``: the model's
+    parameters active per token; None: counted here (memoised per model and sequence)."""
     cfg, n, seq = pool.cfg, pool.cluster.n_devices, pool.seq
+    if active_params is None:
+        active_params = _active_params(cfg, min(seq, 128))
     node = pool.cluster.levels[0].fanout or n
     tp = _recipe_tp(cfg, active_params, min(node, n))
     fallback = None
@@ -170,8 +179,7 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
             continue
         note = ()
         if name == "megatron_recipe":
-            costed, used = megatron_recipe(pool, global_batch, params_active(cfg, build_graph(cfg, micro_batch=1,
-                                                                                               seq=min(seq, 128))))
+            costed, used = megatron_recipe(pool, global_batch)
             note = (used,)
         elif name == "megatron_grid_best":
             costed = megatron_grid(pool, global_batch, fork=fork, beat=beat)[0]

@@ -44,6 +44,7 @@ import math
 from symtensor.cost import TrainConfig
 from symtensor.cost.params import data_axes, weight_axes
 from symtensor.errors import PlanError
+from symtensor.hardware import GIB
 from symtensor.layout import REPLICATED
 from symtensor.search.megatron import configuration, inner_grid, train_config
 from symtensor.search.parallel import Background
@@ -287,10 +288,9 @@ def hybrid_variant(ev, point: Costed) -> tuple[Costed, str | None]:
 def hybrid_note(flat, hybrid, dp_shard: int, group: int, zero: int) -> str:
     """What hybrid sharding bought, from the reports of a plan with ZeRO over the whole
     data-parallel group of ``group`` ranks (``flat``) and over ``dp_shard`` of them (``hybrid``)."""
-    gib = 2**30
     return (f"hybrid sharding (HSDP): ZeRO-{zero} shards over the {dp_shard} innermost data-parallel ranks and "
             f"replicates across {group // dp_shard}: {flat.step_time_s:.4g} s -> {hybrid.step_time_s:.4g} s per step "
             f"(data-parallel communication {flat.breakdown['dp_comm']:.3g} s -> {hybrid.breakdown['dp_comm']:.3g} s: "
             f"rings inside the inner levels, an all-reduce of the shard across them; optimizer "
             f"{flat.breakdown['optimizer']:.3g} s -> {hybrid.breakdown['optimizer']:.3g} s; memory "
-            f"{flat.memory_peak / gib:.1f} -> {hybrid.memory_peak / gib:.1f} GiB per device)")
+            f"{flat.memory_peak / GIB:.1f} -> {hybrid.memory_peak / GIB:.1f} GiB per device)")

@@ -29,7 +29,7 @@ import time
 from dataclasses import replace
 
 from symtensor.cost import TrainConfig
-from symtensor.cost.precision import NUMERICS_NOTE
+from symtensor.cost.precision import NUMERICS_NOTE, STAYS_BF16
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster
 from symtensor.models import ModelConfig
@@ -137,8 +137,7 @@ def in_fp8(pool: EvaluatorPool, plan: Plan) -> Plan:
         return plan
     was, now = plan.report.step_time_s, best.report.step_time_s
     note = (f"FP8 GEMMs ({recipe} scaling) bought {was / now:.2f}x on it: {now:.4g} s per step against {was:.4g} s "
-            f"in BF16 (recomputation {best.train.recompute}, ZeRO {best.train.zero}; attention, norms, embedding "
-            "and LM head stay BF16; --precision bf16 keeps BF16)")
+            f"in BF16 (recomputation {best.train.recompute}, ZeRO {best.train.zero}; {STAYS_BF16})")
     return pool.plan(best, notes=(*plan.notes, note, NUMERICS_NOTE)).with_account(plan)
 
 

@@ -66,11 +66,6 @@ def configuration(given: dict) -> dict:
     return {**_DEFAULTS, **given}
 
 
-def micro_steps(c: dict) -> int:
-    """Micro-batches per step of each data-parallel replica of configuration ``c``."""
-    return Parallelism(**c).micro_steps
-
-
 def train_config(c: dict) -> TrainConfig:
     """The training configuration the cost model reads, of the (complete) configuration ``c``."""
     return Parallelism(**c).train

@@ -16,7 +16,7 @@ import time
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.opcost import local_sizes
-from symtensor.cost.precision import NUMERICS_NOTE, fp8_gemm, gemm_refusal
+from symtensor.cost.precision import NUMERICS_NOTE, STAYS_BF16, fp8_gemm, gemm_refusal
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
@@ -312,8 +312,7 @@ def precision_variant(s: OuterSearch, zero_variants: bool = True) -> str | None:
     other = "" if base is first else \
         f"; the fastest BF16 layouts ({first.report.step_time_s:.4g} s) do not fit or do not take FP8"
     return (f"FP8 GEMMs ({recipe} scaling) bought {was / now:.2f}x: {now:.4g} s per step against {was:.4g} s for "
-            f"the same layouts in BF16{rc}{other} (attention, norms, embedding and LM head stay BF16; "
-            "--precision bf16 keeps BF16)")
+            f"the same layouts in BF16{rc}{other} ({STAYS_BF16})")
 
 
 def fp8_refused(ev: Evaluator, layouts: dict) -> bool:

@@ -14,7 +14,7 @@ from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal, refusal as moe_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
-from symtensor.cost.precision import default_recipe, has_fp8, refusal as precision_refusal
+from symtensor.cost.precision import has_fp8, named_recipe, refusal as precision_refusal
 from symtensor.cost.train import rule_split
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
@@ -23,6 +23,7 @@ from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.plan import Plan
+from symtensor.plan.summary import MOE_DEFAULTS
 from symtensor.search.megatron import (
     check_config,
     configuration,
@@ -34,9 +35,6 @@ from symtensor.search.megatron import (
     train_config,
 )
 from symtensor.search.partition import Problem
-
-MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_routing": "balanced", "moe_capacity_factor": None,
-                "moe_shared_overlap": False, "moe_ep_overlap": False}
 
 
 def moe_keys(moe: dict | None) -> dict:
@@ -93,7 +91,7 @@ class EvaluatorPool:
         why = precision_refusal(precision or "bf16", fp8_recipe if precision else None, cluster.device)
         if why is not None:
             raise PlanError(why)
-        recipe = fp8_recipe or default_recipe(cluster.device, framework)
+        recipe = named_recipe(fp8_recipe or None, cluster.device, framework)  # (an empty name names none)
         self.precision = precision or "bf16"
         self.fp8_recipe = recipe if precision == "fp8" else None
         self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None

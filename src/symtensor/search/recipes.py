@@ -29,9 +29,10 @@ family's default. ``search.baselines.megatron_recipe`` takes the first that runs
 accepts it) if it fits; NVIDIA's sizing rule where none runs or it does not fit, and the plan's
 note says which it used and why.
 
-Recorded but not applied yet (hooks; the planner's fields land on other branches):
-- ``precision``: every row is a BF16 recipe (the FP8 variants are named in the notes); it is
-  passed to the configuration as ``precision`` once ``Parallelism`` has that field (``scaled``).
+A row's ``precision`` is passed to the configuration as ``precision`` (``scaled``); every row
+is a BF16 recipe (the FP8 variants are named in the notes).
+
+Recorded but not applied as stated (hooks):
 - ``pp_layout``: a stated per-stage layer split (Megatron's ``--pipeline-model-parallel-layout``
   string, or ``account_for_embedding/loss_in_pipeline_split``, which the planner's own split already
   takes: ``parallelism.pipeline_split`` "slots"). Layout strings are costed with the planner's
@@ -48,7 +49,7 @@ from dataclasses import dataclass
 
 from symtensor.errors import PlanError
 from symtensor.models import PRESETS, ModelConfig
-from symtensor.plan.parallelism import KEYS, Parallelism, refusal
+from symtensor.plan.parallelism import Parallelism, refusal
 
 # the repositories and the commits the rows were read at (the newest stored snapshots)
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b"
@@ -75,7 +76,7 @@ class Recipe:
         tp, pp, vpp, cp, ep, etp, sp: its degrees (vpp 1 = no virtual stages).
         recompute: the planner's recomputation mode closest to it; recompute_detail: the recipe's.
         zero: 1 for Megatron's distributed optimizer (every row), 3 for Megatron FSDP.
-        precision: the recipe's precision (hook: applied once the planner has the field).
+        precision: the recipe's precision (the configuration's, ``scaled``).
         pp_layout: its stated pipeline layout, if any (hook; see the module docstring).
         default: the family's default (``<model>_pretrain_config`` is this function).
         notes: what the planner does not model of it.
@@ -293,17 +294,16 @@ def scaled(r: Recipe, cfg: ModelConfig, n_devices: int, global_batch: int, seq: 
     """Recipe ``r`` on ``n_devices`` devices at the plan's global batch and sequence, as a Megatron
     configuration (``search.megatron``'s keys): its degrees, recomputation and micro batch, with
     dp = devices / (tp x pp x cp); the micro batch falls to 1 where the recipe's does not divide
-    the batch of a replica. A PlanError says why it does not run (``plan.parallelism.refusal``).
-    The recipe's ``precision`` is passed once ``Parallelism`` has that field (the hook)."""
+    the batch of a replica, and the recipe's precision. A PlanError says why it does not run
+    (``plan.parallelism.refusal``)."""
     model_parallel = r.tp * r.pp * r.cp
     if n_devices % model_parallel:
         raise PlanError(f"tp*pp*cp = {r.tp}*{r.pp}*{r.cp} = {model_parallel} does not divide {n_devices} devices")
     dp = n_devices // model_parallel
     mb = r.micro_batch if global_batch % (r.micro_batch * dp) == 0 else 1
     c = dict(tp=r.tp, pp=r.pp, dp=dp, cp=r.cp, ep=r.ep, etp=r.etp, sp=r.sp, zero=r.zero if dp * r.cp > 1 else 0,
-             recompute=r.recompute, micro_batch=mb, global_batch=global_batch, seq=seq, vpp=r.vpp)
-    if "precision" in KEYS:  # the precision hook: BF16 until the planner has the field
-        c["precision"] = r.precision
+             recompute=r.recompute, micro_batch=mb, global_batch=global_batch, seq=seq, vpp=r.vpp,
+             precision=r.precision)
     why = refusal(Parallelism(**c), cfg, n_devices)
     if why is not None:
         raise PlanError(why)
