@@ -162,3 +162,14 @@ def test_the_plan_is_never_slower_than_the_recipe_it_is_compared_with():
     recipe = base["megatron_recipe"]
     assert recipe is not None and recipe.report.fits
     assert plan.report.step_time_s <= recipe.report.step_time_s
+
+
+def test_a_recipe_without_a_layout_runs_megatrons_own_split():
+    """A recipe that states no pipeline layout runs Megatron's split (even, or the embedding and loss as
+    layer slots), not the planner's balanced one: LLaMA-3-70B's tp4 pp4 vpp5 recipe on 64 H100 puts 4
+    layers in each of its 20 chunks (it was costed as 4, 5, 4, 6, 5, ..., 1, 1, 1, 0)."""
+    cfg, cl = load_model_config("llama3-70b"), load_cluster("dgx-h100", devices=64)
+    base = baseline_plans(cfg, cl, 1024, 8192, names=("megatron_recipe",))["megatron_recipe"]
+    assert (base.config["pp"], base.config["vpp"]) == (4, 5)
+    assert base.train.layer_split is None
+    assert base.train.chunk_layers(cfg.layers) == (4,) * 20

@@ -78,7 +78,10 @@ def megatron_recipe(pool: EvaluatorPool, global_batch: int) -> tuple[Costed | No
             except PlanError as e:
                 refused.append(f"{r.cited} does not run here: {e}")
                 continue
-            cand = pool.try_config(**c)
+            # a recipe without a layout string runs Megatron's own split (even, or the embedding and loss as layer
+            # slots: the rule's); a layout string is costed as the balanced split (its note says so)
+            stated = bool(r.pp_layout) and not r.pp_layout.startswith("embedding")
+            cand = pool.try_config(**c, balance=stated)
             if cand is None:
                 refused.append(f"{r.cited} cannot be laid on this cluster's mesh")
                 continue
