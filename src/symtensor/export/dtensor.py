@@ -28,14 +28,12 @@ def dtensor_plan(plan) -> dict:
     no more memory; the export says so (``_zero_note``). The same rule as
     ``export.torchtitan.data_parallel``."""
     p = lowered(plan, CAPABILITIES)
-    from symtensor.runtime.spec import ATTN_TP, MLP_TP
+    from symtensor.runtime.spec import tp_styles
 
     styles = {}
     if p.tp > 1:
-        styles.update({k: "ColwiseParallel" if v == "colwise" else "RowwiseParallel" for k, v in ATTN_TP.items()})
-        if not plan.model.is_moe:
-            styles.update({k: "ColwiseParallel" if v == "colwise" else "RowwiseParallel" for k, v in MLP_TP.items()})
-        styles.update({"embed": "RowwiseParallel", "lm_head": "ColwiseParallel"})
+        styles = {k: "ColwiseParallel" if v == "colwise" else "RowwiseParallel"
+                  for k, v in tp_styles(plan.model.is_moe).items()}
         if p.sp:
             styles.update({"attention_norm": "SequenceParallel", "ffn_norm": "SequenceParallel",
                            "norm": "SequenceParallel"})

@@ -22,7 +22,7 @@ from __future__ import annotations
 from symtensor.errors import PlanError
 from symtensor.plan.parallelism import Capabilities, Parallelism
 from symtensor.plan.summary import role_axes
-from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
+from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec, tp_styles
 
 # the runtime's worker: no context parallelism or recomputation; ZeRO above 0 only as FSDP2 (the
 # plan's engine shards the parameters: fsdp2's ZeRO 1/2, every engine's ZeRO 3); experts cut over
@@ -115,7 +115,7 @@ def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
     if tp > 1 and attention_only:  # a heterogeneous plan: attention TP, the rest data parallel
         styles = dict(ATTN_TP)
     elif tp > 1:
-        styles = dict(ATTN_TP) | ({} if cfg.is_moe else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
+        styles = tp_styles(cfg.is_moe)
         if cfg.is_moe:  # the dense layers among the MoE ones keep a tensor-parallel MLP
             layer_styles = {i: dict(MLP_TP) for i in range(cfg.layers) if not cfg.is_moe_layer(i)}
     ep_axes = () if p.ep == 1 else tuple(axis[role] for role in _folds(p)[p.ep] if role == "tp" or dp > 1)
