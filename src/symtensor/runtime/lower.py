@@ -28,7 +28,7 @@ from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec, tp_styles
 # plan's engine shards the parameters: fsdp2's ZeRO 1/2, every engine's ZeRO 3); experts cut over
 # whole mesh axes with expert TP 1. Its predictions follow the fsdp2 engine (runtime.verify).
 CAPABILITIES = Capabilities(name="the runtime", engine="fsdp2", zero_as_costed=True, context_parallel=False,
-                            recompute=("none",), expert_tp="1", expert_fold="whole axes")
+                            recompute=("none",))
 
 
 def refusal(p: Parallelism, model, attention_only: bool = False) -> str | None:
