@@ -149,10 +149,11 @@ def own_runs(fitted, path: str, as_json: bool) -> int:
     from symtensor.profile.own_runs import FREE
 
     held = fitted.held_out is not None
+    errors, held_errors = fitted.errors(), fitted.errors(held_out=True)
     rows = [{"line": r.line, "model": r.model, "devices": r.devices, "config": r.config, "measured_s": r.step_time_s,
-             "predicted_s": p, "error": p / r.step_time_s - 1,
+             "predicted_s": p, "error": errors[i],
              "held_out_s": fitted.held_out[i] if held else None,
-             "held_out_error": fitted.held_out[i] / r.step_time_s - 1 if held else None,
+             "held_out_error": held_errors[i] if held else None,
              "peak_memory_error": fitted.memory_errors[i]}
             for i, (r, p) in enumerate(zip(fitted.runs, fitted.predicted))]
     out = {"rows": rows, "constants": fitted.constants, "ranges": {k: FREE[k][1:3] for k in FREE},
