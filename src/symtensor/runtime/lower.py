@@ -93,12 +93,13 @@ def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
     if why is not None:
         raise PlanError(why)
     tp, pp, dp = p.tp, p.pp, p.dp
-    axis = {role: "+".join(names) for role, names in role_axes(plan).items()}  # one axis per role
+    roles = role_axes(plan)
+    axis = {role: "+".join(names) for role, names in roles.items()}  # one axis per role
     mesh, dp_axes, fsdp_axes = {}, (), ()
     if pp > 1:
         mesh[axis["pp"]] = pp
     if dp > 1 and p.hsdp:  # replicas outside, shards inside: fully_shard on the 2-D mesh
-        replicate, shard = hybrid_axes(role_axes(plan)["dp"], plan.mesh, p.dp_shard)
+        replicate, shard = hybrid_axes(roles["dp"], plan.mesh, p.dp_shard)
         mesh |= {replicate: p.dp_replicate, shard: p.dp_shard}
         dp_axes, fsdp_axes = (replicate,), (shard,)
     elif dp > 1:
