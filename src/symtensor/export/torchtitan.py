@@ -43,10 +43,11 @@ def data_parallel(p: Parallelism) -> tuple[int, int, str]:
     is HSDP: ``data_parallel_replicate_degree`` the replicas, ``data_parallel_shard_degree`` the
     shard group over cp (torchtitan's FSDP mesh is dp_shard x cp; ParallelDims requires
     replicate x shard x cp x tp x pp = world size)."""
-    reshard = "always" if p.reshards_after_forward else "never"
+    runs = p.replace(framework=CAPABILITIES.engine)  # as the fsdp2 engine runs it: sharding and resharding
+    reshard = "always" if runs.reshards_after_forward else "never"
     if p.hsdp:
         return p.dp_replicate, p.dp_shard // p.cp, reshard
-    if not p.replace(framework=CAPABILITIES.engine).sharded_parameters:
+    if not runs.sharded_parameters:
         return p.dp, 1, "default"
     return 1, p.dp, reshard
 
