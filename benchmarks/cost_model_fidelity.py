@@ -237,11 +237,7 @@ def main() -> int:
     write_markdown(results, RESULTS / "cost_model_fidelity.md", loso, selection)
     speed = time_evaluation()
     write_speed(speed, RESULTS / "evaluate_speed.md")
-    outside = [r for r in results if r.row.metric not in calibration.TIME_METRICS and not r.within]
-    for fam, device, r in calibration.time_residuals(results):
-        lo, hi = bands.RESIDUALS[(device, "dense 3D")]
-        if not lo - 1e-4 <= r <= hi + 1e-4:
-            outside.append((fam, device, r))
+    outside = calibration.outside(results)
     for key, s in calibration.summary(results).items():
         print(f"{key}: mean |error| {s['mean']:.4g}, max {s['max']:.4g} (tolerance {s['tolerance']}, n={s['n']})")
     print(f"megatron_plan {SPEED_MODEL} on {SPEED_DEVICES} devices: median {speed['megatron_plan_s']:.4f} s")

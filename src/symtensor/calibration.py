@@ -113,8 +113,8 @@ def _recompute(text: str) -> str:
 class _Cache:
     """Evaluators per (model, parallel layout), reused across metrics of the same configuration."""
 
-    def __init__(self, effs: dict, e2e=None, graphs: dict | None = None):
-        self.effs, self.e2e = effs, e2e
+    def __init__(self, e2e=None, graphs: dict | None = None):
+        self.e2e = e2e
         self.evs: dict = {}
         self.graphs = {} if graphs is None else graphs  # (model, batch, seq, dtype) -> graph, across fits
 
@@ -136,7 +136,7 @@ class _Cache:
             if graph is None:
                 graph = self.graphs[gkey] = build_graph(cfg, micro_batch=p.micro_batch * p.dp, seq=p.seq, dtype=dtype,
                                                         skeleton=True)
-            eff = self.effs.get("H100" if "h100" in gpu else "A100") or efficiency_for(cluster, "megatron")
+            eff = efficiency_for(cluster, "megatron")
             if self.e2e is not None:
                 eff = eff.replace(end_to_end=self.e2e)
             self.evs[key] = Evaluator(graph, cluster, pp=p.pp, eff=eff)
@@ -215,12 +215,11 @@ def _nemo(row: Row, cache: _Cache) -> float:
     raise ValueError(f"no prediction for metric {row.metric!r}")
 
 
-def predict(rows: list[Row] | None = None, effs: dict | None = None, e2e=None, graphs: dict | None = None
-            ) -> list[Result]:
+def predict(rows: list[Row] | None = None, e2e=None, graphs: dict | None = None) -> list[Result]:
     """Predicted values of ``rows`` (default: every calibration row) with the efficiency of each
-    row's cluster under Megatron (``efficiency_for``; ``effs``: device -> Efficiency instead) and the
-    end-to-end constants ``e2e`` (default: the shipped ``END_TO_END``)."""
-    cache = _Cache(dict(effs or {}), e2e, graphs)
+    row's cluster under Megatron (``efficiency_for``) and the end-to-end constants ``e2e`` (default:
+    the shipped ``END_TO_END``)."""
+    cache = _Cache(e2e, graphs)
     out = []
     for row in load_rows() if rows is None else rows:
         fn = _zero if row.source.startswith("ZERO") else _nemo if row.device == "H100" else _korthikanti

@@ -303,7 +303,7 @@ def _dispatch(args) -> int:
                  "in_sample": calibration.error_by_regime(results),
                  "leave_one_source_out": calibration.error_by_regime(loso),
                  "band_coverage": {k: list(v) for k, v in calibration.band_coverage(loso).items()}}
-        code = report.calibration(results, calibration.summary(results), {}, args.json, extra)
+        code = report.calibration(results, calibration.summary(results), args.json, extra)
         return code if not calibration.outside(results) else 1
     from symtensor import api
     from symtensor.plan.document import evaluation_json

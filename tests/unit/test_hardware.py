@@ -240,3 +240,19 @@ def test_unparseable_cluster_file(tmp_path):
     path.write_text("{")
     with pytest.raises(PlanError, match=r"cannot parse"):
         load_cluster(str(path), devices=8)
+
+
+@pytest.mark.parametrize("device_name, preset", [
+    ("NVIDIA A100-SXM4-80GB", "dgx-a100-80g"),
+    ("NVIDIA H100 80GB HBM3", "dgx-h100"),
+    ("NVIDIA H200", "dgx-h200"),
+    ("NVIDIA B200", "dgx-b200"),
+    ("NVIDIA GB200", "gb200-nvl72"),  # "B200" is in the name too: GB200 must be matched first
+    ("Ascend910B2", "ascend-910b"),
+    ("NVIDIA GeForce RTX 4090", None),
+])
+def test_a_device_name_finds_its_preset(device_name, preset):
+    from symtensor.hardware.cluster import preset_for
+
+    assert preset_for(device_name, None) == preset
+    assert preset is None or preset in PRESETS

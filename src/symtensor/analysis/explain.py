@@ -64,7 +64,7 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
     groups = _groups(plan, problem)
     if op is not None:
         groups = _select(groups, op, plan)
-    bought = {"precision": fp8_bought(plan)} if plan.train.fp8 is not None else {}
+    bought = {"precision": fp8_bought(plan, problem.ev, layouts)} if plan.train.fp8 is not None else {}
     out = {
         "model": plan.model.name, "cluster": plan.cluster.name, "devices": plan.cluster.n_devices,
         "config": plan.config, "step_time_s": plan.report.step_time_s, **bought,
@@ -104,12 +104,13 @@ def memory_terms(report) -> dict:
             "usable_gib": MEMORY_HEADROOM * report.capacity / GIB, "fits": report.fits}
 
 
-def fp8_bought(plan) -> dict:
-    """What FP8 bought an FP8 plan: the same layouts and configuration re-costed in BF16, against
-    the plan (step, compute, memory), and the numerics note (``cost.precision``)."""
+def fp8_bought(plan, ev, layouts) -> dict:
+    """What FP8 bought an FP8 plan: the same layouts and configuration re-costed in BF16 (``ev``: the
+    plan's evaluator; ``layouts``: its ``Plan.op_layouts``), against the plan (step, compute, memory),
+    and the numerics note (``cost.precision``)."""
     from symtensor.cost.precision import NUMERICS_NOTE
 
-    bf16 = plan.evaluator().evaluate(plan.op_layouts(), plan.train.replace(precision="bf16", fp8_recipe=None))
+    bf16 = ev.evaluate(layouts, plan.train.replace(precision="bf16", fp8_recipe=None))
     rep = plan.report
     return {"precision": "fp8", "fp8_recipe": plan.train.fp8_recipe, "step_time_s": rep.step_time_s,
             "bf16_step_time_s": bf16.step_time_s, "speedup": bf16.step_time_s / rep.step_time_s,

@@ -28,25 +28,24 @@ def dtensor_plan(plan) -> dict:
     no more memory; the export says so (``_zero_note``). The same rule as
     ``export.torchtitan.data_parallel``."""
     p = lowered(plan, CAPABILITIES)
-    from symtensor.runtime.spec import ATTN_TP, MLP_TP
+    from symtensor.runtime.spec import tp_styles
 
     styles = {}
     if p.tp > 1:
-        styles.update({k: "ColwiseParallel" if v == "colwise" else "RowwiseParallel" for k, v in ATTN_TP.items()})
-        if not plan.model.is_moe:
-            styles.update({k: "ColwiseParallel" if v == "colwise" else "RowwiseParallel" for k, v in MLP_TP.items()})
-        styles.update({"embed": "RowwiseParallel", "lm_head": "ColwiseParallel"})
+        styles = {k: "ColwiseParallel" if v == "colwise" else "RowwiseParallel"
+                  for k, v in tp_styles(plan.model.is_moe).items()}
         if p.sp:
             styles.update({"attention_norm": "SequenceParallel", "ffn_norm": "SequenceParallel",
                            "norm": "SequenceParallel"})
     degrees = {"pp": p.pp, "dp": p.dp, "cp": p.cp, "tp": p.tp}
     mesh = {name: size for name, size in degrees.items() if size > 1} or {"dp": 1}
     data_axes = [name for name in ("dp", "cp") if degrees[name] > 1]
-    shard = bool(data_axes) and p.replace(framework=CAPABILITIES.engine).sharded_parameters
+    runs = p.replace(framework=CAPABILITIES.engine)  # as the fsdp2 engine runs it: sharding and resharding
+    shard = bool(data_axes) and runs.sharded_parameters
     out = {"mesh": mesh, "tp_plan": styles,
            "data_parallel": ("fully_shard" if shard else "replicate") if data_axes else None,
            "data_parallel_axes": data_axes, "fully_shard": shard,
-           "reshard_after_forward": p.reshards_after_forward if shard else None,
+           "reshard_after_forward": runs.reshards_after_forward if shard else None,
            "expert_parallel_degree": p.ep, "expert_tensor_parallel_degree": p.etp,
            "context_parallel": p.cp > 1}
     if shard and p.hsdp:  # hybrid sharding: fully_shard on the 2-D mesh (replicate, shard) of dp x cp

@@ -19,8 +19,8 @@ from symtensor.errors import PlanError
 from symtensor.export.common import lowered
 from symtensor.plan.parallelism import Capabilities, engine_refusal
 
-CAPABILITIES = Capabilities(name="Megatron-DeepSpeed", engine="megatron-deepspeed", zero=(0, 1),
-                            context_parallel=False)
+# its ZeRO stages and its context parallelism are the megatron-deepspeed engine's refusals (``refusal``)
+CAPABILITIES = Capabilities(name="Megatron-DeepSpeed", engine="megatron-deepspeed")
 
 
 def refusal(p) -> str | None:

@@ -2,8 +2,9 @@
 sections).
 
 The plan's configuration (``Plan.parallelism``) lowered to torchtitan's ``Parallelism`` degrees
-(torchtitan/config/job_config.py). torchtitan runs the fsdp2 engine's semantics; what it runs
-beyond the configuration rule is ``CAPABILITIES``, the rules it adds ``refusal``.
+(torchtitan/config/job_config.py). torchtitan runs the fsdp2 engine's semantics (``CAPABILITIES``);
+the rules it adds to the configuration rule are ``_cp_fsdp``, ``_hybrid`` and ``_expert_grid``, which
+``torchtitan_config`` applies in that order.
 """
 
 from __future__ import annotations
@@ -15,13 +16,7 @@ from symtensor.plan.parallelism import Capabilities, Parallelism
 
 # torchtitan applies FSDP2 whenever cp > 1 (cp_needs_fsdp, ``_cp_fsdp``); its expert grid takes
 # expert TP 1 or tp and borrows ranks (``_expert_grid``); ZeRO 1 runs as ZeRO 2 (a note)
-CAPABILITIES = Capabilities(name="torchtitan", engine="fsdp2", cp_needs_fsdp=True, expert_tp="1 or tp",
-                            expert_fold="borrowed")
-
-
-def refusal(p: Parallelism, model) -> str | None:
-    """The first rule of ``CAPABILITIES`` that configuration ``p`` breaks on ``model``, or None."""
-    return _cp_fsdp(p) or _hybrid(p) or _expert_grid(p, model)
+CAPABILITIES = Capabilities(name="torchtitan", engine="fsdp2", cp_needs_fsdp=True)
 
 
 def _hybrid(p: Parallelism) -> str | None:
@@ -48,10 +43,11 @@ def data_parallel(p: Parallelism) -> tuple[int, int, str]:
     is HSDP: ``data_parallel_replicate_degree`` the replicas, ``data_parallel_shard_degree`` the
     shard group over cp (torchtitan's FSDP mesh is dp_shard x cp; ParallelDims requires
     replicate x shard x cp x tp x pp = world size)."""
-    reshard = "always" if p.reshards_after_forward else "never"
+    runs = p.replace(framework=CAPABILITIES.engine)  # as the fsdp2 engine runs it: sharding and resharding
+    reshard = "always" if runs.reshards_after_forward else "never"
     if p.hsdp:
         return p.dp_replicate, p.dp_shard // p.cp, reshard
-    if not p.replace(framework=CAPABILITIES.engine).sharded_parameters:
+    if not runs.sharded_parameters:
         return p.dp, 1, "default"
     return 1, p.dp, reshard
 
@@ -72,10 +68,9 @@ def _cp_fsdp(p: Parallelism) -> str | None:
 
 
 def _expert_grid(p: Parallelism, model) -> str | None:
-    """An MoE model's expert grid as torchtitan takes it (``ParallelDims``; ``expert_fold``
-    borrowed): expert TP is 1 or tp, and EP borrows all of cp (and tp when expert TP is 1) and part
-    of the FSDP degree ``data_parallel_shard_degree``, which a plan without sharded state (ZeRO 0:
-    DDP) leaves at 1."""
+    """An MoE model's expert grid as torchtitan takes it (``ParallelDims``): expert TP is 1 or tp,
+    and EP borrows all of cp (and tp when expert TP is 1) and part of the FSDP degree
+    ``data_parallel_shard_degree``, which a plan without sharded state (ZeRO 0: DDP) leaves at 1."""
     if not model.is_moe or p.ep == 1:
         return None
     tp, cp, ep, etp = p.tp, p.cp, p.ep, p.etp

@@ -259,8 +259,10 @@ def cluster_names() -> list[str]:
     return sorted(PRESETS)
 
 
-# a device name containing the key is that preset's device (torch.cuda.get_device_name)
-PRESET_DEVICES = (("H100", "dgx-h100"), ("A100", "dgx-a100-80g"), ("910B", "ascend-910b"))
+# a device name containing the key is that preset's device (torch.cuda.get_device_name); the first
+# key found wins, so a key inside another comes after it ("NVIDIA GB200" holds "B200")
+PRESET_DEVICES = (("GB200", "gb200-nvl72"), ("B200", "dgx-b200"), ("H200", "dgx-h200"), ("H100", "dgx-h100"),
+                  ("A100", "dgx-a100-80g"), ("910B", "ascend-910b"))
 
 
 def preset_for(device_name: str, like: str | None) -> str | None:

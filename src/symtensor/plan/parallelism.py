@@ -362,11 +362,9 @@ class Capabilities:
         context_parallel: whether it runs context parallelism at all; ``cp_needs_fsdp``: only
             with FSDP over dp x cp (ZeRO above 0).
         recompute: the recomputation modes it runs.
-        expert_tp: the expert tensor-parallel degrees it runs: ``any`` (that the grid allows),
-            ``1 or tp``, ``1``.
-        expert_fold: how its expert parallelism takes ranks: ``folded`` (ep x etp divide a
-            stage's ranks, Megatron's MoE parallel folding), ``borrowed`` (torchtitan: all of cp,
-            tp when expert TP is 1, and FSDP ranks), ``whole axes`` (the runtime: tp, tp x dp, dp).
+
+    An engine's expert grid is a rule of its ``refusal`` alone (``export.torchtitan._expert_grid``,
+    ``runtime.lower.refusal``; Megatron's MoE parallel folding is the configuration rule's).
     """
 
     name: str
@@ -376,8 +374,6 @@ class Capabilities:
     context_parallel: bool = True
     cp_needs_fsdp: bool = False
     recompute: tuple[str, ...] = ("none", "selective", "full")
-    expert_tp: str = "any"
-    expert_fold: str = "folded"
 
 
 class Heterogeneous(PlanError):

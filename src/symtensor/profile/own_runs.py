@@ -264,11 +264,13 @@ def fit(runs: list[Run], base: str | None = None, names: tuple[str, ...] | None 
     if len(runs) >= 3:
         held_out = tuple(rows.predict(i, _fit_on(rows, [j for j in everything if j != i], constants, names))
                          for i in everything)
-    errors = [p / r.step_time_s - 1 for p, r in zip(held_out or predicted, runs)]
+    fitted = Fit(constants, predicted, held_out, (0.0, 0.0), tuple(runs),
+                 tuple(rows.memory_error(i) for i in everything))
+    errors = fitted.errors(held_out=True)  # the in-sample ones without leave-one-out
     lo, hi = min(errors), max(errors)
     if held_out is None:
         lo, hi = min(lo, -MIN_BAND), max(hi, MIN_BAND)
-    return Fit(constants, predicted, held_out, (lo, hi), tuple(runs), tuple(rows.memory_error(i) for i in everything))
+    return dataclasses.replace(fitted, band=(lo, hi))
 
 
 HEADER = """\

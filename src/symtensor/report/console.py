@@ -106,7 +106,7 @@ def evaluation(out: dict, as_json: bool) -> int:
     return 0
 
 
-def calibration(results, summary: dict, effs: dict, as_json: bool, extra: dict | None = None) -> int:
+def calibration(results, summary: dict, as_json: bool, extra: dict | None = None) -> int:
     """``symtensor calibrate``: predicted vs published per row, the error per metric, and (``extra``) the
     end-to-end constants, the error per regime in-sample and leave-one-source-out, and the bands' coverage."""
     rows = [{"device": r.row.device, "source": r.row.source, "model": r.row.model, "metric": r.row.metric,
@@ -116,9 +116,7 @@ def calibration(results, summary: dict, effs: dict, as_json: bool, extra: dict |
              "error": r.error, "within_tolerance": r.within} for r in results]
     extra = extra or {}
     if as_json:
-        return _json({"rows": rows, "summary": summary, "efficiency": {device: {
-            k: getattr(eff, k) for k in ("gemm", "bmm", "attention", "attention_bwd", "hbm", "link", "link_gather")}
-            for device, eff in effs.items()}, **extra})
+        return _json({"rows": rows, "summary": summary, "efficiency": {}, **extra})
     t = Table(title="Calibration: predicted vs published (shared/data/calibration.csv, calibration_h100.csv)")
     for col in ("device", "model", "metric", "gpus", "t/p/d", "sp", "recompute", "measured", "predicted", "error"):
         t.add_column(col, justify="right" if col in ("measured", "predicted", "error") else "left")
@@ -151,10 +149,11 @@ def own_runs(fitted, path: str, as_json: bool) -> int:
     from symtensor.profile.own_runs import FREE
 
     held = fitted.held_out is not None
+    errors, held_errors = fitted.errors(), fitted.errors(held_out=True)
     rows = [{"line": r.line, "model": r.model, "devices": r.devices, "config": r.config, "measured_s": r.step_time_s,
-             "predicted_s": p, "error": p / r.step_time_s - 1,
+             "predicted_s": p, "error": errors[i],
              "held_out_s": fitted.held_out[i] if held else None,
-             "held_out_error": fitted.held_out[i] / r.step_time_s - 1 if held else None,
+             "held_out_error": held_errors[i] if held else None,
              "peak_memory_error": fitted.memory_errors[i]}
             for i, (r, p) in enumerate(zip(fitted.runs, fitted.predicted))]
     out = {"rows": rows, "constants": fitted.constants, "ranges": {k: FREE[k][1:3] for k in FREE},

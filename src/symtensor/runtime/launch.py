@@ -31,13 +31,6 @@ from symtensor.runtime.group import WorkerGroup
 from symtensor.runtime.spec import OPTIMIZERS, RunSpec, check_fits
 
 
-def torchrun_command(model: str, spec_file: Path, steps: int, optimizer: str, nproc: int, out: Path,
-                     seed: int = 0) -> list[str]:
-    """The torchrun command line that runs ``symtensor.runtime.worker`` on ``nproc`` processes."""
-    return local_torchrun(nproc) + ["-m", "symtensor.runtime.worker", "--spec", str(spec_file), "--model", str(model),
-            "--steps", str(steps), "--optimizer", optimizer, "--seed", str(seed), "--out", str(out)]
-
-
 def local_torchrun(nproc: int) -> list[str]:
     """torchrun for ``nproc`` processes on this machine; its rendezvous binds 127.0.0.1 port 0 (the OS
     picks a free port; nothing listens beyond this machine)."""
@@ -118,14 +111,6 @@ def worker_env() -> dict[str, str]:
 GLOO_TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def worker_command(model: str, spec_file: Path, steps: int, optimizer: str, out: Path, seed: int = 0,
-                   device: str = "cpu") -> list[str]:
-    """The command every rank of a ``WorkerGroup`` runs (ranks come from the environment)."""
-    return [sys.executable, "-m", "symtensor.runtime.worker", "--spec", str(spec_file), "--model", str(model),
-            "--steps", str(steps), "--optimizer", optimizer, "--seed", str(seed), "--out", str(out),
-            "--device", device]
-
-
 def _failure(codes: list[int], group: WorkerGroup) -> str:
     """One line: the first rank that failed, how, and its last line of output."""
     rank = group.culprit if group.culprit is not None else next((r for r, c in enumerate(codes) if c), 0)
@@ -137,9 +122,12 @@ def _failure(codes: list[int], group: WorkerGroup) -> str:
     return f"rank {rank} of {len(codes)} {how}: {last}; its log: {group.log(rank)}"
 
 
-def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, seed: int = 0,
-           timeout_s: float = 300, master_port: int | None = None, device: str = "cpu") -> dict:
-    """Run the worker on ``nproc`` processes and return rank 0's result (with ``state`` loaded on CPU).
+def launch_jobs(jobs: list[dict], nproc: int, timeout_s: float = 300, master_port: int | None = None,
+                device: str = "cpu") -> list[dict]:
+    """Run the worker on ``nproc`` processes for several runs on one launch: the workers import torch and
+    form their process group once, then run the jobs (``model``, ``spec``, ``steps``, ``optimizer``,
+    ``seed``) in order; rank 0's result of each, in order (with ``state`` loaded on CPU). A failure in
+    any run stops them all.
 
     Args:
         timeout_s: how long a rank may stay in one place (``symtensor.runtime.group``).
@@ -150,15 +138,6 @@ def launch(model: str, spec: RunSpec, steps: int, optimizer: str, nproc: int, se
         PlanError: a rank failed, stalled or hung (every process is stopped first); the message
             names the rank, its last line and its log, which is kept.
     """
-    job = {"model": model, "spec": spec, "steps": steps, "optimizer": optimizer, "seed": seed}
-    return launch_jobs([job], nproc, timeout_s, master_port, device)[0]
-
-
-def launch_jobs(jobs: list[dict], nproc: int, timeout_s: float = 300, master_port: int | None = None,
-                device: str = "cpu") -> list[dict]:
-    """``launch`` for several runs on one launch of ``nproc`` processes: the workers import torch and
-    form their process group once, then run the jobs (``model``, ``spec``, ``steps``, ``optimizer``,
-    ``seed``) in order; rank 0's result of each, in order. A failure in any run stops them all."""
     run_dir = Path(tempfile.mkdtemp(prefix="symtensor-run-"))
     outs = [run_dir / f"result{i}.json" for i in range(len(jobs))]
     jobs_file = run_dir / "jobs.json"
@@ -243,7 +222,7 @@ def run_specs(runs: list[dict], nproc: int | None = None, timeout_s: float = 300
     group once, then train the runs in order (a few seconds of CPU per process saved per run; the
     test suite's way of running many). Each result is judged on its own, as ``run_spec``'s; the
     single-process reference is computed once per distinct (model, batch, sequence, steps,
-    optimizer, seed). A failure in any run stops them all (``PlanError``, as ``launch``).
+    optimizer, seed). A failure in any run stops them all (``PlanError``, as ``launch_jobs``).
 
     Args:
         runs: dicts of ``run_spec``'s ``model``, ``spec`` and optionally ``steps`` (2),

@@ -22,13 +22,13 @@ from __future__ import annotations
 from symtensor.errors import PlanError
 from symtensor.plan.parallelism import Capabilities, Parallelism
 from symtensor.plan.summary import role_axes
-from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec
+from symtensor.runtime.spec import ATTN_TP, MLP_TP, RunSpec, tp_styles
 
 # the runtime's worker: no context parallelism or recomputation; ZeRO above 0 only as FSDP2 (the
 # plan's engine shards the parameters: fsdp2's ZeRO 1/2, every engine's ZeRO 3); experts cut over
 # whole mesh axes with expert TP 1. Its predictions follow the fsdp2 engine (runtime.verify).
 CAPABILITIES = Capabilities(name="the runtime", engine="fsdp2", zero_as_costed=True, context_parallel=False,
-                            recompute=("none",), expert_tp="1", expert_fold="whole axes")
+                            recompute=("none",))
 
 
 def refusal(p: Parallelism, model, attention_only: bool = False) -> str | None:
@@ -93,12 +93,13 @@ def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
     if why is not None:
         raise PlanError(why)
     tp, pp, dp = p.tp, p.pp, p.dp
-    axis = {role: "+".join(names) for role, names in role_axes(plan).items()}  # one axis per role
+    roles = role_axes(plan)
+    axis = {role: "+".join(names) for role, names in roles.items()}  # one axis per role
     mesh, dp_axes, fsdp_axes = {}, (), ()
     if pp > 1:
         mesh[axis["pp"]] = pp
     if dp > 1 and p.hsdp:  # replicas outside, shards inside: fully_shard on the 2-D mesh
-        replicate, shard = hybrid_axes(role_axes(plan)["dp"], plan.mesh, p.dp_shard)
+        replicate, shard = hybrid_axes(roles["dp"], plan.mesh, p.dp_shard)
         mesh |= {replicate: p.dp_replicate, shard: p.dp_shard}
         dp_axes, fsdp_axes = (replicate,), (shard,)
     elif dp > 1:
@@ -115,7 +116,7 @@ def plan_to_spec(plan, attention_only: bool = False) -> RunSpec:
     if tp > 1 and attention_only:  # a heterogeneous plan: attention TP, the rest data parallel
         styles = dict(ATTN_TP)
     elif tp > 1:
-        styles = dict(ATTN_TP) | ({} if cfg.is_moe else dict(MLP_TP)) | {"embed": "rowwise", "lm_head": "colwise"}
+        styles = tp_styles(cfg.is_moe)
         if cfg.is_moe:  # the dense layers among the MoE ones keep a tensor-parallel MLP
             layer_styles = {i: dict(MLP_TP) for i in range(cfg.layers) if not cfg.is_moe_layer(i)}
     ep_axes = () if p.ep == 1 else tuple(axis[role] for role in _folds(p)[p.ep] if role == "tp" or dp > 1)

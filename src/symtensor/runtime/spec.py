@@ -75,6 +75,12 @@ ATTN_TP = {k: TP_STYLE[k] for k in ATTN_KEYS}
 MLP_TP = {k: TP_STYLE[k] for k in MLP_KEYS}
 VOCAB_TP = {k: TP_STYLE[k] for k in MODEL_KEYS}
 
+
+def tp_styles(moe: bool) -> dict[str, str]:
+    """The tensor-parallel style of each module of a whole model: attention, the MLP unless the
+    layers are MoE (``moe``), then the vocabulary (``VOCAB_TP``: embed rowwise, lm_head colwise)."""
+    return ATTN_TP | ({} if moe else MLP_TP) | VOCAB_TP
+
 Styles = tuple[tuple[str, str], ...]
 
 

@@ -91,7 +91,7 @@ def run(model: str, devices: int, steps: int = 2, optimizer: str = "sgd", global
         master_port: int | None = None, device: str = "cpu", cluster: str | None = None) -> dict:
     """Run a plan file's configuration, or the fastest runnable one (or the given tp); compare.
 
-    ``timeout_s`` and ``master_port``: see ``symtensor.runtime.launch.launch``. ``device="cuda"``
+    ``timeout_s`` and ``master_port``: see ``symtensor.runtime.launch.run_spec``. ``device="cuda"``
     runs on this machine's GPUs (NCCL, bf16 autocast) and reports the measured step time and peak
     memory beside the prediction on ``cluster`` (a preset or cluster file; default: the preset of
     this GPU); bytes are reported there, numerics are checked on CPU only. ``dp_shard``: hybrid
