@@ -248,6 +248,7 @@ def test_unparseable_cluster_file(tmp_path):
     ("NVIDIA H200", "dgx-h200"),
     ("NVIDIA B200", "dgx-b200"),
     ("NVIDIA GB200", "gb200-nvl72"),  # "B200" is in the name too: GB200 must be matched first
+    ("NVIDIA GH200 480GB", None),  # "H200" is in the name: a Grace Hopper is not an H200 preset
     ("Ascend910B2", "ascend-910b"),
     ("NVIDIA GeForce RTX 4090", None),
 ])

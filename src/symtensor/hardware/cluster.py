@@ -261,8 +261,10 @@ def cluster_names() -> list[str]:
 
 # a device name containing the key is that preset's device (torch.cuda.get_device_name); the first
 # key found wins, so a key inside another comes after it ("NVIDIA GB200" holds "B200")
-PRESET_DEVICES = (("GB200", "gb200-nvl72"), ("B200", "dgx-b200"), ("H200", "dgx-h200"), ("H100", "dgx-h100"),
-                  ("A100", "dgx-a100-80g"), ("910B", "ascend-910b"))
+# The first key a device's name contains wins: GB200 before B200; a Grace Hopper (GH200: 96 or 144 GB, its own
+# clocks and NVLink-C2C) has no preset and must not pass for an H200 (None).
+PRESET_DEVICES = (("GB200", "gb200-nvl72"), ("B200", "dgx-b200"), ("GH200", None), ("H200", "dgx-h200"),
+                  ("H100", "dgx-h100"), ("A100", "dgx-a100-80g"), ("910B", "ascend-910b"))
 
 
 def preset_for(device_name: str, like: str | None) -> str | None:
