@@ -47,9 +47,9 @@ PRESET_OF_ROW = {
 MOE_PRESET_OF_ROW = {"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
                      "DeepSeek-V3": "deepseek-v3", "GPT-OSS-120B": "gpt-oss-120b"}
 # presets with no row in model_configs.csv: Korthikanti et al. 2022 Table 3 models (checked against
-# their names and the closed form below) and the debug models
+# their names and the closed form below), Kimi K2 (its config.json, below) and the debug models
 NOT_IN_CSV = {"gpt-22b": 22e9, "gpt-530b": 530e9, "gpt-1t": 1e12, "tiny-llama": None, "tiny-mixtral": None,
-              "tiny-qwen3-moe": None}
+              "tiny-qwen3-moe": None, "kimi-k2": None}  # (Kimi K2: test_kimi_k2_preset_and_config_json_agree)
 
 # GPT-3 Table 2.1 names two models by a rounded size: "350M" is 355.9M parameters and "2.7B" is
 # 2.65B (1.7% and 1.8% off, beyond the 1% tolerance). Their architecture is unambiguous, so they
@@ -507,3 +507,36 @@ def test_gpt2_config_reads_an_untied_head(tmp_path):
         assert cfg.tied is tied
         counts[tied] = cfg
     assert counts[True] != counts[False]
+
+
+KIMI_K2_CONFIG = {  # moonshotai/Kimi-K2-Instruct config.json, the keys that set the dimensions and routing
+    "model_type": "kimi_k2", "hidden_size": 7168, "intermediate_size": 18432, "moe_intermediate_size": 2048,
+    "num_hidden_layers": 61, "num_attention_heads": 64, "num_key_value_heads": 64, "kv_lora_rank": 512,
+    "q_lora_rank": 1536, "qk_nope_head_dim": 128, "qk_rope_head_dim": 64, "v_head_dim": 128, "n_routed_experts": 384,
+    "n_shared_experts": 1, "routed_scaling_factor": 2.827, "num_experts_per_tok": 8, "moe_layer_freq": 1,
+    "first_k_dense_replace": 1, "norm_topk_prob": True, "n_group": 1, "topk_group": 1, "topk_method": "noaux_tc",
+    "scoring_func": "sigmoid", "max_position_embeddings": 131072, "rms_norm_eps": 1e-6, "rope_theta": 50000.0,
+    "vocab_size": 163840, "tie_word_embeddings": False, "num_nextn_predict_layers": 0, "hidden_act": "silu"}
+
+
+def test_kimi_k2_preset_and_config_json_agree(tmp_path, capsys):
+    """Kimi K2 (DeepSeek-V3's architecture, 384 experts): the preset and its config.json build the same model,
+    1,026.4B parameters and 31.7B active (the model card's "1T total, 32B activated" to its rounding), and its
+    published FSDP2 + EP layout, pp 8 x vpp 4 over 61 layers (issue 23), is described (61 layers in 32 chunks)."""
+    from symtensor.cli import main
+
+    path = tmp_path / "config.json"
+    path.write_text(json.dumps(KIMI_K2_CONFIG))
+    counts = []
+    for spec in ("kimi-k2", str(path)):
+        graph = build_graph(load_model_config(spec), micro_batch=1, seq=4096)
+        counts.append((graph.params_total(), round(model_flops(graph))))
+    assert counts[0] == counts[1]
+    assert counts[0][0] == pytest.approx(1.0e12, rel=0.05)
+    argv = ["evaluate", "kimi-k2", "--cluster", "dgx-h100", "--devices", "256", "--framework", "fsdp2", "--pp", "8",
+            "--vpp", "4", "--ep", "32", "--zero", "3", "--seq", "4096", "--global-batch", "1024", "--micro-batch", "1",
+            "--recompute", "full", "--json"]
+    assert main(argv) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert (out["config"]["pp"], out["config"]["vpp"], out["config"]["ep"]) == (8, 4, 32) and out["step_time_s"] > 0
+    assert main(["graph", "kimi-k2", "--json"]) == 0

@@ -282,6 +282,15 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
                 experts=256, top_k=8, vocab=129280, max_context=163840, active_with_embedding=False,
                 source="DeepSeek-V3 HF config.json; DeepSeek-V3 report arXiv:2412.19437 "
                        "(shared/data/model_configs.csv)"),
+    # DeepSeek-V3's architecture (model_type kimi_k2) with 384 routed experts, 64 heads and 1 dense layer, no
+    # multi-token-prediction module; the model card's "1T total, 32B activated" (1,026.4B and 31.7B here, the
+    # input embedding left out of the active count as for DeepSeek-V3)
+    ModelConfig(name="kimi-k2", layers=61, hidden=7168, heads=64, head_dim=192, v_head_dim=128, rope_dim=64,
+                q_latent=1536, kv_latent=512, ffn=18432, moe_ffn=2048, shared_ffn=2048, dense_layers=1,
+                experts=384, top_k=8, vocab=163840, max_context=131072, active_with_embedding=False,
+                source="moonshotai/Kimi-K2-Instruct config.json (hidden 7168, 61 layers, 64 heads, q/kv LoRA ranks "
+                       "1536/512, qk 128+64, v 128, 384 experts top-8 + 1 shared of 2048, first_k_dense_replace 1, "
+                       "vocab 163840); Kimi K2 model card"),
     # a 128-token window on every other layer (from layer 0), attention sinks, biases on attention,
     # router and experts; OpenAI's "5.1B active" leaves the input embedding out
     ModelConfig(name="gpt-oss-120b", layers=36, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,

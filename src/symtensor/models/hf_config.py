@@ -14,7 +14,8 @@ The keys each family's reader reads ([optional]):
                                 qwen2_moe: shared_expert_intermediate_size (a gated shared expert)
     deepseek_v2 deepseek_v3     + n_routed_experts num_experts_per_tok moe_intermediate_size
                                 [n_shared_experts first_k_dense_replace moe_layer_freq]; MLA:
-                                kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim [q_lora_rank]
+                                kv_lora_rank qk_nope_head_dim qk_rope_head_dim v_head_dim [q_lora_rank];
+                                kimi_k2 (Kimi K2: DeepSeek-V3's architecture and keys)
     gpt_oss                     + num_local_experts num_experts_per_tok (or experts_per_token),
                                 [layer_types sliding_window]; attention sinks; biases
 
@@ -49,7 +50,7 @@ from symtensor.models.config import ALIASES, PRESETS, ModelConfig, apply_overrid
 from symtensor.validate import MAX_EXPERTS, MAX_LAYERS, MAX_SEQ, MAX_WIDTH, boolean, hf_config, integer, name, read_json
 
 _DENSE = ("llama", "mistral", "qwen2", "qwen3")
-_MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "gpt_oss")
+_MOE = ("mixtral", "qwen2_moe", "qwen3_moe", "deepseek_v2", "deepseek_v3", "kimi_k2", "gpt_oss")
 FAMILIES = ("gpt2",) + _DENSE + _MOE
 
 # what a key looks like when it describes experts, routing or layers that differ
@@ -275,7 +276,8 @@ def _windows(k: _Keys, model_type: str) -> dict:
 
 
 _READERS = {**{t: _dense for t in _DENSE}, "mixtral": _mixtral, "qwen2_moe": _qwen_moe, "qwen3_moe": _qwen_moe,
-            "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "gpt_oss": _gpt_oss}
+            "deepseek_v2": _deepseek, "deepseek_v3": _deepseek, "kimi_k2": _deepseek,
+            "gpt_oss": _gpt_oss}
 
 
 def from_hf_dict(data: dict, name: str = "hf-model", path: str = "config.json") -> ModelConfig:
