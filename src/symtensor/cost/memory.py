@@ -28,7 +28,7 @@ extrapolates it to other batches from below (``search.outer``).
 
 from __future__ import annotations
 
-from symtensor.cost.engine import GRADIENTS, WEIGHTS, engine_of
+from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, GRADIENTS, WEIGHTS, engine_of
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.train import RECOMPUTE, TrainConfig
@@ -139,6 +139,15 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     return out
 
 
+def step_temp_bytes(train: TrainConfig) -> int:
+    """Bytes per owned parameter the optimizer step allocates (``Engine.step_temp_bytes``), and Megatron's fp32
+    copy of its owned gradient shard when the gradient buffer is bf16 (``--grad-reduce-in-bf16``,
+    ``cost.engine.GRAD_REDUCE_STEP_BYTES``)."""
+    eng = engine_of(train)
+    bf16_buffer = train.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer"
+    return eng.step_temp_bytes + (GRAD_REDUCE_STEP_BYTES if bf16_buffer else 0)
+
+
 def workspace_bytes(device) -> float:
     """cuBLAS's workspace on ``device`` (``CUBLAS_WORKSPACE_BYTES``: Hopper and later, or before)."""
     if device is None:
@@ -185,7 +194,7 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         mem["engine_buffers"] = engine_buffers(st, train)
         mem["loss_transient"] = st.logits * eng.loss_grad_bytes
         mem["backward_transient"] = redo + 2 * st.largest
-        mem["optimizer_transient"] = st.static["optimizer"] / train.optim_bytes * eng.step_temp_bytes \
+        mem["optimizer_transient"] = st.static["optimizer"] / train.optim_bytes * step_temp_bytes(train) \
             if train.optim_bytes else 0.0
         mem["workspace"] = work
         transient = max(mem["loss_transient"], mem["backward_transient"])
