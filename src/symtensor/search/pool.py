@@ -148,6 +148,12 @@ class EvaluatorPool:
         return out
 
     @property
+    def stack(self) -> dict:
+        """The stack facts this search holds (``moe_keys``: the MoE options and the gradient reduction's dtype
+        that differ from the defaults), as ``moe=`` takes them."""
+        return {k: v for k, v in self.train_keys.items() if k in STACK_DEFAULTS}
+
+    @property
     def floor_keys(self) -> dict:
         """``train_keys`` for a step floor that bounds every plan this search may return: in FP8
         when it may choose FP8 (FP8 GEMMs only lower the floor)."""
