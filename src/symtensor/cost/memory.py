@@ -139,6 +139,18 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     return out
 
 
+def ep_overlap_inflight(st: Stage, train: TrainConfig, held: float) -> float:
+    """Micro-batches (of the stage's layers) a stage holds beyond 1F1B's under ``moe_ep_overlap``: Megatron
+    schedules "one extra micro-batch forward step before the 1f1b stages" so that each combined step's forward
+    and backward are independent (megatron/core/pipeline_parallel/schedules.py, num_warmup_microbatches + 1,
+    warm-up counted in model chunks: 1/vpp of the stage's layers; without a pipeline the combined 1F1B of
+    combined_1f1b.py runs micro-batch i+1's forward beside i's backward: one more); never more than the
+    micro-batches of the step. 0 where the stage has no expert-parallel communication to overlap."""
+    if not train.moe_ep_overlap or not st.comm.get("ep_comm"):
+        return 0.0
+    return max(0.0, min(1.0 / train.vpp, train.micro_steps - held))
+
+
 def step_temp_bytes(train: TrainConfig) -> int:
     """Bytes per owned parameter the optimizer step allocates (``Engine.step_temp_bytes``), and Megatron's fp32
     copy of its owned gradient shard when the gradient buffer is bf16 (``--grad-reduce-in-bf16``,
@@ -180,7 +192,7 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
             layers_act, redo = st.layer_kept, st.rematerialised
         else:
             layers_act, redo = sum(st.layer_saved), 0.0
-        held = inflight(s, train)
+        held = inflight(s, train) + ep_overlap_inflight(st, train, inflight(s, train))
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]
         mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
