@@ -69,6 +69,9 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--moe-ep-overlap", action="store_true", help="one micro-batch's dispatch and combine beside "
                    "another's compute in the 1F1B steady state (Megatron's --overlap-moe-expert-parallel-comm "
                    "--delay-wgrad-compute)")
+    p.add_argument("--grad-reduce-in-bf16", dest="grad_reduce_bf16", action="store_true",
+                   help="gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16: a bf16 "
+                   "gradient buffer; torchtitan's mixed_precision_reduce bfloat16 under FSDP)")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
@@ -320,7 +323,8 @@ def _dispatch(args) -> int:
                            overrides=args.set, framework=args.framework, precision=args.precision,
                            fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout, moe_dispatcher=args.moe_dispatcher,
                            moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
-                           moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap)
+                           moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap,
+                           grad_reduce_bf16=args.grad_reduce_bf16)
         return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
         return _plan(args)
@@ -352,11 +356,11 @@ def _dispatch(args) -> int:
 
 
 def _moe(args) -> dict:
-    """The MoE options of ``args`` a search holds (``api.moe_options``)."""
+    """The MoE options and the gradient reduction's dtype of ``args`` a search holds (``api.moe_options``)."""
     from symtensor import api
 
     return api.moe_options(args.moe_dispatcher, args.moe_routing, args.moe_capacity_factor, args.moe_shared_overlap,
-                           args.moe_ep_overlap)
+                           args.moe_ep_overlap, args.grad_reduce_bf16)
 
 
 def _plan(args) -> int:
@@ -398,7 +402,8 @@ def _dispatch_analysis(args) -> int:
                             overrides=args.set, on_point=on_point, precision=args.precision,
                             fp8_recipe=args.fp8_recipe, moe_dispatcher=args.moe_dispatcher,
                             moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
-                            moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap)
+                            moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap,
+                            grad_reduce_bf16=args.grad_reduce_bf16)
             return console.sweep(out, args.json)
         out = api.report(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,

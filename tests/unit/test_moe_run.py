@@ -189,3 +189,22 @@ def test_a_search_holds_ep_overlap_only_where_megatron_runs_it():
 
     dense = plan("tiny-llama", "dgx-h100", 8, seq=256, global_batch=32, space="megatron", moe_ep_overlap=True)
     assert "moe_ep_overlap" not in dense.config
+
+
+def test_ep_overlap_keeps_one_more_micro_batch_in_flight():
+    """Megatron's schedule runs one extra micro-batch forward (a model chunk: 1/vpp of the stage's layers)
+    before the combined 1F1B steps (cost.memory.ep_overlap_inflight): without a pipeline the activations of 2
+    micro-batches instead of 1; on pp 8 x vpp 4 a quarter micro-batch more; a dense model none."""
+    from symtensor.cost.memory import ep_overlap_inflight
+    from symtensor.cost.pipeline import Stage, inflight
+
+    run = dict(seq=256, global_batch=64, micro_batch=1, zero=1, tp=1, ep=4, recompute="none")
+    off = evaluate("tiny-qwen3-moe", "dgx-h100", 16, **run).report
+    on = evaluate("tiny-qwen3-moe", "dgx-h100", 16, moe_ep_overlap=True, **run).report
+    assert on.memory["activations"] == pytest.approx(2 * off.memory["activations"])
+    st = Stage()
+    st.comm["ep_comm"] = 1.0
+    piped = TrainConfig(global_batch=2048, micro_steps=128, pp=8, vpp=4, moe_ep_overlap=True)
+    assert ep_overlap_inflight(st, piped, inflight(0, piped)) == 0.25
+    assert ep_overlap_inflight(st, piped.replace(micro_steps=8), 8.0) == 0.0  # never beyond the step's
+    assert ep_overlap_inflight(Stage(), piped, inflight(0, piped)) == 0.0  # no expert communication

@@ -150,6 +150,12 @@ class Engine:
     reduce_after_backward: bool = False
     zero_all_reduce: bool = False
     reduce_bytes: int = 0
+    # how the engine reduces gradients in bf16 when the stack says so (``TrainConfig.grad_reduce_bf16``, each
+    # engine's source at ``GRAD_REDUCE_BF16``): ``buffer`` (the gradient buffer itself is bf16, so the reduction
+    # and the kept gradients halve and the optimizer step copies its owned shard to fp32), ``comm`` (only the
+    # reduction's dtype; the sharded gradients stay fp32), ``default`` (it already reduces in bf16: nothing
+    # changes), "" (no such option: refused, ``grad_reduce_refusal``)
+    grad_reduce_bf16: str = ""
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
@@ -186,17 +192,17 @@ ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
-                       attention_kernels=TE_ATTENTION, refuses=(_SAC,)),
+                       attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,)),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
                     ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=4, expandable_segments=True,
-                    attention_kernels=SDPA_ATTENTION),
+                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm"),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
                         bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION,
-                        refuses=(_SAC,)),
+                        grad_reduce_bf16="default", refuses=(_SAC,)),
 }
 # DeepSpeed's pipeline engine under Megatron-DeepSpeed (the module docstring); its refusals name the fix
 _DS_PIPE = "DeepSpeed's pipeline engine (Megatron-DeepSpeed)"
@@ -237,6 +243,40 @@ def refusal(engine: Engine, *, zero: int = 0, vpp: int = 1, cp: int = 1, ep: int
     used = {"zero2": zero == 2, "zero3": zero == 3, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1, "fp8": fp8,
             "hsdp": hsdp, "layout": layout, "sac": sac}
     return next((why for feature, why in engine.refuses if used[feature]), None)
+
+
+# Gradient reduction in bf16 (``Engine.grad_reduce_bf16``), as each engine states it:
+# - megatron: ``--grad-reduce-in-bf16`` sets accumulate_allreduce_grads_in_fp32 False (megatron/training/
+#   arguments.py), so DistributedDataParallelConfig.grad_reduce_in_fp32 is False and the contiguous gradient buffer
+#   (main_grad, which the buckets reduce in place) takes the parameter's dtype: ``grad_dtype = torch.float if
+#   grad_reduce_in_fp32 else param.dtype`` (megatron/core/distributed/distributed_data_parallel.py). The optimizer
+#   step then copies each owned shard to fp32 (``shard_main_param.grad = shard_model_grad.float()``,
+#   megatron/core/optimizer/distrib_optimizer.py ``_copy_model_grads_to_main_grads``; a view, no copy, when the
+#   buffer is already fp32): 4 bytes per owned parameter for the step (``GRAD_REDUCE_STEP_BYTES``).
+# - fsdp2 (torchtitan): ``training.mixed_precision_reduce = "bfloat16"`` is FSDP2's MixedPrecisionPolicy
+#   reduce_dtype (torchtitan/config/training.py, Literal["bfloat16", "float32"], default float32; older
+#   job_config.py allowed float32 only), which "only takes effect when data_parallel_shard_degree > 1": the
+#   reduce-scatter runs in bf16 and its output is cast back to the fp32 sharded gradient.
+# - deepspeed: ``communication_data_type`` defaults to bf16 when bf16 is enabled (deepspeed/runtime/engine.py,
+#   the communication_data_type property): the engine's gradients are bf16 already (``state_bytes``).
+# - megatron-deepspeed: DeepSpeed's bf16 optimizer accumulates and reduces fp32 gradients (``reduce_bytes``); a
+#   bf16 reduction there is not modelled.
+GRAD_REDUCE_STEP_BYTES = 4
+
+
+def grad_reduce_refusal(framework: str, zero: int) -> str | None:
+    """Why ``framework``'s engine does not reduce gradients in bf16 at ZeRO ``zero`` (``Engine.grad_reduce_bf16``),
+    in one line naming the fix, or None."""
+    eng = ENGINES.get(ALIASES.get(framework, framework))
+    if eng is None:
+        return None  # (TrainConfig names an unknown engine)
+    if not eng.grad_reduce_bf16:
+        return (f"--grad-reduce-in-bf16: {framework} has no bf16 gradient reduction modelled (it reduces fp32 "
+                "gradients); leave it out or use --framework megatron")
+    if eng.grad_reduce_bf16 == "comm" and zero == 0:
+        return ("--grad-reduce-in-bf16 is torchtitan's mixed_precision_reduce, which takes effect only under FSDP "
+                "(data_parallel_shard_degree > 1); use --zero 1, 2 or 3 or leave it out")
+    return None
 
 
 def engine_of(train) -> Engine:

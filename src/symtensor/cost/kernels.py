@@ -32,7 +32,8 @@ Lookup rules (one per table kind):
          measured rows already carry their quantisation; dividing it out overstated rows whose library tile
          the model does not know): it is there for shapes no row is near, e.g. a tensor-parallel shard.
   grouped  eff(tokens per expert) = upper envelope over tokens per expert of the measured rows (any N, K,
-         forward and backward), linear in log tokens, clamped.
+         forward and backward), linear in log tokens, clamped; per direction (forward, input gradient, weight
+         gradient: ``grouped_direction_efficiency``) the envelope of that direction's rows, under the former.
   attention  eff(seq) per (kernel, direction, causal, head dim): the published curve, linear in log seq,
          clamped; a head dim between two tabulated ones is interpolated linearly in log head dim at the same
          seq (clamped outside). A causal curve that was not published (backward) reads the non-causal one:
@@ -258,6 +259,20 @@ A100_PCIE_GROUPED = _curve_from_rows(((m, eff) for _, m, _, _, _, eff in simumax
                                      f"{SIMUMAX}: a100_pcie.json group_matmul (BF16, forward and backward)")
 B200_GROUPED = _curve_from_rows(((m, eff) for _, m, _, _, _, eff in simumax.SIMUMAX_B200_GROUPED),
                                 f"{SIMUMAX}: b200_bf16_ceperm.json group_matmul (BF16, forward and backward)")
+# The same rows per direction (SimuMax's fwd, bwd_grad_act, bwd_grad_w), by the source of the envelope they come
+# from: the weight-gradient GEMM reduces over the tokens and runs 20-50% below forward at few tokens per expert
+# (A100 PCIe at 616: 0.52 against 0.63-0.68; B200 at 512: 0.22 against 0.37-0.43). A table without directions
+# (DeepGEMM's FP8 forward rows) charges every direction its envelope.
+GROUPED_DIRECTIONS = ("fwd", "bwd_grad_act", "bwd_grad_w")
+
+
+def _by_direction(rows, source: str) -> dict:
+    return {d: _curve_from_rows(((m, eff) for _, m, _, _, dd, eff in rows if dd == d), f"{source}, {d}")
+            for d in GROUPED_DIRECTIONS}
+
+
+GROUPED_BY_DIRECTION = {A100_PCIE_GROUPED.source: _by_direction(simumax.SIMUMAX_A100_GROUPED, A100_PCIE_GROUPED.source),
+                        B200_GROUPED.source: _by_direction(simumax.SIMUMAX_B200_GROUPED, B200_GROUPED.source)}
 
 # Measured GEMM ceilings (MAMF, BF16, boost-clock bursts of 100 iterations): A100 SXM 267.9, A100 PCIe 256.4,
 # H100 SXM 792.1, GH200 821.0 TFLOP/s (CUDA 12.1/12.5).
@@ -492,6 +507,22 @@ def grouped_gemm_efficiency(device, tokens_per_expert: float, dtype: str = "bf16
     return min(interp_log(curve.xs, curve.ys, tokens_per_expert) * scale, 1.0)
 
 
+def grouped_direction_efficiency(device, tokens_per_expert: float, dtype: str = "bf16", direction: str = "fwd"
+                                 ) -> float:
+    """Fraction of peak one direction of a grouped expert GEMM reaches (``GROUPED_DIRECTIONS``: forward, input
+    gradient, weight gradient): its own rows' curve at the device's scale, never above the envelope
+    (``grouped_gemm_efficiency``); the envelope where the table has no directions."""
+    if direction not in GROUPED_DIRECTIONS:
+        raise PlanError(f"grouped GEMM direction {direction!r}; use one of {', '.join(GROUPED_DIRECTIONS)}")
+    e = grouped_gemm_efficiency(device, tokens_per_expert, dtype)
+    curve, scale = device_kernels(device).grouped[dtype]
+    by = GROUPED_BY_DIRECTION.get(curve.source)
+    if by is None:
+        return e
+    own = by[direction]
+    return min(interp_log(own.xs, own.ys, tokens_per_expert) * scale, e)
+
+
 def attention_kernels(device) -> list[str]:
     return sorted({key[0] for key in device_kernels(device).attention})
 
@@ -610,6 +641,14 @@ def grouped_efficiency(device_name: str, tokens_per_expert: float, dtype: str) -
     """Memoised ``grouped_gemm_efficiency`` (BF16's table for a dtype without its own)."""
     dev = DEVICES[device_name]
     return grouped_gemm_efficiency(dev.name, tokens_per_expert, dtype if dtype in dev.grouped else "bf16")
+
+
+@functools.lru_cache(maxsize=4096)
+def grouped_direction(device_name: str, tokens_per_expert: float, dtype: str, direction: str) -> float:
+    """Memoised ``grouped_direction_efficiency`` (BF16's table for a dtype without its own)."""
+    dev = DEVICES[device_name]
+    return grouped_direction_efficiency(dev.name, tokens_per_expert, dtype if dtype in dev.grouped else "bf16",
+                                        direction)
 
 
 @functools.lru_cache(maxsize=64)

@@ -28,7 +28,7 @@ extrapolates it to other batches from below (``search.outer``).
 
 from __future__ import annotations
 
-from symtensor.cost.engine import GRADIENTS, WEIGHTS, engine_of
+from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, GRADIENTS, WEIGHTS, engine_of
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.train import RECOMPUTE, TrainConfig
@@ -139,6 +139,27 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     return out
 
 
+def ep_overlap_inflight(st: Stage, train: TrainConfig, held: float) -> float:
+    """Micro-batches (of the stage's layers) a stage holds beyond 1F1B's under ``moe_ep_overlap``: Megatron
+    schedules "one extra micro-batch forward step before the 1f1b stages" so that each combined step's forward
+    and backward are independent (megatron/core/pipeline_parallel/schedules.py, num_warmup_microbatches + 1,
+    warm-up counted in model chunks: 1/vpp of the stage's layers; without a pipeline the combined 1F1B of
+    combined_1f1b.py runs micro-batch i+1's forward beside i's backward: one more); never more than the
+    micro-batches of the step. 0 where the stage has no expert-parallel communication to overlap."""
+    if not train.moe_ep_overlap or not st.comm.get("ep_comm"):
+        return 0.0
+    return max(0.0, min(1.0 / train.vpp, train.micro_steps - held))
+
+
+def step_temp_bytes(train: TrainConfig) -> int:
+    """Bytes per owned parameter the optimizer step allocates (``Engine.step_temp_bytes``), and Megatron's fp32
+    copy of its owned gradient shard when the gradient buffer is bf16 (``--grad-reduce-in-bf16``,
+    ``cost.engine.GRAD_REDUCE_STEP_BYTES``)."""
+    eng = engine_of(train)
+    bf16_buffer = train.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer"
+    return eng.step_temp_bytes + (GRAD_REDUCE_STEP_BYTES if bf16_buffer else 0)
+
+
 def workspace_bytes(device) -> float:
     """cuBLAS's workspace on ``device`` (``CUBLAS_WORKSPACE_BYTES``: Hopper and later, or before)."""
     if device is None:
@@ -171,7 +192,7 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
             layers_act, redo = st.layer_kept, st.rematerialised
         else:
             layers_act, redo = sum(st.layer_saved), 0.0
-        held = inflight(s, train)
+        held = inflight(s, train) + ep_overlap_inflight(st, train, inflight(s, train))
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]
         mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
@@ -185,7 +206,7 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         mem["engine_buffers"] = engine_buffers(st, train)
         mem["loss_transient"] = st.logits * eng.loss_grad_bytes
         mem["backward_transient"] = redo + 2 * st.largest
-        mem["optimizer_transient"] = st.static["optimizer"] / train.optim_bytes * eng.step_temp_bytes \
+        mem["optimizer_transient"] = st.static["optimizer"] / train.optim_bytes * step_temp_bytes(train) \
             if train.optim_bytes else 0.0
         mem["workspace"] = work
         transient = max(mem["loss_transient"], mem["backward_transient"])

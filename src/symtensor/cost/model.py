@@ -199,7 +199,7 @@ class Evaluator:
 
     def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
         key = (t.shape, t.trainable, tl, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes,
-               train.optim_bytes, data_axes, train.dp_replicate)
+               train.optim_bytes, data_axes, train.dp_replicate, train.reduced_bytes)
         hit = self._param_cache.get(key)
         if hit is None:
             hit = self._param_cache[key] = param_cost(self, t, tl, train, data_axes)
@@ -338,7 +338,7 @@ class _Accumulator:
         # what a segment's parameters depend on besides their layouts (see Params)
         self.waxes = weight_axes(ev.param_ops, layouts)
         self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
-                     train.framework, self.waxes, train.dp_replicate)
+                     train.framework, self.waxes, train.dp_replicate, train.grad_reduce_bf16)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)

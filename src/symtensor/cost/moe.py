@@ -32,8 +32,11 @@ with mu the token copies a rank receives (multinomial sampling noise, which shri
 rank), cv the spread of expert popularity under the auxiliary loss (the rank sums e_local experts),
 and z(n) the expected maximum of n standard normals (Blom's approximation). cv from the published
 global imbalance of an auxiliary-loss-balanced router: MaxVio_global = max load / mean load - 1 =
-0.52 for the 3B, 64-expert model of Wang et al. 2024 ("Auxiliary-Loss-Free Load Balancing Strategy
-for Mixture-of-Experts", arXiv 2408.15664, Table 1), so cv = 0.52 / z(64).
+0.52 for the 3B model of Wang et al. 2024 ("Auxiliary-Loss-Free Load Balancing Strategy for
+Mixture-of-Experts", arXiv 2408.15664, Table 2, the auxiliary-loss-controlled rows: 1B 0.72, 3B 0.52;
+Loss-Free 0.04 at both), so cv = 0.52 / z(64). Checked against two transcriptions of that table in
+public repositories (the paper's own page is not in the stored corpora): the value holds, the table is
+Table 2 (an earlier note said Table 1). The 64 experts per layer are not confirmed by what was found.
 
 Capacity (``TrainConfig.moe_capacity_factor``, Megatron ``--moe-expert-capacity-factor`` with
 ``--moe-token-drop-policy probs``): an expert keeps at most F x its mean tokens and drops the rest,
@@ -74,7 +77,8 @@ ROUTINGS = ("balanced", "aux_loss")
 DEEPEP_NVLINK_FRACTION = 153 / 160  # intranode EP 8 dispatch 153 GB/s of ~160 GB/s NVLink
 DEEPEP_RDMA_FRACTION = 43 / 50  # internode EP 16 dispatch 43 GB/s of ~50 GB/s CX7 (the lowest row)
 
-# Wang et al. 2024 (arXiv 2408.15664) Table 1: MaxVio_global of the auxiliary-loss-controlled 3B model
+# Wang et al. 2024 (arXiv 2408.15664) Table 2: MaxVio_global of the auxiliary-loss-controlled 3B model (the
+# 1B model's is 0.72); its expert count (64) unconfirmed (module docstring)
 AUX_LOSS_MAXVIO = 0.52
 AUX_LOSS_EXPERTS = 64
 

@@ -190,7 +190,8 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
     measured row nearest its local shape (M, N, K: ``gemm_shape``), forward (TN), input gradient (NN)
     and weight gradient (NT) each, never above the envelope at its FLOPs; its backward rate is the
     two gradient GEMMs' together (with one gradient operand, the slower of the two). A grouped expert
-    GEMM at its tokens per expert, times its tile fill (``grouped_tile_factor``). Attention at the
+    GEMM at its tokens per expert, each direction at its own curve (``kernels.grouped_direction``), its
+    backward as the dense one's, times its tile fill (``grouped_tile_factor``). Attention at the
     engine's kernel (``eff.attention_kernel``, or the op's ``kernel`` attr) for its keys per query,
     head dim and causality. With ``floor``, the upper bounds no piece of the op exceeds (``op_floor``).
     Without tables: the scalar fractions of ``eff``."""
@@ -215,9 +216,11 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
     if groups > 1 and op.kind == "linear":  # a grouped expert GEMM
         if floor:
             e = kernels.grouped_ceiling(eff.kernels, tdtype)
-        else:
-            e = kernels.grouped_efficiency(eff.kernels, m, tdtype) * grouped_tile_factor(op, sizes)
-        return e, e
+            return e, e
+        tile = grouped_tile_factor(op, sizes)  # each direction at its own measured curve (kernels.GROUPED_DIRECTIONS)
+        fwd, dgrad, wgrad = (kernels.grouped_direction(eff.kernels, m, tdtype, d) * tile
+                             for d in kernels.GROUPED_DIRECTIONS)
+        return fwd, 2 / (1 / dgrad + 1 / wgrad) if grad_operands >= 2 else min(dgrad, wgrad)
     if floor:  # the best the table allows any GEMM (the floor may not depend on the batch)
         e = kernels.gemm_bound(eff.kernels, math.inf, tdtype)
         return e, e

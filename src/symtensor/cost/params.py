@@ -133,7 +133,7 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     moved = local / owned * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
     # a fused Adam streams its loads and stores: a triad
     opt_time = moved / (ev.cluster.device.hbm_bandwidth * stream_fraction(ev.eff, "triad"))
-    gbytes = local * (eng.reduce_bytes or train.grad_bytes)  # (an engine may reduce another dtype: Engine)
+    gbytes = local * train.reduced_bytes  # (an engine, or --grad-reduce-in-bf16, may reduce another dtype)
     reduce = gather = replicate = None
     if replicas:
         zero = eng.zero_sharded(z)  # reduce-scatter to the shards' owners, all-gather the weights back

@@ -17,8 +17,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from symtensor.cost import moe
 from symtensor.cost.engine import Exposure, Unit, exposure
-from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives
+from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.params import data_axes, weight_axes
 from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
 from symtensor.cost.segment import forward_runs, recomputed
@@ -96,10 +97,11 @@ class OpCost:
 
 
 def op_cost(ev, op, layout: OpLayout, train) -> OpCost:
-    """The op's terms under ``train`` (its recomputation, engine and ZeRO stage)."""
+    """The op's terms under ``train`` (its recomputation, engine and ZeRO stage; an expert op at the most-loaded
+    rank's pace under the MoE options, ``load``, as the evaluator charges it)."""
     calls = forward_runs(op, train.recompute, ev.graph.meta["layers"])  # (the in-op collectives run as often)
     t = ev.op_time(op, layout, train.fp8)
-    compute = t.fwd_s + t.bwd_s + t.fwd_s * (calls - 1)
+    compute = (t.fwd_s + t.bwd_s + t.fwd_s * (calls - 1)) * load(ev, op, layout, train)
     intra = intra_collectives(op, layout, ev.mesh)
     intra_s = collectives_time(intra, ev.mesh, ev.levels, ev.eff) * calls if intra else 0.0
     return OpCost(compute, intra_s, intra, calls, param_terms(ev, op, layout, train))
@@ -130,6 +132,26 @@ def edge_terms(ev, tensor: str, src, dst, gsrc=None, gdst=None) -> tuple:
     fwd_s, fwd_c = ev.edge(src, dst, tensor)
     bwd_s, bwd_c = ev.edge(gsrc, gdst, tensor) if gsrc is not None else (0.0, ())
     return fwd_s, fwd_c, bwd_s, bwd_c
+
+
+def load(ev, op, layout: OpLayout, train) -> float:
+    """The MoE load factor of ``op`` placed as ``layout`` (``cost.moe.op_load_factor``: the most-loaded expert
+    rank over the mean), as ``cost.segment`` charges it; 1 for other ops and without MoE options."""
+    if not moe.active(train) or not moe.expert_op(op):
+        return 1.0
+    return moe.op_load_factor(train, op, local_sizes(op, layout, ev.mesh), ev.graph.meta["config"].experts)
+
+
+def ep_edge_seconds(ev, train, src_op, dst_op, lu: OpLayout, lv: OpLayout, seconds: float, colls) -> float:
+    """An edge's ``seconds`` (its collectives ``colls``) from ``src_op`` placed as ``lu`` into ``dst_op`` placed
+    as ``lv`` under the MoE options, as ``cost.segment`` charges it: a dispatch or combine edge (into a
+    moe_dispatch or moe_combine op, or out of a moe_dispatch) at the dispatcher's time and the expert end's
+    load (``cost.moe.edge_seconds``); any other edge, or without MoE options, as it is."""
+    if not colls or not moe.active(train) or not (src_op.kind == "moe_dispatch"
+                                                  or dst_op.kind in ("moe_dispatch", "moe_combine")):
+        return seconds
+    expert, layout = (dst_op, lv) if moe.expert_op(dst_op) else (src_op, lu)
+    return moe.edge_seconds(seconds, colls, ev, train, load(ev, expert, layout, train))
 
 
 def edge_seconds(fwd_s: float, bwd_s: float, runs: float) -> float:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from symtensor.cost import moe as _moe, precision as _precision
-from symtensor.cost.engine import ALIASES, ENGINES
+from symtensor.cost.engine import ALIASES, ENGINES, grad_reduce_refusal
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -122,6 +122,10 @@ class TrainConfig:
             the shared expert runs beside the dispatch (``cost.moe``); ``moe_ep_overlap``: Megatron's
             --overlap-moe-expert-parallel-comm, one micro-batch's dispatch and combine beside another's
             compute in the 1F1B steady state (``cost.moe.ep_overlap_share``).
+        grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16,
+            torchtitan's mixed_precision_reduce; ``cost.engine.Engine.grad_reduce_bf16``: under Megatron the
+            gradient buffer itself is bf16, ``grad_bytes`` 2); a fact of the stack, held only where the engine
+            runs it (FSDP2's ZeRO 0, plain DDP, reduces as before), refused by an engine without it.
     """
 
     global_batch: int
@@ -145,6 +149,7 @@ class TrainConfig:
     moe_capacity_factor: float | None = None
     moe_shared_overlap: bool = False
     moe_ep_overlap: bool = False
+    grad_reduce_bf16: bool = False
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -168,7 +173,15 @@ class TrainConfig:
         object.__setattr__(self, "framework", ALIASES.get(self.framework, self.framework))
         if self.framework not in FRAMEWORKS:
             raise PlanError(f"framework={self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
-        for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"), ENGINES[self.framework].state_bytes):
+        eng = ENGINES[self.framework]
+        if self.grad_reduce_bf16:  # (a stack fact: where FSDP2 runs DDP it does not apply; no engine option refuses)
+            why = grad_reduce_refusal(self.framework, self.zero)
+            if why is not None and not eng.grad_reduce_bf16:
+                raise PlanError(why)
+            object.__setattr__(self, "grad_reduce_bf16", why is None)
+        if self.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer" and self.grad_bytes is None:
+            object.__setattr__(self, "grad_bytes", 2)  # Megatron's gradient buffer in the parameters' bf16
+        for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"), eng.state_bytes):
             if getattr(self, key) is None:
                 object.__setattr__(self, key, default)
         if self.vpp > 1 and self.pp == 1:
@@ -186,6 +199,12 @@ class TrainConfig:
             if not all(isinstance(c, int) and c >= 0 for c in split):
                 raise PlanError(f"layer split {list(split)} must be layer counts (integers >= 0)")
             object.__setattr__(self, "layer_split", split)
+
+    @property
+    def reduced_bytes(self) -> int:
+        """Bytes per element of the gradients the data-parallel collectives reduce: 2 under ``grad_reduce_bf16``,
+        else the engine's reduction dtype (``Engine.reduce_bytes``) or the gradients' own."""
+        return 2 if self.grad_reduce_bf16 else ENGINES[self.framework].reduce_bytes or self.grad_bytes
 
     @property
     def graph_batch(self) -> int:

@@ -154,6 +154,8 @@ def megatron_args(plan) -> list[str]:
         args.append("--use-distributed-optimizer")
     if p.hsdp:  # hybrid sharding: optimizer instances of dp_shard ranks each, replicated
         args.append(f"--num-distributed-optimizer-instances {p.dp_replicate}")
+    if p.grad_reduce_bf16:  # the gradient buffer and its reduction in bf16 (cost.engine.Engine.grad_reduce_bf16)
+        args.append("--grad-reduce-in-bf16")
     if cfg.family == "llama":
         args += ["--normalization RMSNorm", "--swiglu", "--position-embedding-type rope",
                  "--untie-embeddings-and-output-weights"]

@@ -124,6 +124,8 @@ def torchtitan_config(plan) -> dict:
         "activation_checkpoint": activation_checkpoint(p.recompute),
         "_devices": plan.cluster.n_devices,
     }
+    if p.grad_reduce_bf16:  # FSDP2's reduce_dtype (cost.engine.Engine.grad_reduce_bf16; default float32)
+        out["training"]["mixed_precision_reduce"] = "bfloat16"
     if p.precision == "fp8":
         out.update(float8_config(p, shard))
     if p.hsdp:

@@ -102,6 +102,8 @@ class Parallelism:
         moe_ep_overlap: Megatron's --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute): the
             1F1B steady state runs one micro-batch's forward beside another's backward, layer by layer,
             so each one's dispatch and combine hide behind the other's compute (``cost.moe``).
+        grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16, torchtitan's
+            mixed_precision_reduce; ``cost.train.TrainConfig.grad_reduce_bf16``): a fact of the stack.
     """
 
     tp: int = 1
@@ -127,6 +129,7 @@ class Parallelism:
     moe_capacity_factor: float | None = None
     moe_shared_overlap: bool = False
     moe_ep_overlap: bool = False
+    grad_reduce_bf16: bool = False
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
@@ -201,7 +204,7 @@ class Parallelism:
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
                            moe_dispatcher=self.moe_dispatcher, moe_routing=self.moe_routing,
                            moe_capacity_factor=self.moe_capacity_factor, moe_shared_overlap=self.moe_shared_overlap,
-                           moe_ep_overlap=self.moe_ep_overlap)
+                           moe_ep_overlap=self.moe_ep_overlap, grad_reduce_bf16=self.grad_reduce_bf16)
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
@@ -228,7 +231,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         _moe.refusal(p.moe_dispatcher, p.moe_capacity_factor, p.moe_routing, p.moe_shared_overlap, p.moe_ep_overlap)
     if why is not None:
         return why
-    why = engine_refusal(p)
+    why = engine_refusal(p) or (_engine.grad_reduce_refusal(p.framework, p.zero) if p.grad_reduce_bf16 else None)
     if why is not None:
         return why
     tp, pp, dp, cp = p.tp, p.pp, p.dp, p.cp

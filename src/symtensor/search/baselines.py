@@ -166,7 +166,7 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
     (``grid.megatron_grid``; not where torch may be loaded: ``search.parallel``). ``pool``: the
     caller's pool of this model, cluster, sequence and engine, to share its evaluators. ``precision``
     (``EvaluatorPool``): the baselines' precision; None: BF16 (the recipes' own). ``moe``: the MoE options
-    (``EvaluatorPool``) the baselines run with, as the plan does (D-Rec's plan is costed without them).
+    (``EvaluatorPool``) the baselines run with, as the plan does (D-Rec's too: its layouts costed with them).
     ``beat``: the grid's (``grid.megatron_grid``: only a best faster than it is exact)."""
     from symtensor.search.drec import drec_plan
 
@@ -178,7 +178,7 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
     out: dict[str, Plan | None] = {}
     for name in names:
         if name == "drec":
-            out[name] = drec_plan(cfg, cluster, global_batch, seq, pool.precision, pool.fp8_recipe)
+            out[name] = drec_plan(cfg, cluster, global_batch, seq, pool.precision, pool.fp8_recipe, pool.stack)
             continue
         note = ()
         if name == "megatron_recipe":

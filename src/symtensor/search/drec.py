@@ -39,12 +39,14 @@ def drec_layouts(ev, train):
 
 
 def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, precision: str = "bf16",
-              fp8_recipe: str | None = None) -> Plan:
+              fp8_recipe: str | None = None, moe: dict | None = None) -> Plan:
     """The D-Rec baseline: D-Rec's layouts (unitless costs, same recursion), pipeline depths by
     rollback, micro-batches / recomputation / ZeRO costed by the full model, in ``precision``
-    (a baseline does not choose FP8 by itself: BF16 unless stated)."""
+    (a baseline does not choose FP8 by itself: BF16 unless stated) and with the stack facts ``moe``
+    (``EvaluatorPool``: the MoE options, the gradient reduction's dtype) the plan is costed with; D-Rec's own
+    unitless costs, which choose its layouts, have no notion of them."""
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq, precision=precision, fp8_recipe=fp8_recipe)
+    pool = EvaluatorPool(cfg, cluster, seq, precision=precision, fp8_recipe=fp8_recipe, moe=moe)
     s = OuterSearch(pool, global_batch)
     steps1 = s.micro_steps(1)
     m0 = max([m for m in steps1 if global_batch // m >= cluster.n_devices] or [steps1[0]])

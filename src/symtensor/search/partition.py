@@ -27,8 +27,9 @@ from dataclasses import dataclass
 from operator import attrgetter, or_
 
 from symtensor.cost import Evaluator, TrainConfig
+from symtensor.cost.moe import active as moe_active
 from symtensor.cost.segment import forward_runs
-from symtensor.cost.terms import edge_seconds, edge_terms, op_cost, saved_bytes
+from symtensor.cost.terms import edge_seconds, edge_terms, ep_edge_seconds, op_cost, saved_bytes
 from symtensor.graph import layer_repeat, op_no_cut
 from symtensor.layout import REPLICATED, OpLayout, cut_factor, linked_layout, matmul_roles, refusal
 from symtensor.search.megatron import expert_op, sp_dim, tp_dim
@@ -102,6 +103,7 @@ class Problem:
         ``_symmetry``): a miss of this problem's uid table computes a cost only for a new orbit.
         """
         ev, train = self.ev, self.train
+        self.moe = moe_active(train)  # MoE options beyond today's costing: the candidates' costs follow them
         self._op_memo, self._legal_memo, self._cand_memo, self._move_memo = {}, {}, {}, {}
         per_class: dict = {}
         for name, c in self.op_class.items():
@@ -286,7 +288,10 @@ class Problem:
         recomputation) and the backward one of the gradient."""
         src, gdst = self._view(e, lu, True)
         dst, gsrc = self._view(e, lv, False)
-        fwd, _, bwd, _ = edge_terms(self.ev, e.tensor, src, dst, gsrc, gdst)
+        fwd, fwd_c, bwd, bwd_c = edge_terms(self.ev, e.tensor, src, dst, gsrc, gdst)
+        if self.moe:  # dispatch and combine under the MoE options, as the evaluator charges them
+            fwd = ep_edge_seconds(self.ev, self.train, e.src, e.dst, lu, lv, fwd, fwd_c)
+            bwd = ep_edge_seconds(self.ev, self.train, e.src, e.dst, lu, lv, bwd, bwd_c)
         return edge_seconds(fwd, bwd, self.redo(e.dst))
 
     def _view(self, e: Edge, layout: OpLayout, producer: bool):

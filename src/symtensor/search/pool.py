@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
-from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of
+from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of, grad_reduce_refusal
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal, refusal as moe_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import has_fp8, named_recipe, refusal as precision_refusal
@@ -23,7 +23,7 @@ from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.plan import Plan
-from symtensor.plan.summary import MOE_DEFAULTS
+from symtensor.plan.summary import STACK_DEFAULTS
 from symtensor.search.megatron import (
     check_config,
     configuration,
@@ -38,18 +38,21 @@ from symtensor.search.partition import Problem
 
 
 def moe_keys(moe: dict | None) -> dict:
-    """The MoE options of ``moe`` that differ from the defaults (``MOE_DEFAULTS``: today's costing), checked:
-    an unknown key or a bad value is a one-line PlanError (``cost.moe.refusal``)."""
+    """The stack facts of ``moe`` (the MoE options and ``grad_reduce_bf16``) that differ from the defaults
+    (``STACK_DEFAULTS``: today's costing), checked: an unknown key or a bad value is a one-line PlanError
+    (``cost.moe.refusal``)."""
     moe = dict(moe or {})
-    unknown = sorted(moe.keys() - MOE_DEFAULTS.keys())
+    unknown = sorted(moe.keys() - STACK_DEFAULTS.keys())
     if unknown:
-        raise PlanError(f"{unknown[0]}: not a MoE option; use {', '.join(MOE_DEFAULTS)}")
-    opts = {**MOE_DEFAULTS, **moe}
+        raise PlanError(f"{unknown[0]}: not a MoE option; use {', '.join(STACK_DEFAULTS)}")
+    opts = {**STACK_DEFAULTS, **moe}
     why = moe_refusal(opts["moe_dispatcher"], opts["moe_capacity_factor"], opts["moe_routing"],
                       opts["moe_shared_overlap"], opts["moe_ep_overlap"])
+    if why is None and not isinstance(opts["grad_reduce_bf16"], bool):
+        why = f"grad_reduce_bf16={opts['grad_reduce_bf16']!r}; use True or False"
     if why is not None:
         raise PlanError(why)
-    return {k: v for k, v in moe.items() if v != MOE_DEFAULTS[k]}
+    return {k: v for k, v in moe.items() if v != STACK_DEFAULTS[k]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -140,7 +143,15 @@ class EvaluatorPool:
         out = {**config, **self.train_keys}
         if out.get("moe_ep_overlap") and moe_overlap_refusal(Parallelism(**configuration(out))) is not None:
             del out["moe_ep_overlap"]
+        if out.get("grad_reduce_bf16") and grad_reduce_refusal(out.get("framework", "megatron"), out.get("zero", 0)):
+            del out["grad_reduce_bf16"]  # (FSDP2's ZeRO 0, DDP, reduces as before)
         return out
+
+    @property
+    def stack(self) -> dict:
+        """The stack facts this search holds (``moe_keys``: the MoE options and the gradient reduction's dtype
+        that differ from the defaults), as ``moe=`` takes them."""
+        return {k: v for k, v in self.train_keys.items() if k in STACK_DEFAULTS}
 
     @property
     def floor_keys(self) -> dict:
