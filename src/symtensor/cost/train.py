@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from symtensor.cost import moe as _moe, precision as _precision
-from symtensor.cost.engine import ALIASES, ENGINES
+from symtensor.cost.engine import ALIASES, ENGINES, engine_of
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -111,8 +111,10 @@ class TrainConfig:
         tp_overlap: Transformer Engine's tensor-parallel communication overlap (userbuffers,
             with sequence parallelism); ``None``: the engine's default (on for megatron).
         precision: ``bf16``, or ``fp8``: the transformer layers' linear GEMMs in FP8
-            (``cost.precision``); ``fp8_recipe``: its scaling recipe as Megatron-LM names it
-            (``delayed``, ``tensorwise``, ``blockwise``, ``mxfp8``), None with bf16 (with fp8: the
+            (``cost.precision``), or ``fp16``: the model in FP16 with dynamic loss scaling, as the engine runs
+            it (``cost.engine.Engine.fp16``: its state, reduction and loss-scale check); ``fp8_recipe``: its
+            scaling recipe as Megatron-LM names it (``delayed``, ``tensorwise``, ``blockwise``, ``mxfp8``), None
+            without fp8 (with fp8: the
             caller's device default, ``precision.default_recipe``, else Megatron-LM's ``delayed``).
         moe_dispatcher: the MoE token dispatcher, ``alltoall`` (Megatron's and torchtitan's NCCL
             all-to-all) or ``deepep`` (DeepEP's normal kernels); ``moe_routing``: ``balanced`` (every
@@ -168,7 +170,7 @@ class TrainConfig:
         object.__setattr__(self, "framework", ALIASES.get(self.framework, self.framework))
         if self.framework not in FRAMEWORKS:
             raise PlanError(f"framework={self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
-        for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"), ENGINES[self.framework].state_bytes):
+        for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"), engine_of(self).state_bytes):
             if getattr(self, key) is None:
                 object.__setattr__(self, key, default)
         if self.vpp > 1 and self.pp == 1:
