@@ -141,7 +141,8 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
     the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
     ``precision``: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``) under
-    ``fp8_recipe`` (default: the device's, ``precision.default_recipe``). ``dp_shard``: hybrid
+    ``fp8_recipe`` (default: the device's, ``precision.default_recipe``), or ``fp16`` (dynamic loss
+    scaling, where the engine models it: ``cost.engine.Engine.fp16``, megatron-deepspeed). ``dp_shard``: hybrid
     sharding, ZeRO over the innermost dp_shard ranks of dp x cp, replicated across the rest
     (``Parallelism.dp_shard``). ``pp_layout``: the layer split over the pipeline (``stated_split``:
     Megatron's layout string, ``FIRST,LAST`` stage layers, ``even`` or ``balanced``); by default the

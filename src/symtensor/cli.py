@@ -76,8 +76,9 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
     """--precision and --fp8-recipe (cost.precision)."""
-    p.add_argument("--precision", default=None if auto else "bf16", choices=("bf16", "fp8"),
-                   help="the layers' linear GEMMs in BF16 or FP8 (attention, norms, embedding and LM head stay BF16); "
+    p.add_argument("--precision", default=None if auto else "bf16", choices=("bf16", "fp8", "fp16"),
+                   help="the layers' linear GEMMs in BF16 or FP8 (attention, norms, embedding and LM head stay BF16), "
+                        "or fp16: the model in FP16 with dynamic loss scaling (--framework megatron-deepspeed); "
                         + ("default: the search chooses FP8 where the device has it and it wins" if auto
                            else "default bf16"))
     p.add_argument("--fp8-recipe", default=None, choices=("delayed", "tensorwise", "blockwise", "mxfp8"),

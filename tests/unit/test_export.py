@@ -7,12 +7,15 @@ import math
 
 import pytest
 
+from symtensor import api
 from symtensor.errors import PlanError
 from symtensor.export import FORMATS, dtensor_plan, export, megatron_args, torchtitan_config
 from symtensor.hardware import load_cluster
 from symtensor.models import PRESETS
 from symtensor.plan import config_summary
 from symtensor.search import search
+
+from fixtures.fuzzing import activation_checkpoint_problems
 
 
 @pytest.fixture(scope="module")
@@ -256,3 +259,20 @@ def test_torchtitan_says_when_ddp_beside_other_parallelism_depends_on_its_versio
         note = out["_ddp_note"]
         assert "DDP has not supported > 1D parallelism" in note and "world_mesh.ndim > 1" in note
         assert f"--pp {pp}" in note and "--zero 1" in note and len(note.splitlines()) == 1
+
+
+@pytest.mark.parametrize("recompute", ["none", "selective", "full", "selective-op", "layer:2"])
+def test_torchtitan_launches_every_recomputation_the_plan_can_carry(recompute):
+    """The planner's ``selective`` exported as mode "selective" without selective_ac_option, which torchtitan
+    runs as its default "2" (every other block checkpointed whole): a launchable section for every mode now,
+    by torchtitan's own check (``_apply_ac_to_transformer_block``) and stating its option."""
+    plan = api.evaluate("llama2-7b", "dgx-a100-80g", 8, dp=8, zero=3, micro_batch=1, global_batch=8, seq=4096,
+                        recompute=recompute, framework="fsdp2", overrides={"layers": "4"})
+    assert activation_checkpoint_problems(torchtitan_config(plan)["activation_checkpoint"]) == []
+
+
+def test_the_launch_check_catches_a_selective_mode_without_its_option():
+    assert activation_checkpoint_problems({"mode": "selective"}) != []
+    assert activation_checkpoint_problems({"mode": "selective", "selective_ac_option": "0"}) != []
+    assert activation_checkpoint_problems({"mode": "memory_budget"}) != []
+    assert activation_checkpoint_problems({"mode": "selective", "selective_ac_option": "op"}) == []

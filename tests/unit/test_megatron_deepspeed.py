@@ -115,3 +115,67 @@ def test_export_launches_pretrain_gpt_with_its_ds_config():
                          global_batch=64, seq=4096, overrides=SMALL)
     with pytest.raises(PlanError, match="Megatron-DeepSpeed would refuse this plan at launch: .*--vpp 1"):
         export(inter, "megatron-deepspeed")
+
+
+def _fp16_pair(zero):
+    """bf16 (BF16_Optimizer) and fp16 (FP16_Optimizer at ZeRO 0, DeepSpeedZeroOptimizer at ZeRO 1) on the same
+    Megatron-DeepSpeed configuration."""
+    base = dict(model="llama2-7b", cluster="dgx-a100-80g", devices=32, tp=2, pp=2, dp=8, zero=zero, micro_batch=1,
+                global_batch=64, seq=4096, overrides=SMALL, framework="megatron-deepspeed")
+    return api.evaluate(**base).report, api.evaluate(**base, precision="fp16").report
+
+
+@pytest.mark.parametrize("zero", [0, 1])
+def test_fp16_keeps_fp16_gradients_and_reduces_them_in_fp16(zero):
+    """FP16 accumulates the gradients in the fp16 weights' own dtype (2 bytes, not bf16's 2 + 4 of fp32
+    accumulation), keeps the same fp32 master + Adam state and flattens the owned gradients to fp32 for the
+    step (4 bytes per owned parameter, transient); it reduces in fp16 (communication_data_type): an all-reduce
+    of half bf16's fp32 bytes at ZeRO 0, a reduce to the partitions' owners (a reduce-scatter's bytes) at
+    ZeRO 1, where BF16_Optimizer all-reduces fp32. The compute is the same."""
+    bf16, fp16 = _fp16_pair(zero)
+    assert fp16.breakdown["compute"] == bf16.breakdown["compute"]
+    assert fp16.memory["grads"] == pytest.approx(bf16.memory["grads"] / 3)
+    assert fp16.memory["optimizer"] == pytest.approx(bf16.memory["optimizer"])
+    assert bf16.memory["optimizer_transient"] == 0
+    assert fp16.memory["optimizer_transient"] == pytest.approx(fp16.memory["optimizer"] * 4 / 12)
+    # (under sequence parallelism tensor parallelism all-reduces only the norm weights' gradients, in the
+    # gradients' dtype too: a few KB beside the data-parallel reduction)
+    fewer = bf16.comm_bytes["all_reduce"] - fp16.comm_bytes["all_reduce"]
+    if zero == 0:  # the same all-reduce, fp16 for fp32
+        assert fp16.comm_bytes["all_reduce"] == pytest.approx(bf16.comm_bytes["all_reduce"] / 2, rel=1e-3)
+        assert fp16.comm_bytes["reduce_scatter"] == bf16.comm_bytes["reduce_scatter"]
+    else:  # the fp32 all-reduce becomes an fp16 reduce-scatter of the same elements: half its bytes
+        assert fp16.comm_bytes["reduce_scatter"] - bf16.comm_bytes["reduce_scatter"] == pytest.approx(fewer / 2,
+                                                                                                      rel=1e-3)
+        assert fp16.comm_bytes["all_reduce"] < 1e-3 * bf16.comm_bytes["all_reduce"]
+    assert fp16.breakdown["dp_comm"] < bf16.breakdown["dp_comm"]
+
+
+def test_fp16_pays_the_loss_scale_check():
+    """Every step the loss scaler scans the gradients for inf/nan (all of them at ZeRO 0, FP16_Optimizer's
+    ``float(x.float().sum())``; the owned partition at ZeRO 1) and all-reduces a one-byte flag: more optimizer
+    time than bf16, more at ZeRO 0 (a scan of every gradient) than at ZeRO 1 (its 1/dp partition)."""
+    extra = {z: _fp16_pair(z)[1].breakdown["optimizer"] - _fp16_pair(z)[0].breakdown["optimizer"] for z in (0, 1)}
+    assert extra[0] > extra[1] > 0
+    fp16 = ENGINES["megatron-deepspeed"].fp16
+    assert (fp16.overflow_scan_bytes, fp16.overflow_flags) == ((10, 28), (1, 2))
+    assert ENGINES["megatron-deepspeed"].overflow_flags == (0, 0)
+
+
+def test_fp16_exports_as_megatron_deepspeed_runs_it_and_elsewhere_is_refused():
+    from symtensor.export import export
+
+    base = dict(model="llama2-7b", cluster="dgx-a100-80g", devices=32, tp=2, pp=2, dp=8, zero=1, micro_batch=1,
+                global_batch=64, seq=4096, overrides=SMALL, precision="fp16")
+    plan = api.evaluate(**base, framework="megatron-deepspeed")
+    out = export(plan, "megatron-deepspeed")
+    assert "--fp16" in out["pretrain_gpt_args"] and "--bf16" not in out["pretrain_gpt_args"]
+    assert out["ds_config"]["fp16"] == {"enabled": True, "loss_scale": 0}
+    assert "bf16" not in out["ds_config"] and "data_types" not in out["ds_config"]
+    for fmt in ("megatron", "torchtitan", "dtensor"):
+        with pytest.raises(PlanError, match=r"does not run fp16 as this plan is costed .*--precision bf16") as err:
+            export(plan, fmt)
+        assert "\n" not in str(err.value)
+    for framework in ("megatron", "fsdp2", "deepspeed"):
+        with pytest.raises(PlanError, match="modelled for megatron-deepspeed only, not " + framework):
+            api.evaluate(**base, framework=framework)

@@ -68,6 +68,26 @@ def test_exports_torchtitan_states_its_option_and_megatron_refuses():
     assert torchtitan_config(op)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "op"}
     assert torchtitan_config(layer)["activation_checkpoint"] == {"mode": "selective", "selective_ac_option": "2"}
     assert torchtitan_config(_run("full"))["activation_checkpoint"] == {"mode": "full"}
+
+
+def test_the_planners_selective_runs_in_torchtitan_as_costed():
+    """The planner's ``selective`` (Megatron's: the unfused attention core re-run) recomputes nothing under
+    the fused attention torchtitan runs, so it costs what no recomputation costs and exports as mode "none";
+    it exported mode "selective", which torchtitan runs as every other block checkpointed whole."""
+    selective, none = _run("selective"), _run("none")
+    assert selective.report.step_time_s == none.report.step_time_s and selective.report.memory == none.report.memory
+    assert torchtitan_config(selective)["activation_checkpoint"] == {"mode": "none"}
+
+
+def test_torchtitan_refuses_selective_recomputation_of_an_unfused_core():
+    """With unfused attention the planner's ``selective`` re-runs the S x S core, which torchtitan has no
+    policy for (nor unfused attention): a one-line refusal naming the fix."""
+    unfused = api.evaluate("llama2-7b", "dgx-a100-80g", 8, dp=8, zero=3, micro_batch=1, global_batch=8, seq=1024,
+                           recompute="selective", framework="fsdp2", overrides={"layers": "2", "attention": "unfused"})
+    with pytest.raises(PlanError, match=r"no recomputation of the unfused attention core alone .* "
+                                        r"--set attention=flash") as err:
+        torchtitan_config(unfused)
+    assert "\n" not in str(err.value)
     with pytest.raises(PlanError, match="Megatron-LM has no selective-op"):
         megatron_args(_run("selective-op", zero=1))
 

@@ -93,11 +93,15 @@ def own_table(device_name: str) -> str | None:
     return next((k for k in TABLES if k in name), None)
 
 
-def device_table(device_name: str) -> str:
-    """The efficiency table a device uses: its own (``own_table``), else its documented transfer
-    (``TRANSFERS``), else A100's."""
+def _transfer(device_name: str) -> tuple[str, str]:
+    """The table a device without its own reads and why: its documented transfer (``TRANSFERS``), else A100's."""
     name = device_name.upper()
-    return own_table(name) or next((table for part, table, _ in TRANSFERS if part in name), "A100")
+    return next(((table, why) for part, table, why in TRANSFERS if part in name), ("A100", "no table of its own"))
+
+
+def device_table(device_name: str) -> str:
+    """The efficiency table a device uses: its own (``own_table``), else its transfer (``_transfer``)."""
+    return own_table(device_name) or _transfer(device_name)[0]
 
 
 # engines whose kernels are PyTorch's own (SDPA attention, eager elementwise composites): ``Engine.pytorch_kernels``
@@ -157,11 +161,12 @@ def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:
     (``PYTORCH_KERNELS``) run SDPA attention and eager elementwise ops. ``cluster`` may also be a device
     name."""
     name = cluster if isinstance(cluster, str) else cluster.device.name
-    base = TABLES[device_table(name)]
+    own_name = own_table(name)
+    table, why = (own_name, "") if own_name else _transfer(name)
+    base = TABLES[table]
     kdev = kernel_device(name)
-    if own_table(name) is None:
-        why = next((why for part, _, why in TRANSFERS if part in name.upper()), "no table of its own")
-        base = base.replace(source=f"{device_table(name)}'s table transferred to {name} ({why}); {base.source}")
+    if own_name is None:
+        base = base.replace(source=f"{table}'s table transferred to {name} ({why}); {base.source}")
     engine = engine_named(framework)
     base = base.replace(kernels=kdev, attention_kernel=attention_kernel(
         engine, name, lambda k: kernels.has_attention(kdev, k)))

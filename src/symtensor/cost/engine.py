@@ -69,6 +69,29 @@ gather) stays exposed.
                f4157bea69f3df8c6cb66f2ebcda66ba03d1288e: pretrain_gpt.py (model_provider), megatron/model/
                gpt_model.py (GPTModelPipe, CrossEntropy), examples_deepspeed/universal_checkpointing/
                megatron_gpt/run_bf16.sh (the ds_config).
+               FP16 (``--precision fp16``: ``"fp16": {"enabled": true}``, dynamic loss scaling; ``Engine.fp16``):
+               DeepSpeed's ``_do_optimizer_sanity_check`` wraps the optimizer in ``FP16_Optimizer``
+               (fp16/fused_optimizer.py) at ZeRO 0 and in ``DeepSpeedZeroOptimizer`` (zero/stage_1_and_2.py) at
+               ZeRO 1 (BF16_Optimizer is bf16's with fp32 accumulation only). What differs from bf16:
+               - state: fp16 weights and fp16 gradients accumulated in place (grad_accum_dtype is the model's),
+                 fp32 master + Adam m, v (2 + 2 + 12, the master sharded with m, v at ZeRO 1); the step
+                 flattens the gradients it updates to fp32 (``fp32_groups_flat[i].grad``,
+                 ``single_partition_of_fp32_groups``): 4 bytes per owned parameter, transient.
+               - reduction: in fp16 (``communication_data_type`` is the fp16 model's dtype), an all-reduce
+                 in 5e8-element buckets at ZeRO 0 (``buffered_allreduce_fallback``) and, at ZeRO 1, the
+                 pipeline engine's ``reduce_gradients(pipeline_parallel=True)``: one ipg bucket of
+                 reduce_bucket_size elements, reduced to each partition's owner (``average_tensor``, a
+                 reduce-scatter's bytes), then the updated fp16 weights all-gathered.
+               - the loss-scale check every step (``has_overflow``): a scan of the gradients for inf/nan
+                 (``_has_inf_or_nan``: ``float(x.float().sum())`` per tensor at ZeRO 0, a cast, isnan, isinf,
+                 or, cast and max over the owned partition at ZeRO 1: ``overflow_scan_bytes``), then a one-byte
+                 MAX all-reduce of the flag over the model-parallel group (and the data-parallel group first at
+                 ZeRO 1; ``overflow_flags``), read back by the host (``.item()``).
+               Sources: the DeepSpeed commit above: deepspeed/runtime/engine.py (_do_optimizer_sanity_check,
+               communication_data_type, allreduce_gradients), deepspeed/runtime/pipe/engine.py
+               (_exec_reduce_grads), deepspeed/runtime/fp16/fused_optimizer.py (FP16_Optimizer.__init__, step),
+               deepspeed/runtime/zero/stage_1_and_2.py (reduce_gradients, average_tensor, has_overflow,
+               _has_inf_or_nan), deepspeed/runtime/utils.py (CheckOverflow.has_overflow).
 
 What each keeps per parameter (``state_bytes``: weights, gradients, optimizer state): Megatron
 bf16 weights, fp32 main gradients, fp32 master weights + Adam m, v (2 + 4 + 12; Korthikanti et
@@ -93,7 +116,7 @@ parameters (megatron/core/distributed/distributed_data_parallel_config.py); PyTo
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 # indices of ``Engine.state_bytes`` and ``Engine.sharded_from``
 WEIGHTS, GRADIENTS, OPTIMIZER = 0, 1, 2
@@ -156,6 +179,13 @@ class Engine:
     # reduction's dtype; the sharded gradients stay fp32), ``default`` (it already reduces in bf16: nothing
     # changes), "" (no such option: refused, ``grad_reduce_refusal``)
     grad_reduce_bf16: str = ""
+    # FP16 with dynamic loss scaling (``TrainConfig.precision`` fp16; the module docstring's megatron-deepspeed):
+    # the engine as it runs then, or None where its FP16 path is not modelled (``refusal``); the loss-scale check's
+    # bytes read and written per gradient element it scans (the local gradients at ZeRO 0, the owned partition
+    # above) and its one-byte flag all-reduces per step, at ZeRO 0 and above (0, 0: no loss scaling)
+    fp16: Engine | None = None
+    overflow_scan_bytes: tuple[int, int] = (0, 0)
+    overflow_flags: tuple[int, int] = (0, 0)
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
@@ -225,6 +255,15 @@ ENGINES["megatron-deepspeed"] = Engine(
         ("fp8", f"{_DS_PIPE}: FP8 is not modelled; use --precision bf16"),
         ("hsdp", f"{_DS_PIPE} shards ZeRO 1 over the whole data-parallel group; leave --dp-shard out"), _SAC,
     ))
+# its FP16 path (the module docstring): the state of FP16_Optimizer / DeepSpeedZeroOptimizer (2 + 2 + 12), fp16
+# reduction (reduce_bytes 0: the gradients' own 2 bytes; reduce_bucket_size 5e8 fp16 elements) to the owners at
+# ZeRO 1, the fp32 gradients of the step (4 bytes per owned parameter) and the loss-scale check: at ZeRO 0
+# ``float(x.float().sum())`` reads 2, writes 4 and reads 4 bytes per element; at ZeRO 1 ``_has_inf_or_nan`` casts
+# (2 + 4), isnan and isinf (4 + 1 each), logical_or (1 + 1 + 1), casts (1 + 4) and takes the max (4): 28
+ENGINES["megatron-deepspeed"] = replace(
+    ENGINES["megatron-deepspeed"], fp16=replace(
+        ENGINES["megatron-deepspeed"], state_bytes=(2, 2, 12), ddp_bucket_bytes=5e8 * 2, zero_all_reduce=False,
+        reduce_bytes=0, step_temp_bytes=4, overflow_scan_bytes=(10, 28), overflow_flags=(1, 2)))
 # other names of an engine a configuration may give: ``torch`` (PyTorch's own FSDP2)
 ALIASES = {"torch": "fsdp2"}
 
@@ -238,8 +277,12 @@ def attention_kernel(engine: Engine, device_name: str, has=lambda kernel: True) 
 
 
 def refusal(engine: Engine, *, zero: int = 0, vpp: int = 1, cp: int = 1, ep: int = 1, fp8: bool = False,
-            hsdp: bool = False, layout: bool = False, sac: bool = False) -> str | None:
-    """Why ``engine`` does not run a configuration with these features (``Engine.refuses``), or None."""
+            hsdp: bool = False, layout: bool = False, sac: bool = False, fp16: bool = False) -> str | None:
+    """Why ``engine`` does not run a configuration with these features (``Engine.refuses``; FP16 where its
+    ``Engine.fp16`` is not modelled), or None."""
+    if fp16 and engine.fp16 is None:
+        return (f"FP16 with dynamic loss scaling is modelled for {', '.join(k for k, e in ENGINES.items() if e.fp16)} "
+                f"only, not {engine.name}; use --precision bf16")
     used = {"zero2": zero == 2, "zero3": zero == 3, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1, "fp8": fp8,
             "hsdp": hsdp, "layout": layout, "sac": sac}
     return next((why for feature, why in engine.refuses if used[feature]), None)
@@ -280,7 +323,9 @@ def grad_reduce_refusal(framework: str, zero: int) -> str | None:
 
 
 def engine_of(train) -> Engine:
-    return ENGINES[train.framework]
+    """The engine ``train`` runs under: its framework's, as it runs FP16 where ``train.precision`` is fp16."""
+    eng = ENGINES[train.framework]
+    return eng.fp16 if train.precision == "fp16" and eng.fp16 is not None else eng
 
 
 def engine_named(framework: str) -> Engine:

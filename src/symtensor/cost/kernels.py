@@ -198,7 +198,7 @@ def gemm_envelope(device, dtype: str = "bf16") -> tuple[tuple, tuple]:
     table, scale = _gemm_table(dev, dtype)
     xs, ys = _gemm_envelope(table)
     ratio = dev.peak_tflops[dtype] / table.peak_tflops
-    return tuple(x * ratio for x in xs), tuple(min(y * scale, dev.ceiling.get(dtype, (1.0,))[0], 1.0) for y in ys)
+    return tuple(x * ratio for x in xs), tuple(min(y * scale, _cap(dev, dtype)) for y in ys)
 
 
 def gemm_dims(op, sizes) -> tuple[float, float, float, float]:
@@ -460,6 +460,12 @@ def _gemm_table(dev: DeviceKernels, dtype: str):
     return dev.gemm[dtype]
 
 
+def _cap(dev: DeviceKernels, dtype: str) -> float:
+    """The most any ``dtype`` GEMM lookup returns on ``dev``: its measured ceiling (``DeviceKernels.ceiling``), at
+    most the peak."""
+    return min(dev.ceiling.get(dtype, (1.0,))[0], 1.0)
+
+
 def gemm_efficiency(device, m: float, n: float, k: float, dtype: str = "bf16") -> float:
     """Fraction of ``device``'s dense ``dtype`` peak a GEMM of output M x N and reduction K may reach
     (the module docstring's GEMM rule), capped at the device's measured ceiling."""
@@ -470,9 +476,7 @@ def gemm_efficiency(device, m: float, n: float, k: float, dtype: str = "bf16") -
     xs, ys = _gemm_envelope(table)
     # the table's FLOPs at the same ideal time (FLOPs / peak) on the measured device
     f = 2.0 * m * n * k * table.peak_tflops / dev.peak_tflops[dtype]
-    eff = interp_log(xs, ys, f) * scale
-    cap = dev.ceiling.get(dtype, (1.0, ""))[0]
-    return min(eff, cap, 1.0)
+    return min(interp_log(xs, ys, f) * scale, _cap(dev, dtype))
 
 
 def gemm_measured(device, m: int, n: int, k: int, dtype: str = "bf16") -> float | None:
@@ -492,7 +496,7 @@ def gemm_nearest(device, m: float, n: float, k: float, dtype: str = "bf16") -> t
     table, scale = _gemm_table(dev, dtype)
     q = (math.log(m), math.log(n), math.log(k))
     row = min(table.rows, key=lambda r: sum((math.log(v) - w) ** 2 for v, w in zip(r[:3], q)))
-    return row[:3], min(row[4] * scale, dev.ceiling.get(dtype, (1.0,))[0], 1.0)
+    return row[:3], min(row[4] * scale, _cap(dev, dtype))
 
 
 def grouped_gemm_efficiency(device, tokens_per_expert: float, dtype: str = "bf16") -> float:
@@ -599,8 +603,7 @@ def _shape_index(device_name: str, dtype: str) -> tuple:
     every = [r for group in rows.values() for r in group]
     by["*"] = (np.array([r[:3] for r in every]), [r[3] for r in every])
     xs, ys = _gemm_envelope(table)
-    cap = min(dev.ceiling.get(dtype, (1.0,))[0], 1.0)
-    return by, xs, ys, scale, cap, table.peak_tflops / dev.peak_tflops[dtype]
+    return by, xs, ys, scale, _cap(dev, dtype), table.peak_tflops / dev.peak_tflops[dtype]
 
 
 def table_dtype(device, dtype: str) -> str:

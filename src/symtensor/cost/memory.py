@@ -209,9 +209,7 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         mem["optimizer_transient"] = st.static["optimizer"] / train.optim_bytes * step_temp_bytes(train) \
             if train.optim_bytes else 0.0
         mem["workspace"] = work
-        transient = max(mem["loss_transient"], mem["backward_transient"])
-        persistent = mem["static"] + mem["engine_buffers"] + work
-        allocated = max(persistent + mem["activations"] + transient, persistent + mem["optimizer_transient"])
+        persistent, transient, allocated, _ = _peak(mem)
         mem["total"] = mem["allocated"] = allocated
         churn = allocated - persistent  # activations and transients: allocated and freed every micro-batch
         mem["fragmentation"] = frag * (churn + gathered)
@@ -235,18 +233,26 @@ def static_peak(stages: list[Stage]) -> float:
     return max(sum(st.static.values()) for st in stages)
 
 
+def _peak(mem: dict) -> tuple[float, float, float, bool]:
+    """The one rule for a stage's allocated peak (``memory_peak``'s terms): the larger of the forward-backward
+    peak (the persistent terms, the activations and the larger of the loss's and the backward's transient) and
+    the optimizer step's (the persistent terms and the step's temporaries: activations are freed by then).
+    Returns the persistent bytes, the forward-backward transient, the allocated peak and whether it is the
+    step's."""
+    persistent = mem["static"] + mem["engine_buffers"] + mem["workspace"]
+    transient = max(mem["loss_transient"], mem["backward_transient"])
+    fwd_bwd, step = persistent + mem["activations"] + transient, persistent + mem["optimizer_transient"]
+    return persistent, transient, max(fwd_bwd, step), step > fwd_bwd
+
+
 def peak_terms(mem: dict) -> dict:
     """The terms of a stage's device peak (``memory_peak``'s dict), each in bytes, in the order they add up:
     the allocated terms (summing to ``allocated``), then ``fragmentation``, ``cuda_context`` and ``nccl``
-    (summing to ``reserved``). At the optimizer step's peak the activations are freed (0) and the transient is
-    the step's; at the forward-backward peak it is the larger of the loss's and the backward's."""
-    persistent = mem["static"] + mem["engine_buffers"] + mem["workspace"]
-    step = persistent + mem["optimizer_transient"]
-    in_step = step >= mem["allocated"] and step > persistent + mem["activations"] + \
-        max(mem["loss_transient"], mem["backward_transient"])
-    transient = mem["optimizer_transient"] if in_step else max(mem["loss_transient"], mem["backward_transient"])
+    (summing to ``reserved``). At the optimizer step's peak (``_peak``) the activations are freed (0) and the
+    transient is the step's; at the forward-backward peak it is the larger of the loss's and the backward's."""
+    _, transient, _, in_step = _peak(mem)
     return {"state": mem["params"] + mem["grads"] + mem["optimizer"], "gathered_params": mem["gathered_params"],
             "fp8_weights": mem.get("fp8_weights", 0.0),
             "activations": 0.0 if in_step else mem["activations"], "engine_buffers": mem["engine_buffers"],
-            "transient": transient, "workspace": mem["workspace"], "fragmentation": mem["fragmentation"],
-            "cuda_context": mem["cuda_context"], "nccl": mem["nccl"]}
+            "transient": mem["optimizer_transient"] if in_step else transient, "workspace": mem["workspace"],
+            "fragmentation": mem["fragmentation"], "cuda_context": mem["cuda_context"], "nccl": mem["nccl"]}

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import ENGINES, exposure
+from symtensor.cost.engine import ENGINES, engine_of, exposure
 from symtensor.cost.memory import memory_peak, static_peak
 from symtensor.cost.opcost import (
     collectives_time,
@@ -199,7 +199,7 @@ class Evaluator:
 
     def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
         key = (t.shape, t.trainable, tl, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes,
-               train.optim_bytes, data_axes, train.dp_replicate, train.reduced_bytes)
+               train.optim_bytes, data_axes, train.dp_replicate, train.reduced_bytes, train.precision)
         hit = self._param_cache.get(key)
         if hit is None:
             hit = self._param_cache[key] = param_cost(self, t, tl, train, data_axes)
@@ -433,8 +433,11 @@ class _Accumulator:
         breakdown = {"compute": m * cs.compute, "recompute": m * cs.recompute}
         for cat in ("tp_comm", "cp_comm", "ep_comm"):
             breakdown[cat] = m * cs.comm.get(cat, 0.0)
-        breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s,
-                         optimizer=max(st.opt_time for st in self.stages),
+        optimizer = max(st.opt_time for st in self.stages)
+        flags = engine_of(train).overflow_flags[train.zero > 0]
+        if flags:  # the loss-scale check's one-byte flag all-reduces (FP16: Engine.overflow_flags), their latency
+            optimizer += flags * ev.coll_time("all_reduce", 1.0, tuple(range(len(ev.mesh))))  # over a stage's ranks
+        breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s, optimizer=optimizer,
                          overhead=e2e.step_s + m * e2e.microbatch_s)
         step = sum(breakdown.values())
         memory, allocated, reserved = memory_peak(self.stages, train, ev.cluster.device, self._communicators())

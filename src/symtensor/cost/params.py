@@ -131,6 +131,9 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     owned = shard if eng.shards(OPTIMIZER, z) else 1  # the optimizer step updates its own shard
     optimizer = local * train.optim_bytes / owned
     moved = local / owned * (2 * train.optim_bytes + train.grad_bytes + train.param_bytes)
+    scan = eng.overflow_scan_bytes[z > 0]  # the loss-scale check's inf/nan scan of the gradients (FP16: Engine)
+    if scan:
+        moved += local / owned * scan
     # a fused Adam streams its loads and stores: a triad
     opt_time = moved / (ev.cluster.device.hbm_bandwidth * stream_fraction(ev.eff, "triad"))
     gbytes = local * train.reduced_bytes  # (an engine, or --grad-reduce-in-bf16, may reduce another dtype)

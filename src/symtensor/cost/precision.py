@@ -50,7 +50,10 @@ from symtensor.cost import kernels
 from symtensor.cost.engine import engine_named
 from symtensor.errors import PlanError
 
-PRECISIONS = ("bf16", "fp8")
+# fp16: the whole model in FP16 with dynamic loss scaling (the engine's FP16 path, ``cost.engine.Engine.fp16``):
+# the GEMMs at the BF16 rate (the same Tensor Core peak; ``kernels.table_dtype``), its state and reduction the
+# engine's
+PRECISIONS = ("bf16", "fp8", "fp16")
 
 # Transformer Engine's docs ("Using FP8 with Transformer Engine"): Hopper and newer
 TE_DOCS = "Transformer Engine docs, 'Using FP8 with Transformer Engine' (transformer_engine/common/recipe)"
@@ -157,7 +160,7 @@ def refusal(precision: str, recipe: str | None, device) -> str | None:
     """Why ``precision`` with ``recipe`` does not run on ``device`` (one line with the fix), or None."""
     if precision not in PRECISIONS:
         return f"precision {precision!r}; use one of {', '.join(PRECISIONS)}"
-    if precision == "bf16":
+    if precision != "fp8":
         return None if recipe is None else f"an FP8 recipe ({recipe}) needs --precision fp8"
     if recipe is not None and recipe not in RECIPES:
         return f"FP8 recipe {recipe!r}; use one of {', '.join(RECIPES)}"

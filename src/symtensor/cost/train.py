@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from symtensor.cost import moe as _moe, precision as _precision
-from symtensor.cost.engine import ALIASES, ENGINES, grad_reduce_refusal
+from symtensor.cost.engine import ALIASES, ENGINES, engine_of, grad_reduce_refusal
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -111,8 +111,10 @@ class TrainConfig:
         tp_overlap: Transformer Engine's tensor-parallel communication overlap (userbuffers,
             with sequence parallelism); ``None``: the engine's default (on for megatron).
         precision: ``bf16``, or ``fp8``: the transformer layers' linear GEMMs in FP8
-            (``cost.precision``); ``fp8_recipe``: its scaling recipe as Megatron-LM names it
-            (``delayed``, ``tensorwise``, ``blockwise``, ``mxfp8``), None with bf16 (with fp8: the
+            (``cost.precision``), or ``fp16``: the model in FP16 with dynamic loss scaling, as the engine runs
+            it (``cost.engine.Engine.fp16``: its state, reduction and loss-scale check); ``fp8_recipe``: its
+            scaling recipe as Megatron-LM names it (``delayed``, ``tensorwise``, ``blockwise``, ``mxfp8``), None
+            without fp8 (with fp8: the
             caller's device default, ``precision.default_recipe``, else Megatron-LM's ``delayed``).
         moe_dispatcher: the MoE token dispatcher, ``alltoall`` (Megatron's and torchtitan's NCCL
             all-to-all) or ``deepep`` (DeepEP's normal kernels); ``moe_routing``: ``balanced`` (every
@@ -173,7 +175,7 @@ class TrainConfig:
         object.__setattr__(self, "framework", ALIASES.get(self.framework, self.framework))
         if self.framework not in FRAMEWORKS:
             raise PlanError(f"framework={self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
-        eng = ENGINES[self.framework]
+        eng = engine_of(self)
         if self.grad_reduce_bf16:  # (a stack fact: where FSDP2 runs DDP it does not apply; no engine option refuses)
             why = grad_reduce_refusal(self.framework, self.zero)
             if why is not None and not eng.grad_reduce_bf16:
@@ -204,7 +206,7 @@ class TrainConfig:
     def reduced_bytes(self) -> int:
         """Bytes per element of the gradients the data-parallel collectives reduce: 2 under ``grad_reduce_bf16``,
         else the engine's reduction dtype (``Engine.reduce_bytes``) or the gradients' own."""
-        return 2 if self.grad_reduce_bf16 else ENGINES[self.framework].reduce_bytes or self.grad_bytes
+        return 2 if self.grad_reduce_bf16 else engine_of(self).reduce_bytes or self.grad_bytes
 
     @property
     def graph_batch(self) -> int:

@@ -31,6 +31,10 @@ def lowered(plan, caps: Capabilities) -> Parallelism:
     why = p.refusal(plan.model, plan.cluster.n_devices)
     if why is not None:
         raise PlanError(f"{caps.name} would refuse this plan at launch: {why}; {nearest(plan)}")
+    if p.precision not in caps.precision:
+        raise PlanError(f"{caps.name} does not run {p.precision} as this plan is costed ({p.framework}'s "
+                        f"{p.precision} path); plan with --precision {caps.precision[0]}, or export it to "
+                        f"{'megatron-deepspeed' if p.precision == 'fp16' else 'megatron'}")
     return p
 
 
@@ -42,6 +46,7 @@ def evaluate_command(plan, p: Parallelism) -> str:
     flags = flags.replace("_", "-") + (" --sp" if p.sp else "") + f" --recompute {p.recompute}"
     flags += f" --framework {p.framework}" if p.framework != DEFAULT_FRAMEWORK else ""
     flags += f" --precision fp8 --fp8-recipe {p.fp8_recipe}" if p.precision == "fp8" else ""
+    flags += " --precision fp16" if p.precision == "fp16" else ""
     flags += f" --dp-shard {p.dp_shard}" if p.hsdp else ""
     return f"symtensor evaluate {model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} {flags}"
 

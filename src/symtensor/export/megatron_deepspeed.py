@@ -3,7 +3,9 @@
 The plan's configuration (``Plan.parallelism``) as microsoft/Megatron-DeepSpeed takes it (its
 megatron/arguments.py at f4157bea69f3df8c6cb66f2ebcda66ba03d1288e) and the ds_config of its bf16 examples
 (examples_deepspeed/universal_checkpointing/megatron_gpt/run_bf16.sh: ``"bf16": {"enabled": true}``,
-``"data_types": {"grad_accum_dtype": "fp32"}``, which selects DeepSpeed's BF16_Optimizer). It runs the
+``"data_types": {"grad_accum_dtype": "fp32"}``, which selects DeepSpeed's BF16_Optimizer), or under ``--precision
+fp16`` ``--fp16`` and ``"fp16": {"enabled": true, "loss_scale": 0}`` (dynamic loss scaling: FP16_Optimizer at
+ZeRO 0, DeepSpeedZeroOptimizer at ZeRO 1; ``cost.engine``'s megatron-deepspeed FP16 path). It runs the
 ``megatron-deepspeed`` engine (``cost.engine``): what that engine refuses (ZeRO 2/3 under the pipeline engine,
 interleaving, stated splits, context and expert parallelism, FP8, hybrid sharding, torchtitan's checkpointing)
 is refused here in one line. Recomputation: full is DeepSpeed's per-layer checkpointing of the pipeline module
@@ -19,8 +21,9 @@ from symtensor.errors import PlanError
 from symtensor.export.common import lowered
 from symtensor.plan.parallelism import Capabilities, engine_refusal
 
-# its ZeRO stages and its context parallelism are the megatron-deepspeed engine's refusals (``refusal``)
-CAPABILITIES = Capabilities(name="Megatron-DeepSpeed", engine="megatron-deepspeed")
+# its ZeRO stages and its context parallelism are the megatron-deepspeed engine's refusals (``refusal``); it runs
+# bf16 and fp16 (``cost.engine``: the engine's FP16 path)
+CAPABILITIES = Capabilities(name="Megatron-DeepSpeed", engine="megatron-deepspeed", precision=("bf16", "fp16"))
 
 
 def refusal(p) -> str | None:
@@ -52,9 +55,13 @@ def megatron_deepspeed_config(plan) -> dict:
         args += ["--checkpoint-activations", "--checkpoint-num-layers 1"]
     elif p.recompute == "selective":
         args.append("--recompute-granularity selective")
-    args += ["--use-flash-attn-v2", "--bf16", f"--zero-stage {p.zero}", "--deepspeed",
+    fp16 = p.precision == "fp16"
+    args += ["--use-flash-attn-v2", "--fp16" if fp16 else "--bf16", f"--zero-stage {p.zero}", "--deepspeed",
              "--deepspeed_config ds_config.json"]
     ds = {"train_batch_size": p.global_batch, "train_micro_batch_size_per_gpu": p.micro_batch,
-          "zero_optimization": {"stage": p.zero}, "bf16": {"enabled": True},
-          "data_types": {"grad_accum_dtype": "fp32"}}
+          "zero_optimization": {"stage": p.zero}}
+    # fp16: dynamic loss scaling (loss_scale 0) at DeepSpeed's defaults (initial_scale_power 16, window 1000,
+    # hysteresis 2, min_loss_scale 1: deepspeed/runtime/constants.py FP16_*_DEFAULT); the gradients accumulate in fp16
+    ds.update({"fp16": {"enabled": True, "loss_scale": 0}} if fp16 else
+              {"bf16": {"enabled": True}, "data_types": {"grad_accum_dtype": "fp32"}})
     return {"pretrain_gpt_args": args, "ds_config": ds, "_devices": plan.cluster.n_devices}

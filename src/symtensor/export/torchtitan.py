@@ -3,8 +3,8 @@ sections).
 
 The plan's configuration (``Plan.parallelism``) lowered to torchtitan's ``Parallelism`` degrees
 (torchtitan/config/job_config.py). torchtitan runs the fsdp2 engine's semantics (``CAPABILITIES``);
-the rules it adds to the configuration rule are ``_cp_fsdp``, ``_hybrid`` and ``_expert_grid``, which
-``torchtitan_config`` applies in that order.
+the rules it adds to the configuration rule are ``_cp_fsdp``, ``_hybrid``, ``_expert_grid`` and
+``_attention_core``, which ``torchtitan_config`` applies in that order.
 """
 
 from __future__ import annotations
@@ -87,12 +87,31 @@ def _expert_grid(p: Parallelism, model) -> str | None:
 
 def activation_checkpoint(recompute: str) -> dict:
     """torchtitan's [activation_checkpoint] for the plan's recomputation (torchtitan/config/job_config.py
-    ``ActivationCheckpoint``: mode, selective_ac_option "op" or an integer N, every N-th block): torchtitan's
-    own checkpointing as stated (``selective-op``, ``layer:N``); the planner's none, selective, full by mode."""
+    ``ActivationCheckpoint``: mode "none", "full" or "selective"; under "selective", selective_ac_option "op"
+    or an integer N, every N-th block, defaulting to "2"; pytorch/torchtitan@238fa9953e4aec2a62582121564273d7cbb1e9f1):
+    torchtitan's own checkpointing as stated (``selective-op``, ``layer:N``), none and full by mode.
+
+    The planner's ``selective`` is Megatron's: the unfused attention core (scores, softmax, dropout, context:
+    ops marked ``core``) re-run in backward and nothing else (``cost.segment.recompute_share``). torchtitan has
+    no such policy, and needs none: it runs fused attention (SDPA, flex), which keeps no S x S core, so such a
+    plan is costed as one without recomputation and runs as costed with mode "none". Mode "selective" would
+    run either of torchtitan's policies instead, both recomputing more than costed (alone, its default "2":
+    every other block whole; "op": every op but the SDPA outputs and every other matmul). A graph with an
+    unfused core is refused before (``_attention_core``)."""
     every = layer_every(recompute)
     if recompute == SAC_OP or every:
         return {"mode": "selective", "selective_ac_option": "op" if recompute == SAC_OP else str(every)}
-    return {"mode": {"none": "none", "selective": "selective", "full": "full"}[recompute]}
+    return {"mode": {"none": "none", "selective": "none", "full": "full"}[recompute]}
+
+
+def _attention_core(plan, p: Parallelism) -> str | None:
+    """Why torchtitan cannot run the planner's ``selective`` recomputation of ``plan``: its graph has an
+    unfused attention core (``attention=unfused``, ops marked ``core``) to recompute, and torchtitan neither
+    runs unfused attention nor has a policy that recomputes the core alone (``activation_checkpoint``)."""
+    if p.recompute != "selective" or not any(op.attr("core") for op in plan.graph.ops):
+        return None
+    return ("it has no recomputation of the unfused attention core alone (its selective modes are per op and every "
+            "N-th block) and runs fused attention")
 
 
 def torchtitan_config(plan) -> dict:
@@ -111,6 +130,10 @@ def torchtitan_config(plan) -> dict:
     if why is not None:
         raise PlanError(f"torchtitan would refuse this plan at launch: {why}; the nearest exportable "
                         f"configuration: {evaluate_command(plan, p.replace(zero=3))} (or export this one to megatron)")
+    why = _attention_core(plan, p)
+    if why is not None:
+        raise PlanError(f"torchtitan would not run this plan as it is costed: {why}; plan with --set attention=flash "
+                        "(the fused kernel it runs: selective then recomputes nothing) or export this one to megatron")
     replicate, shard, reshard = data_parallel(p)
     out = {
         "parallelism": {"data_parallel_replicate_degree": replicate, "data_parallel_shard_degree": shard,

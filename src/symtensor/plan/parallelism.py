@@ -91,7 +91,8 @@ class Parallelism:
         global_batch: sequences per optimizer step; seq: tokens per sequence.
         vpp: virtual pipeline stages (interleaved chunks) per device.
         framework: the engine whose semantics the costs follow (``cost.engine``).
-        precision: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``);
+        precision: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``), or ``fp16`` (the
+            model in FP16 with dynamic loss scaling, where the engine models it: ``cost.engine.Engine.fp16``);
             fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16.
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
@@ -274,10 +275,11 @@ def engine_refusal(p: Parallelism) -> str | None:
     ZeRO 2/3, interleaving, stated splits, ...; torchtitan's checkpointing outside fsdp2), or None (an unknown
     engine is TrainConfig's to name)."""
     eng = _engine.ENGINES.get(_engine.ALIASES.get(p.framework, p.framework))
-    if eng is None or not eng.refuses:
+    if eng is None or not (eng.refuses or p.precision == "fp16"):
         return None
     return _engine.refusal(eng, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8", hsdp=p.hsdp,
-                           layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE)
+                           layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE,
+                           fp16=p.precision == "fp16")
 
 
 def _expert_refusal(p: Parallelism, model) -> str | None:
@@ -365,6 +367,7 @@ class Capabilities:
         context_parallel: whether it runs context parallelism at all; ``cp_needs_fsdp``: only
             with FSDP over dp x cp (ZeRO above 0).
         recompute: the recomputation modes it runs.
+        precision: the precisions it runs as the plan is costed (``cost.precision.PRECISIONS``).
 
     An engine's expert grid is a rule of its ``refusal`` alone (``export.torchtitan._expert_grid``,
     ``runtime.lower.refusal``; Megatron's MoE parallel folding is the configuration rule's).
@@ -377,6 +380,7 @@ class Capabilities:
     context_parallel: bool = True
     cp_needs_fsdp: bool = False
     recompute: tuple[str, ...] = ("none", "selective", "full")
+    precision: tuple[str, ...] = ("bf16", "fp8")
 
 
 class Heterogeneous(PlanError):

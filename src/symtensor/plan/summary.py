@@ -141,7 +141,9 @@ def _moe(train, ep: int = 2) -> dict:
 
 
 def _precision(train) -> dict:
-    """The summary's precision keys: none in BF16 (the default), else the precision and its recipe."""
+    """The summary's precision keys: none in BF16 (the default), else the precision and its recipe (FP8's)."""
+    if train.precision == "fp16":
+        return {"precision": "fp16"}
     return {} if train.fp8 is None else {"precision": train.precision, "fp8_recipe": train.fp8_recipe}
 
 

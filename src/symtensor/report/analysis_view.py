@@ -6,7 +6,7 @@ from rich.table import Table
 
 from symtensor.hardware import GIB
 from symtensor.output import shown  # names, paths and messages from users: text, never markup
-from symtensor.report.plan_view import layer_spans
+from symtensor.report.plan_view import layer_spans, runner_up
 
 
 def compact_cuts(cuts: dict, sizes: dict) -> str:
@@ -34,12 +34,7 @@ def _header(console, out: dict) -> None:
 
 
 def _cell(lv: dict) -> str:
-    alt = [cand for cand in lv["candidates"] if not cand["chosen"]]
-    best = next(cand for cand in lv["candidates"] if cand["chosen"])
-    text = lv["chosen"] or "-"
-    if alt:
-        runner = min(alt, key=lambda cand: cand["time_s"])
-        text += f" ({runner['cut'] or 'none'} {runner['time_s'] - best['time_s']:+.3g})"
+    text = (lv["chosen"] or "-") + runner_up(lv)
     return text if lv["chosen"] == lv["cheapest"] else f"[red]{text}[/]"
 
 

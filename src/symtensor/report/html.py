@@ -16,7 +16,7 @@ from pathlib import Path
 
 from symtensor.hardware import MEMORY_HEADROOM
 from symtensor.report import plots
-from symtensor.report.plan_view import layer_spans
+from symtensor.report.plan_view import layer_spans, runner_up
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1280px;
@@ -148,10 +148,7 @@ def why_section(ex: dict) -> str:
     for lt in ex["layer_types"]:
         cells = []
         for lv in lt["levels"]:
-            best = next(cand for cand in lv["candidates"] if cand["chosen"])
-            alt = [cand for cand in lv["candidates"] if not cand["chosen"]]
-            runner = min(alt, key=lambda cand: cand["time_s"]) if alt else None
-            margin = f" ({runner['cut'] or 'none'} {runner['time_s'] - best['time_s']:+.3g} s)" if runner else ""
+            margin = runner_up(lv, " s")
             style = "" if lv["chosen"] == lv["cheapest"] else " class='bad'"
             cells.append(f"<td title='{_e(lv['verdict'])}'{style}>{_e((lv['chosen'] or '-') + margin)}</td>")
         body.append(f"<tr><td>{_e(lt['block'])}</td><td>{_e(layer_spans(lt['layers']))}</td>{''.join(cells)}</tr>")

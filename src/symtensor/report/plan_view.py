@@ -27,6 +27,17 @@ def layer_spans(spans: list[str]) -> str:
     return ", ".join(spans)
 
 
+def runner_up(level: dict, unit: str = "") -> str:
+    """`` (cut +seconds)``: the next best candidate of an explained mesh axis (``analysis.explain``: one of a
+    layer type's ``levels``) and the seconds per step it would add over the chosen cut; '' when there is none."""
+    alt = [cand for cand in level["candidates"] if not cand["chosen"]]
+    if not alt:
+        return ""
+    best = next(cand for cand in level["candidates"] if cand["chosen"])
+    runner = min(alt, key=lambda cand: cand["time_s"])
+    return f" ({runner['cut'] or 'none'} {runner['time_s'] - best['time_s']:+.3g}{unit})"
+
+
 def print_plan(console, out: dict) -> None:
     cfg = out["config"]
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in out["mesh"])

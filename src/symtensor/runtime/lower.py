@@ -39,6 +39,8 @@ def refusal(p: Parallelism, model, attention_only: bool = False) -> str | None:
         return "the runtime has no context parallelism yet; plan with cp=1"
     if p.recompute not in caps.recompute:
         return "the runtime does not recompute activations; plan with recompute=none"
+    if p.precision not in caps.precision:
+        return f"the runtime does not run {p.precision} (no loss scaling); plan with --precision bf16"
     if p.zero > 0 and caps.zero_as_costed and not p.sharded_parameters:
         return (f"the runtime runs ZeRO-0 (all-reduce), ZeRO-3 (FSDP) and the fsdp2 engine's ZeRO-1/2 (FSDP2 without "
                 f"resharding after forward), not {p.framework}'s ZeRO-{p.zero}; plan with --framework fsdp2 or "
