@@ -120,12 +120,15 @@ def test_each_device_gemm_ceiling_is_its_own_measurement():
     """A device's GEMM ceiling is its own cited measurement, and no GEMM lookup exceeds it: A100 SXM its MAMF
     burst (267.9 of 312 TFLOP/s; no sustained figure is published for it), H100 and H200 the sustained MSMF
     of the GH100 die (H200, 698.6 of 989, below H100's 792.1 burst MAMF: a training step is a sustained load).
-    A transferred shape table maps the measured device's ceiling to the target's (``kernels.H100_SCALE``)."""
+    A transferred shape table maps the measured device's ceiling to the target's (``kernels.A100_SXM_SCALE``;
+    ``kernels.H100_SCALE`` for H100's grouped GEMMs), H100's own burst rows take the sustained/burst ratio."""
     assert K.A100.ceiling["bf16"][0] == K.MAMF_A100_SXM
     assert K.H100.ceiling["bf16"][0] == K.H200.ceiling["bf16"][0] == K.MSMF_H200 < K.MAMF_H100_SXM
     assert abs(K.H100_SCALE * K.MAMF_A100_PCIE - K.MSMF_H200) < 1e-12
     assert abs(K.A100_SXM_SCALE * K.MAMF_A100_PCIE - K.MAMF_A100_SXM) < 1e-12
-    shapes = [row[:3] for row in K.A100_PCIE_BF16.rows] + [(65536, 65536, 65536), (8192, 53248, 16384)]
+    assert K.H100.gemm["bf16"] == K.H200.gemm["bf16"] == (K.H100_BF16, K.GH100_SUSTAINED)
+    shapes = ([row[:3] for row in K.A100_PCIE_BF16.rows] + [row[:3] for row in K.H100_BF16.rows]
+              + [(65536, 65536, 65536), (8192, 53248, 16384), (131072, 4096, 4096)])
     for dev in (K.A100, K.H100, K.H200):
         cap = dev.ceiling["bf16"][0]
         assert max(K.gemm_envelope(dev.name)[1]) <= cap
@@ -135,25 +138,74 @@ def test_each_device_gemm_ceiling_is_its_own_measurement():
                 assert K.gemm_shape_efficiency(dev.name, m, n, k, "bf16", layout) <= cap + 1e-12
 
 
-# XLA's measured BF16 GEMMs on H100 SXM (sm_90), batch 1, every dimension at least 2,048: (M, N, K, TFLOP/s).
-# tensorflow/tensorflow @9bebee8e, third_party/xla/xla/service/gpu/model/matmul_interpolator_data.h
-# (kDefaultMatmulPTable, Apache-2.0, written by XLA's matmul_perf_table_gen on the device): short timed runs,
-# i.e. at the boost clock; times the MSMF/MAMF ratio of the same die (H200: 698.6 / 823.9) they are the
-# sustained rates of those shapes.
-XLA_H100 = ((4096, 4096, 4096, 783.33), (2048, 2048, 2048, 631.98), (4096, 4096, 2048, 738.74),
-            (4096, 2048, 4096, 758.43), (2048, 4096, 4096, 753.64), (4096, 2048, 2048, 716.07),
-            (2048, 4096, 2048, 715.35), (2048, 2048, 4096, 737.97))
+# XLA's measured BF16 dots on H100 SXM (sm_90), read off the source, not off cost/kernels_data.py: (b, m, n, k,
+# TFLOP/s rounded to 0.01). tensorflow/tensorflow @372d578b, third_party/xla/xla/service/gpu/model/
+# matmul_interpolator_data.h (kDefaultMatmulPTable, Apache-2.0, written by XLA's matmul_perf_table_gen on the
+# device): short timed runs, i.e. at the boost clock; times the MSMF/MAMF ratio of the same die (H200: 698.6 /
+# 823.9) they are the sustained rates of those shapes. The batched rows are read at M = b m.
+XLA_H100 = ((1, 4096, 4096, 4096, 783.33), (1, 2048, 2048, 2048, 631.98), (1, 4096, 4096, 2048, 738.74),
+            (1, 4096, 2048, 4096, 758.43), (1, 2048, 4096, 4096, 753.64), (1, 4096, 2048, 2048, 716.07),
+            (1, 2048, 4096, 2048, 715.35), (1, 2048, 2048, 4096, 737.97), (1, 4096, 1024, 1024, 488.06),
+            (1, 256, 256, 256, 6.45), (1, 1024, 4096, 256, 209.72), (4, 4096, 2048, 4096, 808.70),
+            (2, 4096, 4096, 4096, 807.67), (4, 4096, 4096, 4096, 793.13), (2, 256, 4096, 4096, 587.71),
+            (2, 2048, 2048, 2048, 717.74), (2, 1024, 2048, 4096, 739.00), (4, 1024, 1024, 1024, 489.85),
+            (1, 512, 4096, 4096, 644.12))
 GH100_SUSTAINED = K.GH100_SUSTAINED
 
 
-@pytest.mark.parametrize("m,n,k,tflops", XLA_H100)
-def test_h100_gemms_are_not_costed_above_a_measured_h100_row(m, n, k, tflops):
-    """The H100 BF16 rates, a transfer of A100 shapes, are never above what H100 itself was measured to
-    run at that shape (XLA's sm_90 table) at the sustained clock: the transfer is not too fast."""
-    measured = tflops / 989 * GH100_SUSTAINED
-    assert K.gemm_efficiency("H100", m, n, k) <= measured
+@pytest.mark.parametrize("b,m,n,k,tflops", XLA_H100)
+def test_h100_gemms_are_the_measured_h100_rows(b, m, n, k, tflops):
+    """H100's BF16 table is XLA's sm_90 rows at the sustained clock: a measured shape is returned as measured
+    (the best row folded to its M = b m), and no lookup at it is above the measurement (forward, input- and
+    weight-gradient layouts: the table records none) nor above the device's ceiling."""
+    best = max(t for bb, mm, nn, kk, t in XLA_H100 if (bb * mm, nn, kk) == (b * m, n, k))
+    measured = best / 989 * GH100_SUSTAINED
+    assert K.gemm_measured("H100", b * m, n, k) == pytest.approx(measured, abs=0.006 / 989)
+    assert tflops / 989 * GH100_SUSTAINED <= K.gemm_measured("H100", b * m, n, k) + 0.006 / 989
     for layout in K.GEMM_LAYOUTS:
-        assert K.gemm_shape_efficiency("H100-SXM5-80GB", m, n, k, "bf16", layout) <= measured
+        e = K.gemm_shape_efficiency("H100-SXM5-80GB", b * m, n, k, "bf16", layout)
+        assert e <= measured + 0.006 / 989 and e <= K.MSMF_H200
+    # the envelope at the row's FLOPs allows at least the row (it is their upper envelope), capped at the ceiling
+    assert K.gemm_efficiency("H100", b * m, n, k) >= measured - 0.006 / 989
+    assert K.gemm_efficiency("H100", b * m, n, k) <= K.MSMF_H200
+
+
+def test_h100_table_is_every_copied_row():
+    """Every one of XLA's 375 sm_90 BF16 rows (kernels_data) is in H100's table at M = b m, none faster than the
+    best of its folded shape; the envelope's points are measured rows; above the largest FLOPs the envelope
+    stays at its top row (0.693), under the MSMF ceiling (0.706)."""
+    from symtensor.cost.kernels_data import XLA_H100_GEMM
+
+    assert len(XLA_H100_GEMM) == 375 == len({r[:4] for r in XLA_H100_GEMM})
+    table = {(m, n, k): eff for m, n, k, _, eff in K.H100_BF16.rows}
+    for b, m, n, k, flops_per_s in XLA_H100_GEMM:
+        assert flops_per_s / 989e12 <= table[(b * m, n, k)]
+    xs, ys = K._gemm_envelope(K.H100_BF16)
+    assert set(zip(xs, ys)) <= {(2 * m * n * k, eff) for (m, n, k), eff in table.items()}
+    top = max(ys) * GH100_SUSTAINED
+    assert top == pytest.approx(808.70 / 989 * GH100_SUSTAINED, abs=1e-5) and top < K.MSMF_H200
+    assert K.gemm_efficiency("H100", 65536, 65536, 65536) == pytest.approx(top)
+
+
+def test_a_small_h100_gemm_is_charged_its_measured_row_not_the_a100_transfer():
+    """GPT-3 350M's attention projections at 2 x 2,048 tokens are 4,096 x 1,024 x 1,024 GEMMs. H100 ran that shape
+    at 488.06 TFLOP/s flat and 489.85 as 4 x 1,024^3 (XLA's sm_90 rows, bursts; the best of the shape is kept):
+    0.420 of the peak at the sustained clock. The A100 PCIe transfer it replaces allowed 0.513 there (its
+    smallest rows are 2.4e10 FLOPs; below them it clamped), 22% faster than H100 was measured to run it. The
+    evaluator charges the forward GEMM at the measured row."""
+    measured = 489845722627737 / 989e12 * GH100_SUSTAINED
+    assert K.gemm_shape_efficiency("H100-SXM5-80GB", 4096, 1024, 1024, "bf16", "TN") == pytest.approx(measured)
+    xs, ys = K._gemm_envelope(K.A100_PCIE_BF16)
+    transfer = K.interp_log(xs, ys, 2 * 4096 * 1024 * 1024 * 312 / 989) * K.H100_SCALE
+    assert transfer > 1.2 * measured
+    graph = build_graph(PRESETS["gpt3-350m"], micro_batch=16, seq=2048, skeleton=True)  # 2 per device
+    ev = Evaluator(graph, load_cluster("dgx-h100", devices=8))
+    op = next(o for o in graph.ops if o.name.endswith("q_proj"))
+    lay = megatron_layouts(graph, ev.mesh, dict(tp=1, pp=1, dp=8, cp=1, ep=1, etp=1, sp=False))[op.name]
+    sizes = local_sizes(op, lay, ev.mesh)
+    assert gemm_shape(op, sizes)[:3] == (4096, 1024, 1024)
+    flops = kind_of("linear").fwd_flops(sizes, {})
+    assert ev.op_time(op, lay).fwd_s == pytest.approx(flops / (989e12 * measured), rel=1e-9)
 
 
 def test_a_measured_cluster_file_overrides_the_tables():

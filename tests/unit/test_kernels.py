@@ -17,18 +17,22 @@ def test_every_table_has_a_source():
     assert {t[0] for t in tables} == set(DEVICES)
     for device, kind, key, _table, source in tables:
         assert len(source) > 40, (device, kind, key)
-        assert any(word in source for word in ("arXiv", "SimuMax", "DeepGEMM", "gpu-benches", "FlashAttention")), source
+        assert any(word in source for word in ("arXiv", "SimuMax", "DeepGEMM", "gpu-benches", "FlashAttention",
+                                               "XLA")), source
     # copied rows carry their licence
-    for source in (K.SIMUMAX, K.DEEPGEMM, K.MAMF, K.MSMF, K.GPU_BENCHES, K.FA3_PAPER):
+    for source in (K.SIMUMAX, K.DEEPGEMM, K.MAMF, K.MSMF, K.GPU_BENCHES, K.FA3_PAPER, K.XLA_SM90):
         assert any(lic in source for lic in ("Apache-2.0", "MIT", "CC BY", "GPL-3.0")), source
 
 
 def test_transfers_say_why():
-    """A device reading another's numbers says so: H200 reads H100's kernels, Ascend A100's, H100 BF16 GEMMs
-    the A100 shapes at the ratio of the measured ceilings."""
+    """A device reading another's numbers says so: H200 reads H100's kernels, Ascend A100's; H100's BF16 GEMMs
+    are its own rows (XLA's sm_90 table), their charged rate capped by the A100 Transformer Engine shapes at the
+    ratio of the measured ceilings, and its grouped GEMMs are that transfer."""
     assert "GH100" in K.H200.transfers["gemm, grouped, attention"]
     assert "A100" in K.ASCEND_910B.transfers["all"]
-    assert "ceilings" in K.H100.transfers["gemm bf16"]
+    assert "gemm bf16" not in K.H100.transfers and K.H100.gemm["bf16"][0] is K.H100_BF16
+    assert "ceilings" in K.H100.transfers["gemm bf16 (charged)"] and "ceilings" in K.H100.transfers["grouped bf16"]
+    assert K.H100.stack["bf16"] == K.H200.stack["bf16"] == (K.A100_PCIE_BF16, K.H100_SCALE)
     assert K.H200.attention == K.H100.attention and K.H200.hbm != K.H100.hbm
 
 
