@@ -9,6 +9,7 @@ the rules it adds to the configuration rule are ``_cp_fsdp``, ``_hybrid`` and ``
 
 from __future__ import annotations
 
+from symtensor.cost.recompute import modules_of
 from symtensor.cost.train import SAC_OP, layer_every
 from symtensor.errors import PlanError
 from symtensor.export.common import evaluate_command, lowered, zero1_note
@@ -89,6 +90,9 @@ def activation_checkpoint(recompute: str) -> dict:
     """torchtitan's [activation_checkpoint] for the plan's recomputation (torchtitan/config/job_config.py
     ``ActivationCheckpoint``: mode, selective_ac_option "op" or an integer N, every N-th block): torchtitan's
     own checkpointing as stated (``selective-op``, ``layer:N``); the planner's none, selective, full by mode."""
+    if modules_of(recompute):  # no torchtitan option re-runs named modules: its SAC is per op or per block
+        raise PlanError(f"torchtitan has no per-module recomputation (recompute={recompute!r}, Megatron's "
+                        "--recompute-modules); export to Megatron, or plan with selective-op, layer:N or full")
     every = layer_every(recompute)
     if recompute == SAC_OP or every:
         return {"mode": "selective", "selective_ac_option": "op" if recompute == SAC_OP else str(every)}
