@@ -13,8 +13,10 @@ from symtensor.cost.model import Evaluator
 from symtensor.cost.recompute import modules_of, regions
 from symtensor.errors import PlanError
 from symtensor.export import megatron_args, torchtitan_config
+from symtensor.hardware import load_cluster
 from symtensor.layout import REPLICATED
 from symtensor.models import load_model_config
+from symtensor.search.baselines import baseline_plans
 
 MOE = "tiny-qwen3-moe"  # 2 layers, both MoE (8 experts, top 2), no shared expert, no MLA
 
@@ -157,3 +159,17 @@ def test_exports(runs):
     assert modules_of("modules:layernorm,moe_act") == ("moe_act", "layernorm")
     with pytest.raises(PlanError, match="no per-module recomputation"):
         torchtitan_config(runs["modules:layernorm,moe_act"])
+
+
+def test_recipe_baseline_costs_its_modules():
+    """GPT-OSS-120B's Megatron-Bridge B200 performance recipe runs --recompute-modules layernorm moe_act: the
+    baseline states and costs them (at seq 2048, where it fits; before: the planner's selective, with a note); under
+    an engine without them (fsdp2) the planner's selective, and the note says so."""
+    cfg, cl = load_model_config("gpt-oss-120b"), load_cluster("dgx-b200", devices=64)
+    base = baseline_plans(cfg, cl, 1280, 2048, names=("megatron_recipe",))["megatron_recipe"]
+    assert "gpt_oss_120b_pretrain_64gpu_b200_bf16_config" in base.notes[0]
+    assert base.train.recompute == "modules:layernorm,moe_act" and "not modelled" not in base.notes[0]
+    assert base.report.breakdown["recompute"] > 0.0
+    fsdp = baseline_plans(cfg, cl, 1280, 2048, framework="fsdp2", names=("megatron_recipe",))["megatron_recipe"]
+    assert "gpt_oss_120b_pretrain_64gpu_b200_bf16_config" in fsdp.notes[0]
+    assert fsdp.train.recompute == "selective" and "costed as the planner's selective" in fsdp.notes[0]
