@@ -89,7 +89,7 @@ def recompute_share(op, recompute: str, layers: int, mm_index: int | None = None
         return 0.0 if op.kind == "attention" else 1.0
     if recompute.startswith(MODULES_PREFIX):
         if regions is None:
-            raise ValueError(f"recompute_share under {recompute!r} needs the graph's regions (Evaluator.regions)")
+            raise ValueError(f"recompute_share under {recompute!r} needs the regions (Evaluator.recompute_regions)")
         return 1.0 if op.name in regions else 0.0
     return 1.0 / layer_every(recompute)
 
