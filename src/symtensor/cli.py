@@ -146,10 +146,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dp-shard", type=int, help="hybrid sharding (HSDP): ZeRO shards over the innermost N ranks of "
                    "dp x cp (one node first) and replicates across the rest (torchtitan's data_parallel_shard_degree, "
                    "Megatron's --num-distributed-optimizer-instances dp*cp/N); default: the whole group")
-    p.add_argument("--recompute", default="none", type=_recompute, metavar="{none,selective,full,selective-op,layer:N}",
-                   help="recomputation: none, selective (Megatron's: the attention core), full (every layer), or "
+    p.add_argument("--recompute", default="none", type=_recompute,
+                   metavar="{none,selective,full,selective-op,layer:N,modules:M,M}",
+                   help="recomputation: none, selective (Megatron's: the attention core), full (every layer), "
                         "torchtitan's selective checkpointing: selective-op (its per-op policy) or layer:N (every "
-                        "N-th layer whole)")
+                        "N-th layer whole), or Megatron's --recompute-modules as modules:M,M (core_attn, moe_act, "
+                        "layernorm, mla_up_proj, mlp, moe, shared_experts; e.g. modules:layernorm,moe_act)")
     p.add_argument("--micro-batch", type=_micro, default="auto")
     p.add_argument("--pp-layout", metavar="LAYOUT", help="the layers over the pipeline stages: Megatron's "
                    "--pipeline-model-parallel-layout string ('Et*3|(tt|)*29,|L': its stages give vpp), FIRST,LAST "

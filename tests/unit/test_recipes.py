@@ -4,6 +4,7 @@ gets NVIDIA's sizing rule and says so, and the rule's EP folding no longer flatt
 
 import pytest
 
+from symtensor.cost.train import recompute_refusal
 from symtensor.errors import PlanError
 from symtensor.hardware import load_cluster
 from symtensor.models import PRESETS, build_graph, load_model_config, params_active
@@ -31,8 +32,10 @@ def test_every_row_cites_its_source_and_runs_on_its_own_model():
     for r in recipes.RECIPES:
         assert r.model in PRESETS and r.name and r.path and "@" in r.repo, r
         assert len(r.repo.split("@")[1]) >= 12 and r.kind in ("pretrain", "performance"), r
-        assert r.gpu in ("h100", "b200", "gb200") and r.precision == "bf16" and r.recompute in ("none", "selective",
-                                                                                                 "full"), r
+        assert r.gpu in ("h100", "b200", "gb200") and r.precision == "bf16", r
+        # a recipe's module list is costed as stated (Megatron's --recompute-modules: cost.recompute)
+        assert recompute_refusal(r.recompute) is None, r
+        assert r.recompute.startswith("modules:") == r.recompute_detail.startswith("selective:"), r
         try:
             c = recipes.scaled(r, load_model_config(r.model), r.devices, r.global_batch, r.seq)
         except PlanError as e:

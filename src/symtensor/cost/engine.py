@@ -186,6 +186,8 @@ class Engine:
     fp16: Engine | None = None
     overflow_scan_bytes: tuple[int, int] = (0, 0)
     overflow_flags: tuple[int, int] = (0, 0)
+    # whether the engine checkpoints by module (Megatron-core's --recompute-modules: ``cost.recompute``)
+    recompute_modules: bool = False
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
@@ -222,7 +224,8 @@ ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
-                       attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,)),
+                       attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,),
+                       recompute_modules=True),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,

@@ -35,6 +35,7 @@ from symtensor.cost.opcost import (
 from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
 from symtensor.cost.pipeline import Stage, bubble, merge, p2p, split_mesh
 from symtensor.cost.precision import RECIPES
+from symtensor.cost.recompute import MODULES_PREFIX, regions as module_regions
 from symtensor.cost.report import CostReport
 from symtensor.cost.segment import Segment, activation_key, out_slot, recompute_share, sac_mm_index
 from symtensor.cost.train import SAC_OP, TrainConfig
@@ -90,6 +91,7 @@ class Evaluator:
         self._segment_params_cache: dict = {}  # per segment (Params); _param_cache: per tensor
         self._wiring_cache: dict = {}
         self._floor_cache: dict = {}  # recomputation (, FP8 recipe) -> step_floor per micro-batch, all devices
+        self._regions: dict = {}  # recomputation -> its checkpointed regions (``recompute_regions``)
         self.segments = self._index_segments()
 
     # -- graph facts ------------------------------------------------------------------------
@@ -167,6 +169,16 @@ class Evaluator:
         hit = self._tl_cache.get(key)
         if hit is None:
             hit = self._tl_cache[key] = output_layout(op, layout, slot, partial=partial)
+        return hit
+
+    def recompute_regions(self, recompute: str) -> dict | None:
+        """The ops Megatron's ``modules:`` recomputation checkpoints, by region (``cost.recompute.regions``), once per
+        mode; None for the other modes (``segment.recompute_share``'s ``regions``)."""
+        if not recompute.startswith(MODULES_PREFIX):
+            return None
+        hit = self._regions.get(recompute)
+        if hit is None:
+            hit = self._regions[recompute] = module_regions(self.graph, recompute)
         return hit
 
     def wiring(self, ops, ext_producer: dict) -> tuple:
@@ -253,10 +265,11 @@ class Evaluator:
             layers = self.graph.meta["layers"]
             per_mb = 0.0
             mms = sac_mm_index(self.graph.ops) if train.recompute == SAC_OP else {}
+            regions = self.recompute_regions(train.recompute)
             for op in self.graph.ops:
                 fwd, bwd = op_floor(op, self.cluster.device, self.eff, self.tensors, self.grad_operands[op.name],
                                     self.dtype, self._fp8(train.fp8))
-                share = recompute_share(op, train.recompute, layers, mms.get(op.name))
+                share = recompute_share(op, train.recompute, layers, mms.get(op.name), regions)
                 per_mb += (fwd * (1 + share) + bwd) * layer_repeat(self.graph, op.layer)
             self._floor_cache[key] = per_mb
         # every plan pays the host's work per step (its per micro-batch work is left out: the floor may not

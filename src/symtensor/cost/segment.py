@@ -8,6 +8,7 @@ from symtensor.cost import moe
 from symtensor.cost.engine import engine_of, hidden, tp_overlapped
 from symtensor.cost.opcost import OpTime, collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
+from symtensor.cost.recompute import MODULES_PREFIX
 from symtensor.cost.train import SAC_OP, TrainConfig, layer_every
 from symtensor.layout import REPLICATED, OpLayout
 
@@ -28,18 +29,18 @@ def activation_key(train: TrainConfig) -> tuple:
          train.moe_ep_overlap)
 
 
-def recomputed(op, recompute: str, layers: int) -> bool:
+def recomputed(op, recompute: str, layers: int, regions=None) -> bool:
     """Whether backward re-runs ``op``'s forward (some of it, ``recompute_share``) under ``recompute``: every
     transformer-layer op under full recomputation, the attention core's unfused ops (marked ``core``) under
     selective; never the ops before or after the ``layers`` layers."""
-    return recompute_share(op, recompute, layers) > 0.0
+    return recompute_share(op, recompute, layers, regions=regions) > 0.0
 
 
-def forward_runs(op, recompute: str, layers: int) -> float:
+def forward_runs(op, recompute: str, layers: int, regions=None) -> float:
     """How many times a micro-batch runs ``op``'s forward: once, and again for the share backward re-runs
     (``recompute_share``; the op-local terms' estimate under torchtitan's per-op policy); a whole number is
-    an int (1 or 2 under none, selective and full), a fraction stays one (``layer:N``, ``selective-op``)."""
-    runs = 1.0 + recompute_share(op, recompute, layers)
+    an int (1 or 2 under none, selective, full and modules), a fraction stays one (``layer:N``, ``selective-op``)."""
+    runs = 1.0 + recompute_share(op, recompute, layers, regions=regions)
     return int(runs) if runs.is_integer() else runs
 
 
@@ -61,7 +62,7 @@ def sac_mm_index(ops) -> dict:
     return out
 
 
-def recompute_share(op, recompute: str, layers: int, mm_index: int | None = None) -> float:
+def recompute_share(op, recompute: str, layers: int, mm_index: int | None = None, regions=None) -> float:
     """The share of ``op``'s forward that backward re-runs under ``recompute`` (0 outside the ``layers``
     layers): 1 under ``full``; the attention core's unfused ops (``core``) under ``selective`` (Megatron's);
     under ``layer:N`` 1/N of every layer (torchtitan's layer SAC checkpoints every N-th block whole:
@@ -73,7 +74,9 @@ def recompute_share(op, recompute: str, layers: int, mm_index: int | None = None
     adds) re-runs; a matmul whose position is not given counts half (the op-local terms' estimate).
     Source: pytorch/torchtitan@238fa9953e4aec2a62582121564273d7cbb1e9f1 torchtitan/distributed/
     activation_checkpoint.py, torchtitan/models/llama3/infra/parallelize.py, torchtitan/config/job_config.py
-    (ActivationCheckpoint: mode "selective", selective_ac_option "op" or an integer, default "2")."""
+    (ActivationCheckpoint: mode "selective", selective_ac_option "op" or an integer, default "2").
+    Under Megatron's ``modules:`` list (``cost.recompute``) 1 for the ops of the named modules' regions
+    (``regions``: ``Evaluator.recompute_regions``, which every caller passes in that mode), 0 for the rest."""
     if not 0 <= op.layer < layers or recompute == "none":
         return 0.0
     if recompute == "full":
@@ -84,6 +87,10 @@ def recompute_share(op, recompute: str, layers: int, mm_index: int | None = None
         if sac_mm(op):
             return 0.5 if mm_index is None else float(mm_index % 2 == 0)
         return 0.0 if op.kind == "attention" else 1.0
+    if recompute.startswith(MODULES_PREFIX):
+        if regions is None:
+            raise ValueError(f"recompute_share under {recompute!r} needs the regions (Evaluator.recompute_regions)")
+        return 1.0 if op.name in regions else 0.0
     return 1.0 / layer_every(recompute)
 
 
@@ -115,6 +122,9 @@ class Segment:
         self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
         self.moe = moe.active(train)  # MoE options beyond today's costing (``cost.moe``)
         self._loads: dict[str, float] = {}  # expert op -> its load factor (``_load``)
+        # Megatron's recompute modules: op -> (region, module, discards its outputs) (``cost.recompute.regions``)
+        self.regions = ev.recompute_regions(train.recompute) if train.recompute.startswith(MODULES_PREFIX) else None
+        self.region_bytes: dict = {}  # region -> the local bytes of its ops' outputs (what its re-run brings back)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
@@ -141,7 +151,7 @@ class Segment:
                 t = OpTime(t.fwd_s * f, t.bwd_s * f, t.fwd_flops)
             self.compute += t.fwd_s + t.bwd_s
             self.fwd += t.fwd_s
-            share = recompute_share(op, recompute, layers, mms.get(op.name))
+            share = recompute_share(op, recompute, layers, mms.get(op.name), self.regions)
             if share:
                 self.recompute += t.fwd_s * share
             hides = _HIDES.get(op.kind)
@@ -152,6 +162,8 @@ class Segment:
                 self.overlap_compute[hides] = self.overlap_compute.get(hides, 0.0) + busy
             self._edges(op, layout, share, inputs)
             self._saved(op, layout, saves)
+            if self.regions and op.name in self.regions:
+                self._region_inputs(op, layout, inputs)
             if mms and not share and 0 <= op.layer < layers:
                 kept += self._outputs(op, layout)
             if op.kind == "cross_entropy":
@@ -183,6 +195,10 @@ class Segment:
         elif recompute == SAC_OP:
             self.kept = self.layer_input + kept
             self.rematerialised = max(self.saved_total - kept, 0.0)
+        elif self.regions is not None:  # Megatron's modules: one region re-runs at a time (the attention core's
+            self.kept = self.saved_total  # is not counted, as under selective)
+            self.rematerialised = max((b for (_, m, _), b in self.region_bytes.items() if m != "core_attn"),
+                                      default=0.0)
         else:
             self.kept, self.rematerialised = self.saved_total, 0.0
 
@@ -269,11 +285,29 @@ class Segment:
                         seconds = self._edge_seconds(seconds, colls, op, prod)
                     self.add_comm(cat, colls, seconds)
 
+    def _region_inputs(self, op, layout, inputs):
+        """Under Megatron's modules, what op ``op`` of a checkpointed region adds: the region keeps its inputs from
+        outside it (``tensor_parallel.checkpoint`` and CheckpointWithoutOutput save them), as produced, unless an
+        output-discarding region produced them (freed there); its re-run brings back its ops' outputs."""
+        ev, regions = self.ev, self.regions
+        region = regions[op.name][0]
+        self.region_bytes[region] = self.region_bytes.get(region, 0.0) + self._outputs(op, layout)
+        for _slot, tname, prod, pslot, _grad in inputs:
+            outer = regions.get(prod.name)
+            if (outer is not None and (outer[0] == region or outer[2])) or tname in self.saved:
+                continue
+            view = ev.out_layout(prod, self.layout(prod), pslot, partial=False)
+            self.saved[tname] = ev.tensors[tname].nbytes / view.factor(ev.mesh)
+
     def _saved(self, op, layout, saves):
         ev = self.ev
         # selective recomputation re-runs the attention core: of its ops' saved tensors only the
         # region's inputs (Q, K, V) stay, what the core produces itself is recomputed
         selective = self.train.recompute == "selective" and bool(op.attr("core")) and self.in_layer
+        # Megatron's modules (``cost.recompute``): a region's ops keep only what comes from outside the region, and
+        # what an output-discarding region produced is freed whoever saved it
+        regions = self.regions or {}
+        region = regions.get(op.name)
         regather = engine_of(self.train).keeps_sp_shard
         mesh = ev.mesh
         fp8 = self.train.fp8 is not None and fp8_gemm(op)
@@ -283,6 +317,11 @@ class Segment:
             nbytes = tbytes / view.factor(mesh)
             if selective and (io == "out" or (prod is not None and prod.attr("core"))):
                 continue
+            if regions:
+                origin = regions.get(prod.name) if prod is not None else None
+                if (origin is not None and origin[2]) or (region is not None and (
+                        io == "out" or (origin is not None and origin[0] == region[0]))):
+                    continue
             if prod is not None and io == "in" and tname not in self.cross_stage:
                 pview = ev.out_layout(prod, self.layout(prod), pslot, partial=False)
                 pbytes = tbytes / pview.factor(mesh)
@@ -295,13 +334,14 @@ class Segment:
                                   collectives_time(gathers, ev.mesh, ev.levels, ev.eff))
                 if regather and pbytes < nbytes:
                     nbytes = pbytes
-            if fp8 and io == "in":  # an FP8 GEMM keeps its own FP8 copy of the input (cost.precision)
+            if fp8 and io == "in" and region is None:  # an FP8 GEMM keeps its own FP8 copy of the input
+                # (cost.precision; a checkpointed region keeps the input itself)
                 tname, nbytes = f"{tname}#fp8", nbytes * SAVED_FRACTION
             nbytes *= load
             prev = self.saved.get(tname)
             if prev is None or nbytes < prev:
                 self.saved[tname] = nbytes
-        extra = 0.0 if selective else extra_saved_bytes(op, layout, ev.mesh)
+        extra = 0.0 if selective or region is not None else extra_saved_bytes(op, layout, ev.mesh)
         if extra:
             self.saved[f"{op.name}#extra"] = extra
         if self.in_layer and op.inputs and not self.layer_input:

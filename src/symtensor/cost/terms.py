@@ -52,7 +52,8 @@ def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
     if not slots:
         return ParamTerms(0.0, 0.0, 0.0, ())
     t = ev.op_time(op, layout, train.fp8)
-    bwd = t.bwd_s + t.fwd_s * (forward_runs(op, train.recompute, ev.graph.meta["layers"]) - 1)
+    bwd = t.bwd_s + t.fwd_s * (forward_runs(op, train.recompute, ev.graph.meta["layers"],
+                                            ev.recompute_regions(train.recompute)) - 1)
     data = data_axes(layout, weight_axes((op,), {op.name: layout}))
     for slot in slots:
         tname = op.inputs[slot]
@@ -99,7 +100,8 @@ class OpCost:
 def op_cost(ev, op, layout: OpLayout, train) -> OpCost:
     """The op's terms under ``train`` (its recomputation, engine and ZeRO stage; an expert op at the most-loaded
     rank's pace under the MoE options, ``load``, as the evaluator charges it)."""
-    calls = forward_runs(op, train.recompute, ev.graph.meta["layers"])  # (the in-op collectives run as often)
+    # (the in-op collectives run as often)
+    calls = forward_runs(op, train.recompute, ev.graph.meta["layers"], ev.recompute_regions(train.recompute))
     t = ev.op_time(op, layout, train.fp8)
     compute = (t.fwd_s + t.bwd_s + t.fwd_s * (calls - 1)) * load(ev, op, layout, train)
     intra = intra_collectives(op, layout, ev.mesh)
@@ -110,7 +112,9 @@ def op_cost(ev, op, layout: OpLayout, train) -> OpCost:
 def saved_bytes(ev, op, layout: OpLayout, train) -> float:
     """Activation bytes one micro-batch of this op keeps for backward on one device (the search's
     estimate: recomputed ops keep nothing; tensors saved by several ops count for each)."""
-    if recomputed(op, train.recompute, ev.graph.meta["layers"]) and (train.recompute == "full" or op.attr("core")):
+    regions = ev.recompute_regions(train.recompute)
+    if recomputed(op, train.recompute, ev.graph.meta["layers"], regions) and \
+            (train.recompute == "full" or op.attr("core") or regions):  # (a module's region: its inputs estimated)
         return 0.0
     saved = 0.0
     for slot_name in op_saves(op):

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from symtensor.cost import moe as _moe, precision as _precision
+from symtensor.cost import moe as _moe, precision as _precision, recompute as _modules
 from symtensor.cost.engine import ALIASES, ENGINES, engine_of, grad_reduce_refusal
 from symtensor.errors import PlanError
 
@@ -15,6 +15,9 @@ FRAMEWORKS = tuple(ENGINES)
 # its per-op policy (activation_checkpoint.selective_ac_option = "op"), and ``layer:N``, every N-th
 # transformer block checkpointed whole (selective_ac_option = "N")
 SAC_OP, LAYER_SAC = "selective-op", "layer:"
+# and Megatron-core's module list, ``modules:M,M`` (--recompute-granularity selective --recompute-modules M M:
+# ``cost.recompute``)
+MODULES_PREFIX = _modules.MODULES_PREFIX
 
 
 def layer_every(recompute: str) -> int:
@@ -27,10 +30,13 @@ def recompute_refusal(recompute) -> str | None:
     if recompute in RECOMPUTE or recompute == SAC_OP:
         return None
     text = str(recompute)
+    if text.startswith(MODULES_PREFIX):
+        return _modules.refusal(text)
     if text.startswith(LAYER_SAC) and text[len(LAYER_SAC):].isdigit() and int(text[len(LAYER_SAC):]) >= 1:
         return None
     return (f"recompute={recompute!r}; use one of {', '.join(RECOMPUTE)}, {SAC_OP} (torchtitan's per-op selective "
-            f"checkpointing) or {LAYER_SAC}N (every N-th layer recomputed whole, N >= 1)")
+            f"checkpointing), {LAYER_SAC}N (every N-th layer recomputed whole, N >= 1) or {MODULES_PREFIX}M,M "
+            f"(Megatron's --recompute-modules: {', '.join(_modules.MODULES)})")
 
 
 def chunks_fit(layers: int, pp: int, vpp: int) -> bool:
@@ -88,7 +94,8 @@ class TrainConfig:
             head and loss on the last. None: the rule's split (``chunk_layers``).
         recompute: ``none``, ``selective`` (attention core) or ``full`` (every layer from its input), or, stated
             only (the search does not try them), torchtitan's ``selective-op`` (its per-op policy) and
-            ``layer:N`` (every N-th layer whole): ``cost.segment.recompute_share``.
+            ``layer:N`` (every N-th layer whole): ``cost.segment.recompute_share``, and Megatron's module list
+            ``modules:M,M`` (``cost.recompute``: the named modules' ops re-run, what they save freed).
         zero: 0 none, 1 optimizer state, 2 + gradients, 3 + parameters sharded over replicas.
         dp_replicate: hybrid sharding (HSDP; Megatron's ``--num-distributed-optimizer-instances``,
             torchtitan's ``data_parallel_replicate_degree``): each parameter's data-parallel group
@@ -196,6 +203,10 @@ class TrainConfig:
         _moe.check(self)
         if self.moe_ep_overlap and not _moe.ep_overlap_runs(self):  # where Megatron does not run it (a search's
             object.__setattr__(self, "moe_ep_overlap", False)  # point; a stated configuration is refused before)
+        why = _modules.refusal(self.recompute, framework=self.framework, fp8_recipe=self.fp8,
+                               shared_overlap=self.moe_shared_overlap, ep_overlap=self.moe_ep_overlap)
+        if why is not None:
+            raise PlanError(why)
         if self.layer_split is not None:
             split = tuple(self.layer_split)
             if not all(isinstance(c, int) and c >= 0 for c in split):

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, RECIPES, shape_refusal
+from symtensor.cost.recompute import modules_of
 from symtensor.errors import PlanError
 from symtensor.export.common import lowered
 from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
@@ -31,7 +32,7 @@ def refusal(p: Parallelism) -> str | None:
                 "or export to torchtitan for FSDP)")
     if p.hsdp and p.zero == 0:
         return "--num-distributed-optimizer-instances needs --use-distributed-optimizer (ZeRO-1)"
-    if p.recompute not in CAPABILITIES.recompute:
+    if p.recompute not in CAPABILITIES.recompute and not modules_of(p.recompute):
         return (f"Megatron-LM has no {p.recompute} recomputation (torchtitan's selective checkpointing): use "
                 "--recompute selective or full, or export to torchtitan")
     return None
@@ -150,6 +151,8 @@ def megatron_args(plan) -> list[str]:
         args.append("--recompute-activations")
     elif p.recompute == "full":
         args += ["--recompute-granularity full", "--recompute-method uniform", "--recompute-num-layers 1"]
+    elif modules_of(p.recompute):  # Megatron-core's module list (transformer_config.py recompute_modules)
+        args += ["--recompute-granularity selective", f"--recompute-modules {' '.join(modules_of(p.recompute))}"]
     if p.zero >= 1:
         args.append("--use-distributed-optimizer")
     if p.hsdp:  # hybrid sharding: optimizer instances of dp_shard ranks each, replicated

@@ -9,6 +9,7 @@ the rules it adds to the configuration rule are ``_cp_fsdp``, ``_hybrid``, ``_ex
 
 from __future__ import annotations
 
+from symtensor.cost.recompute import modules_of
 from symtensor.cost.train import SAC_OP, layer_every
 from symtensor.errors import PlanError
 from symtensor.export.common import evaluate_command, lowered, zero1_note
@@ -98,6 +99,9 @@ def activation_checkpoint(recompute: str) -> dict:
     run either of torchtitan's policies instead, both recomputing more than costed (alone, its default "2":
     every other block whole; "op": every op but the SDPA outputs and every other matmul). A graph with an
     unfused core is refused before (``_attention_core``)."""
+    if modules_of(recompute):  # no torchtitan option re-runs named modules: its SAC is per op or per block
+        raise PlanError(f"torchtitan has no per-module recomputation (recompute={recompute!r}, Megatron's "
+                        "--recompute-modules); export to Megatron, or plan with selective-op, layer:N or full")
     every = layer_every(recompute)
     if recompute == SAC_OP or every:
         return {"mode": "selective", "selective_ac_option": "op" if recompute == SAC_OP else str(every)}

@@ -36,7 +36,7 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from symtensor.cost import engine as _engine, moe as _moe, precision as _precision
+from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
 from symtensor.plan.summary import config_summary
@@ -85,8 +85,9 @@ class Parallelism:
         dp_shard: hybrid sharding: ZeRO shards over the innermost dp_shard ranks of the dp x cp
             group and replicates across the rest (``cost.params.shard_axes``); None (or dp x cp
             itself): over the whole group.
-        recompute: ``none``, ``selective`` or ``full``, or torchtitan's ``selective-op`` and ``layer:N``
-            (``cost.train.recompute_refusal``; stated only: the search does not try them).
+        recompute: ``none``, ``selective`` or ``full``, or torchtitan's ``selective-op`` and ``layer:N``, or
+            Megatron's ``modules:M,M`` (--recompute-modules, ``cost.recompute``) (``cost.train.recompute_refusal``;
+            stated only: the search does not try them).
         micro_batch: sequences per micro-batch of one data-parallel replica.
         global_batch: sequences per optimizer step; seq: tokens per sequence.
         vpp: virtual pipeline stages (interleaved chunks) per device.
@@ -232,6 +233,10 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         _moe.refusal(p.moe_dispatcher, p.moe_capacity_factor, p.moe_routing, p.moe_shared_overlap, p.moe_ep_overlap)
     if why is not None:
         return why
+    why = _modules.refusal(p.recompute, framework=p.framework, model=model, shared_overlap=p.moe_shared_overlap,
+                           fp8_recipe=p.fp8_recipe if p.precision == "fp8" else None, ep_overlap=p.moe_ep_overlap)
+    if why is not None:
+        return why
     why = engine_refusal(p) or (_engine.grad_reduce_refusal(p.framework, p.zero) if p.grad_reduce_bf16 else None)
     if why is not None:
         return why
@@ -275,10 +280,13 @@ def engine_refusal(p: Parallelism) -> str | None:
     ZeRO 2/3, interleaving, stated splits, ...; torchtitan's checkpointing outside fsdp2), or None (an unknown
     engine is TrainConfig's to name)."""
     eng = _engine.ENGINES.get(_engine.ALIASES.get(p.framework, p.framework))
+    modules = str(p.recompute).startswith(_modules.MODULES_PREFIX)
+    if eng is not None and modules and not eng.recompute_modules:  # Megatron-core's option
+        return _modules.refusal(p.recompute, framework=eng.name)
     if eng is None or not (eng.refuses or p.precision == "fp16"):
         return None
     return _engine.refusal(eng, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8", hsdp=p.hsdp,
-                           layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE,
+                           layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE and not modules,
                            fp16=p.precision == "fp16")
 
 

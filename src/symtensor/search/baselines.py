@@ -26,6 +26,7 @@ from __future__ import annotations
 import functools
 import math
 
+from symtensor.cost.recompute import refusal as modules_refusal
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import GIB, Cluster, divisors
 from symtensor.models import ModelConfig, build_graph, params_active
@@ -78,6 +79,7 @@ def megatron_recipe(pool: EvaluatorPool, global_batch: int) -> tuple[Costed | No
             except PlanError as e:
                 refused.append(f"{r.cited} does not run here: {e}")
                 continue
+            c = _runs_modules(pool, c)
             # a recipe without a layout string runs Megatron's own split (even, or the embedding and loss as layer
             # slots: the rule's); a layout string is costed as the balanced split (its note says so)
             stated = bool(r.pp_layout) and not r.pp_layout.startswith("embedding")
@@ -98,12 +100,27 @@ def megatron_recipe(pool: EvaluatorPool, global_batch: int) -> tuple[Costed | No
     return sizing_rule(pool, global_batch), f"{RECIPE_NOTE}{recipes.RULE} ({why})"
 
 
+def _runs_modules(pool: EvaluatorPool, c: dict) -> dict:
+    """Recipe configuration ``c`` with its Megatron module list (``cost.recompute``) where the search's stack runs it,
+    else with the planner's ``selective`` (what the module list was costed as before it was modelled): another
+    engine (``--framework``), FP8 delayed scaling with layernorm or moe_act, ... (``_recipe_note`` says so)."""
+    held = pool.held(c)
+    fp8 = held.get("fp8_recipe") if held.get("precision") == "fp8" else None
+    why = modules_refusal(c["recompute"], framework=held.get("framework"), fp8_recipe=fp8,
+                          shared_overlap=held.get("moe_shared_overlap", False),
+                          ep_overlap=held.get("moe_ep_overlap", False))
+    return c if why is None else {**c, "recompute": "selective"}
+
+
 def _recipe_note(r: recipes.Recipe, c: dict, n: int) -> str:
     """How a baseline cites the recipe it runs: name and source, its degrees, the data-parallel
     degree it gets here, and what of it is not costed as stated."""
     parts = [f"{r.cited}: {r.degrees}, dp {c['dp']} on {n} devices ({r.devices} {r.gpu.upper()} in the recipe)"]
     if c["micro_batch"] != r.micro_batch:
         parts.append(f"micro batch 1 (the recipe's {r.micro_batch} does not divide a replica's batch)")
+    if c["recompute"] != r.recompute:
+        parts.append(f"recompute modules ({r.recompute_detail}) costed as the planner's selective: this stack does "
+                     "not run them")
     if r.pp_layout and not r.pp_layout.startswith("embedding"):
         parts.append(f"pipeline layout {r.pp_layout} costed as the planner's balanced split")
     return "; ".join(parts + ([r.notes] if r.notes else []))

@@ -230,7 +230,7 @@ class Problem:
 
     def redo(self, op) -> float:
         """How many times a micro-batch runs ``op``'s forward (``segment.forward_runs``)."""
-        return forward_runs(op, self.train.recompute, self.layers)
+        return forward_runs(op, self.train.recompute, self.layers, self.ev.recompute_regions(self.train.recompute))
 
     def op_cost(self, op, layout: OpLayout) -> float:
         memo = self._op_memo[op.name]

@@ -37,9 +37,9 @@ Recorded but not applied as stated (hooks):
   string, or ``account_for_embedding/loss_in_pipeline_split``, which the planner's own split already
   takes: ``parallelism.pipeline_split`` "slots"). Layout strings are costed with the planner's
   balanced split until ``Parallelism`` states a layout; the note says so.
-- ``recompute_detail``: Megatron's recomputation as the recipe sets it. The planner models
-  none, selective (the attention core) and full; module lists (``mla_up_proj``, ``mlp``,
-  ``moe_act``, ``layernorm``) are costed as its ``selective`` and the note says so.
+- ``recompute_detail``: Megatron's recomputation as the recipe words it. Since ``recompute``
+  states Megatron's module lists (``modules:mla_up_proj,mlp``: ``cost.recompute``), it is costed
+  as stated (before: as the planner's ``selective``, with a note).
 """
 
 from __future__ import annotations
@@ -74,7 +74,8 @@ class Recipe:
         gpu: the GPU it was written for (``h100``, ``b200``, ``gb200``); devices: how many.
         seq: sequence length; micro_batch, global_batch: sequences.
         tp, pp, vpp, cp, ep, etp, sp: its degrees (vpp 1 = no virtual stages).
-        recompute: the planner's recomputation mode closest to it; recompute_detail: the recipe's.
+        recompute: the recipe's recomputation as the planner states it (a module list is ``modules:M,M``,
+            Megatron's --recompute-modules); recompute_detail: the recipe's own words.
         zero: 1 for Megatron's distributed optimizer (every row), 3 for Megatron FSDP.
         precision: the recipe's precision (the configuration's, ``scaled``).
         pp_layout: its stated pipeline layout, if any (hook; see the module docstring).
@@ -137,7 +138,6 @@ _DSV3 = _LIB + "deepseek/h100/deepseek_v3.py"
 _SLOTS = "embedding and loss as layer slots (account_for_embedding/loss_in_pipeline_split)"
 _FULL1 = "full, uniform, 1 layer per group"
 _DSV3_16 = "Et*4|(t*4|)*14tmL"  # _get_deepseek_v3_pipeline_layout (16, 1) and (4, 4): 4 + 14 x 4 + 1 (+ MTP, loss)
-_MODULES = "modules {} not modelled: costed as the planner's selective (the attention core)"
 
 RECIPES: tuple[Recipe, ...] = (
     # -- Megatron-Bridge library recipes (H100; the default alias of each family marked) --
@@ -199,12 +199,11 @@ RECIPES: tuple[Recipe, ...] = (
     _bridge("qwen3-235b-a22b", "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config", _PERF + "qwen/h100/qwen3_moe.py",
             "h100", 256, 4096, 2, 8, vpp=4, ep=32, sp=True, pp_layout=_SLOTS, global_batch=8192),
     _bridge("deepseek-v3", "deepseek_v3_pretrain_1024gpu_h100_bf16_config", _PERF + "deepseek/h100/deepseek_v3.py",
-            "h100", 1024, 4096, 2, 8, vpp=4, ep=64, sp=True, recompute="selective",
-            recompute_detail="selective: mla_up_proj, mlp", pp_layout="Et|(tt|)*30mL", global_batch=16384,
-            notes=_MODULES.format("mla_up_proj, mlp")),
+            "h100", 1024, 4096, 2, 8, vpp=4, ep=64, sp=True, recompute="modules:mla_up_proj,mlp",
+            recompute_detail="selective: mla_up_proj, mlp", pp_layout="Et|(tt|)*30mL", global_batch=16384),
     _bridge("gpt-oss-120b", "gpt_oss_120b_pretrain_64gpu_h100_bf16_config", _PERF + "gpt_oss/h100/gpt_oss.py", "h100",
-            64, 4096, 1, 4, ep=8, recompute="selective", recompute_detail="selective: layernorm, moe_act",
-            global_batch=1280, notes=_MODULES.format("layernorm, moe_act")),
+            64, 4096, 1, 4, ep=8, recompute="modules:layernorm,moe_act",
+            recompute_detail="selective: layernorm, moe_act", global_batch=1280),
     _bridge("llama3-8b", "llama3_8b_pretrain_8gpu_b200_bf16_config", _PERF + "llama/b200/llama3.py", "b200", 8, 8192, 1,
             1, micro_batch=2, global_batch=128),
     _bridge("llama3-70b", "llama3_70b_pretrain_64gpu_b200_bf16_config", _PERF + "llama/b200/llama3.py", "b200", 64,
@@ -216,11 +215,11 @@ RECIPES: tuple[Recipe, ...] = (
     _bridge("qwen3-235b-a22b", "qwen3_235b_a22b_pretrain_256gpu_b200_bf16_config", _PERF + "qwen/b200/qwen3_moe.py",
             "b200", 256, 4096, 1, 8, vpp=4, ep=8, pp_layout=_SLOTS, global_batch=8192),
     _bridge("deepseek-v3", "deepseek_v3_pretrain_256gpu_b200_bf16_config", _PERF + "deepseek/b200/deepseek_v3.py",
-            "b200", 256, 4096, 1, 16, ep=8, recompute="selective", recompute_detail="selective: mla_up_proj",
-            pp_layout=_DSV3_16, global_batch=4096, notes=_MODULES.format("mla_up_proj")),
+            "b200", 256, 4096, 1, 16, ep=8, recompute="modules:mla_up_proj",
+            recompute_detail="selective: mla_up_proj", pp_layout=_DSV3_16, global_batch=4096),
     _bridge("gpt-oss-120b", "gpt_oss_120b_pretrain_64gpu_b200_bf16_config", _PERF + "gpt_oss/b200/gpt_oss.py", "b200",
-            64, 4096, 1, 1, ep=8, recompute="selective", recompute_detail="selective: layernorm, moe_act",
-            micro_batch=4, global_batch=1280, notes=_MODULES.format("layernorm, moe_act")),
+            64, 4096, 1, 1, ep=8, recompute="modules:layernorm,moe_act",
+            recompute_detail="selective: layernorm, moe_act", micro_batch=4, global_batch=1280),
     _bridge("llama3-8b", "llama3_8b_pretrain_8gpu_gb200_bf16_config", _PERF + "llama/gb200/llama3.py", "gb200", 8,
             8192, 1, 1, micro_batch=2, global_batch=128),
     _bridge("llama3-70b", "llama3_70b_pretrain_64gpu_gb200_bf16_config", _PERF + "llama/gb200/llama3.py", "gb200", 64,
@@ -233,11 +232,11 @@ RECIPES: tuple[Recipe, ...] = (
     _bridge("qwen3-235b-a22b", "qwen3_235b_a22b_pretrain_256gpu_gb200_bf16_config", _PERF + "qwen/gb200/qwen3_moe.py",
             "gb200", 256, 4096, 1, 8, ep=8, pp_layout=_SLOTS, global_batch=8192),
     _bridge("deepseek-v3", "deepseek_v3_pretrain_256gpu_gb200_bf16_config", _PERF + "deepseek/gb200/deepseek_v3.py",
-            "gb200", 256, 4096, 1, 4, vpp=4, ep=64, recompute="selective", recompute_detail="selective: mla_up_proj",
-            pp_layout=_DSV3_16, global_batch=4096, notes=_MODULES.format("mla_up_proj")),
+            "gb200", 256, 4096, 1, 4, vpp=4, ep=64, recompute="modules:mla_up_proj",
+            recompute_detail="selective: mla_up_proj", pp_layout=_DSV3_16, global_batch=4096),
     _bridge("gpt-oss-120b", "gpt_oss_120b_pretrain_64gpu_gb200_bf16_config", _PERF + "gpt_oss/gb200/gpt_oss.py",
-            "gb200", 64, 4096, 1, 1, ep=64, recompute="selective", recompute_detail="selective: layernorm, moe_act",
-            micro_batch=4, global_batch=1280, notes=_MODULES.format("layernorm, moe_act")),
+            "gb200", 64, 4096, 1, 1, ep=64, recompute="modules:layernorm,moe_act",
+            recompute_detail="selective: layernorm, moe_act", micro_batch=4, global_batch=1280),
     # -- NeMo 2 performance configurations of Mixtral (BF16 rows of the CSVs) --
     Recipe(model="mixtral-8x7b", name="pre_train mixtral 8x7b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
            kind="performance", gpu="b200", devices=64, seq=4096, tp=1, pp=1, ep=8, micro_batch=2, global_batch=256),
