@@ -136,7 +136,8 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
              vpp=1, overrides=None, framework: str = "megatron", precision: str = "bf16",
              fp8_recipe: str | None = None, dp_shard: int | None = None, pp_layout: str | None = None,
              moe_dispatcher: str = "alltoall", moe_routing: str = "balanced", moe_capacity_factor: float | None = None,
-             moe_shared_overlap: bool = False, moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False) -> Plan:
+             moe_shared_overlap: bool = False, moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False,
+             expandable_segments: bool | None = None) -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
     the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
@@ -148,7 +149,8 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     Megatron's layout string, ``FIRST,LAST`` stage layers, ``even`` or ``balanced``); by default the
     better of Megatron's own split and the balanced one, and the plan's note says when that is the
     balanced one. ``moe_*``: how the MoE layers run (``Parallelism``, ``cost.moe``). ``grad_reduce_bf16``:
-    gradients reduced in bf16 (Megatron's --grad-reduce-in-bf16, ``cost.engine.Engine.grad_reduce_bf16``)."""
+    gradients reduced in bf16 (Megatron's --grad-reduce-in-bf16, ``cost.engine.Engine.grad_reduce_bf16``).
+    ``expandable_segments``: PyTorch's allocator with expandable segments, or not (None: the engine's default)."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     filled = evaluate_defaults(cfg, cl.n_devices, tp=tp, pp=pp, cp=cp, dp=dp, sp=sp, seq=seq,
@@ -164,7 +166,8 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
                          fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework), layer_split=split,
                          moe_dispatcher=moe_dispatcher, moe_routing=moe_routing,
                          moe_capacity_factor=moe_capacity_factor, moe_shared_overlap=moe_shared_overlap,
-                         moe_ep_overlap=moe_ep_overlap, grad_reduce_bf16=grad_reduce_bf16)
+                         moe_ep_overlap=moe_ep_overlap, grad_reduce_bf16=grad_reduce_bf16,
+                         expandable_segments=expandable_segments)
     why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)
@@ -219,31 +222,33 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
          torch: str | None = None, framework: str = "megatron", precision: str | None = None,
          fp8_recipe: str | None = None, moe_dispatcher: str = "alltoall", moe_routing: str = "balanced",
          moe_capacity_factor: float | None = None, moe_shared_overlap: bool = False,
-         moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False) -> Plan:
+         moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False,
+         expandable_segments: bool | None = None) -> Plan:
     """Search the best plan under ``framework``'s engine semantics (``plan.document.plan_json`` is
     the JSON of ``symtensor plan``); never worse than the Megatron grid's best
     (``plan_with_baselines``). With ``capture`` the graph is the model's own PyTorch forward,
     captured by torch.export, instead of the builders'; ``torch``: a module factory to capture.
     ``precision``: ``bf16`` or ``fp8`` (under ``fp8_recipe``); None: the search chooses (FP8 where
     the device has it and it wins, ``search.planner`` step 6). ``moe_*``: how the MoE layers run
-    (``evaluate``'s), and ``grad_reduce_bf16``: stated facts of the stack that every point of the search runs
-    with (the gradient reduction where the engine runs it at the point's ZeRO stage)."""
+    (``evaluate``'s), ``grad_reduce_bf16`` and ``expandable_segments``: stated facts of the stack that every
+    point of the search runs with (the gradient reduction where the engine runs it at the point's ZeRO stage)."""
     moe = moe_options(moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap,
-                      grad_reduce_bf16)
+                      grad_reduce_bf16, expandable_segments)
     return plan_with_baselines(model, cluster, devices, nodes, micro_batch, global_batch, seq, space, overrides,
                                capture, torch, framework, names=(), precision=precision, fp8_recipe=fp8_recipe,
                                moe=moe)[0]
 
 
 def moe_options(dispatcher: str = "alltoall", routing: str = "balanced", capacity_factor: float | None = None,
-                shared_overlap: bool = False, ep_overlap: bool = False, grad_reduce_bf16: bool = False) -> dict:
-    """The MoE options and the gradient reduction's dtype a search holds (``search.pool.moe_keys``: those that
-    differ from today's costing)."""
+                shared_overlap: bool = False, ep_overlap: bool = False, grad_reduce_bf16: bool = False,
+                expandable_segments: bool | None = None) -> dict:
+    """The MoE options, the gradient reduction's dtype and the allocator's expandable segments a search holds
+    (``search.pool.moe_keys``: those that differ from today's costing)."""
     from symtensor.search.pool import moe_keys
 
     return moe_keys({"moe_dispatcher": dispatcher, "moe_routing": routing, "moe_capacity_factor": capacity_factor,
                      "moe_shared_overlap": shared_overlap, "moe_ep_overlap": ep_overlap,
-                     "grad_reduce_bf16": grad_reduce_bf16})
+                     "grad_reduce_bf16": grad_reduce_bf16, "expandable_segments": expandable_segments})
 
 
 def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: int | None = None,
@@ -338,11 +343,12 @@ def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=
           space: str = "symtensor", overrides=None, on_point=None, precision: str | None = None,
           fp8_recipe: str | None = None, moe_dispatcher: str = "alltoall", moe_routing: str = "balanced",
           moe_capacity_factor: float | None = None, moe_shared_overlap: bool = False,
-          moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False) -> dict:
+          moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False,
+          expandable_segments: bool | None = None) -> dict:
     """Plans across a range of one of ``seq``, ``devices``, ``nodes`` or ``global_batch`` (each an int, a
     list, or a range string ``A..B``, ``A..B:F``, ``A,B,C``); the JSON of ``symtensor sweep``.
-    Without ``global_batch`` every point keeps about 4M tokens per step. ``precision``, ``moe_*`` and
-    ``grad_reduce_bf16`` as ``plan``'s."""
+    Without ``global_batch`` every point keeps about 4M tokens per step. ``precision``, ``moe_*``,
+    ``grad_reduce_bf16`` and ``expandable_segments`` as ``plan``'s."""
     from symtensor.analysis.sweep import run_sweep
     from symtensor.validate import parse_range
 
@@ -367,7 +373,7 @@ def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=
                      "global_batch": point["global_batch"] or default_global_batch(s)})
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
     moe = moe_options(moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap,
-                      grad_reduce_bf16)
+                      grad_reduce_bf16, expandable_segments)
     held = _held(precision, fp8_recipe, moe)
     return run_sweep(cfg, cluster, param, grid, micro_batch=mb, space=space, on_point=on_point, precision=held)
 

@@ -72,6 +72,10 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--grad-reduce-in-bf16", dest="grad_reduce_bf16", action="store_true",
                    help="gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16: a bf16 "
                    "gradient buffer; torchtitan's mixed_precision_reduce bfloat16 under FSDP)")
+    p.add_argument("--expandable-segments", action=argparse.BooleanOptionalAction, default=None,
+                   help="PyTorch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF="
+                   "expandable_segments:True; the reserved memory's fragmentation) or, with --no-, without; "
+                   "default: as the engine's stack launches it (torchtitan's run_train.sh sets it)")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
@@ -327,7 +331,7 @@ def _dispatch(args) -> int:
                            fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout, moe_dispatcher=args.moe_dispatcher,
                            moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
                            moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap,
-                           grad_reduce_bf16=args.grad_reduce_bf16)
+                           grad_reduce_bf16=args.grad_reduce_bf16, expandable_segments=args.expandable_segments)
         return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
         return _plan(args)
@@ -363,7 +367,7 @@ def _moe(args) -> dict:
     from symtensor import api
 
     return api.moe_options(args.moe_dispatcher, args.moe_routing, args.moe_capacity_factor, args.moe_shared_overlap,
-                           args.moe_ep_overlap, args.grad_reduce_bf16)
+                           args.moe_ep_overlap, args.grad_reduce_bf16, args.expandable_segments)
 
 
 def _plan(args) -> int:
@@ -406,7 +410,8 @@ def _dispatch_analysis(args) -> int:
                             fp8_recipe=args.fp8_recipe, moe_dispatcher=args.moe_dispatcher,
                             moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
                             moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap,
-                            grad_reduce_bf16=args.grad_reduce_bf16)
+                            grad_reduce_bf16=args.grad_reduce_bf16,
+                            expandable_segments=args.expandable_segments)
             return console.sweep(out, args.json)
         out = api.report(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,

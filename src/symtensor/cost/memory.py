@@ -180,7 +180,7 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
     ``device``: the accelerator (its generation sets the workspace; None: no workspace, context or NCCL, the
     allocated terms alone); ``communicators``: per stage, the ranks of each NCCL communicator its ranks use."""
     eng = engine_of(train)
-    frag = 0.0 if eng.expandable_segments else FRAGMENTATION / (1 - FRAGMENTATION)
+    frag = 0.0 if train.allocator_expandable else FRAGMENTATION / (1 - FRAGMENTATION)
     work = workspace_bytes(device)
     context = CUDA_CONTEXT_BYTES if device is not None else 0.0
     best, alloc_peak, peak = None, -1.0, -1.0

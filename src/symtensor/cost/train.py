@@ -135,6 +135,9 @@ class TrainConfig:
             torchtitan's mixed_precision_reduce; ``cost.engine.Engine.grad_reduce_bf16``: under Megatron the
             gradient buffer itself is bf16, ``grad_bytes`` 2); a fact of the stack, held only where the engine
             runs it (FSDP2's ZeRO 0, plain DDP, reduces as before), refused by an engine without it.
+        expandable_segments: PyTorch's caching allocator with expandable segments (True), without (False), or
+            as the engine's stack launches it (None: ``Engine.expandable_segments``): ``cost.memory``'s
+            fragmentation; ``allocator_expandable`` is the one rule that reads it.
     """
 
     global_batch: int
@@ -159,6 +162,7 @@ class TrainConfig:
     moe_shared_overlap: bool = False
     moe_ep_overlap: bool = False
     grad_reduce_bf16: bool = False
+    expandable_segments: bool | None = None
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -212,6 +216,11 @@ class TrainConfig:
             if not all(isinstance(c, int) and c >= 0 for c in split):
                 raise PlanError(f"layer split {list(split)} must be layer counts (integers >= 0)")
             object.__setattr__(self, "layer_split", split)
+
+    @property
+    def allocator_expandable(self) -> bool:
+        """Whether the caching allocator runs with expandable segments: as stated, else the engine's default."""
+        return engine_of(self).expandable_segments if self.expandable_segments is None else self.expandable_segments
 
     @property
     def reduced_bytes(self) -> int:

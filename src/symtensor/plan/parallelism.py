@@ -106,6 +106,9 @@ class Parallelism:
             so each one's dispatch and combine hide behind the other's compute (``cost.moe``).
         grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16, torchtitan's
             mixed_precision_reduce; ``cost.train.TrainConfig.grad_reduce_bf16``): a fact of the stack.
+        expandable_segments: whether PyTorch's caching allocator runs with expandable segments
+            (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), None for the engine's default
+            (``cost.engine.Engine.expandable_segments``): a fact of the stack; the reserved memory's fragmentation.
     """
 
     tp: int = 1
@@ -132,6 +135,7 @@ class Parallelism:
     moe_shared_overlap: bool = False
     moe_ep_overlap: bool = False
     grad_reduce_bf16: bool = False
+    expandable_segments: bool | None = None
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
@@ -206,7 +210,8 @@ class Parallelism:
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
                            moe_dispatcher=self.moe_dispatcher, moe_routing=self.moe_routing,
                            moe_capacity_factor=self.moe_capacity_factor, moe_shared_overlap=self.moe_shared_overlap,
-                           moe_ep_overlap=self.moe_ep_overlap, grad_reduce_bf16=self.grad_reduce_bf16)
+                           moe_ep_overlap=self.moe_ep_overlap, grad_reduce_bf16=self.grad_reduce_bf16,
+                           expandable_segments=self.expandable_segments)
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""

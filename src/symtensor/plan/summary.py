@@ -21,13 +21,14 @@ MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "dp_shard", "recompute", "micro_batch",
                  "global_batch", "seq", "vpp", "framework", "precision", "fp8_recipe", "layer_split",
                  "moe_dispatcher", "moe_routing", "moe_capacity_factor", "moe_shared_overlap",
-                 "moe_ep_overlap", "grad_reduce_bf16")
+                 "moe_ep_overlap", "grad_reduce_bf16", "expandable_segments")
 # the MoE options and their defaults (``cost.moe``): the summary names them only where they differ
 MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_routing": "balanced", "moe_capacity_factor": None,
                 "moe_shared_overlap": False, "moe_ep_overlap": False}
 # the facts of the user's stack a search holds besides its degrees (``search.pool.moe_keys``): the MoE options and
-# the gradient reduction's dtype (``grad_reduce_bf16``), each with its default (today's costing)
-STACK_DEFAULTS = {**MOE_DEFAULTS, "grad_reduce_bf16": False}
+# the gradient reduction's dtype (``grad_reduce_bf16``) and the allocator's expandable segments (None: the
+# engine's default), each with its default (today's costing)
+STACK_DEFAULTS = {**MOE_DEFAULTS, "grad_reduce_bf16": False, "expandable_segments": None}
 # how the note of a ``megatron_recipe`` baseline begins (``search.baselines.megatron_recipe``): then
 # the recipe's name and source, or ``sizing rule`` and why no recipe was used
 RECIPE_NOTE = "Megatron recipe: "
@@ -130,7 +131,8 @@ def config_summary(plan) -> dict:
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
             "framework": train.framework, **_precision(train),
             **({} if train.layer_split is None else {"layer_split": list(train.layer_split)}),
-            **_moe(train, edeg["ep"]), **({"grad_reduce_bf16": True} if train.grad_reduce_bf16 else {})}
+            **_moe(train, edeg["ep"]), **({"grad_reduce_bf16": True} if train.grad_reduce_bf16 else {}),
+            **({} if train.expandable_segments is None else {"expandable_segments": train.expandable_segments})}
 
 
 def _moe(train, ep: int = 2) -> dict:

@@ -38,8 +38,8 @@ from symtensor.search.partition import Problem
 
 
 def moe_keys(moe: dict | None) -> dict:
-    """The stack facts of ``moe`` (the MoE options and ``grad_reduce_bf16``) that differ from the defaults
-    (``STACK_DEFAULTS``: today's costing), checked: an unknown key or a bad value is a one-line PlanError
+    """The stack facts of ``moe`` (the MoE options, ``grad_reduce_bf16``, ``expandable_segments``) that differ from
+    the defaults (``STACK_DEFAULTS``: today's costing), checked: an unknown key or a bad value is a one-line PlanError
     (``cost.moe.refusal``)."""
     moe = dict(moe or {})
     unknown = sorted(moe.keys() - STACK_DEFAULTS.keys())
@@ -50,6 +50,8 @@ def moe_keys(moe: dict | None) -> dict:
                       opts["moe_shared_overlap"], opts["moe_ep_overlap"])
     if why is None and not isinstance(opts["grad_reduce_bf16"], bool):
         why = f"grad_reduce_bf16={opts['grad_reduce_bf16']!r}; use True or False"
+    if why is None and opts["expandable_segments"] not in (None, True, False):
+        why = f"expandable_segments={opts['expandable_segments']!r}; use True, False or None (the engine's default)"
     if why is not None:
         raise PlanError(why)
     return {k: v for k, v in moe.items() if v != STACK_DEFAULTS[k]}
