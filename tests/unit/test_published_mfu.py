@@ -31,8 +31,9 @@ in Megatron and about 0.6% as FSDP2's eager fp32 cross-entropy, 36 B per logit),
 documented one the shipped rows can identify closes the 5-10% left (leave-one-source-out on rows that are all
 tensor-parallel Megatron runs). What the published data-parallel runs pay beyond that is for a user's own runs
 to calibrate (``calibrate --runs``, issue 22 point 4). H100: the GEMMs run at the GH100's sustained ceiling
-(MSMF, cost/kernels.py), which brought the 760M FSDP2 case inside; the 0.76-1.3B cases remain 1-6 points above
-llm-foundry's 26-45%. The refit that came with it dropped the per-op gap (20 us, which had stood in for H100
+(MSMF, cost/kernels.py), which brought the 760M FSDP2 case inside; H100's own measured GEMM table (XLA's sm_90
+rows, the lower of it and the training-stack transfer) moved the small models by 0.1-1.6 points (760M Megatron
+48.7 -> 48.6%); the 0.76-1.3B cases remain 1-6 points above llm-foundry's 26-45%. The refit that came with it dropped the per-op gap (20 us, which had stood in for H100
 GEMMs costed at the boost clock), raising every prediction slightly: A100 760M FSDP2 (61.1%) and Llama 2 13B
 FSDP2 (62.3%) left their ranges by under half a point. Strict: a change that brings one inside fails here until
 it is taken off the list.
