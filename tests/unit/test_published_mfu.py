@@ -34,9 +34,9 @@ to calibrate (``calibrate --runs``, issue 22 point 4). H100: the GEMMs run at th
 (MSMF, cost/kernels.py), which brought the 760M FSDP2 case inside; H100's own measured GEMM table (XLA's sm_90
 rows, the lower of it and the training-stack transfer) moved the small models by 0.1-1.6 points (760M Megatron
 48.7 -> 48.6%); the 0.76-1.3B cases remain 1-6 points above llm-foundry's 26-45%. The refit that came with the
-sustained ceiling dropped the per-op gap (20 us, which had stood in for H100 GEMMs costed at the boost clock), raising every prediction slightly: A100 760M FSDP2 (61.1%) and Llama 2 13B
-FSDP2 (62.3%) left their ranges by under half a point. Strict: a change that brings one inside fails here until
-it is taken off the list.
+sustained ceiling dropped the per-op gap (20 us, which had stood in for H100 GEMMs costed at the boost clock),
+raising every prediction slightly: A100 760M FSDP2 (61.1%) and Llama 2 13B FSDP2 (62.3%) left their ranges by
+under half a point. Strict: a change that brings one inside fails here until it is taken off the list.
 """
 
 import functools
