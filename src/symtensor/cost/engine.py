@@ -11,9 +11,10 @@ gather) stays exposed.
     megatron   Megatron-core with the distributed optimizer (ZeRO 1), --overlap-grad-reduce and
                --overlap-param-gather: gradients are reduced once per step in buckets during the
                last micro-batch's backward; the last bucket to fill is exposed. Updated
-               parameters are all-gathered during the next step's first forward. ZeRO 3 follows
-               Megatron-FSDP (the fsdp2 rules). Transformer Engine overlaps tensor-parallel
-               communication with the GEMMs (``tp_overlap``).
+               parameters are all-gathered during the next step's first forward. ZeRO 3 is
+               Megatron-FSDP (``--use-megatron-fsdp``, formerly ``--use-custom-fsdp``, with
+               ``--data-parallel-sharding-strategy optim_grads_params``), below. Transformer Engine
+               overlaps tensor-parallel communication with the GEMMs (``tp_overlap``).
     fsdp2      PyTorch FSDP2 as torchtitan runs it: one unit per transformer block; the next
                unit's all-gather is prefetched behind this unit's compute, in forward and (with
                reshard_after_forward, ZeRO 3) again in backward, and each unit's gradients are
@@ -93,6 +94,35 @@ gather) stays exposed.
                deepspeed/runtime/zero/stage_1_and_2.py (reduce_gradients, average_tensor, has_overflow,
                _has_inf_or_nan), deepspeed/runtime/utils.py (CheckOverflow.has_overflow).
 
+Megatron-FSDP (megatron ZeRO 3), read at NVIDIA/Megatron-LM 1e05700 (May 2025, megatron/core/distributed/
+custom_fsdp/, the commit the MoE model zoo's Qwen3-235B FSDP row ran) and d98e8a6 (2026, megatron/core/
+distributed/fsdp/: mcore_fsdp_adapter.py, src/megatron_fsdp/megatron_fsdp.py, param_and_grad_buffer.py, docs/
+user-guide/features/megatron_fsdp.md); both the same in what is costed here:
+    - units: each TransformerLayer is an FSDP unit (``fsdp_unit_modules``); a unit's parameters form one
+      parameter group per data-parallel group and dtype: the dense ones over dp x cp (``dp_cp_group``), the
+      experts' over the expert data-parallel group (``expt_dp_group``), each gathered and reduced apart.
+    - per micro-batch: the pre-forward hook all-gathers the unit (bf16 model weights; prefetching the next
+      within ``suggested_communication_unit_size``, 2 x the mean unit), the post-forward hook frees it; the
+      pre-backward hook gathers it again, and a fully recomputed forward finds it gathered (state
+      PRE_BACKWARD: "we can just call unshard once"): 2 gathers. The post-backward hook reduce-scatters the
+      unit's gradients on a side stream *every* micro-batch ("grad_reduce_every_bprop" for optim_grads and
+      optim_grads_params; ``no_sync`` only clears is_last_microbatch: "For grads shard mode there will
+      actually always be gradient sync happening") and adds the shard into the sharded main gradient
+      (``local_buffer += grad_shard``): the fsdp2 rules, without a copy-out (parameters are views of the
+      gather bucket: ``copy_out`` False).
+    - dtype: the main gradient buffer is fp32 when ``grad_reduce_in_fp32`` (Megatron-LM sets it from
+      accumulate_allreduce_grads_in_fp32, on under --bf16 unless --grad-reduce-in-bf16); the reduce-scatter
+      runs in that dtype. (Since Megatron-LM adfe9e1, July 2026, Megatron-FSDP ignores it and reduces in
+      ``--megatron-fsdp-main-grads-dtype``, default ``auto``: the parameters' bf16. The tool keeps the fp32
+      default of the runs it is checked against; state --grad-reduce-in-bf16 for the newer default.)
+    - each unit's gradients are reduce-scattered out of an unsharded bucket of their own (the gradient buffer
+      is sharded, ``is_grad_buffer_distributed``; ``fetch_bucket`` / ``free_bucket_storage``):
+      ``unit_reduce_buffer``.
+    - hybrid sharding (--num-distributed-optimizer-instances, outer_dp_sharding_strategy no_shard, 2026): the
+      reduce-scatter inside DP-shard every micro-batch, the all-reduce of the accumulated shard across DP-outer
+      only on the last (``outer_fsdp_group_grad_reduce=use_hybrid_fsdp and (is_last_microbatch or
+      model_auto_sync)``): ``replicate_once``.
+
 What each keeps per parameter (``state_bytes``: weights, gradients, optimizer state): Megatron
 bf16 weights, fp32 main gradients, fp32 master weights + Adam m, v (2 + 4 + 12; Korthikanti et
 al. 2022); FSDP2 with torchtitan's mixed precision keeps the sharded fp32 parameters (the master
@@ -151,7 +181,8 @@ class Engine:
     # memory the engine allocates besides the state (``cost.memory``; each with its source there):
     # staging buffers of ``ddp_bucket_bytes`` for the gradient reduction (DeepSpeed's double-buffered IPG
     # buckets); whether ZeRO 0's buckets copy every gradient (PyTorch DDP, gradient_as_bucket_view=False);
-    # whether each sharded unit's gradients are reduce-scattered out of a buffer of their own (FSDP2);
+    # whether each unit of sharded weights has its gradients reduce-scattered out of a buffer of their own (FSDP2,
+    # Megatron-FSDP);
     # bytes per local logit element the loss's backward allocates beyond what it saved; bytes per owned
     # parameter the optimizer step allocates; whether the caching allocator runs with expandable segments
     bucket_buffers: int = 0
@@ -188,6 +219,12 @@ class Engine:
     overflow_flags: tuple[int, int] = (0, 0)
     # whether the engine checkpoints by module (Megatron-core's --recompute-modules: ``cost.recompute``)
     recompute_modules: bool = False
+    # hybrid sharding of sharded weights (ZeRO 3 with ``TrainConfig.dp_replicate``): whether the all-reduce of each
+    # unit's reduced shard across the replicas runs once per step, in the last micro-batch's backward (the shard
+    # accumulates over the micro-batches: Megatron-FSDP, the module docstring), instead of after every
+    # reduce-scatter (FSDP2: ``foreach_reduce`` all-reduces over the replicate dim each backward unless
+    # ``set_requires_all_reduce(False)``, which torchtitan does not call)
+    replicate_once: bool = False
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
@@ -225,7 +262,7 @@ ENGINES = {
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
                        attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,),
-                       recompute_modules=True),
+                       recompute_modules=True, unit_reduce_buffer=True, replicate_once=True),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
@@ -367,6 +404,7 @@ class Unit:
     reduce_s: float  # one reduction of its gradients (all-reduce at ZeRO 0, else reduce-scatter)
     grad_bytes: float  # bytes of its gradients entering the reduction (for the last bucket)
     copy_s: float = 0.0  # compute-stream seconds of copying one gather out (engines with copy_out)
+    replicate_s: float = 0.0  # the part of reduce_s that is the all-reduce across replicas (hybrid sharding)
 
 
 @dataclass(frozen=True, slots=True)
@@ -454,19 +492,31 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
 def _sharded(units, train, eng, overlap, ends, share) -> Exposure:
     """Per-unit gathers every micro-batch (FSDP / ZeRO 3): the next unit's gather is prefetched
     behind this unit's compute; each unit's gradients are reduce-scattered behind the next unit's
-    backward. The first gather of forward and the last reduction of backward wait."""
+    backward. The first gather of forward and the last reduction of backward wait. Under hybrid
+    sharding an engine with ``replicate_once`` all-reduces each unit's shard across the replicas in
+    the last micro-batch only (``Unit.replicate_s``), the other micro-batches reduce-scatter alone."""
     m = train.micro_steps
     regather = eng.reshards(train.zero)  # gather again for backward
     redo = eng.regather_recompute and regather and train.recompute == "full"
     gathers = 1 + (1 if regather else 0) + (1 if redo else 0)
-    exposed = total = copies = 0.0
-    for u in units:
-        fwd_comm = u.gather_s
-        bwd_comm = u.reduce_s + (u.gather_s if regather else 0.0) + (u.gather_s if redo else 0.0)
-        total += u.times * (fwd_comm + bwd_comm)
-        exposed += u.times * (hidden(fwd_comm, u.fwd_s, share) + hidden(bwd_comm, u.bwd_s, share))
-        copies += u.times * gathers * u.copy_s if eng.copy_out else 0.0
-    if units and ends:
-        exposed += units[0].gather_s + units[-1].reduce_s
-    exposed = min(exposed, total) if overlap else total
-    return Exposure(m * (exposed + copies), {"all_gather": m * gathers, "reduce_scatter": m})
+    once = eng.replicate_once and any(u.replicate_s for u in units)
+
+    def micro_batch(replicate: bool) -> float:
+        exposed = total = 0.0
+        for u in units:
+            fwd_comm = u.gather_s
+            reduce = u.reduce_s if replicate else u.reduce_s - u.replicate_s
+            bwd_comm = reduce + (u.gather_s if regather else 0.0) + (u.gather_s if redo else 0.0)
+            total += u.times * (fwd_comm + bwd_comm)
+            exposed += u.times * (hidden(fwd_comm, u.fwd_s, share) + hidden(bwd_comm, u.bwd_s, share))
+        if units and ends:
+            exposed += units[0].gather_s + (units[-1].reduce_s if replicate else
+                                            units[-1].reduce_s - units[-1].replicate_s)
+        return min(exposed, total) if overlap else total
+
+    copies = sum(u.times * gathers * u.copy_s for u in units) if eng.copy_out else 0.0
+    if not once:
+        return Exposure(m * (micro_batch(True) + copies), {"all_gather": m * gathers, "reduce_scatter": m})
+    seconds = (m - 1) * (micro_batch(False) + copies) + micro_batch(True) + copies
+    # (the replicas' all-reduce runs once per step: ``Params.dp_bytes``)
+    return Exposure(seconds, {"all_gather": m * gathers, "reduce_scatter": m, "replicate": 1})

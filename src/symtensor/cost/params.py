@@ -187,6 +187,8 @@ class Params:
             self.gather_s = sum(ev.coll_time("all_gather", b, axes) for axes, b in self.gathers.items())
             self.reduce_s = sum(ev.coll_time(kind, b, axes) for (kind, axes), b in self.reduces.items())
             self.reduce_s += sum(ev.coll_time("all_reduce", b, axes) for axes, b in self.replicas.items())
+        # the replicas' all-reduce alone (an engine may run it once per step: ``Engine.replicate_once``)
+        self.replicate_s = sum(ev.coll_time("all_reduce", b, axes) for axes, b in self.replicas.items())
         # an engine that copies a gathered unit out of its buffer reads and writes its bytes (engine.py)
         hbm = ev.cluster.device.hbm_bandwidth * stream_fraction(ev.eff, "scale")
         self.copy_s = 2 * sum(self.gathers.values()) / hbm
@@ -234,16 +236,17 @@ class Params:
 
     def unit(self, times: int, fwd: float = 0.0, bwd: float = 0.0) -> Unit:
         """``times`` identical units whose compute (forward, backward) the engine overlaps with."""
-        return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes, self.copy_s)
+        return Unit(times, fwd, bwd, self.gather_s, self.reduce_s, self.grad_bytes, self.copy_s, self.replicate_s)
 
     def dp_bytes(self, calls: dict) -> dict:
         """Bytes per step of this segment's data-parallel collectives, ``calls`` times each (the
-        replicas' all-reduce of hybrid sharding as often as the reduce-scatter it follows)."""
+        replicas' all-reduce of hybrid sharding as often as the reduce-scatter it follows, or ``calls["replicate"]``
+        times where the engine runs it apart: ``Engine.replicate_once``)."""
         out = dict(self.step_bytes)
         for (kind, _), b in self.reduces.items():
             out[kind] = out.get(kind, 0.0) + b * calls.get(kind, 0)
         for _, b in self.replicas.items():
-            out["all_reduce"] = out.get("all_reduce", 0.0) + b * calls.get("reduce_scatter", 0)
+            out["all_reduce"] = out.get("all_reduce", 0.0) + b * calls.get("replicate", calls.get("reduce_scatter", 0))
         for _, b in self.gathers.items():
             out["all_gather"] = out.get("all_gather", 0.0) + b * calls.get("all_gather", 0)
         return out

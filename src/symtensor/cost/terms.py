@@ -61,7 +61,8 @@ def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
         if pc.reduce is None and pc.gather is None:  # no data-parallel replicas: nothing to overlap
             ex = _NO_SYNC
         else:
-            unit = Unit(1, t.fwd_s, bwd, pc.gather_s, pc.reduce_s, pc.reduce[1] if pc.reduce else 0.0)
+            unit = Unit(1, t.fwd_s, bwd, pc.gather_s, pc.reduce_s, pc.reduce[1] if pc.reduce else 0.0,
+                        replicate_s=ev.coll_time("all_reduce", *pc.replicate) if pc.replicate else 0.0)
             ex = exposure([unit], train, ends=False, share=ev.eff.end_to_end.comm_sm_fraction)
         sync += ex.seconds + pc.other_s
         opt += pc.opt_time
@@ -70,8 +71,9 @@ def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
             transfers.append((pc.reduce[0], pc.reduce[1], pc.reduce[2], ex.calls.get(pc.reduce[0], 0), tname))
         if pc.gather:
             transfers.append(("all_gather", pc.gather[0], pc.gather[1], ex.calls.get("all_gather", 0), tname))
-        if pc.replicate:  # hybrid sharding: the shard all-reduced across replicas, after each reduce-scatter
-            transfers.append(("all_reduce", pc.replicate[0], pc.replicate[1], ex.calls.get("reduce_scatter", 0), tname))
+        if pc.replicate:  # hybrid sharding: the shard all-reduced across replicas, after each reduce-scatter (or once)
+            transfers.append(("all_reduce", pc.replicate[0], pc.replicate[1],
+                              ex.calls.get("replicate", ex.calls.get("reduce_scatter", 0)), tname))
         if pc.other_bytes:
             other = tuple(sorted(a for a in ev.param_layout(op, layout, slot).partial if a not in data))
             transfers.append(("all_reduce", pc.other_bytes, other, 1, tname))
