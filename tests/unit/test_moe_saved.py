@@ -75,3 +75,21 @@ def test_search_estimate_and_formula_follow_the_engine(framework, keeps):
     gates = plan.graph.tensors[combine.inputs[1]].nbytes
     assert saved_bytes(ev, combine, REPLICATED, plan.train) == keeps * ye + gates
     assert memory_formula(ev, combine, REPLICATED, None, framework)["value_bytes"] == keeps * ye + gates
+
+
+def test_expert_tp_keeps_the_gathered_tokens():
+    """With expert-tensor parallelism Megatron's dispatcher all-gathers the permuted tokens over the ETP group
+    (dispatch_postprocess, gather_from_sequence_parallel_region) and the grouped GEMM (TE without SP: explicit expert
+    communication) keeps the whole gathered input, not a shard to gather again: twice ETP 1's at ETP 2 (tp 2, ep 2
+    on 4 devices: each rank receives the same copies, then gathers its ETP partner's)."""
+    out = {}
+    for etp in (1, 2):
+        plan = api.evaluate(MOE, "dgx-h100", 4, tp=2, ep=2, etp=etp, micro_batch=1, global_batch=2, seq=SEQ,
+                            recompute="none", framework="megatron")
+        ev = plan.evaluator()
+        ev.evaluate(plan.op_layouts(), plan.train)
+        seg = next(s for s in ev._segment_cache.values() if s.in_layer and s.ops[0].layer == 0)
+        out[etp] = seg.saved["layers.0.dispatch"]
+    cfg = PRESETS[MOE]
+    assert out[1] == 2 * (cfg.top_k * SEQ // 2) * cfg.hidden  # the SP shard's copies, bf16
+    assert out[2] == 2 * out[1]

@@ -326,7 +326,10 @@ class Segment:
                 if (origin is not None and origin[2]) or (region is not None and (
                         io == "out" or (origin is not None and origin[0] == region[0]))):
                     continue
-            if prod is not None and io == "in" and tname not in self.cross_stage:
+            # (not the permuted tokens: Megatron's dispatcher gathers them over expert-TP itself, outside the grouped
+            # GEMM, which keeps the whole gathered input; NVIDIA/Megatron-LM@d98e8a64 moe/token_dispatcher.py
+            # dispatch_postprocess L741-750, extensions/transformer_engine.py TEGroupedLinear L2459-2475)
+            if prod is not None and io == "in" and tname not in self.cross_stage and prod.kind != "moe_dispatch":
                 pview = ev.out_layout(prod, self.layout(prod), pslot, partial=False)
                 pbytes = tbytes / pview.factor(mesh)
                 if regather and pbytes < nbytes and (tname, view, "saved") not in self.charged:
