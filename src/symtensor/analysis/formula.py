@@ -138,9 +138,12 @@ def collective_formula(ev, kind: str, nbytes: float, axes) -> dict:
             "symbols": values}
 
 
-def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
+def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None, framework: str | None = None) -> dict:
     """Bytes of the op's saved activations per micro-batch on one device (before recomputation);
-    under ``fp8`` an FP8 GEMM keeps its inputs' FP8 copies (``precision.SAVED_FRACTION`` of the bytes)."""
+    under ``fp8`` an FP8 GEMM keeps its inputs' FP8 copies (``precision.SAVED_FRACTION`` of the bytes); under
+    ``framework`` (an engine name) the MoE combine keeps what that engine keeps (``cost.moe.saved_scale``)."""
+    from symtensor.cost.engine import ENGINES
+    from symtensor.cost.moe import saved_scale
     from symtensor.graph import op_saves
 
     values: dict = {}
@@ -151,8 +154,11 @@ def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
         tname = op.inputs[idx] if io == "in" else op.outputs[idx]
         if ev.tensors[tname].param:
             continue
+        keeps = saved_scale(op, io, idx, ENGINES[framework]) if framework is not None else 1.0
+        if not keeps:
+            continue
         dims = op.in_dims[idx] if io == "in" else op.out_dims[idx]
-        term = sp.Integer(DTYPE_BYTES[ev.tensors[tname].dtype])
+        term = sp.Integer(DTYPE_BYTES[ev.tensors[tname].dtype]) * sp.nsimplify(keeps)
         if fp8 is not None and io == "in" and fp8_gemm(op):
             term = term * sp.nsimplify(SAVED_FRACTION)
         for d in dims:

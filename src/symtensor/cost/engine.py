@@ -225,6 +225,11 @@ class Engine:
     # reduce-scatter (FSDP2: ``foreach_reduce`` all-reduces over the replicate dim each backward unless
     # ``set_requires_all_reduce(False)``, which torchtitan does not call)
     replicate_once: bool = False
+    # how many times the bytes of the experts' output the MoE combine keeps for backward (``cost.moe.saved_scale``):
+    # 1 where it weights the expert output by the router probabilities and keeps it for their gradient (the graph's
+    # ``moe_combine``), 0 where the probabilities are applied inside the experts' activation and the unpermutation
+    # keeps only its indices (Megatron-core), 2 where the weighting runs on an fp32 copy (torchtitan)
+    moe_combine_keeps: float = 1.0
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
@@ -262,12 +267,13 @@ ENGINES = {
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
                        attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,),
-                       recompute_modules=True, unit_reduce_buffer=True, replicate_once=True),
+                       recompute_modules=True, unit_reduce_buffer=True, replicate_once=True,
+                       moe_combine_keeps=0.0),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
                     ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=4, expandable_segments=True,
-                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm"),
+                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,

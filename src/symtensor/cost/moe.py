@@ -59,6 +59,22 @@ run paired (``ep_overlap_share``): all but the first forward and the last backwa
 with one (``engine.pipeline_window``). Megatron's TransformerConfig refuses it without expert parallelism,
 with full recomputation, beside --moe-shared-expert-overlap, and with pp > 1 but no virtual pipeline
 (``overlap_refusal``).
+
+What the combine keeps for backward (``saved_scale``, ``Engine.moe_combine_keeps``): the graph's ``moe_combine``
+weights the experts' output by the router probabilities and keeps both for their gradients (GShard's combine, the
+engines' default). Megatron-core applies the probabilities inside the experts' activation instead and unpermutes
+without them (NVIDIA/Megatron-LM@d98e8a64ddf34856e74b24714e3bedb2f5a39553: moe/token_dispatcher.py
+``MoEAlltoAllTokenDispatcher.combine_postprocess`` L876-908 and ``_DeepepManager.get_restored_hidden_states_by_experts``
+L1459-1468 call ``unpermute`` without ``probs``; moe/moe_utils.py ``unpermute`` L497-625 then scatter-adds, keeping only
+the indices, and TE's fused ``_moe_unpermute_mask_map`` saves only its ``row_id_map`` without ``merging_probs``;
+moe/experts.py ``TEGroupedMLP.forward`` ``bias_act_func`` L943-1016 multiplies by ``permuted_probs`` in the fused
+``weighted_bias_swiglu_impl``, whose WeightedSwiGLUFunction (fusions/fused_bias_swiglu.py L266-270) keeps the fc1 output
+it keeps anyway and the [tokens, 1] fp32 probabilities), since Megatron-LM 2659630721 (2025-04-09, "Memory efficient
+token permutation"): its combine keeps nothing of the hidden width (0). torchtitan weights on the token side after the
+combine all-to-all, on an fp32 copy (pytorch/torchtitan@b5bcd76c66d0acb1a08b176d9639425bc55e0b2a
+torchtitan/models/common/token_dispatcher.py ``AllToAllTokenDispatcher.combine`` L562-630 and
+``LocalTokenDispatcher.combine`` L141-170: ``routed_output_RD.to(torch.float32) * scores``), whose multiply keeps the
+fp32 operand: twice the bf16 expert output (2).
 """
 
 from __future__ import annotations
@@ -174,6 +190,13 @@ def op_load_factor(train, op, sizes: dict, experts: int) -> float:
     e = sizes.get("e", 1.0)
     copies = e * sizes.get("b", 1.0) * sizes.get("c", 1.0)
     return load_factor(train, e, copies, max(1, round(experts / e)))
+
+
+def saved_scale(op, io: str, idx: int, engine) -> float:
+    """How many times its bytes ``engine`` keeps of the tensor in slot ``io``/``idx`` that ``op`` saves for backward
+    (``kinds.op_saves``): ``Engine.moe_combine_keeps`` for the combine's expert output (the module docstring), 1 for
+    every other saved tensor."""
+    return engine.moe_combine_keeps if op.kind == "moe_combine" and io == "in" and idx == 0 else 1.0
 
 
 def distinct(experts: int, top_k: int, groups: int) -> float:

@@ -308,13 +308,17 @@ class Segment:
         # what an output-discarding region produced is freed whoever saved it
         regions = self.regions or {}
         region = regions.get(op.name)
-        regather = engine_of(self.train).keeps_sp_shard
+        engine = engine_of(self.train)
+        regather = engine.keeps_sp_shard
         mesh = ev.mesh
         fp8 = self.train.fp8 is not None and fp8_gemm(op)
         load = self._load(op, layout) if self.moe and moe.expert_op(op) else 1.0  # the most-loaded rank's buffers
         for io, idx, tname, tbytes, prod, pslot in saves:
+            keeps = moe.saved_scale(op, io, idx, engine)  # what the engine keeps of it (the MoE combine's, cost.moe)
+            if not keeps:
+                continue
             view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
-            nbytes = tbytes / view.factor(mesh)
+            nbytes = tbytes / view.factor(mesh) * keeps
             if selective and (io == "out" or (prod is not None and prod.attr("core"))):
                 continue
             if regions:
@@ -322,7 +326,10 @@ class Segment:
                 if (origin is not None and origin[2]) or (region is not None and (
                         io == "out" or (origin is not None and origin[0] == region[0]))):
                     continue
-            if prod is not None and io == "in" and tname not in self.cross_stage:
+            # (not the permuted tokens: Megatron's dispatcher gathers them over expert-TP itself, outside the grouped
+            # GEMM, which keeps the whole gathered input; NVIDIA/Megatron-LM@d98e8a64 moe/token_dispatcher.py
+            # dispatch_postprocess L741-750, extensions/transformer_engine.py TEGroupedLinear L2459-2475)
+            if prod is not None and io == "in" and tname not in self.cross_stage and prod.kind != "moe_dispatch":
                 pview = ev.out_layout(prod, self.layout(prod), pslot, partial=False)
                 pbytes = tbytes / pview.factor(mesh)
                 if regather and pbytes < nbytes and (tname, view, "saved") not in self.charged:

@@ -18,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import moe
-from symtensor.cost.engine import Exposure, Unit, exposure
+from symtensor.cost.engine import Exposure, Unit, engine_of, exposure
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.params import data_axes, weight_axes
 from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
@@ -126,7 +126,8 @@ def saved_bytes(ev, op, layout: OpLayout, train) -> float:
             continue
         view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
         fp8 = train.fp8 is not None and io == "in" and fp8_gemm(op)  # its FP8 copy (cost.precision)
-        saved += ev.tensors[tname].nbytes / view.factor(ev.mesh) * (SAVED_FRACTION if fp8 else 1.0)
+        keeps = moe.saved_scale(op, io, idx, engine_of(train))  # the MoE combine's, per engine (cost.moe)
+        saved += ev.tensors[tname].nbytes / view.factor(ev.mesh) * (SAVED_FRACTION if fp8 else 1.0) * keeps
     return saved + extra_saved_bytes(op, layout, ev.mesh)
 
 
