@@ -123,6 +123,13 @@ class EvaluatorPool:
         self._layer_seconds: dict = {}
         self._splits: dict = {}  # (inner grid, pp, vpp) -> split_of
 
+    def same(self, other: EvaluatorPool) -> bool:
+        """Whether ``other`` costs every configuration as this pool does."""
+        return (self.cfg, self.cluster, self.seq, self.graph_factory, self.framework, self.precision, self.fp8_recipe,
+                self.fp8_variant, self.train_keys) == (other.cfg, other.cluster, other.seq, other.graph_factory,
+                                                       other.framework, other.precision, other.fp8_recipe,
+                                                       other.fp8_variant, other.train_keys)
+
     def _graph(self, graph_batch: int):
         # the builders' graphs differ only in the batch size: validate the first one
         if self.graph_factory is not None:
