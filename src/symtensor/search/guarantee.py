@@ -46,6 +46,7 @@ from symtensor.search.seeds import seed_plan
 
 GRID = "megatron_grid_best"
 RECIPE = "megatron_recipe"
+DREC = "drec"
 IDLE = "this plan uses"  # how the note of a plan on fewer devices begins
 
 
@@ -95,9 +96,11 @@ def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), ab
         plan = in_fp8(pool, plan)
     target = plan if above is None or _better(plan, above) else above  # what a plan on fewer devices must beat
     if half is not None and _may_win(pool, half.n_devices, global_batch, target):
+        pool.release()  # (this level's plans are made)
         fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search, above=target, precision=precision,
                                searched=below, children=children)
         plan = fewer_devices(plan, fewer, n, global_batch)
+    pool.release()
     return plan, {k: base[k] for k in names}
 
 
@@ -136,7 +139,8 @@ def _baselines(pool: EvaluatorPool, global_batch: int, wanted: tuple[str, ...], 
     search's or a level's below does, and then it is that same plan: the grid's best never won, so
     no note names it. The recipe is costed first: its note names the time of what it beat (the
     search's or the grid's best), so where it beats ``above`` the grid is searched in full. ``fork``:
-    the grid's (``grid.megatron_grid``)."""
+    the grid's (``grid.megatron_grid``); without it (another process searches the level below) D-Rec is
+    costed in a forked child beside the grid."""
     cfg, cluster, seq, framework = pool.cfg, pool.cluster, pool.seq, pool.framework
     beat = above.report.step_time_s if above is not None and above.report.fits else math.inf
     base: dict[str, Plan | None] = {}
@@ -145,7 +149,14 @@ def _baselines(pool: EvaluatorPool, global_batch: int, wanted: tuple[str, ...], 
         if _better(base[RECIPE], above):
             beat = math.inf
     rest = tuple(k for k in wanted if k not in base)
-    return base | baseline_plans(cfg, cluster, global_batch, seq, framework, rest, fork=fork, pool=pool, beat=beat)
+    if fork or DREC not in rest:
+        return base | baseline_plans(cfg, cluster, global_batch, seq, framework, rest, fork=fork, pool=pool, beat=beat)
+    # (the other core searches the level below: D-Rec, which shares nothing with the grid, in a third process
+    # shares the two cores with them rather than following the grid)
+    rest = tuple(k for k in rest if k != DREC)
+    with Background(lambda: baseline_plans(cfg, cluster, global_batch, seq, framework, (DREC,), pool=pool)) as drec:
+        base |= baseline_plans(cfg, cluster, global_batch, seq, framework, rest, pool=pool, beat=beat)
+        return base | drec.result()
 
 
 def in_fp8(pool: EvaluatorPool, plan: Plan) -> Plan:

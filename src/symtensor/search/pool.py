@@ -123,6 +123,21 @@ class EvaluatorPool:
         self._layer_seconds: dict = {}
         self._splits: dict = {}  # (inner grid, pp, vpp) -> split_of
 
+    def release(self) -> None:
+        """Drop every cache of this search (the evaluators' too) once its plans are made (``Costed`` and
+        ``Plan`` hold none of them): the tables hold reference cycles (a memo names its pool's method, a
+        costed segment its evaluator) that only Python's cyclic collector would free, and it is paused
+        over a plan (``planner.collector_paused``); released, reference counting frees them at once
+        (DeepSeek-V3 on 1,024 H100: 0.2 s of the collector's walk at the end of the plan)."""
+        for ev in self._evs.values():
+            ev.release()
+        for shared in self._shared.values():
+            for cache in shared.values():
+                cache.clear()
+        for memo in (self._graphs, self._shared, self._evs, self._memos, self._grids, self._roles, self._layouts,
+                     self._legal, self._layer_seconds, self._splits):
+            memo.clear()
+
     def same(self, other: EvaluatorPool) -> bool:
         """Whether ``other`` costs every configuration as this pool does."""
         return (self.cfg, self.cluster, self.seq, self.graph_factory, self.framework, self.precision, self.fp8_recipe,
