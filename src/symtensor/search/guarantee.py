@@ -20,6 +20,12 @@
   on 512 of 1,024 H100 bounds none of its 5,703 points (their step floor is slower).
 
 Both say so in the plan's notes when they change the plan.
+
+What it costs (issue 23: DeepSeek-V3's whole plan on 1,024 H100 in 2.5 s): each level's search runs first,
+alone, in the pool its grid and recipe are then costed in (they reuse its evaluators); where the recursion
+may go below, the level below's search, which depends on nothing of this level, runs in a forked child
+while this level's baselines are costed (``_search_below``); where no baseline asked for the grid, it
+skips the points that cannot beat the search's plan (``_baselines``). None of it changes a plan.
 """
 
 from __future__ import annotations
