@@ -284,9 +284,9 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
 
     held = _held(precision, fp8_recipe, moe)
 
-    def run(on):
+    def run(on, pool=None):
         return search(cfg, on, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory,
-                      framework=framework, precision=precision, fp8_recipe=fp8_recipe, moe=moe)
+                      framework=framework, precision=precision, fp8_recipe=fp8_recipe, moe=moe, pool=pool)
 
     if space == "symtensor" and factory is None and mb is None:
         return guaranteed_plan(cfg, cl, global_batch, seq, framework, run, names, precision=held)

@@ -169,7 +169,7 @@ def test_the_megatron_space_plan_is_its_grid_baseline():
     assert plan.config == base["megatron_grid_best"].config and plan.search_time_s > 0
 
 
-def test_the_monotone_recursion_stops_where_no_level_below_can_beat_the_plan_above():
+def test_the_monotone_recursion_stops_where_no_level_below_can_beat_the_plan_above(monkeypatch):
     """GPT-3 1.3B on 128 A100 at a global batch of 16: the plan for 64 devices is slower than the
     one for 128, and no plan on 32 can beat the one for 128 (their step floor is slower), so the
     recursion stops at 64. It went on to 32 while each level compared itself with its own plan
@@ -181,10 +181,11 @@ def test_the_monotone_recursion_stops_where_no_level_below_can_beat_the_plan_abo
 
     cfg = load_model_config("gpt3-1.3b")
     searched = []
+    monkeypatch.setenv("SYMTENSOR_SERIAL", "1")  # (every search in this process, to be counted here)
 
-    def run(on):
+    def run(on, pool=None):
         searched.append(on.n_devices)
-        return search(cfg, on, 16, 2048)
+        return search(cfg, on, 16, 2048, pool=pool)
 
     plan, _ = guaranteed_plan(cfg, load_cluster("dgx-a100-80g", devices=128), 16, 2048, "megatron", run)
     assert searched == [128, 64] and plan.cluster.n_devices == 128

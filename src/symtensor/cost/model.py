@@ -94,6 +94,14 @@ class Evaluator:
         self._regions: dict = {}  # recomputation -> its checkpointed regions (``recompute_regions``)
         self.segments = self._index_segments()
 
+    def release(self) -> None:
+        """Drop this evaluator's own caches (not the shared ones), for an owner done with it
+        (``EvaluatorPool.release``): a costed segment names its evaluator, a reference cycle that only
+        Python's cyclic collector would free, and it is paused over a plan."""
+        for cache in (self._op_cache, self._segment_cache, self._boundary_seconds, self._segment_params_cache,
+                      self._wiring_cache, self._floor_cache):
+            cache.clear()
+
     # -- graph facts ------------------------------------------------------------------------
     def needs_grad(self, tname: str) -> bool:
         return tname in self.requires_grad

@@ -46,7 +46,7 @@ from symtensor.cost.params import data_axes, weight_axes
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB
 from symtensor.layout import REPLICATED
-from symtensor.search.megatron import configuration, inner_grid, train_config
+from symtensor.search.megatron import check_config, configuration, inner_grid, role_layouts, train_config
 from symtensor.search.parallel import Background
 from symtensor.search.pool import Costed, EvaluatorPool
 
@@ -172,17 +172,22 @@ def _mean_bound(pool: EvaluatorPool, base: dict, vpps: list[int], totals: dict, 
 def _compute(pool: EvaluatorPool, base: dict) -> float:
     """Seconds per micro-batch of every layer's ops (forward and backward, no recomputation) under
     the layouts of ``base``'s inner grid: what ``Evaluator.layer_seconds`` charges besides
-    communication, which only adds (``cost.segment.Segment.seconds``)."""
+    communication, which only adds (``cost.segment.Segment.seconds``). From the layouts of the ops'
+    roles (``megatron.role_layouts``: a few layouts, not every op's, and no legality check: a point
+    whose layouts are refused is dropped at its next tier, ``EvaluatorPool.layouts``), each distinct
+    run of ops once, times the layers it stands for (``EvaluatorPool.op_runs``)."""
     c = configuration(pool.held({**base, "recompute": "none", "vpp": 1}))
-    ev, layouts = pool.layouts(c)
+    check_config(pool.cfg, pool.cluster.n_devices, c, pool.cluster.device)
+    batch = c["micro_batch"] * c["dp"]
+    ev = pool.get(batch, c["pp"])
+    of_role = role_layouts(ev.mesh, c, pool.family)
     fp8, total = train_config(c).fp8, 0.0
-    pieces: dict = {}  # id(ops) -> seconds: a skeleton run's copies share their ops
-    for _, ops, _, _, _ in ev.segments:
-        seconds = pieces.get(id(ops))
-        if seconds is None:
-            seconds = pieces[id(ops)] = sum(t.fwd_s + t.bwd_s for t in (ev.op_time(op, layouts.get(op.name, REPLICATED),
-                                                                                     fp8) for op in ops))
-        total += seconds
+    for runs, ops in pool.op_runs(ev):
+        seconds = 0.0
+        for op, role in ops:
+            t = ev.op_time(op, of_role(role), fp8)
+            seconds += t.fwd_s + t.bwd_s
+        total += runs * seconds
     return total
 
 

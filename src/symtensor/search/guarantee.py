@@ -20,12 +20,19 @@
   on 512 of 1,024 H100 bounds none of its 5,703 points (their step floor is slower).
 
 Both say so in the plan's notes when they change the plan.
+
+What it costs (issue 23: DeepSeek-V3's whole plan on 1,024 H100 in 2.5 s): each level's search runs first,
+alone, in the pool its grid and recipe are then costed in (they reuse its evaluators); where the recursion
+may go below, the level below's search, which depends on nothing of this level, runs in a forked child
+while this level's baselines are costed (``_search_below``); where no baseline asked for the grid, it
+skips the points that cannot beat the search's plan (``_baselines``). None of it changes a plan.
 """
 
 from __future__ import annotations
 
 import math
 import time
+from contextlib import ExitStack
 from dataclasses import replace
 
 from symtensor.cost import TrainConfig
@@ -38,56 +45,96 @@ from symtensor.plan.summary import recipe_of
 from symtensor.search.baselines import baseline_plans
 from symtensor.search.megatron import configuration
 from symtensor.search.outer import fp8_refused, fp8_trials
+from symtensor.search.parallel import Background
+from symtensor.search.planner import collector_paused
 from symtensor.search.pool import EvaluatorPool
 from symtensor.search.seeds import seed_plan
 
 GRID = "megatron_grid_best"
 RECIPE = "megatron_recipe"
+DREC = "drec"
 IDLE = "this plan uses"  # how the note of a plan on fewer devices begins
 
 
 def guaranteed_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, framework: str, search,
                     names: tuple[str, ...] = (), precision: dict | None = None) -> tuple[Plan, dict[str, Plan | None]]:
-    """The plan of ``search(cluster)`` made good on both promises, and the baselines ``names`` on
+    """The plan of ``search(cluster, pool)`` (``pool``: an ``EvaluatorPool`` the search may share with the
+    grid, ``planner.search``'s) made good on both promises, and the baselines ``names`` on
     ``cluster`` (costed with the grid, which is always costed). The plan's ``search_phases_s``
     add ``guarantees_s``: the seconds beyond the search (the grid, the plans on fewer devices
     and the other baselines). ``precision``: the search's ``precision`` and ``fp8_recipe``
     (``EvaluatorPool``), which the grid and the baselines are costed in too."""
     t0 = time.perf_counter()
-    plan, base = _guaranteed(cfg, cluster, global_batch, seq, framework, search, names, precision=precision or {})
+    with collector_paused(), ExitStack() as children:
+        plan, base = _guaranteed(cfg, cluster, global_batch, seq, framework, search, names, precision=precision or {},
+                                 children=children)
     extra = time.perf_counter() - t0 - plan.search_time_s
     return replace(plan, search_phases_s={**plan.search_phases_s, "guarantees_s": extra}), base
 
 
 def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), above: Plan | None = None,
-                precision: dict | None = None):
+                precision: dict | None = None, searched: Background | None = None, children: ExitStack | None = None):
     """``guaranteed_plan`` on ``cluster``; ``above``: the best plan of the levels above it (on more
     devices), which a plan here must beat to matter there: the recursion below stops where no
-    plan can beat the better of it and this level's plan (the result above is the same)."""
+    plan can beat the better of it and this level's plan (the result above is the same).
+    ``searched``: this level's search, started by the level above (``_search_below``).
+
+    The search runs first, alone (its own two processes, its ``search_time_s`` as without the
+    guarantees), in the pool the grid and the recipe are then costed in. Where the level below
+    may be reached (``_search_below``), its search (which depends on nothing of this level) runs in
+    a forked child while this process costs this level's baselines: the plan is the same, the
+    second core busy."""
     precision = precision or {}
     # (the grid, the baselines, the state's bound)
     pool = EvaluatorPool(cfg, cluster, seq, framework=framework, **precision)
     seeded, _, _ = seed_plan(pool, global_batch)
     wanted = names + tuple(k for k in (GRID, RECIPE) if k not in names and not (k == GRID and seeded))
-    base = _baselines(pool, global_batch, wanted, above)  # (builders')
-    searched = search(cluster)
+    searched = search(cluster, pool) if searched is None else searched.result()
+    n = cluster.n_devices
+    half = _half(cluster)
+    below = None
+    if half is not None and children is not None:
+        below = _search_below(pool, half, global_batch, searched if above is None or _better(searched, above)
+                              else above, search, children)
+    base = _baselines(pool, global_batch, wanted, above, fork=below is None or not below.forked,
+                      searched=None if GRID in names else searched)  # (builders')
     plan = never_worse_than_recipe(never_worse_than_grid(searched, base.get(GRID)), base.get(RECIPE))
     if plan is not searched:
         plan = in_fp8(pool, plan)
-    n = cluster.n_devices
     target = plan if above is None or _better(plan, above) else above  # what a plan on fewer devices must beat
-    if n % 2 == 0 and _may_win(pool, n // 2, global_batch, target):
-        try:
-            half = replace(cluster, n_devices=n // 2)
-        except PlanError:
-            half = None  # half the devices do not fill the cluster's levels evenly: no such cluster
-        if half is not None:
-            fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search, above=target, precision=precision)
-            plan = fewer_devices(plan, fewer, n, global_batch)
+    if half is not None and _may_win(pool, half.n_devices, global_batch, target):
+        pool.release()  # (this level's plans are made)
+        fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search, above=target, precision=precision,
+                               searched=below, children=children)
+        plan = fewer_devices(plan, fewer, n, global_batch)
+    pool.release()
     return plan, {k: base[k] for k in names}
 
 
-def _baselines(pool: EvaluatorPool, global_batch: int, wanted: tuple[str, ...], above: Plan | None) -> dict:
+def _half(cluster: Cluster) -> Cluster | None:
+    """Half of ``cluster``'s devices, as a cluster; None where they do not fill its levels evenly."""
+    if cluster.n_devices % 2:
+        return None
+    try:
+        return replace(cluster, n_devices=cluster.n_devices // 2)
+    except PlanError:
+        return None  # half the devices do not fill the cluster's levels evenly: no such cluster
+
+
+def _search_below(pool: EvaluatorPool, half: Cluster, global_batch: int, known: Plan, search,
+                  children: ExitStack) -> Background | None:
+    """The search on ``half`` the devices, started now in a forked child (``parallel.Background``; where
+    forking is not possible it runs when its result is asked for), where the recursion may reach it:
+    ``_may_win`` against ``known`` (the better of this level's search and the plan above), which this
+    level's plan can only better, so where the recursion goes below, ``_may_win`` held here too. None
+    where it cannot (the next level searches then, if ever)."""
+    if not _may_win(pool, half.n_devices, global_batch, known):
+        return None
+    return children.enter_context(Background(lambda: search(half)))
+
+
+def _baselines(pool: EvaluatorPool, global_batch: int, wanted: tuple[str, ...], above: Plan | None,
+               fork: bool = True, searched: Plan | None = None) -> dict:
     """The baselines ``wanted`` on the pool's cluster (the builders'); below the top of the
     recursion, where only a plan that beats ``above`` matters, the grid skips the points that
     cannot (``grid.megatron_grid``'s ``beat``), unless the recipe beats ``above``.
@@ -98,7 +145,15 @@ def _baselines(pool: EvaluatorPool, global_batch: int, wanted: tuple[str, ...], 
     the grid's answer is no better than its best, so this level's plan beats ``above`` only when the
     search's or a level's below does, and then it is that same plan: the grid's best never won, so
     no note names it. The recipe is costed first: its note names the time of what it beat (the
-    search's or the grid's best), so where it beats ``above`` the grid is searched in full."""
+    search's or the grid's best), so where it beats ``above`` the grid is searched in full.
+
+    ``searched``: this level's search, where the grid is not a baseline asked for (only the guarantee
+    reads it): the grid skips the points that cannot beat it either. Where the grid's best beats the
+    search's plan the grid finds it exactly; where it does not, it is not the plan (``never_worse_than_grid``
+    keeps the search's) and nothing names it (the recipe's note names the time of the plan it beat: the
+    search's then). Mixtral-8x22B on 1,024 H100 costs none of the grid's points that way. ``fork``:
+    the grid's (``grid.megatron_grid``); without it (another process searches the level below) D-Rec is
+    costed in a forked child beside the grid."""
     cfg, cluster, seq, framework = pool.cfg, pool.cluster, pool.seq, pool.framework
     beat = above.report.step_time_s if above is not None and above.report.fits else math.inf
     base: dict[str, Plan | None] = {}
@@ -106,8 +161,17 @@ def _baselines(pool: EvaluatorPool, global_batch: int, wanted: tuple[str, ...], 
         base = baseline_plans(cfg, cluster, global_batch, seq, framework, (RECIPE,), pool=pool)
         if _better(base[RECIPE], above):
             beat = math.inf
+    if searched is not None and searched.report.fits:
+        beat = min(beat, searched.report.step_time_s)
     rest = tuple(k for k in wanted if k not in base)
-    return base | baseline_plans(cfg, cluster, global_batch, seq, framework, rest, fork=True, pool=pool, beat=beat)
+    if fork or DREC not in rest:
+        return base | baseline_plans(cfg, cluster, global_batch, seq, framework, rest, fork=fork, pool=pool, beat=beat)
+    # (the other core searches the level below: D-Rec, which shares nothing with the grid, in a third process
+    # shares the two cores with them rather than following the grid)
+    rest = tuple(k for k in rest if k != DREC)
+    with Background(lambda: baseline_plans(cfg, cluster, global_batch, seq, framework, (DREC,), pool=pool)) as drec:
+        base |= baseline_plans(cfg, cluster, global_batch, seq, framework, rest, pool=pool, beat=beat)
+        return base | drec.result()
 
 
 def in_fp8(pool: EvaluatorPool, plan: Plan) -> Plan:

@@ -214,20 +214,9 @@ def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
         legal: the caller's memo of the legality checks of this graph (``roles``) on this mesh,
             (signature class, layout) -> ``layout.refusal`` (a search keeps one per graph and mesh).
     """
-    ax = assign_axes(mesh, c)
     roles = op_roles(graph) if roles is None else roles
-    # the expert grid: e by ep, f by etp; on the edp axes the tokens keep the cut they have where
-    # they are dispatched (the batch on dp axes, the slots on cp and, sequence parallel, tp axes)
-    token_cut = {a: "b" for a in ax["dp"]} | {a: "c" for a in ax["cp"] + ax["tp"]}
-    experts = {"e": ax["ep"], "b": tuple(a for a in ax["edp"] if token_cut[a] == "b"),
-               "c": tuple(a for a in ax["edp"] if token_cut[a] == "c")}
-    layouts, of_role = {}, {}  # (the ops of one role share a layout: it is built once)
-    for op in graph.ops:
-        role = roles[op.name][0]
-        layout = of_role.get(role)
-        if layout is None:
-            layout = of_role[role] = _role_layout(role, ax, experts, c["sp"], family)
-        layouts[op.name] = layout
+    of_role = role_layouts(mesh, c, family)  # (the ops of one role share a layout: it is built once)
+    layouts = {op.name: of_role(roles[op.name][0]) for op in graph.ops}
     legal = {} if legal is None else legal  # (signature class, layout) -> refusal: once per pair
     for op in graph.ops:
         key = (roles[op.name][1], layouts[op.name])
@@ -242,6 +231,26 @@ def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
 
 
 _UNCHECKED = object()  # a legality check not done yet (None is an answer: legal)
+
+
+def role_layouts(mesh, c: dict, family: OpLayout = REPLICATED):
+    """``role -> layout``: the layout ``megatron_layouts`` gives the ops of a role (``op_roles``) under the
+    Megatron configuration ``c`` on ``mesh``, each built once, with no legality check (the Megatron grid's
+    cheapest bound reads the layouts of a few roles, not every op's: ``grid._compute``)."""
+    ax = assign_axes(mesh, c)
+    # the expert grid: e by ep, f by etp; on the edp axes the tokens keep the cut they have where
+    # they are dispatched (the batch on dp axes, the slots on cp and, sequence parallel, tp axes)
+    token_cut = {a: "b" for a in ax["dp"]} | {a: "c" for a in ax["cp"] + ax["tp"]}
+    experts = {"e": ax["ep"], "b": tuple(a for a in ax["edp"] if token_cut[a] == "b"),
+               "c": tuple(a for a in ax["edp"] if token_cut[a] == "c")}
+    built: dict = {}
+
+    def of(role: tuple) -> OpLayout:
+        layout = built.get(role)
+        if layout is None:
+            layout = built[role] = _role_layout(role, ax, experts, c["sp"], family)
+        return layout
+    return of
 
 
 def _role_layout(role: tuple, ax: dict, experts: dict, sp_on: bool, family: OpLayout) -> OpLayout:

@@ -6,7 +6,9 @@ Forking is used only where it is safe and cheap: on Linux, unless ``SYMTENSOR_SE
 only for work that does not call into torch (the planner does not fork when it plans a captured
 model, whose graphs torch.export builds on demand: a forked torch may hold locks of its worker
 threads). Elsewhere the work runs in this process, with the same result: the halves share
-nothing but their inputs.
+nothing but their inputs. A forked child does not fork again: it runs beside its parent, which
+already keeps the other core busy (``search.guarantee`` searches the level below in a child while
+this level's grid runs), so its own halves run one after the other.
 """
 
 from __future__ import annotations
@@ -18,9 +20,11 @@ import signal
 import sys
 import traceback
 
+_CHILD = False  # whether this process is a Background's forked child
+
 
 def can_fork() -> bool:
-    return (sys.platform.startswith("linux") and hasattr(os, "fork")
+    return (not _CHILD and sys.platform.startswith("linux") and hasattr(os, "fork")
             and os.environ.get("SYMTENSOR_SERIAL", "") not in ("1", "true", "yes"))
 
 
@@ -40,7 +44,8 @@ class Background:
         r, w = os.pipe()
         pid = os.fork()
         if pid == 0:  # the child: compute, send, leave without running the parent's cleanup
-            code = 0
+            global _CHILD
+            _CHILD, code = True, 0
             try:
                 os.close(r)
                 try:
@@ -72,6 +77,11 @@ class Background:
                 pass
             os.close(self.fd)
             self.pid = None
+
+    @property
+    def forked(self) -> bool:
+        """Whether ``fn`` runs in a forked child (until its result is received)."""
+        return self.pid is not None
 
     def ready(self) -> bool:
         """Whether ``result()`` would not wait for the child: it has sent its result (or there is

@@ -56,7 +56,7 @@ from symtensor.search.seeds import grid_descent, seed_phase, seed_plan
 def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
            order: str = "topological", space: str = "symtensor", graph_factory=None,
            framework: str = "megatron", precision: str | None = None, fp8_recipe: str | None = None,
-           moe: dict | None = None) -> Plan:
+           moe: dict | None = None, pool: EvaluatorPool | None = None) -> Plan:
     """The SymTensor plan: the fastest predicted step that fits in memory, costed under
     ``framework``'s engine semantics (``cost.engine``).
 
@@ -67,17 +67,23 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         precision: ``bf16`` or ``fp8`` (under ``fp8_recipe``) for every point; None: BF16, and FP8
             where it wins as a variant of the best point (step 6, ``outer.precision_variant``).
         moe: the MoE options every point runs with (``EvaluatorPool``); default: today's costing.
+        pool: a pool of this model, cluster, sequence and engine to search in (``search.guarantee``
+            shares its evaluators with the grid), when it costs as this search's would
+            (``EvaluatorPool.same``); it should hold nothing yet, or the search may differ
+            (its layout cache is bounded, and a point's layouts are known by identity).
     """
-    with _collector_paused():
+    with collector_paused():
         return _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework,
-                       precision, fp8_recipe, moe)
+                       precision, fp8_recipe, moe, pool)
 
 
 @contextmanager
-def _collector_paused():
-    """The search allocates millions of short-lived objects (memo keys, layouts, costs) and no
-    reference cycles of note; Python's cyclic collector would walk the growing memo tables again
-    and again (10-30% of a search). Reference counting frees them; collection resumes after."""
+def collector_paused():
+    """The search (and the guarantees around it, ``search.guarantee``) allocates millions of
+    short-lived objects (memo keys, layouts, costs) and no reference cycles of note; Python's cyclic
+    collector would walk the growing memo tables again and again (10-30% of a search; about 0.3 s
+    of DeepSeek-V3's whole plan on 1,024 H100). Reference counting frees them; collection resumes
+    after."""
     enabled = gc.isenabled()
     gc.disable()
     try:
@@ -88,9 +94,11 @@ def _collector_paused():
 
 
 def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework, precision=None,
-            fp8_recipe=None, moe=None) -> Plan:
+            fp8_recipe=None, moe=None, shared=None) -> Plan:
     t0 = time.perf_counter()
     pool = EvaluatorPool(cfg, cluster, seq, graph_factory, framework, precision, fp8_recipe, moe)
+    if shared is not None and shared.same(pool):
+        pool = shared  # (the guarantee's, whose grid and baselines then reuse this search's evaluators)
     s = OuterSearch(pool, global_batch, micro_batch, order)
     if space == "megatron":
         seed, points = megatron_grid(pool, global_batch, micro_batch)
