@@ -21,14 +21,11 @@ How each run is costed (``symtensor.api.evaluate``, the same call as ``symtensor
   * FSDP FULL_SHARD (torchtitan, Composer) = framework "fsdp2", zero 3; torchtitan's TP is sequence
     parallel; NeMo runs = framework "megatron", zero 1 (distributed optimizer), sequence parallel.
   * Activation checkpointing "full" (torchtitan) or ``True`` (llm-foundry, per block) = recompute
-    "full". torchtitan's selective AC has no recompute mode of its own in the cost model; its step is
-    the "none" step plus a share w of the full-recomputation increment, read from torchtitan's code
-    (torchtrain/parallelisms/parallelize_llama.py of the A100 runs' era, the same policy today):
-    "selective layer" checkpoints every 2nd block (``selective_ac_option = "2"``): w = 1/2;
-    "selective op" saves every op's output "except every second mm" (and SDPA), so a block
-    recomputes its 2nd, 4th and 6th matmul of wq wk wv wo w1 w3 w2 (wk, wo, w3) and its elementwise
-    ops: w = their share of the block's forward seconds as the cost model costs them ("selective"
-    alone: torchtitan's default option, op). Both ends are shown (the bracket column: full).
+    "full". torchtitan's selective AC is costed by the cost model's own modes for it (``cost.segment``,
+    per torchtitan@238fa99's policy): "selective layer" (``selective_ac_option = "2"``, every 2nd block
+    whole) = ``layer:2``; "selective op" and plain "selective" (torchtitan's default option, op: each
+    block keeps every other matmul's output and SDPA's, re-runs the rest) = ``selective-op``. (Until
+    round 3 this script bracketed them between "none" and "full" by a share of full's increment.)
   * Attention kernels, the model's ``attention`` (``--set attention=...``): torchtitan runs SDPA
     (FlashAttention-2), NeMo Transformer Engine's fused attention: ``flash``, each engine's own.
     llm-foundry's MPT yamls set ``attn_config: attn_impl: triton`` (mpt-125m.yaml @2a59782a, the
@@ -63,13 +60,8 @@ from collections import defaultdict
 from pathlib import Path
 
 from symtensor import api
-from symtensor.cost import Evaluator
 from symtensor.errors import PlanError
-from symtensor.graph import kind_of
-from symtensor.hardware import GIB, PRESETS, load_cluster
-from symtensor.layout import REPLICATED
-from symtensor.models import build_graph
-from symtensor.models.config import PRESETS as MODEL_PRESETS, apply_overrides
+from symtensor.hardware import GIB, PRESETS
 from symtensor.plan.document import evaluation_json
 
 from results_files import write_results
@@ -162,44 +154,16 @@ def cluster_of(row: dict, clusters: dict) -> str:
     return clusters[row["gpu"]]
 
 
-def recompute_of(row: dict) -> tuple[str, str | None]:
-    """(the recompute the run is costed with, the bracket's other end or None)."""
+def recompute_of(row: dict) -> str:
+    """The recompute the run is costed with (the module docstring)."""
     ac = row["ac_published"].lower()
     if row["source"] == "llm-foundry":
-        return ("full" if ac == "true" else "none"), None
+        return "full" if ac == "true" else "none"
     if ac.startswith("full"):
-        return "full", None
+        return "full"
     if ac.startswith("selective"):
-        return "none", "full"
-    return "none", None
-
-
-# the matmuls torchtitan's op-level SAC recomputes: the 2nd, 4th and 6th of a block's
-# wq wk wv wo | w1 w3 w2 (the builders' k_proj, o_proj, up_proj)
-SAC_RECOMPUTED_MM = ("k_proj", "o_proj", "up_proj")
-
-
-def selective_share(row: dict, cluster: str) -> float:
-    """The share of the full-recomputation increment torchtitan's selective AC recomputes (see the
-    module docstring): 1/2 for "selective layer"; for op SAC, of one block's forward seconds (as
-    the cost model costs its ops on this cluster, under the eager kernels of fsdp2), those of the
-    recomputed matmuls and of every memory-bound op (norms, RoPE, SwiGLU, residuals: not saved),
-    without attention (SDPA is saved) and the other matmuls."""
-    if "layer" in row["ac_published"].lower():
-        return 0.5
-    preset, over = model_of(row)
-    cfg = apply_overrides(MODEL_PRESETS[preset], over)
-    ev = Evaluator(build_graph(cfg, micro_batch=1, seq=int(row["seq"]), skeleton=True),
-                   load_cluster(cluster, devices=8), framework="fsdp2")
-    redo = full = 0.0
-    for op in ev.graph.ops:
-        if op.layer != 0:
-            continue
-        fwd = ev.op_time(op, REPLICATED).fwd_s
-        full += fwd
-        if kind_of(op.kind).memory_bound or (op.kind == "linear" and op.name.endswith(SAC_RECOMPUTED_MM)):
-            redo += fwd
-    return redo / full
+        return "layer:2" if "layer" in ac else "selective-op"
+    return "none"
 
 
 def regime_of(row: dict) -> str:
@@ -241,7 +205,7 @@ class Costs:
 def predict(rows: list[dict], clusters: dict) -> list[dict]:
     costs, out = Costs(), []
     for r in rows:
-        rec, other = recompute_of(r)
+        rec = recompute_of(r)
         cl = cluster_of(r, clusters)
         res = costs(r, cl, rec)
         meas = float(r["measured_tokens_per_s_per_gpu"])
@@ -256,16 +220,9 @@ def predict(rows: list[dict], clusters: dict) -> list[dict]:
             continue
         bd = res["breakdown"]
         step = res["step_time_s"]
-        alt = costs(r, cl, other) if other else {"error": "none"}
-        scale = 1.0
-        if other and "error" not in alt:  # torchtitan's selective AC: a share of full's increment
-            share = selective_share(r, cl)
-            scale = 1 + share * (alt["step_time_s"] / step - 1)
-            step *= scale
-            o["config"] = config_text(r, f"none+{share:.2f}(full-none)")
-        pred = res["tokens_per_s"] / res["devices"] / scale
+        pred = res["tokens_per_s"] / res["devices"]
         meas_step = int(r["global_batch"]) * int(r["seq"]) / (meas * int(r["gpus"]))
-        lo, hi = (scale * b for b in res["step_time_band_s"])
+        lo, hi = res["step_time_band_s"]
         o.update(predicted_tok_s_gpu=pred, error=pred / meas - 1, predicted_mfu=res["mfu"],
                  step_s=step, measured_step_s=meas_step, band_regime=res["regime"],
                  in_band=lo <= meas_step <= hi, band_calibrated=res["band_calibrated"],
@@ -273,11 +230,6 @@ def predict(rows: list[dict], clusters: dict) -> list[dict]:
                  compute_share=(bd.get("compute", 0) + bd.get("recompute", 0)) / step,
                  comm_share=sum(v for k, v in bd.items() if k.endswith("_comm")) / step,
                  bubble_share=bd.get("pp_bubble", 0) / step, note="")
-        if other and "error" not in alt:
-            o["bracket_tok_s_gpu"] = alt["tokens_per_s"] / alt["devices"]
-            o["bracket_error"] = o["bracket_tok_s_gpu"] / meas - 1
-            o["in_bracket"] = min(pred, o["bracket_tok_s_gpu"]) <= meas <= max(pred, o["bracket_tok_s_gpu"])
-            o["bracket_memory_gib"] = alt["memory_gib_per_device"]
         if r["source"] == "llm-foundry":
             o["params_check"] = mpt_params(r) == int(r["params_published"])
         out.append(o)
@@ -435,20 +387,16 @@ def report(res: list[dict], groups: list[dict], skipped: list[str], calls: int, 
     for (src, reg) in sorted({(r["source"], r["regime"]) for r in res}):
         g = [r for r in res if r["source"] == src and r["regime"] == reg]
         lines += ["", f"## {src}: {reg}", "",
-                  "| id | model | GPUs | config | AC published | measured tok/s/GPU | predicted | error | bracket "
-                  "(recompute full) | fits | compute / comm / bubble share |",
-                  "|---|---|---:|---|---|---:|---:|---:|---:|---|---|"]
+                  "| id | model | GPUs | config | AC published | measured tok/s/GPU | predicted | error | "
+                  "fits | compute / comm / bubble share |",
+                  "|---|---|---:|---|---|---:|---:|---:|---|---|"]
         for r in g:
-            br = ""
-            if "bracket_tok_s_gpu" in r:
-                br = (f"{r['bracket_tok_s_gpu']:.0f} ({fmt(r['bracket_error'], pct=True)}); measured "
-                      f"{'inside' if r['in_bracket'] else 'outside'}")
             shares = (f"{100 * r['compute_share']:.0f} / {100 * r['comm_share']:.0f} / {100 * r['bubble_share']:.0f}%"
                       if r.get("predicted_tok_s_gpu") is not None else r.get("note", ""))
             tag = " (torch.compile, not in MAPE)" if not r["in_mape"] else ""
             lines.append(f"| {r['id']}{tag} | {r['model']} | {r['gpus']} | {r['config']} | {r['ac_published']} | "
                          f"{r['measured_tok_s_gpu']:.6g} | {fmt(r.get('predicted_tok_s_gpu'))} | "
-                         f"{fmt(r.get('error'), pct=True)} | {br} | {r.get('fits', '-')} | {shares} |")
+                         f"{fmt(r.get('error'), pct=True)} | {r.get('fits', '-')} | {shares} |")
 
     comp = [r for r in res if not r["in_mape"] and r.get("error") is not None]
     if comp:
@@ -457,11 +405,12 @@ def report(res: list[dict], groups: list[dict], skipped: list[str], calls: int, 
     mem = [r for r in res if r.get("measured_memory_gib") and r.get("memory_gib") is not None]
     if mem:
         lines += ["", "## Peak memory where the source publishes it (torchtitan H100 Tables 1 and 3)", "",
-                  "| id | measured GiB | predicted GiB (recompute as costed) | predicted GiB (bracket: full) | "
-                  "model says fits (96 GiB) |", "|---|---:|---:|---:|---|"]
+                  "| id | AC published | recompute as costed | measured GiB | predicted GiB | "
+                  "model says fits (96 GiB) |",
+                  "|---|---|---|---:|---:|---|"]
         for r in mem:
-            lines.append(f"| {r['id']} | {r['measured_memory_gib']:.1f} | {r['memory_gib']:.1f} | "
-                         f"{fmt(r.get('bracket_memory_gib'), '.1f')} | {r['fits']} |")
+            lines.append(f"| {r['id']} | {r['ac_published']} | {r['recompute']} | {r['measured_memory_gib']:.1f} | "
+                         f"{r['memory_gib']:.1f} | {r['fits']} |")
     mp = [r for r in res if "params_check" in r]
     lines += ["", "## Transcription checks", "",
               f"- llm-foundry: {sum(r['params_check'] for r in mp)} of {len(mp)} rows' NumParams equal "
@@ -511,8 +460,8 @@ def main() -> int:
     commit = src_commit()
     lines = report(res, groups, SKIPPED, calls, seconds, commit)
     fields = ["id", "source", "regime", "device", "model", "gpus", "config", "ac_published", "compile", "in_mape",
-              "seq", "recompute", "measured_tok_s_gpu", "predicted_tok_s_gpu", "error", "bracket_tok_s_gpu",
-              "bracket_error", "in_bracket", "measured_memory_gib", "memory_gib", "bracket_memory_gib", "fits",
+              "seq", "recompute", "measured_tok_s_gpu", "predicted_tok_s_gpu", "error",
+              "measured_memory_gib", "memory_gib", "fits",
               "predicted_mfu", "step_s", "measured_step_s", "band_regime", "band_calibrated", "in_band",
               "compute_share", "comm_share", "bubble_share", "params_check", "note"]
     out = [{k: (f"{r[k]:.6g}" if isinstance(r.get(k), float) else r.get(k, "")) for k in fields} for r in res]
