@@ -683,12 +683,23 @@ def gemm_shape_efficiency(device_name: str, m: float, n: float, k: float, dtype:
     is bounded by the quantisation NVIDIA's guide describes, not extrapolated at the smallest row's rate).
     A shape-matched measurement where the table has one near, the size's bound where it has none. A device
     with a ``stack`` table (``DeviceKernels.stack``) is charged the lower of this rule on its own table and
-    the same rule on the stack table."""
-    own = _shape_rule(_shape_index(device_name, dtype), m, n, k, layout, groups, DEVICES[device_name].sms)
+    the same rule on the stack table where the shape lies inside its own table's measured box (every dim at
+    least the table's smallest: XLA's H100 rows start at 256), and the stack table's rule alone below it (a
+    table bounds the range it measured: below it the nearest row is an extrapolation, whose steps between
+    far-apart rows would make a split GEMM cheaper per FLOP than the whole, which no kernel does)."""
+    index = _shape_index(device_name, dtype)
+    own = _shape_rule(index, m, n, k, layout, groups, DEVICES[device_name].sms)
     if dtype not in DEVICES[device_name].stack:
         return own
-    return min(own, _shape_rule(_shape_index(device_name, dtype, True), m, n, k, layout, groups,
-                                DEVICES[device_name].sms))
+    stack = _shape_rule(_shape_index(device_name, dtype, True), m, n, k, layout, groups, DEVICES[device_name].sms)
+    return min(own, stack) if _inside(index, m * groups, n, k) else stack
+
+
+def _inside(index, m: float, n: float, k: float) -> bool:
+    """Whether the GEMM (M, N, K) has every dim at least the smallest the table measured in it."""
+    logs = index[0]["*"][0]
+    lo = logs.min(axis=0)
+    return math.log(m) >= lo[0] - 1e-9 and math.log(n) >= lo[1] - 1e-9 and math.log(k) >= lo[2] - 1e-9
 
 
 def _shape_rule(index, m, n, k, layout, groups, sms) -> float:
