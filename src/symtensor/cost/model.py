@@ -99,7 +99,7 @@ class Evaluator:
         (``EvaluatorPool.release``): a costed segment names its evaluator, a reference cycle that only
         Python's cyclic collector would free, and it is paused over a plan."""
         for cache in (self._op_cache, self._segment_cache, self._boundary_seconds, self._segment_params_cache,
-                      self._wiring_cache, self._floor_cache):
+                      self._wiring_cache, self._floor_cache, self._regions):
             cache.clear()
 
     # -- graph facts ------------------------------------------------------------------------
