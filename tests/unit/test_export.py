@@ -276,3 +276,56 @@ def test_the_launch_check_catches_a_selective_mode_without_its_option():
     assert activation_checkpoint_problems({"mode": "selective", "selective_ac_option": "0"}) != []
     assert activation_checkpoint_problems({"mode": "memory_budget"}) != []
     assert activation_checkpoint_problems({"mode": "selective", "selective_ac_option": "op"}) == []
+
+
+def _megatron_zero3(**config):
+    from symtensor.search import megatron_plan
+
+    return megatron_plan(PRESETS["tiny-llama"], load_cluster("dgx-h100", devices=8),
+                         **{"tp": 2, "dp": 4, "sp": True, "zero": 3, "global_batch": 8, "seq": 64, **config})
+
+
+def test_a_megatron_zero3_plan_exports_as_megatron_fsdp_and_would_launch():
+    """ZeRO 3 under the megatron engine is Megatron-FSDP (optim_grads_params) with the fsdp_dtensor checkpoint
+    format arguments.py asserts beside it, the distributed optimizer Megatron-FSDP v1 runs, and the gradient dtype
+    the plan is costed with stated (Megatron-FSDP's own default is bf16); hybrid sharding as optimizer instances."""
+    from fixtures.fuzzing import _megatron_problems
+
+    plan = _megatron_zero3()
+    args = megatron_args(plan)
+    for flag in ("--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+                 "--ckpt-format fsdp_dtensor", "--use-distributed-optimizer", "--megatron-fsdp-main-grads-dtype fp32"):
+        assert flag in args
+    assert "--grad-reduce-in-bf16" not in args and _megatron_problems(plan, args) == []
+    bf16 = _megatron_zero3(grad_reduce_bf16=True)
+    args = megatron_args(bf16)
+    assert "--grad-reduce-in-bf16" in args and "--megatron-fsdp-main-grads-dtype bf16" in args
+    assert _megatron_problems(bf16, args) == []
+    hybrid = _megatron_zero3(dp_shard=2)
+    args = megatron_args(hybrid)
+    assert "--num-distributed-optimizer-instances 2" in args and _megatron_problems(hybrid, args) == []
+    zero1 = megatron_args(_megatron_zero3(zero=1))  # ZeRO 1 stays the distributed optimizer alone
+    assert "--use-distributed-optimizer" in zero1 and not any("fsdp" in a for a in zero1)
+
+
+def test_the_launch_check_catches_a_megatron_fsdp_export_that_would_not_launch():
+    """The harness's Megatron-FSDP rules (arguments.py at d98e8a6) fail on arguments that break them: no
+    fsdp_dtensor checkpoint format, a ZeRO stage or gradient dtype other than the plan's."""
+    from fixtures.fuzzing import _megatron_problems
+
+    plan = _megatron_zero3()
+    args = megatron_args(plan)
+    assert any("fsdp_dtensor" in p for p in _megatron_problems(plan, [a for a in args if "ckpt-format" not in a]))
+    optim = [a.replace("optim_grads_params", "optim") for a in args]
+    assert any("run ZeRO 1, the plan is ZeRO 3" in p for p in _megatron_problems(plan, optim))
+    auto = [a for a in args if "main-grads-dtype" not in a]
+    assert any("reduces gradients in bf16, the plan in fp32" in p for p in _megatron_problems(plan, auto))
+
+
+def test_megatron_refuses_zero2_it_is_not_costed_as_megatron_fsdp():
+    from dataclasses import replace
+
+    plan = _megatron_zero3()
+    with pytest.raises(PlanError, match=r"Megatron-LM has no ZeRO-2 as the cost model charges it \(Megatron-FSDP's "
+                                        r"optim_grads is not costed\): plan with --zero 1 or 3"):
+        megatron_args(replace(plan, train=plan.train.replace(zero=2)))

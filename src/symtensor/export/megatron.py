@@ -2,8 +2,8 @@
 
 The plan's configuration (``Plan.parallelism``) lowered to Megatron-LM's arguments: its
 parallelism (the expert layers' own grid folded over the stage's ranks), the pipeline split,
-recomputation and the distributed optimizer, then the model. ``CAPABILITIES`` is what Megatron-LM
-runs beyond the configuration rule; ``refusal`` the rules it adds.
+recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), then the model.
+``CAPABILITIES`` is what Megatron-LM runs beyond the configuration rule; ``refusal`` the rules it adds.
 """
 
 from __future__ import annotations
@@ -15,9 +15,16 @@ from symtensor.errors import PlanError
 from symtensor.export.common import lowered
 from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
 
-# Megatron-LM's distributed optimizer is ZeRO-1 (megatron/core/optimizer/distrib_optimizer.py); it
-# runs context parallelism without FSDP and any expert grid the configuration rule accepts
-CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1))
+# Megatron-LM's distributed optimizer is ZeRO-1 (megatron/core/optimizer/distrib_optimizer.py), Megatron-FSDP's
+# optim_grads_params ZeRO-3 (megatron/core/distributed/fsdp, as cost.engine's megatron engine charges it); it runs
+# context parallelism and any expert grid the configuration rule accepts
+CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1, 3))
+
+# The Megatron-LM whose Megatron-FSDP arguments ``fsdp_args`` writes and ``fsdp_problems`` checks
+# (megatron/training/arguments.py ``validate_args``): NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22). The flag is
+# --use-megatron-fsdp since af28b5a (2025-08-21); before it --use-custom-fsdp (e.g. 1e05700, 2025-05-24, which
+# also asserted --no-gradient-accumulation-fusion for optim_grads(_params) and had no hybrid FSDP).
+FSDP_SOURCE = "NVIDIA/Megatron-LM@d98e8a6 megatron/training/arguments.py"
 
 
 def refusal(p: Parallelism) -> str | None:
@@ -27,15 +34,30 @@ def refusal(p: Parallelism) -> str | None:
     the expert data-parallel size (megatron/core/parallel_state.py), which the configuration rule
     already holds (``plan.parallelism._hybrid_refusal``); without the distributed optimizer
     (ZeRO 0) the instances have nothing to shard."""
-    if p.zero not in CAPABILITIES.zero:
-        return (f"Megatron-LM has no ZeRO-{p.zero}; its distributed optimizer is ZeRO-1 (plan with --space megatron, "
-                "or export to torchtitan for FSDP)")
+    if p.zero not in CAPABILITIES.zero:  # (Megatron-FSDP's optim_grads is ZeRO-2, not costed: cost.engine)
+        return (f"Megatron-LM has no ZeRO-{p.zero} as the cost model charges it (Megatron-FSDP's optim_grads is not "
+                "costed): plan with --zero 1 or 3, or export to torchtitan")
     if p.hsdp and p.zero == 0:
         return "--num-distributed-optimizer-instances needs --use-distributed-optimizer (ZeRO-1)"
     if p.recompute not in CAPABILITIES.recompute and not modules_of(p.recompute):
         return (f"Megatron-LM has no {p.recompute} recomputation (torchtitan's selective checkpointing): use "
                 "--recompute selective or full, or export to torchtitan")
     return None
+
+
+def fsdp_args(p: Parallelism) -> list[str]:
+    """Megatron-FSDP (ZeRO 3) as cost.engine's megatron engine charges it (``FSDP_SOURCE``): parameters, gradients
+    and optimizer states sharded over dp x cp (``optim_grads_params``), in the ``fsdp_dtensor`` checkpoint format
+    arguments.py asserts with it; ``--use-distributed-optimizer`` stays (Megatron-FSDP v1, the default
+    ``--megatron-fsdp-version``, runs Megatron-core's DistributedOptimizer and sets it when absent). Hybrid
+    sharding is ``--num-distributed-optimizer-instances`` with the outer replicas unsharded (the default
+    ``--outer-dp-sharding-strategy no_shard``: HSDP). The gradient dtype is stated: since b969f76 (2026-03-02)
+    Megatron-FSDP keeps and reduces gradients in ``--megatron-fsdp-main-grads-dtype`` (default ``auto``, the
+    parameters' bf16) and no longer reads ``--grad-reduce-in-bf16`` alone, so fp32 unless the plan states bf16.
+    Launch: CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (arguments.py asserts it is not 1)."""
+    dtype = "bf16" if p.grad_reduce_bf16 else "fp32"
+    return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+            "--ckpt-format fsdp_dtensor", f"--megatron-fsdp-main-grads-dtype {dtype}"]
 
 
 def fp8_refusal(p: Parallelism, model) -> str | None:
@@ -155,10 +177,12 @@ def megatron_args(plan) -> list[str]:
         args += ["--recompute-granularity selective", f"--recompute-modules {' '.join(modules_of(p.recompute))}"]
     if p.zero >= 1:
         args.append("--use-distributed-optimizer")
-    if p.hsdp:  # hybrid sharding: optimizer instances of dp_shard ranks each, replicated
+    if p.hsdp:  # hybrid sharding: optimizer instances (or FSDP's outer replicas) of dp_shard ranks each, replicated
         args.append(f"--num-distributed-optimizer-instances {p.dp_replicate}")
     if p.grad_reduce_bf16:  # the gradient buffer and its reduction in bf16 (cost.engine.Engine.grad_reduce_bf16)
         args.append("--grad-reduce-in-bf16")
+    if p.zero == 3:
+        args += fsdp_args(p)
     if cfg.family == "llama":
         args += ["--normalization RMSNorm", "--swiglu", "--position-embedding-type rope",
                  "--untie-embeddings-and-output-weights"]
