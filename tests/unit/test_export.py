@@ -48,13 +48,9 @@ def test_torchtitan_and_dtensor_degrees_multiply_to_the_devices(plan):
     assert size == 64
 
 
-def test_unknown_format_and_zero2_refused(plan):
+def test_unknown_format_refused(plan):
     with pytest.raises(PlanError, match="unknown export format 'deepspeed'"):
         export(plan, "deepspeed")
-    from dataclasses import replace
-    zero2 = replace(plan, train=plan.train.replace(zero=2))
-    with pytest.raises(PlanError, match="Megatron-LM has no ZeRO-2"):
-        megatron_args(zero2)
 
 
 def test_a_megatron_export_refuses_a_dp_that_does_not_divide_the_global_batch(plan):
@@ -322,10 +318,16 @@ def test_the_launch_check_catches_a_megatron_fsdp_export_that_would_not_launch()
     assert any("reduces gradients in bf16, the plan in fp32" in p for p in _megatron_problems(plan, auto))
 
 
-def test_megatron_refuses_zero2_it_is_not_costed_as_megatron_fsdp():
+def test_megatron_exports_zero2_as_megatron_fsdp_optim_grads():
+    """A megatron ZeRO-2 plan (gradients and optimizer state sharded, a reduce-scatter per micro-batch, the weights
+    replicated) is Megatron-FSDP's optim_grads; the launch check accepts it and says which stage it runs."""
     from dataclasses import replace
 
+    from fixtures.fuzzing import _megatron_problems
+
     plan = _megatron_zero3()
-    with pytest.raises(PlanError, match=r"Megatron-LM has no ZeRO-2 as the cost model charges it \(Megatron-FSDP's "
-                                        r"optim_grads is not costed\): plan with --zero 1 or 3"):
-        megatron_args(replace(plan, train=plan.train.replace(zero=2)))
+    zero2 = replace(plan, train=plan.train.replace(zero=2))
+    args = megatron_args(zero2)
+    assert "--data-parallel-sharding-strategy optim_grads" in args and "--use-megatron-fsdp" in args
+    assert not _megatron_problems(zero2, args)
+    assert any("run ZeRO 3, the plan is ZeRO 2" in p for p in _megatron_problems(zero2, megatron_args(plan)))

@@ -62,17 +62,18 @@ def test_replicate_once_costs_the_all_reduce_in_the_last_micro_batch():
     assert every.seconds == pytest.approx(4 * (0.030 - 0.001)) and "replicate" not in every.calls
 
 
-def test_unit_gradient_bucket_in_memory_at_zero_3_only():
+def test_unit_gradient_bucket_in_memory_where_gradients_are_sharded():
     """Megatron-FSDP's sharded gradient buffer reduce-scatters each unit out of an unsharded bucket in the
-    main-gradient dtype: the largest unit's (a layer here), fp32, or bf16 under --grad-reduce-in-bf16. ZeRO 1
-    and 2 (no FSDP units) allocate none."""
+    main-gradient dtype: the largest unit's (a layer here), fp32, or bf16 under --grad-reduce-in-bf16, at ZeRO 3
+    (optim_grads_params) and ZeRO 2 (optim_grads). ZeRO 1 (the distributed optimizer's contiguous buffer, whose
+    buckets are views) allocates none."""
     p = tiny()
     layer = n_params(p, "layers.0.")
     assert layer > n_params(p, "embed.")
     assert p.report.memory["engine_buffers"] == pytest.approx(4 * layer)
     assert tiny(grad_reduce_bf16=True).report.memory["engine_buffers"] == pytest.approx(2 * layer)
-    for zero in (1, 2):
-        assert tiny(zero=zero).report.memory["engine_buffers"] == 0.0
+    assert tiny(zero=2).report.memory["engine_buffers"] == pytest.approx(4 * layer)
+    assert tiny(zero=1).report.memory["engine_buffers"] == 0.0
 
 
 def test_the_rules_change_nothing_where_they_do_not_apply(monkeypatch):

@@ -11,9 +11,12 @@ gather) stays exposed.
     megatron   Megatron-core with the distributed optimizer (ZeRO 1), --overlap-grad-reduce and
                --overlap-param-gather: gradients are reduced once per step in buckets during the
                last micro-batch's backward; the last bucket to fill is exposed. Updated
-               parameters are all-gathered during the next step's first forward. ZeRO 3 is
+               parameters are all-gathered during the next step's first forward. ZeRO 2 and 3 are
                Megatron-FSDP (``--use-megatron-fsdp``, formerly ``--use-custom-fsdp``, with
-               ``--data-parallel-sharding-strategy optim_grads_params``), below. Transformer Engine
+               ``--data-parallel-sharding-strategy optim_grads`` / ``optim_grads_params``), below: at
+               ZeRO 2 the gradients are reduce-scattered every micro-batch out of a per-unit bucket
+               (param_and_grad_buffer.py, as at ZeRO 3) and the replicated weights gathered once per
+               step after the optimizer, the ZeRO paper's stage 2. Transformer Engine
                overlaps tensor-parallel communication with the GEMMs (``tp_overlap``).
     fsdp2      PyTorch FSDP2 as torchtitan runs it: one unit per transformer block; the next
                unit's all-gather is prefetched behind this unit's compute, in forward and (with

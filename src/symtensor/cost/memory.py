@@ -28,7 +28,7 @@ extrapolates it to other batches from below (``search.outer``).
 
 from __future__ import annotations
 
-from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, WEIGHTS, engine_of
+from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, GRADIENTS, WEIGHTS, engine_of
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.train import RECOMPUTE, TrainConfig
@@ -78,7 +78,7 @@ TERMS = {
     "activations": ("saved activations x micro-batches in flight (1F1B)", "Korthikanti et al. 2022; "
                     "megatron/core/pipeline_parallel/schedules.py"),
     "engine_buffers": ("DeepSpeed: 2 (ZeRO 1/2) or 1 x min(reduce bucket, gradients); DDP: a copy of the "
-                       "gradients; FSDP2 and Megatron-FSDP (ZeRO 3): the largest unit's gradients in the "
+                       "gradients; FSDP2 and Megatron-FSDP (ZeRO 2, 3): the largest unit's gradients in the "
                        "reduce dtype; Megatron ZeRO 1: none (buckets are views of the contiguous gradient buffer)",
                        "engine_buffers (cost/memory.py)"),
     "loss_transient": ("seq x micro_batch x vocab/tp x Engine.loss_grad_bytes",
@@ -127,7 +127,7 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     all-reduces) hold one. PyTorch DDP (FSDP2's ZeRO 0) copies every gradient into its buckets unless
     gradient_as_bucket_view=True ("the saved memory size will be equal to the total gradients size", the DDP
     docs). FSDP2 reduce-scatters a unit's gradients out of a buffer in the reduce dtype (torchtitan's
-    mixed_precision_reduce float32): the largest unit's; so does Megatron-FSDP at ZeRO 3 (its sharded gradient
+    mixed_precision_reduce float32): the largest unit's; so does Megatron-FSDP at ZeRO 2 and 3 (its sharded gradient
     buffer fetches an unsharded bucket per unit, in the main-gradient dtype: ``cost.engine``). Megatron's ZeRO 1
     buckets are views of its contiguous gradient buffer, and the distributed optimizer gathers into its parameter
     buffer in place: nothing."""
@@ -137,7 +137,7 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     out = (eng.bucket_buffers if double else min(eng.bucket_buffers, 1)) * min(eng.ddp_bucket_bytes, grads)
     if eng.ddp_bucket_copy and not eng.zero_sharded(z):
         out += st.static["grads"]
-    if eng.unit_reduce_buffer and eng.shards(WEIGHTS, z):  # (units exist where the weights are sharded)
+    if eng.unit_reduce_buffer and eng.shards(GRADIENTS, z):  # (a unit's bucket, where gradients are sharded)
         out += st.unit_grads
     return out
 

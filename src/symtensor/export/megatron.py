@@ -18,7 +18,7 @@ from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
 # Megatron-LM's distributed optimizer is ZeRO-1 (megatron/core/optimizer/distrib_optimizer.py), Megatron-FSDP's
 # optim_grads_params ZeRO-3 (megatron/core/distributed/fsdp, as cost.engine's megatron engine charges it); it runs
 # context parallelism and any expert grid the configuration rule accepts
-CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1, 3))
+CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1, 2, 3))
 
 # The Megatron-LM whose Megatron-FSDP arguments ``fsdp_args`` writes and ``fsdp_problems`` checks
 # (megatron/training/arguments.py ``validate_args``): NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22). The flag is
@@ -34,9 +34,8 @@ def refusal(p: Parallelism) -> str | None:
     the expert data-parallel size (megatron/core/parallel_state.py), which the configuration rule
     already holds (``plan.parallelism._hybrid_refusal``); without the distributed optimizer
     (ZeRO 0) the instances have nothing to shard."""
-    if p.zero not in CAPABILITIES.zero:  # (Megatron-FSDP's optim_grads is ZeRO-2, not costed: cost.engine)
-        return (f"Megatron-LM has no ZeRO-{p.zero} as the cost model charges it (Megatron-FSDP's optim_grads is not "
-                "costed): plan with --zero 1 or 3, or export to torchtitan")
+    if p.zero not in CAPABILITIES.zero:
+        return f"Megatron-LM has no ZeRO-{p.zero}: plan with --zero 0 to 3, or export to torchtitan"
     if p.hsdp and p.zero == 0:
         return "--num-distributed-optimizer-instances needs --use-distributed-optimizer (ZeRO-1)"
     if p.recompute not in CAPABILITIES.recompute and not modules_of(p.recompute):
@@ -46,8 +45,10 @@ def refusal(p: Parallelism) -> str | None:
 
 
 def fsdp_args(p: Parallelism) -> list[str]:
-    """Megatron-FSDP (ZeRO 3) as cost.engine's megatron engine charges it (``FSDP_SOURCE``): parameters, gradients
-    and optimizer states sharded over dp x cp (``optim_grads_params``), in the ``fsdp_dtensor`` checkpoint format
+    """Megatron-FSDP (ZeRO 2 and 3) as cost.engine's megatron engine charges it (``FSDP_SOURCE``): gradients and
+    optimizer states sharded over dp x cp at ZeRO 2 (``optim_grads``: a reduce-scatter per micro-batch, the
+    replicated weights gathered once per step), parameters too at ZeRO 3 (``optim_grads_params``), in the
+    ``fsdp_dtensor`` checkpoint format
     arguments.py asserts with it; ``--use-distributed-optimizer`` stays (Megatron-FSDP v1, the default
     ``--megatron-fsdp-version``, runs Megatron-core's DistributedOptimizer and sets it when absent). Hybrid
     sharding is ``--num-distributed-optimizer-instances`` with the outer replicas unsharded (the default
@@ -56,7 +57,8 @@ def fsdp_args(p: Parallelism) -> list[str]:
     parameters' bf16) and no longer reads ``--grad-reduce-in-bf16`` alone, so fp32 unless the plan states bf16.
     Launch: CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (arguments.py asserts it is not 1)."""
     dtype = "bf16" if p.grad_reduce_bf16 else "fp32"
-    return ["--use-megatron-fsdp", "--data-parallel-sharding-strategy optim_grads_params",
+    strategy = "optim_grads_params" if p.zero == 3 else "optim_grads"
+    return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
             "--ckpt-format fsdp_dtensor", f"--megatron-fsdp-main-grads-dtype {dtype}"]
 
 
@@ -181,7 +183,7 @@ def megatron_args(plan) -> list[str]:
         args.append(f"--num-distributed-optimizer-instances {p.dp_replicate}")
     if p.grad_reduce_bf16:  # the gradient buffer and its reduction in bf16 (cost.engine.Engine.grad_reduce_bf16)
         args.append("--grad-reduce-in-bf16")
-    if p.zero == 3:
+    if p.zero >= 2:
         args += fsdp_args(p)
     if cfg.family == "llama":
         args += ["--normalization RMSNorm", "--swiglu", "--position-embedding-type rope",
