@@ -39,7 +39,7 @@ from dataclasses import asdict, dataclass, fields, replace
 from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.plan.summary import config_summary
+from symtensor.plan.summary import STACK_DEFAULTS, config_summary
 
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp")
 TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
@@ -208,10 +208,7 @@ class Parallelism:
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
-                           moe_dispatcher=self.moe_dispatcher, moe_routing=self.moe_routing,
-                           moe_capacity_factor=self.moe_capacity_factor, moe_shared_overlap=self.moe_shared_overlap,
-                           moe_ep_overlap=self.moe_ep_overlap, grad_reduce_bf16=self.grad_reduce_bf16,
-                           expandable_segments=self.expandable_segments)
+                           **{k: getattr(self, k) for k in STACK_DEFAULTS})
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""

@@ -131,14 +131,13 @@ def config_summary(plan) -> dict:
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
             "framework": train.framework, **_precision(train),
             **({} if train.layer_split is None else {"layer_split": list(train.layer_split)}),
-            **_moe(train, edeg["ep"]), **({"grad_reduce_bf16": True} if train.grad_reduce_bf16 else {}),
-            **({} if train.expandable_segments is None else {"expandable_segments": train.expandable_segments})}
+            **_stack(train, edeg["ep"])}
 
 
-def _moe(train, ep: int = 2) -> dict:
-    """The summary's MoE keys: those that differ from ``MOE_DEFAULTS`` (none by default); the expert
+def _stack(train, ep: int = 2) -> dict:
+    """The summary's stack facts: those that differ from ``STACK_DEFAULTS`` (none by default); the expert
     all-to-all overlap only where there is expert parallelism (``ep``) to overlap."""
-    return {k: getattr(train, k) for k, v in MOE_DEFAULTS.items()
+    return {k: getattr(train, k) for k, v in STACK_DEFAULTS.items()
             if getattr(train, k) != v and not (k == "moe_ep_overlap" and ep <= 1)}
 
 
