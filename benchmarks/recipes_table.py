@@ -52,8 +52,8 @@ def on_its_own_gpus(r: recipes.Recipe) -> str:
     if costed is None:
         return "cannot be laid on the mesh"
     rep = costed.report
-    return (f"fits, {rep.memory_peak / GIB:.1f} GiB, {rep.step_time_s:.3g} s" if rep.fits
-            else f"does not fit: {rep.memory_peak / GIB:.1f} GiB")
+    return (f"fits, {rep.memory_reserved / GIB:.1f} GiB reserved, {rep.step_time_s:.3g} s" if rep.fits
+            else rep.overflow)
 
 
 def recipe_rows() -> list[dict]:

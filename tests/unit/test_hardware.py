@@ -91,6 +91,32 @@ def test_gb200_nvl72_is_one_nvlink_domain_of_72():
     assert load_cluster("gb200-nvl72", devices=36).level_counts == (36, 1)  # half a rack
 
 
+@pytest.mark.parametrize("devices,counts", [(64, (64, 1)), (128, (64, 2)), (256, (64, 4)), (1024, (64, 16)),
+                                            (144, (72, 2)), (72, (72, 1)), (8, (8, 1))])
+def test_gb200_jobs_of_64_gpus_per_rack(devices, counts):
+    """A GB200 job whose GPU count is no multiple of 72 but one of 64 uses 64 GPUs of each rack (Megatron-Bridge's
+    performance guide; NVIDIA's 64- and 256-GPU GB200 recipes): 256 GPUs are 4 racks of 64, not refused."""
+    assert load_cluster("gb200-nvl72", devices=devices).level_counts == counts
+
+
+def test_a_job_neither_of_whole_racks_nor_of_64_per_rack_is_refused_with_both_fixes():
+    with pytest.raises(PlanError, match=r"100 devices is not a whole number of nvlink groups of 72; use a multiple of "
+                                        r"72 or of 64 \(64 of each group\)"):
+        load_cluster("gb200-nvl72", devices=100)
+
+
+def test_the_partial_rack_survives_the_cluster_file_and_the_plan_file(tmp_path):
+    from symtensor.hardware.cluster import cluster_dict, cluster_from_dict
+
+    c = load_cluster("gb200-nvl72", devices=256)
+    again = cluster_from_dict(cluster_dict(c), 256)
+    assert again.levels[0].partial == 64 and again.level_counts == (64, 4)
+    bad = cluster_dict(c)
+    bad["levels"][0]["partial"] = 72
+    with pytest.raises(PlanError, match="partial"):
+        cluster_from_dict(bad, 256)
+
+
 def test_nodes_and_devices_agree():
     assert load_cluster("dgx-h100", nodes=3) == load_cluster("dgx-h100", devices=24)
     assert load_cluster("dgx-h100", devices=1).mesh() == ()

@@ -176,3 +176,25 @@ def test_a_recipe_without_a_layout_runs_megatrons_own_split():
     assert (base.config["pp"], base.config["vpp"]) == (4, 5)
     assert base.train.layer_split is None
     assert base.train.chunk_layers(cfg.layers) == (4,) * 20
+
+
+def test_a_recipe_layout_string_is_costed_as_stated():
+    """A recipe that states Megatron's --pipeline-model-parallel-layout runs that split, not the planner's
+    balanced one: DeepSeek-V3's tp2 pp16 ep64 library recipe (``Et*4|(t*4|)*14tmL``) puts 4 layers on
+    each of its first 15 stages and 1 on the last, whose multi-token-prediction layer the zoo's model does
+    not have (the note says so)."""
+    r = next(r for r in recipes.RECIPES if r.name == "deepseek_v3_pretrain_1024gpu_h100_bf16_config"
+             and r.kind == "pretrain")
+    cfg = load_model_config("deepseek-v3")
+    assert recipes.layout_split(r, cfg) == (4,) * 15 + (1,)
+    assert recipes.scaled(r, cfg, 1024, 4096, 4096)["layer_split"] == (4,) * 15 + (1,)
+    assert "multi-token-prediction" in recipes.MTP_NOTE
+    slots = next(r for r in recipes.RECIPES if r.pp_layout and r.layout_string is None)
+    assert recipes.layout_split(slots, load_model_config(slots.model)) is None  # the planner's own "slots" rule
+
+
+def test_a_layout_string_that_does_not_give_the_recipes_stages_is_refused():
+    r = next(r for r in recipes.RECIPES if r.layout_string)
+    wrong = recipes.Recipe(**{**{f: getattr(r, f) for f in r.__slots__}, "vpp": 2})
+    with pytest.raises(PlanError, match="stages, not pp x vpp"):
+        recipes.layout_split(wrong, load_model_config(r.model))

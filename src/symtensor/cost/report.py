@@ -30,6 +30,11 @@ class CostReport:
     memory_reserved: float = 0.0
 
     @property
+    def overflow(self) -> str:
+        """Why it does not fit, in the words every plan and baseline uses: the reserved peak ``fits`` judges."""
+        return f"does not fit: {self.memory_reserved / GIB:.1f} GiB per device (reserved)"
+
+    @property
     def tokens_per_s(self) -> float:
         return self.tokens / self.step_time_s
 

@@ -58,6 +58,9 @@ class Level:
             ``all_gather``, ``reduce_scatter``, ``all_to_all``, ``send_recv``) on this level, as
             (kind, fraction) pairs; a kind not listed uses the device's efficiency table.
         source: where the numbers come from.
+        partial: devices a job uses of each group when its count is no whole number of full groups
+            but one of ``partial`` (0: none; a rack-scale NVLink domain, whose switches connect any
+            subset all-to-all: ``NVL72_PARTIAL``).
     """
 
     name: str
@@ -66,6 +69,7 @@ class Level:
     latency: float
     link_efficiency: tuple[tuple[str, float], ...] = ()
     source: str = field(default="", compare=False)
+    partial: int = 0
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -112,6 +116,11 @@ class Cluster:
                 counts.append(rest)
                 rest = 1
                 break
+            if lvl.partial and rest % lvl.partial == 0 and (rest > lvl.fanout and rest % lvl.fanout
+                                                            or rest < lvl.fanout and lvl.fanout % rest):
+                counts.append(lvl.partial)  # ``partial`` of each group (Level.partial)
+                rest //= lvl.partial
+                continue
             if rest <= lvl.fanout:
                 if lvl.fanout % rest:
                     raise PlanError(f"cluster {self.name}: {rest} devices do not split a {lvl.name} group of "
@@ -122,7 +131,8 @@ class Cluster:
             if rest % lvl.fanout:
                 raise PlanError(
                     f"cluster {self.name}: {self.n_devices} devices is not a whole number of {lvl.name} groups of "
-                    f"{lvl.fanout}; use a multiple of {lvl.fanout} "
+                    f"{lvl.fanout}; use a multiple of {lvl.fanout}"
+                    f"{f' or of {lvl.partial} ({lvl.partial} of each group)' if lvl.partial else ''} "
                     f"(e.g. {self.n_devices // lvl.fanout * lvl.fanout or lvl.fanout}"
                     f" or {(self.n_devices // lvl.fanout + 1) * lvl.fanout}) or a custom cluster file")
             counts.append(lvl.fanout)
@@ -217,8 +227,16 @@ ASCEND_910B = Device(
     source="Huawei Atlas 800T A2 (Ascend 910B) public specs: ~313 TFLOP/s FP16, 64 GB HBM2e at ~1.6 TB/s")
 
 
-def _levels(intra_name, intra_bw, inter_name, inter_bw, intra_src, inter_src, fanout=8):
-    return (Level(name=intra_name, fanout=fanout, bandwidth=intra_bw, latency=_NVLINK_LAT, source=intra_src),
+# A job on GB200 NVL72 racks whose GPU count is no multiple of 72 uses 64 GPUs of each rack: "To avoid this
+# partitioning complexity, you can just use 64 GPUs out of the 72 GPUs" (Megatron-Bridge docs/performance-guide.md,
+# "Parallel mapping strategies with NVL72", NVIDIA-NeMo/Megatron-Bridge@067f987df03b), as NVIDIA's own GB200
+# performance recipes of 64 and 256 GPUs run.
+NVL72_PARTIAL = 64
+
+
+def _levels(intra_name, intra_bw, inter_name, inter_bw, intra_src, inter_src, fanout=8, partial=0):
+    return (Level(name=intra_name, fanout=fanout, bandwidth=intra_bw, latency=_NVLINK_LAT, source=intra_src,
+                  partial=partial),
             Level(name=inter_name, fanout=0, bandwidth=inter_bw, latency=_NET_LAT, source=inter_src))
 
 
@@ -247,7 +265,7 @@ PRESETS = {
         "NVLink 5 switch system across the rack: 130 TB/s for 72 GPUs = 1.8 TB/s bidirectional per GPU = "
         "900 GB/s each way (GB200 NVL72 spec)",
         "ConnectX-7 400 Gb/s InfiniBand, one NIC per GPU = 50 GB/s each way (DGX GB200 reference "
-        "architecture)", fanout=72)),
+        "architecture)", fanout=72, partial=NVL72_PARTIAL)),
     "ascend-910b": (ASCEND_910B, _levels(
         "hccs", 50 * GB, "roce", 10 * GB,
         "HCCS inside an 8-NPU Atlas 800T A2 node, ~50 GB/s per NPU (PARADISE hardware.py A2 preset)",
@@ -322,7 +340,7 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
         last = i == len(data["levels"]) - 1
         here = f"{where}: levels[{i}]"
         _mapping(lv, here, ("name", "bandwidth_gbps", "latency_us") + (() if last else ("fanout",)),
-                 (("fanout",) if last else ()) + ("link_efficiency", "source"))
+                 (("fanout",) if last else ()) + ("link_efficiency", "source", "partial"))
         fanout = lv.get("fanout", 0)
         if not isinstance(fanout, int) or isinstance(fanout, bool) or fanout < 0 or (not last and fanout == 0):
             raise PlanError(f"{here}: fanout must be a positive integer, got {fanout!r}")
@@ -331,7 +349,9 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
                             bandwidth=_number(lv, "bandwidth_gbps", here) * GB,
                             latency=_number(lv, "latency_us", here, positive=False) * US,
                             link_efficiency=_link_efficiency(lv, here),
-                            source=str(lv.get("source", f"cluster file {where}"))))
+                            source=str(lv.get("source", f"cluster file {where}")),
+                            partial=validate.integer(lv.get("partial", 0), f"{here}: partial", lo=0,
+                                                     hi=max(fanout - 1, 0))))
     return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels),
                    n_devices=n_devices, band=_band(data, where), **_efficiency(data, where),
                    **_end_to_end(data, where))
@@ -369,6 +389,8 @@ def cluster_dict(cluster: Cluster) -> dict:
             level["fanout"] = lv.fanout
         if lv.link_efficiency:
             level["link_efficiency"] = dict(lv.link_efficiency)
+        if lv.partial:
+            level["partial"] = lv.partial
         doc["levels"].append(level)
     if cluster.efficiency:
         doc["efficiency"] = {**dict(cluster.efficiency), "source": cluster.efficiency_source}

@@ -41,7 +41,8 @@ def plan_to_dict(plan: Plan) -> dict:
                     "device": {"name": cl.device.name, "peak_flops": cl.device.peak_flops,
                                "hbm_bandwidth": cl.device.hbm_bandwidth, "memory": cl.device.memory},
                     "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth,
-                                "latency": lv.latency} for lv in cl.levels]},
+                                "latency": lv.latency, **({"partial": lv.partial} if lv.partial else {})}
+                               for lv in cl.levels]},
         # (hybrid sharding's dp_replicate only where it is chosen: other plan files stay as they were)
         "train": {f.name: getattr(plan.train, f.name) for f in dataclasses.fields(TrainConfig)
                   if f.name != "dp_replicate" or plan.train.dp_replicate is not None},
@@ -83,7 +84,7 @@ def load_plan(path: str | Path) -> Plan:
     dev = Device(name=device["name"], peak_flops=dict(device["peak_flops"]),
                  hbm_bandwidth=float(device["hbm_bandwidth"]), memory=float(device["memory"]))
     levels = tuple(Level(name=lv["name"], fanout=int(lv["fanout"]), bandwidth=float(lv["bandwidth"]),
-                         latency=float(lv["latency"])) for lv in cl["levels"])
+                         latency=float(lv["latency"]), partial=int(lv.get("partial", 0))) for lv in cl["levels"])
     cluster = Cluster(name=cl["name"], device=dev, levels=levels, n_devices=int(cl["devices"]))
     graph = build_graph(cfg, micro_batch=train.graph_batch, seq=int(data["seq"]), skeleton=True)
     ev = Evaluator(graph, cluster, pp=train.pp, framework=train.framework)

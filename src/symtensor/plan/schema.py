@@ -89,9 +89,10 @@ def _plan_cluster(c, where: str) -> None:
         raise PlanError(f"{where}.levels must be a list of 1 to {MAX_LEVELS} levels")
     for i, lv in enumerate(levels):
         here = f"{where}.levels[{i}]"
-        _keys(lv, here, ("name", "fanout", "bandwidth", "latency"))
+        _keys(lv, here, ("name", "fanout", "bandwidth", "latency"), ("partial",))
         name(lv["name"], f"{here}.name", identifier=True)
         integer(lv["fanout"], f"{here}.fanout", lo=0, hi=MAX_DEVICES)
+        integer(lv.get("partial", 0), f"{here}.partial", lo=0, hi=MAX_DEVICES)
         number(lv["bandwidth"], f"{here}.bandwidth", HARDWARE_MAX_SI["bandwidth"])
         number(lv["latency"], f"{here}.latency", HARDWARE_MAX_SI["latency"], positive=False)
 

@@ -28,7 +28,7 @@ import math
 
 from symtensor.cost.recompute import refusal as modules_refusal
 from symtensor.errors import PlanError, did_you_mean
-from symtensor.hardware import GIB, Cluster, divisors
+from symtensor.hardware import Cluster, divisors
 from symtensor.models import ModelConfig, build_graph, params_active
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import RECIPE_NOTE
@@ -80,15 +80,14 @@ def megatron_recipe(pool: EvaluatorPool, global_batch: int) -> tuple[Costed | No
                 refused.append(f"{r.cited} does not run here: {e}")
                 continue
             c = _runs_modules(pool, c)
-            # a recipe without a layout string runs Megatron's own split (even, or the embedding and loss as layer
-            # slots: the rule's); a layout string is costed as the balanced split (its note says so)
-            stated = bool(r.pp_layout) and not r.pp_layout.startswith("embedding")
-            cand = pool.try_config(**c, balance=stated)
+            # a recipe runs its own split: its layout string (``recipes.layout_split``, in ``c``), else Megatron's
+            # (even, or the embedding and loss as layer slots: the rule's), never the planner's balanced one
+            cand = pool.try_config(**c, balance=False)
             if cand is None:
                 refused.append(f"{r.cited} cannot be laid on this cluster's mesh")
                 continue
             if not cand.report.fits:
-                why = f"{r.cited} does not fit: {cand.report.memory_peak / GIB:.1f} GiB per device"
+                why = f"{r.cited} {cand.report.overflow}"
                 break
             nearer = f"; the nearer {refused[0]}" if refused else ""
             return cand, RECIPE_NOTE + _recipe_note(r, c, n) + nearer
@@ -121,8 +120,8 @@ def _recipe_note(r: recipes.Recipe, c: dict, n: int) -> str:
     if c["recompute"] != r.recompute:
         parts.append(f"recompute modules ({r.recompute_detail}) costed as the planner's selective: this stack does "
                      "not run them")
-    if r.pp_layout and not r.pp_layout.startswith("embedding"):
-        parts.append(f"pipeline layout {r.pp_layout} costed as the planner's balanced split")
+    if r.layout_string and "m" in r.layout_string:
+        parts.append(f"pipeline layout {r.layout_string}: {recipes.MTP_NOTE}")
     return "; ".join(parts + ([r.notes] if r.notes else []))
 
 

@@ -45,7 +45,7 @@ from dataclasses import replace
 from symtensor.cost import TrainConfig
 from symtensor.cost.precision import NUMERICS_NOTE, STAYS_BF16
 from symtensor.errors import PlanError
-from symtensor.hardware import GIB, MEMORY_HEADROOM, Cluster
+from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import recipe_of
@@ -262,8 +262,7 @@ def _better(a: Plan | None, b: Plan) -> bool:
 
 def _time(plan: Plan) -> str:
     rep = plan.report
-    return f"{rep.step_time_s:.4g} s" if rep.fits else \
-        f"does not fit: {rep.memory_reserved / GIB:.1f} GiB per device (reserved)"
+    return f"{rep.step_time_s:.4g} s" if rep.fits else rep.overflow
 
 
 def _adopt(better: Plan, searched: Plan, note: str) -> Plan:

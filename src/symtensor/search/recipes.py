@@ -32,11 +32,12 @@ note says which it used and why.
 A row's ``precision`` is passed to the configuration as ``precision`` (``scaled``); every row
 is a BF16 recipe (the FP8 variants are named in the notes).
 
-Recorded but not applied as stated (hooks):
-- ``pp_layout``: a stated per-stage layer split (Megatron's ``--pipeline-model-parallel-layout``
-  string, or ``account_for_embedding/loss_in_pipeline_split``, which the planner's own split already
-  takes: ``parallelism.pipeline_split`` "slots"). Layout strings are costed with the planner's
-  balanced split until ``Parallelism`` states a layout; the note says so.
+- ``pp_layout``: a stated per-stage layer split: Megatron's ``--pipeline-model-parallel-layout``
+  string, costed as stated (``layout_split``: ``cost.pipeline.parse_layout``, the layer split the
+  configuration's ``layer_split`` carries), or ``account_for_embedding/loss_in_pipeline_split``,
+  which the planner's own split already takes (``parallelism.pipeline_split`` "slots"). DeepSeek-V3's
+  strings hold its multi-token-prediction layer (``m``), which the zoo's model does not have: its
+  stage is costed without it (``MTP_NOTE``).
 - ``recompute_detail``: Megatron's recomputation as the recipe words it. Since ``recompute``
   states Megatron's module lists (``modules:mla_up_proj,mlp``: ``cost.recompute``), it is costed
   as stated (before: as the planner's ``selective``, with a note).
@@ -47,6 +48,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from symtensor.cost.pipeline import parse_layout
 from symtensor.errors import PlanError
 from symtensor.models import PRESETS, ModelConfig
 from symtensor.plan.parallelism import Parallelism, refusal
@@ -60,6 +62,7 @@ _PERF = "src/megatron/bridge/perf_recipes/"
 _NEMO_CSV = "scripts/performance/recommended_model_configs/model_configs_{}.csv"
 
 RULE = "sizing rule"  # what the baseline names when no recipe is used
+MTP_NOTE = "its multi-token-prediction layer (m) not modelled: that stage costed without it"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -78,7 +81,7 @@ class Recipe:
             Megatron's --recompute-modules); recompute_detail: the recipe's own words.
         zero: 1 for Megatron's distributed optimizer (every row), 3 for Megatron FSDP.
         precision: the recipe's precision (the configuration's, ``scaled``).
-        pp_layout: its stated pipeline layout, if any (hook; see the module docstring).
+        pp_layout: its stated pipeline layout, if any (``layout_split``; see the module docstring).
         default: the family's default (``<model>_pretrain_config`` is this function).
         notes: what the planner does not model of it.
     """
@@ -117,6 +120,12 @@ class Recipe:
     def cited(self) -> str:
         """How a plan names it: the recipe and its source."""
         return f"{self.name} ({self.source})"
+
+    @property
+    def layout_string(self) -> str | None:
+        """Its Megatron ``--pipeline-model-parallel-layout`` string, None when it states none (or
+        states the embedding and loss as layer slots, the planner's own rule)."""
+        return self.pp_layout if self.pp_layout and self.pp_layout != _SLOTS else None
 
     @property
     def degrees(self) -> str:
@@ -289,6 +298,20 @@ def candidates(model: str, device_name: str, seq: int, n_devices: int) -> list[R
     return sorted((r for r in RECIPES if r.model == model and (r.kind == "pretrain" or r.gpu == gpu)), key=rank)
 
 
+def layout_split(r: Recipe, cfg: ModelConfig) -> tuple[int, ...] | None:
+    """The layers per virtual stage of ``r``'s stated layout string (``Recipe.layout_string``), None
+    without one (Megatron's own split). The multi-token-prediction layer (``m``) is dropped: the
+    zoo's models have none (``MTP_NOTE``). A PlanError when the string does not give the recipe's
+    pp x vpp stages or the model's layers."""
+    text = r.layout_string
+    if text is None:
+        return None
+    split = parse_layout(text.replace("m", ""), r.pp, cfg.layers)
+    if len(split) != r.pp * r.vpp:
+        raise PlanError(f"pipeline layout {text!r} has {len(split)} stages, not pp x vpp = {r.pp} x {r.vpp}")
+    return split
+
+
 def scaled(r: Recipe, cfg: ModelConfig, n_devices: int, global_batch: int, seq: int) -> dict:
     """Recipe ``r`` on ``n_devices`` devices at the plan's global batch and sequence, as a Megatron
     configuration (``search.megatron``'s keys): its degrees, recomputation and micro batch, with
@@ -302,7 +325,7 @@ def scaled(r: Recipe, cfg: ModelConfig, n_devices: int, global_batch: int, seq: 
     mb = r.micro_batch if global_batch % (r.micro_batch * dp) == 0 else 1
     c = dict(tp=r.tp, pp=r.pp, dp=dp, cp=r.cp, ep=r.ep, etp=r.etp, sp=r.sp, zero=r.zero if dp * r.cp > 1 else 0,
              recompute=r.recompute, micro_batch=mb, global_batch=global_batch, seq=seq, vpp=r.vpp,
-             precision=r.precision)
+             precision=r.precision, layer_split=layout_split(r, cfg))
     why = refusal(Parallelism(**c), cfg, n_devices)
     if why is not None:
         raise PlanError(why)
