@@ -144,16 +144,12 @@ def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None, framework: 
     ``framework`` (an engine name) the MoE combine keeps what that engine keeps (``cost.moe.saved_scale``)."""
     from symtensor.cost.engine import ENGINES
     from symtensor.cost.moe import saved_scale
-    from symtensor.graph import op_saves
+    from symtensor.graph import op_saved_activations
 
     values: dict = {}
     sizes = _local_sizes(op, layout, ev.mesh, values)
     expr = sp.Integer(0)
-    for slot_name in op_saves(op):
-        io, idx = slot_name[:-1], int(slot_name[-1])
-        tname = op.inputs[idx] if io == "in" else op.outputs[idx]
-        if ev.tensors[tname].param:
-            continue
+    for io, idx, tname in op_saved_activations(op, ev.tensors):
         keeps = saved_scale(op, io, idx, ENGINES[framework]) if framework is not None else 1.0
         if not keeps:
             continue

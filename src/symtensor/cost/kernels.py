@@ -54,6 +54,7 @@ from __future__ import annotations
 import functools
 import math
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import numpy as np
 
@@ -645,11 +646,24 @@ def all_tables():
 GEMM_LAYOUTS = ("TN", "NN", "NT")
 
 
+class _ShapeIndex(NamedTuple):
+    """A GEMM table as the shape lookups read it: per layout (``by``; every row under ``-`` when the table
+    records no layout, all rows under ``*``), the rows' (log M, log N, log K) and efficiencies; the envelope
+    (``xs``, ``ys``) and the conversions of ``gemm_efficiency``; ``lo``, the table's measured box (the
+    smallest log M, log N, log K of its rows)."""
+
+    by: dict
+    xs: tuple
+    ys: tuple
+    scale: float
+    cap: float
+    ratio: float
+    lo: np.ndarray
+
+
 @functools.cache
-def _shape_index(device_name: str, dtype: str, stack: bool = False) -> tuple:
-    """Per layout, the rows' (log M, log N, log K, efficiency) (every row under ``-`` when the table records
-    no layout), the envelope and the conversions of ``gemm_efficiency``; of the device's ``stack`` table
-    with ``stack``."""
+def _shape_index(device_name: str, dtype: str, stack: bool = False) -> _ShapeIndex:
+    """The ``_ShapeIndex`` of the device's GEMM table for ``dtype``; of its ``stack`` table with ``stack``."""
     dev = DEVICES[device_name]
     table, scale = dev.stack[dtype] if stack else _gemm_table(dev, dtype)
     rows: dict = {}
@@ -661,7 +675,8 @@ def _shape_index(device_name: str, dtype: str, stack: bool = False) -> tuple:
     every = [r for group in rows.values() for r in group]
     by["*"] = (np.array([r[:3] for r in every]), [r[3] for r in every])
     xs, ys = _gemm_envelope(table)
-    return by, xs, ys, scale, _cap(dev, dtype), table.peak_tflops / dev.peak_tflops[dtype]
+    return _ShapeIndex(by, xs, ys, scale, _cap(dev, dtype), table.peak_tflops / dev.peak_tflops[dtype],
+                       by["*"][0].min(axis=0))
 
 
 def table_dtype(device, dtype: str) -> str:
@@ -695,15 +710,14 @@ def gemm_shape_efficiency(device_name: str, m: float, n: float, k: float, dtype:
     return min(own, stack) if _inside(index, m * groups, n, k) else stack
 
 
-def _inside(index, m: float, n: float, k: float) -> bool:
-    """Whether the GEMM (M, N, K) has every dim at least the smallest the table measured in it."""
-    logs = index[0]["*"][0]
-    lo = logs.min(axis=0)
+def _inside(index: _ShapeIndex, m: float, n: float, k: float) -> bool:
+    """Whether the GEMM (M, N, K) has every dim at least the smallest the table measured in it (``index.lo``)."""
+    lo = index.lo
     return math.log(m) >= lo[0] - 1e-9 and math.log(n) >= lo[1] - 1e-9 and math.log(k) >= lo[2] - 1e-9
 
 
-def _shape_rule(index, m, n, k, layout, groups, sms) -> float:
-    by, xs, ys, scale, cap, ratio = index
+def _shape_rule(index: _ShapeIndex, m, n, k, layout, groups, sms) -> float:
+    by, xs, ys, scale, cap, ratio, _ = index
     bound = min(interp_log(xs, ys, 2.0 * m * n * k * groups * ratio) * scale, cap, cap * wave(m * groups, n, sms))
     logs, effs = by.get(layout) or by.get("-") or by["*"]
     d = logs - (math.log(m), math.log(n), math.log(k))
@@ -713,7 +727,7 @@ def _shape_rule(index, m, n, k, layout, groups, sms) -> float:
 @functools.lru_cache(maxsize=65536)
 def gemm_bound(device_name: str, flops: float, dtype: str) -> float:
     """``gemm_efficiency`` of a GEMM of ``flops`` (its envelope: no shape of these FLOPs was measured faster)."""
-    _, xs, ys, scale, cap, ratio = _shape_index(device_name, dtype)
+    _, xs, ys, scale, cap, ratio, _ = _shape_index(device_name, dtype)
     return min(interp_log(xs, ys, flops * ratio) * scale, cap)
 
 

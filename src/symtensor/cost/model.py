@@ -40,7 +40,7 @@ from symtensor.cost.report import CostReport
 from symtensor.cost.segment import Segment, activation_key, out_slot, recompute_share, sac_mm_index
 from symtensor.cost.train import SAC_OP, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saves, requires_grad
+from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saved_activations, requires_grad
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 
@@ -205,12 +205,8 @@ class Evaluator:
                 if prod is not None:  # graph inputs cost no redistribution
                     inputs.append((slot, tname, prod, out_slot(prod, tname), tname in self.requires_grad))
             saves = []
-            for slot_name in op_saves(op):
-                io, idx = slot_name[:-1], int(slot_name[-1])
-                tname = op.inputs[idx] if io == "in" else op.outputs[idx]
+            for io, idx, tname in op_saved_activations(op, self.tensors):
                 t = self.tensors[tname]
-                if t.param:
-                    continue
                 prod = ext_producer.get(tname) or self.producer.get(tname)
                 saves.append((io, idx, tname, t.nbytes, prod, out_slot(prod, tname) if prod is not None else 0))
             out.append((op, tuple(inputs), tuple(saves)))

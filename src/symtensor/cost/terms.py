@@ -24,7 +24,7 @@ from symtensor.cost.params import data_axes, weight_axes
 from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
 from symtensor.cost.segment import forward_runs, recomputed
 from symtensor.cost.train import TrainConfig
-from symtensor.graph import op_saves
+from symtensor.graph import op_saved_activations
 from symtensor.layout import OpLayout
 
 
@@ -119,11 +119,7 @@ def saved_bytes(ev, op, layout: OpLayout, train) -> float:
             (train.recompute == "full" or op.attr("core") or regions):  # (a module's region: its inputs estimated)
         return 0.0
     saved = 0.0
-    for slot_name in op_saves(op):
-        io, idx = slot_name[:-1], int(slot_name[-1])
-        tname = op.inputs[idx] if io == "in" else op.outputs[idx]
-        if ev.tensors[tname].param:
-            continue
+    for io, idx, tname in op_saved_activations(op, ev.tensors):
         view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
         fp8 = train.fp8 is not None and io == "in" and fp8_gemm(op)  # its FP8 copy (cost.precision)
         keeps = moe.saved_scale(op, io, idx, engine_of(train))  # the MoE combine's, per engine (cost.moe)

@@ -1,5 +1,6 @@
 """What the exports share: the configuration an engine runs as one, the nearest exportable plan,
-the commands that name a configuration, and the notes.
+the commands that name a configuration, the model's architecture as the Megatron-lineage launchers
+spell it (``ModelFlags``), and the notes.
 
 A SymTensor plan is per-op; an engine takes one configuration for the whole model. A plan exports
 when its ops agree on one (``Plan.parallelism``: not heterogeneous), that configuration passes the
@@ -10,6 +11,8 @@ never writes a configuration that would fail at launch.
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 from symtensor.errors import PlanError
 from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Capabilities, Heterogeneous, Parallelism
@@ -100,6 +103,46 @@ def model_arg(cfg) -> str:
             shown = ",".join(map(str, value)) if isinstance(value, tuple) else value  # as --set parses it
             changed.append(f"--set {f.name}={shown}")
     return " ".join([cfg.name] + changed)
+
+
+@dataclass(frozen=True)
+class ModelFlags:
+    """How a Megatron-lineage launcher spells the model's architecture (its megatron/training/arguments.py):
+    the RMSNorm value of ``--normalization``, the rotary position embedding flag, the grouped-query
+    attention flags (formatted with the KV head count) and whether it takes ``--add-qkv-bias``."""
+
+    rmsnorm: str
+    rope: str
+    query_groups: tuple[str, ...]
+    qkv_bias: bool
+
+
+# NVIDIA/Megatron-LM (``--normalization``'s choices, ``--position-embedding-type``, ``--group-query-attention``)
+MEGATRON_LM = ModelFlags(rmsnorm="RMSNorm", rope="--position-embedding-type rope",
+                         query_groups=("--group-query-attention", "--num-query-groups {}"), qkv_bias=True)
+# microsoft/Megatron-DeepSpeed@f4157be megatron/arguments.py (``--num-key-value-heads``; no --add-qkv-bias)
+MEGATRON_DEEPSPEED = ModelFlags(rmsnorm="rmsnorm", rope="--use-rotary-position-embeddings",
+                                query_groups=("--num-key-value-heads {}",), qkv_bias=False)
+
+
+def size_args(cfg) -> list[str]:
+    """The model's sizes: layers, hidden width, attention heads, MLP width (both launchers spell them alike)."""
+    return [f"--num-layers {cfg.layers}", f"--hidden-size {cfg.hidden}", f"--num-attention-heads {cfg.heads}",
+            f"--ffn-hidden-size {cfg.ffn}"]
+
+
+def query_group_args(cfg, flags: ModelFlags) -> list[str]:
+    """Grouped-query attention: the KV head count where it differs from the query heads."""
+    return [f.format(cfg.kv_heads) for f in flags.query_groups] if cfg.kv_heads != cfg.heads else []
+
+
+def family_args(cfg, flags: ModelFlags) -> list[str]:
+    """The LLaMA family's architecture (RMSNorm, SwiGLU, rotary embeddings, untied output, biases)."""
+    if cfg.family != "llama":
+        return []
+    args = [f"--normalization {flags.rmsnorm}", "--swiglu", flags.rope, "--untie-embeddings-and-output-weights"]
+    args += ["--add-qkv-bias"] if flags.qkv_bias and cfg.qkv_bias and not cfg.bias else []
+    return args + ([] if cfg.bias else ["--disable-bias-linear"])
 
 
 def zero1_note(engine: str, setting: str) -> str:

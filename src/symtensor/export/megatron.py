@@ -12,7 +12,7 @@ from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, RECIPES, shape_refusal
 from symtensor.cost.recompute import modules_of
 from symtensor.errors import PlanError
-from symtensor.export.common import lowered
+from symtensor.export.common import MEGATRON_LM, family_args, lowered, query_group_args, size_args
 from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
 
 # Megatron-LM's distributed optimizer is ZeRO-1 (megatron/core/optimizer/distrib_optimizer.py), Megatron-FSDP's
@@ -158,9 +158,7 @@ def megatron_args(plan) -> list[str]:
     cfg = plan.model
     args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
             f"--context-parallel-size {p.cp}", f"--micro-batch-size {p.micro_batch}",
-            f"--global-batch-size {p.global_batch}", f"--seq-length {p.seq}",
-            f"--num-layers {cfg.layers}", f"--hidden-size {cfg.hidden}", f"--num-attention-heads {cfg.heads}",
-            f"--ffn-hidden-size {cfg.ffn}"]
+            f"--global-batch-size {p.global_batch}", f"--seq-length {p.seq}", *size_args(cfg)]
     if p.sp:
         args.append("--sequence-parallel")
     split = p.train.chunk_layers(cfg.layers)  # (the configuration rule took it: plan.parallelism.refusal)
@@ -185,20 +183,14 @@ def megatron_args(plan) -> list[str]:
         args.append("--grad-reduce-in-bf16")
     if p.zero >= 2:
         args += fsdp_args(p)
-    if cfg.family == "llama":
-        args += ["--normalization RMSNorm", "--swiglu", "--position-embedding-type rope",
-                 "--untie-embeddings-and-output-weights"]
-        args += ["--add-qkv-bias"] if cfg.qkv_bias and not cfg.bias else []
-        args += [] if cfg.bias else ["--disable-bias-linear"]
+    args += family_args(cfg, MEGATRON_LM)
     args += ["--use-flash-attn", *precision_args(p)]
     return args
 
 
 def _attention_args(cfg) -> list[str]:
     """GQA, head width, Q/K norms, multi-head latent attention, sliding windows and sinks."""
-    args = []
-    if cfg.kv_heads != cfg.heads:
-        args += ["--group-query-attention", f"--num-query-groups {cfg.kv_heads}"]
+    args = query_group_args(cfg, MEGATRON_LM)
     if cfg.kv_latent:  # Megatron's qk-head-dim is the non-rotary part of a head
         args += ["--multi-latent-attention", f"--kv-lora-rank {cfg.kv_latent}",
                  f"--qk-head-dim {cfg.head_dim - cfg.rope_dim}", f"--qk-pos-emb-head-dim {cfg.rope_dim}",

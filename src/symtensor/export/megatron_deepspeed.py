@@ -18,7 +18,7 @@ selective Megatron's core-attention recomputation (``--recompute-granularity sel
 from __future__ import annotations
 
 from symtensor.errors import PlanError
-from symtensor.export.common import lowered
+from symtensor.export.common import MEGATRON_DEEPSPEED, family_args, lowered, query_group_args, size_args
 from symtensor.plan.parallelism import Capabilities, engine_refusal
 
 # its ZeRO stages and its context parallelism are the megatron-deepspeed engine's refusals (``refusal``); it runs
@@ -41,16 +41,10 @@ def megatron_deepspeed_config(plan) -> dict:
     args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
             f"--micro-batch-size {p.micro_batch}", f"--global-batch-size {p.global_batch}",
             f"--seq-length {p.seq}", f"--max-position-embeddings {max(p.seq, cfg.max_context)}",
-            f"--num-layers {cfg.layers}", f"--hidden-size {cfg.hidden}", f"--num-attention-heads {cfg.heads}",
-            f"--ffn-hidden-size {cfg.ffn}"]
-    if cfg.kv_heads != cfg.heads:
-        args.append(f"--num-key-value-heads {cfg.kv_heads}")
+            *size_args(cfg), *query_group_args(cfg, MEGATRON_DEEPSPEED)]
     if p.sp:
         args.append("--sequence-parallel")
-    if cfg.family == "llama":
-        args += ["--normalization rmsnorm", "--swiglu", "--use-rotary-position-embeddings",
-                 "--untie-embeddings-and-output-weights"]
-        args += [] if cfg.bias else ["--disable-bias-linear"]
+    args += family_args(cfg, MEGATRON_DEEPSPEED)
     if p.recompute == "full":
         args += ["--checkpoint-activations", "--checkpoint-num-layers 1"]
     elif p.recompute == "selective":

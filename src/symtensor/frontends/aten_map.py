@@ -247,10 +247,15 @@ def broadcast(lw: Lowering, ins, shape):
             if first is None:
                 first = v.axes[k]
             elif size > 1:
-                for a, b in lw.dims.unify(first, v.axes[k]):
-                    renames.setdefault(j, []).append((_tup(b), _tup(a)))
+                renames.setdefault(j, []).extend(renames_into(lw.dims, first, v.axes[k]))
         axes.append(first or ())
     return axes, renames
+
+
+def renames_into(dims, keep, other) -> list:
+    """Unify ``other`` into ``keep`` (``dims.unify``); the pairs that cannot merge become renames of
+    ``other``'s operand (as ``Lowering.emit``'s ``renames`` take them)."""
+    return [(_tup(y), _tup(x)) for x, y in dims.unify(keep, other)]
 
 
 def _tup(x) -> tuple:
@@ -334,8 +339,7 @@ def _cat(lw, node):
     for j, v in enumerate(ins[1:], 1):
         for i in range(len(axes)):
             if i != dim and v.shape[i] == shape[i] and v.axes[i] and axes[i]:
-                for a, b in lw.dims.unify(axes[i], v.axes[i]):
-                    renames.setdefault(j, []).append((_tup(b), _tup(a)))
+                renames.setdefault(j, []).extend(renames_into(lw.dims, axes[i], v.axes[i]))
     axes[dim] = lw.fresh_axes((shape[dim],))[0]
     out = lw.out_val(node, axes, like=ins)
     lw.emit(node, "elementwise", ins, [out], renames=renames,
@@ -355,8 +359,7 @@ def _stack(lw, node):
     for j, v in enumerate(ins[1:], 1):
         for i, axis in enumerate(axes):
             if axis and v.axes[i]:
-                for a, b in lw.dims.unify(axis, v.axes[i]):
-                    renames.setdefault(j, []).append((_tup(b), _tup(a)))
+                renames.setdefault(j, []).extend(renames_into(lw.dims, axis, v.axes[i]))
     axes.insert(dim, lw.fresh_axes((shape[dim],))[0])
     out = lw.out_val(node, axes, like=ins)
     lw.emit(node, "elementwise", ins, [out], renames=renames,
@@ -495,8 +498,7 @@ def _scatter(lw, node):
     if src is not None:
         for k in range(1, min(len(src.axes), len(x.axes))):
             if src.shape[-k] == x.shape[-k] and src.axes[-k] and x.axes[-k]:
-                for a, b in lw.dims.unify(x.axes[-k], src.axes[-k]):
-                    renames.setdefault(len(ins) - 1, []).append((_tup(b), _tup(a)))
+                renames.setdefault(len(ins) - 1, []).extend(renames_into(lw.dims, x.axes[-k], src.axes[-k]))
     out = lw.out_val(node, x.axes, like=[x])
     lw.emit(node, "generic", ins, [out], renames=renames, attrs={"fn": op_key(node).split("::")[-1]})
     lw.vals[node] = out

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 from symtensor.frontends.aten_map import (
     _dim,
-    _tup,
     bind,
     generic,
     handles,
     pointwise,
+    renames_into,
     shape_of,
 )
 from symtensor.frontends.lower import AtomRef, Lowering, Val
@@ -37,11 +37,6 @@ _REDUCTION = {0: "none", 1: "mean", 2: "sum"}
 # -- helpers --------------------------------------------------------------------------------------
 def _flat(axes) -> tuple[int, ...]:
     return tuple(a for axis in axes for a in axis)
-
-
-def _into(dims, keep, other) -> list:
-    """Unify ``other`` into ``keep``; the pairs that cannot merge become renames of ``other``."""
-    return [(_tup(y), _tup(x)) for x, y in dims.unify(keep, other)]
 
 
 def _untwin(dims, axis, others):
@@ -70,7 +65,7 @@ def _align_right(lw: Lowering, v: Val, axes, shape) -> list:
     renames = []
     for k in range(1, len(v.axes) + 1):
         if v.shape[-k] == shape[-k] and v.axes[-k] and axes[-k]:
-            renames += _into(lw.dims, axes[-k], v.axes[-k])
+            renames += renames_into(lw.dims, axes[-k], v.axes[-k])
     return renames
 
 
@@ -99,7 +94,7 @@ def _batch_axes(lw: Lowering, a: Val, b: Val):
         sa, sb = (a.shape[ia] if ia >= 0 else 1), (b.shape[ib] if ib >= 0 else 1)
         if xa is not None and xb is not None and sa == sb:
             if xa and xb:
-                renames += _into(lw.dims, xa, xb)
+                renames += renames_into(lw.dims, xa, xb)
             out.append(xa or xb)
         else:
             out.append(xa if xa is not None and sa >= sb else xb)
@@ -111,7 +106,7 @@ def contract(lw: Lowering, node, a: Val, b: Val, bias: Val | None = None, name=N
     dims = lw.dims
     a_vec, b_vec = len(a.axes) == 1, len(b.axes) == 1
     ka, kb = a.axes[-1], (b.axes[0] if b_vec else b.axes[-2])
-    renames = _into(dims, ka, kb)
+    renames = renames_into(dims, ka, kb)
     if a_vec or b_vec:  # a vector operand has no batch axes: the other's are kept
         batch, more = list(b.axes[:-2] if a_vec else a.axes[:-2]), []
     else:
@@ -197,7 +192,7 @@ def _einsum(lw, node):
     for j, (term, v) in enumerate(zip(lhs.split(","), ops)):
         for letter, axis in zip(term, v.axes):
             if letter in letters:
-                renames.setdefault(j, []).extend(_into(lw.dims, letters[letter], axis))
+                renames.setdefault(j, []).extend(renames_into(lw.dims, letters[letter], axis))
             else:
                 letters[letter], more = _untwin(lw.dims, axis, list(letters.values()))
                 renames.setdefault(j, []).extend(more)
@@ -248,8 +243,9 @@ def _attention_plan(lw: Lowering, q: Val, k: Val, v: Val):
             or size(qn) % size(kg):
         return None  # e.g. a V head dim unlike Q's (MLA): the bmm-softmax-bmm fallback handles it
     dims = lw.dims
-    ren_k = _into(dims, (qb,), (kb,)) + _into(dims, (qd,), (kd,))
-    ren_v = [r for keep, other in ((qb, vb), (qd, vd), (kg, vg), (kt, vt)) for r in _into(dims, (keep,), (other,))]
+    ren_k = renames_into(dims, (qb,), (kb,)) + renames_into(dims, (qd,), (kd,))
+    ren_v = [r for keep, other in ((qb, vb), (qd, vd), (kg, vg), (kt, vt))
+             for r in renames_into(dims, (keep,), (other,))]
     t, g = kt, kg
     if dims.find(kt) == dims.find(qs):
         t = dims.twin(qs)
@@ -299,7 +295,7 @@ def norm(lw: Lowering, node, x: Val, k: int, weight: Val | None, bias: Val | Non
     ins, renames = [x], {}
     for p in (weight, bias):
         if p is not None:
-            renames[len(ins)] = _into(lw.dims, _flat(axes), _flat(p.axes))
+            renames[len(ins)] = renames_into(lw.dims, _flat(axes), _flat(p.axes))
             ins.append(p)
     values = node.meta["val"]
     multi = isinstance(values, (tuple, list))
@@ -375,7 +371,7 @@ def cross_entropy(lw: Lowering, node, logits_node, target_node, reduction: int) 
     renames = []
     for ax, ay in zip(rest, y.axes):
         if ax and ay:
-            renames += _into(lw.dims, ax, ay)
+            renames += renames_into(lw.dims, ax, ay)
     for atom in x.axes[cls]:
         lw.dims.hint(atom, "v", 6)
     values = node.meta["val"]
@@ -421,13 +417,13 @@ def _grouped_mm(lw, node):
     groups = lw.dims.regroup((x.axes[0],), target) if target else None
     if groups is None:
         return generic(lw, node, warn=True)
-    _into(lw.dims, w.axes[0], groups[0])
+    renames_into(lw.dims, w.axes[0], groups[0])
     if len(groups) == 3:
-        _into(lw.dims, (lw.batch_atom,), groups[1])
+        renames_into(lw.dims, (lw.batch_atom,), groups[1])
     for atom, name in ((w.axes[0][0], "e"), (groups[-1][0], "c")):
         lw.dims.hint(atom, name, 6)
     lw.capacity_atom = groups[-1][0]
-    renames = _into(lw.dims, x.axes[1], w.axes[1])
+    renames = renames_into(lw.dims, x.axes[1], w.axes[1])
     out = lw.out_val(node, (x.axes[0], w.axes[2]))
     _weight_order(lw, w, w.axes)
     lw.linears.append((lw.dims.leaves_of(x.axes[1]), lw.dims.leaves_of(w.axes[2])))
@@ -450,7 +446,7 @@ def _stacked_experts(lw: Lowering, x: Val, w: Val, out: Val) -> None:
     if batch > 1 and size % batch == 0 and len(dims.leaves_of(rows)) == 1:
         groups = dims.regroup((rows,), (batch, size // batch))
         if groups is not None:
-            _into(dims, (lw.batch_atom,), groups[0])
+            renames_into(dims, (lw.batch_atom,), groups[0])
             dims.hint(groups[1][0], "c", 6)
             lw.capacity_atom = groups[1][0]
     lw.experts.add(out.tensor)

@@ -2,7 +2,16 @@
 
 from symtensor.graph.analysis import grad_operands, layer_repeat, model_flops, requires_grad
 from symtensor.graph.ir import DTYPE_BYTES, Graph, Op, Tensor, rescale_dim
-from symtensor.graph.kinds import KINDS, kind_of, op_fwd_flops, op_model_flops, op_no_cut, op_saves
+from symtensor.graph.kinds import (
+    KINDS,
+    kind_of,
+    op_fwd_flops,
+    op_model_flops,
+    op_no_cut,
+    op_saved_activations,
+    op_saves,
+)
 
 __all__ = ["grad_operands", "layer_repeat", "model_flops", "requires_grad", "DTYPE_BYTES", "Graph", "Op", "Tensor",
-           "rescale_dim", "KINDS", "kind_of", "op_fwd_flops", "op_model_flops", "op_no_cut", "op_saves"]
+           "rescale_dim", "KINDS", "kind_of", "op_fwd_flops", "op_model_flops", "op_no_cut", "op_saved_activations",
+           "op_saves"]

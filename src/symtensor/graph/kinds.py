@@ -162,6 +162,18 @@ def op_saves(op) -> tuple[str, ...]:
     return kind_of(op.kind).saves
 
 
+def op_saved_activations(op, tensors) -> tuple[tuple[str, int, str], ...]:
+    """The activations backward needs of this op: (``in`` or ``out``, operand index, tensor name) per slot of
+    ``op_saves`` whose tensor (``tensors``: the graph's, by name) is not a parameter."""
+    out = []
+    for slot in op_saves(op):
+        io, idx = slot[:-1], int(slot[-1])
+        tname = op.inputs[idx] if io == "in" else op.outputs[idx]
+        if not tensors[tname].param:
+            out.append((io, idx, tname))
+    return tuple(out)
+
+
 def op_fwd_flops(op, sizes=None):
     """Executed forward FLOPs of the whole op (before any cut)."""
     kind = kind_of(op.kind)

@@ -10,7 +10,7 @@ from rich.table import Table
 
 from symtensor.hardware import GIB
 from symtensor.output import shown  # names and paths from users: printed as text, never as markup
-from symtensor.report.tables import breakdown_table, memory_lines, prediction_line
+from symtensor.report.tables import breakdown_table, print_prediction
 
 
 def _console() -> Console:
@@ -96,10 +96,7 @@ def evaluation(out: dict, as_json: bool) -> int:
             + " ".join(f"{k}={v}" for k, v in cfg.items()))
     c.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
             f"{out['model_tflops_per_device']:.1f} TFLOP/s/device   MFU {100 * out['mfu']:.1f}%")
-    if "step_time_band_s" in out:
-        c.print(prediction_line(out), markup=False)
-    for line in memory_lines(out):
-        c.print(line)
+    print_prediction(c, out)
     c.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
     for note in out.get("notes", ()):
         c.print(f"note: {note}", markup=False)

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from symtensor.output import shown
-from symtensor.report.tables import breakdown_table, memory_lines, prediction_line
+from symtensor.report.tables import breakdown_table, print_prediction
 
 
 def _cuts(c: dict) -> str:
@@ -51,10 +51,7 @@ def print_plan(console, out: dict) -> None:
         console.print(f"  [yellow]differs: {shown(what)}[/]")
     console.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
                   f"MFU {100 * out['mfu']:.1f}%   found in {out['search_time_s'] * 1000:.0f} ms")
-    if "step_time_band_s" in out:
-        console.print(prediction_line(out), markup=False)
-    for line in memory_lines(out):
-        console.print(line)
+    print_prediction(console, out)
     for note in out["notes"]:
         console.print(f"[red]{shown(note)}[/]")
     t = Table(title="layouts per layer type (dim: mesh axes)")

@@ -27,6 +27,15 @@ def prediction_line(out: dict) -> str:
             f"({out['regime']}, {how})")
 
 
+def print_prediction(console, out: dict) -> None:
+    """The prediction's engine and error band (``prediction_line``, where ``out`` has a band) and its memory
+    (``memory_lines``), as the plan and the evaluation show them."""
+    if "step_time_band_s" in out:
+        console.print(prediction_line(out), markup=False)
+    for line in memory_lines(out):
+        console.print(line)
+
+
 def memory_lines(out: dict) -> list[str]:
     """The memory of a plan's or an evaluation's JSON in two lines (rich markup): the allocated peak
     (torch.cuda.max_memory_allocated), the device's reserved peak (what nvidia-smi shows; ``fits`` judges it

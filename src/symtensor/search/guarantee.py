@@ -109,12 +109,14 @@ def _guaranteed(cfg, cluster, global_batch, seq, framework, search, names=(), ab
     if plan is not searched:
         plan = in_fp8(pool, plan)
     target = plan if above is None or _better(plan, above) else above  # what a plan on fewer devices must beat
-    if half is not None and _may_win(pool, half.n_devices, global_batch, target):
-        pool.release()  # (this level's plans are made)
+    deeper = half is not None and _may_win(pool, half.n_devices, global_batch, target)
+    # this level's plans are made: its pool (this call's, the one owner) is released once, before the level below
+    # builds its own
+    pool.release()
+    if deeper:
         fewer, _ = _guaranteed(cfg, half, global_batch, seq, framework, search, above=target, precision=precision,
                                searched=below, children=children)
         plan = fewer_devices(plan, fewer, n, global_batch)
-    pool.release()
     return plan, {k: base[k] for k in names}
 
 
