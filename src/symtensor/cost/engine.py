@@ -233,6 +233,12 @@ class Engine:
     # ``moe_combine``), 0 where the probabilities are applied inside the experts' activation and the unpermutation
     # keeps only its indices (Megatron-core), 2 where the weighting runs on an fp32 copy (torchtitan)
     moe_combine_keeps: float = 1.0
+    # the eager SwiGLU of PyTorch model code, ``w2(F.silu(w1(x)) * w3(x))``: silu saves its input, the product
+    # both of its operands and w2 the product, so a layer keeps the silu's output too (one gate-sized tensor
+    # beyond the fused activation of the graph: ``cost.segment``). pytorch/torchtitan@238fa9953e4aec2a62582121564273d7
+    # cbb1e9f1 torchtitan/models/llama3/model/model.py FeedForward.forward (and the MoE experts' grouped GEMMs);
+    # torchgen/packaged/autograd/derivatives.yaml (torch 2.13): silu saves ``self``, mul.Tensor ``self`` and ``other``
+    unfused_swiglu: bool = False
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
@@ -276,7 +282,8 @@ ENGINES = {
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
                     ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=4, expandable_segments=True,
-                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0),
+                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0,
+                    unfused_swiglu=True),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,

@@ -351,6 +351,10 @@ class Segment:
         extra = 0.0 if selective or region is not None else extra_saved_bytes(op, layout, ev.mesh)
         if extra:
             self.saved[f"{op.name}#extra"] = extra
+        if engine.unfused_swiglu and op.attr("fn") == "swiglu" and not selective and region is None:
+            # eager PyTorch keeps the silu's output as well, an output-sized tensor (``Engine.unfused_swiglu``)
+            view = ev.out_layout(op, layout, 0, partial=False)
+            self.saved[f"{op.name}#silu"] = ev.tensors[op.outputs[0]].nbytes / view.factor(mesh) * load
         if self.in_layer and op.inputs and not self.layer_input:
             # the residual stream entering the layer: what full recomputation keeps (an input
             # from outside the segment; a repeated skeleton layer's comes from its own copy)
