@@ -126,7 +126,11 @@ def test_fragmentation_and_the_reserved_sum():
     assert mem["cuda_context"] == 400e6
     assert rep.memory_reserved == pytest.approx(mem["allocated"] + mem["fragmentation"] + 400e6 + mem["nccl"])
     assert sum(memory.peak_terms(mem).values()) == pytest.approx(rep.memory_reserved)
-    assert _plan(framework="fsdp2", zero=3).report.memory["fragmentation"] == 0.0
+    # FSDP2 under expandable segments: no rounding modelled, only what its side streams keep reserved beyond the
+    # compute stream's peak: the all-gather copy-in stream's two units (two micro-batches here: the gradients,
+    # on the reduce-scatter stream, are live at the peak), at most the two largest
+    fsdp = _plan(framework="fsdp2", zero=3).report.memory
+    assert 0.0 < fsdp["fragmentation"] <= fsdp["gathered_params"]
     assert ENGINES["fsdp2"].expandable_segments and not ENGINES["megatron"].expandable_segments
 
 

@@ -239,6 +239,11 @@ class Engine:
     # cbb1e9f1 torchtitan/models/llama3/model/model.py FeedForward.forward (and the MoE experts' grouped GEMMs);
     # torchgen/packaged/autograd/derivatives.yaml (torch 2.13): silu saves ``self``, mul.Tensor ``self`` and ``other``
     unfused_swiglu: bool = False
+    # the forward-backward peak placed where it happens in torchtitan's FSDP2 step (``cost.memory.timed_positions``)
+    # instead of all transients on top of all persistent terms: at the loss's backward (no gradient yet in a
+    # one-micro-batch step, only the LM head's unit gathered, no reduction buffer) or in the layers' backward; and
+    # the blocks FSDP2's side streams keep reserved (``cost.memory.side_streams``); where weights are sharded
+    timed_peak: bool = False
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
@@ -290,7 +295,7 @@ ENGINES = {
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
                     ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=8, expandable_segments=True,
                     attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0,
-                    unfused_swiglu=True),
+                    unfused_swiglu=True, timed_peak=True),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
