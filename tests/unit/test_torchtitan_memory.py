@@ -91,3 +91,12 @@ def test_two_micro_batches_hold_the_gradients_at_the_loss():
     assert peak_terms(mem)["state"] == pytest.approx(P + G + ADAM, rel=1e-4)
     assert mem["allocated"] == pytest.approx(hand_allocated("full") + G, rel=1e-4)
     assert mem["fragmentation"] == pytest.approx(HEAD_UNIT + BLOCK_UNIT, rel=1e-4)
+
+
+def test_fixed_and_scaled_bound_the_peak_from_below(runs):
+    """What does not grow with the batch plus what does, where the peak is, is at most the device's peak (the
+    search extrapolates it to other batches: ``search.outer``)."""
+    for rep in runs.values():
+        mem = rep.memory
+        assert mem["fixed"] + mem["scaled"] <= rep.memory_reserved
+        assert mem["scaled"] == pytest.approx(peak_terms(mem)["activations"] + peak_terms(mem)["transient"])

@@ -244,9 +244,10 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         # is at most the peak (the optimizer step's may exceed it), so search.outer extrapolates from below
         mem["fixed"] = persistent + frag * gathered + context + mem["nccl"]
         mem["scaled"] = (mem["activations"] + transient) * (1 + frag)
-        if timed:  # the parameters and optimizer state, and what grows with the batch where the peak is
-            mem["fixed"] = mem["params"] + mem["optimizer"] + mem.get("fp8_weights", 0.0) + work + context \
-                + mem["nccl"] + copy_in_stream(st, train)
+        if timed:  # where the peak is, what does not grow with the batch (the gradients, live there or not by
+            # the micro-batches, left out) and what does
+            mem["fixed"] = mem["params"] + mem["optimizer"] + mem["peak_gathered_params"] \
+                + mem.get("fp8_weights", 0.0) + work + context + mem["nccl"] + copy_in_stream(st, train)
             mem["scaled"] = mem["peak_activations"] + mem["peak_transient"]
         alloc_peak = max(alloc_peak, allocated)
         if mem["reserved"] > peak:
