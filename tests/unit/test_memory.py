@@ -91,9 +91,10 @@ def test_deepspeed_bucket_is_capped_by_its_size():
 
 def test_loss_transient_is_the_local_logits():
     """seq x micro_batch x vocab / tp x the engine's bytes: Megatron 2 (the bf16 cast of the in-place fp32
-    gradient), torch's cross entropy 4 (log_softmax's fp32 gradient)."""
+    gradient), torchtitan's cross entropy on fp32 logits 8 (nll_loss's fp32 gradient and log_softmax's, beside
+    the saved fp32 log-probabilities)."""
     assert _plan(tp=2).report.memory["loss_transient"] == SEQ * 1 * VOCAB / 2 * 2
-    assert _plan(framework="fsdp2", zero=3).report.memory["loss_transient"] == SEQ * 1 * VOCAB * 4
+    assert _plan(framework="fsdp2", zero=3).report.memory["loss_transient"] == SEQ * 1 * VOCAB * 8
 
 
 def test_optimizer_step_transient():
@@ -125,7 +126,11 @@ def test_fragmentation_and_the_reserved_sum():
     assert mem["cuda_context"] == 400e6
     assert rep.memory_reserved == pytest.approx(mem["allocated"] + mem["fragmentation"] + 400e6 + mem["nccl"])
     assert sum(memory.peak_terms(mem).values()) == pytest.approx(rep.memory_reserved)
-    assert _plan(framework="fsdp2", zero=3).report.memory["fragmentation"] == 0.0
+    # FSDP2 under expandable segments: no rounding modelled, only what its side streams keep reserved beyond the
+    # compute stream's peak: the all-gather copy-in stream's two units (two micro-batches here: the gradients,
+    # on the reduce-scatter stream, are live at the peak), at most the two largest
+    fsdp = _plan(framework="fsdp2", zero=3).report.memory
+    assert 0.0 < fsdp["fragmentation"] <= fsdp["gathered_params"]
     assert ENGINES["fsdp2"].expandable_segments and not ENGINES["megatron"].expandable_segments
 
 

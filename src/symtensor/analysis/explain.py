@@ -93,6 +93,9 @@ def memory_terms(report) -> dict:
     mem = report.memory
     detail = {"transient": "loss_transient" if mem["loss_transient"] >= mem["backward_transient"]
               else "backward_transient"}
+    if "peak_transient" in mem:  # (the peak placed in time: its transient is the one live there)
+        detail["transient"] = "loss_transient" if mem["peak_transient"] == mem["loss_transient"] \
+            else "backward_transient"
     if mem["optimizer_transient"] and peak_terms(mem)["activations"] == 0.0 and mem["activations"]:
         detail["transient"] = "optimizer_transient"
     rows = []

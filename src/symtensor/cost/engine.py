@@ -233,6 +233,17 @@ class Engine:
     # ``moe_combine``), 0 where the probabilities are applied inside the experts' activation and the unpermutation
     # keeps only its indices (Megatron-core), 2 where the weighting runs on an fp32 copy (torchtitan)
     moe_combine_keeps: float = 1.0
+    # the eager SwiGLU of PyTorch model code, ``w2(F.silu(w1(x)) * w3(x))``: silu saves its input, the product
+    # both of its operands and w2 the product, so a layer keeps the silu's output too (one gate-sized tensor
+    # beyond the fused activation of the graph: ``cost.segment``). pytorch/torchtitan@238fa9953e4aec2a62582121564273d7
+    # cbb1e9f1 torchtitan/models/llama3/model/model.py FeedForward.forward (and the MoE experts' grouped GEMMs);
+    # torchgen/packaged/autograd/derivatives.yaml (torch 2.13): silu saves ``self``, mul.Tensor ``self`` and ``other``
+    unfused_swiglu: bool = False
+    # the forward-backward peak placed where it happens in torchtitan's FSDP2 step (``cost.memory.timed_positions``)
+    # instead of all transients on top of all persistent terms: at the loss's backward (no gradient yet in a
+    # one-micro-batch step, only the LM head's unit gathered, no reduction buffer) or in the layers' backward; and
+    # the blocks FSDP2's side streams keep reserved (``cost.memory.side_streams``); where weights are sharded
+    timed_peak: bool = False
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``)
@@ -265,6 +276,13 @@ SDPA_ATTENTION = (("", "fa2"),)
 # a device without the engine's kernel's tables runs the first of these it has
 ATTENTION_FALLBACK = ("fa2", "cudnn", "fa3", "te")
 
+# fsdp2's loss_grad_bytes: torchtitan's loss is ``F.cross_entropy(pred.flatten(0, 1).float(), ...)``
+# (pytorch/torchtitan@238fa9953e4aec2a62582121564273d7cbb1e9f1 torchtitan/components/loss.py), i.e. log_softmax of an
+# fp32 copy of the logits, whose fp32 output is saved (the graph's loss extra), then nll_loss. Its backward:
+# nll_loss_backward allocates a zeroed fp32 gradient of the log-probabilities (4 bytes per logit), then
+# _log_softmax_backward_data allocates the fp32 gradient of its input (4 more) while that gradient and the saved
+# output still live (derivatives.yaml: ``_log_softmax: self: _log_softmax_backward_data(grad, result, ...)``):
+# 8 bytes per logit beyond the saved 4, the step's largest moment (3 fp32 copies of the logits at once).
 ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
@@ -275,8 +293,9 @@ ENGINES = {
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
-                    ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=4, expandable_segments=True,
-                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0),
+                    ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=8, expandable_segments=True,
+                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0,
+                    unfused_swiglu=True, timed_peak=True),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,

@@ -16,6 +16,11 @@ peak and the optimizer step's):
     optimizer_transient the optimizer step's temporaries (after backward: activations are freed by then)
     workspace           cuBLAS's workspace, allocated through the caching allocator (per device generation)
 
+Under an engine that places the peak in time (``Engine.timed_peak``: torchtitan's FSDP2 step at ZeRO >= 1), the
+allocated peak is instead the largest of what is live at the loss's backward, in the layers' backward and at the
+optimizer step (``timed_positions``), and the terms reported are those live there (``peak_*``); the fragmentation
+then holds what FSDP2's side streams keep reserved (``side_streams``).
+
 Reserved by the allocator: allocated + ``fragmentation``. The device: + ``cuda_context`` + ``nccl``.
 ``fits`` judges the device's peak against the capacity times ``hardware.MEMORY_HEADROOM`` (the margin left
 for the spread of what is modelled at its average).
@@ -89,7 +94,9 @@ TERMS = {
                             "deepspeed/runtime/zero/stage_1_and_2.py"),
     "workspace": ("cuBLAS workspace: 32 MiB (Hopper and later) or 8.1 MiB", "aten/src/ATen/cuda/CublasHandlePool.cpp"),
     "fragmentation": (f"{FRAGMENTATION} / (1 - {FRAGMENTATION}) x (activations + transients + gathered units); "
-                      "0 with expandable segments", "GMLake, ASPLOS 2024 (arXiv:2401.08156)"),
+                      "0 with expandable segments; FSDP2: + its side streams' reserved blocks (all-gather buffers, "
+                      "gradients freed by zero_grad)", "GMLake, ASPLOS 2024 (arXiv:2401.08156); "
+                      "torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py"),
     "cuda_context": ("400 MB (CUDA >= 11.7, lazy module loading)", "pytorch/pytorch#109888"),
     "nccl": ("per communicator: 544 MB (2 ranks) or 688 MB", "NVIDIA/nccl#964, #986, #1685"),
 }
@@ -183,6 +190,8 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
     ``device``: the accelerator (its generation sets the workspace; None: no workspace, context or NCCL, the
     allocated terms alone); ``communicators``: per stage, the ranks of each NCCL communicator its ranks use."""
     eng = engine_of(train)
+    # the peak placed in time where the engine says so and its weights are sharded (FSDP2; its ZeRO 0 is DDP)
+    timed = eng.timed_peak and eng.shards(WEIGHTS, train.zero)
     frag = 0.0 if train.allocator_expandable else FRAGMENTATION / (1 - FRAGMENTATION)
     work = workspace_bytes(device)
     context = CUDA_CONTEXT_BYTES if device is not None else 0.0
@@ -191,6 +200,9 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         if train.recompute == "full":
             layers_act = st.layer_inputs
             redo = max(st.layer_saved, default=0.0)
+            if eng.timed_peak and st.layer_saved:  # torchtitan: the checkpoint keeps the block's input, which the
+                # re-run forward reads in place (counted once, as under layer:N: ``Segment._kept``)
+                redo -= st.layer_inputs / len(st.layer_saved)
         elif train.recompute not in RECOMPUTE:  # torchtitan's per-op or every-N-th-layer checkpointing
             layers_act, redo = st.layer_kept, st.rematerialised
         else:
@@ -212,10 +224,18 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         mem["optimizer_transient"] = st.static["optimizer"] / train.optim_bytes * step_temp_bytes(train) \
             if train.optim_bytes else 0.0
         mem["workspace"] = work
+        if timed:  # what is live where the peak is (``timed_positions``), as ``peak_*`` terms
+            positions = timed_positions(st, train, mem, held)
+            at = max(positions, key=lambda name: sum(positions[name].values()))
+            mem.update({f"peak_{term}": v for term, v in positions[at].items()})
         persistent, transient, allocated, _ = _peak(mem)
         mem["total"] = mem["allocated"] = allocated
         churn = allocated - persistent  # activations and transients: allocated and freed every micro-batch
         mem["fragmentation"] = frag * (churn + gathered)
+        if timed:  # (the state and the workspace are allocated once; everything else churns)
+            mem["fragmentation"] = frag * (mem["peak_gathered_params"] + mem["peak_activations"]
+                                           + mem["peak_engine_buffers"] + mem["peak_transient"]) \
+                + side_streams(st, train, mem)
         mem["allocator_reserved"] = allocated + mem["fragmentation"]
         mem["cuda_context"] = context
         mem["nccl"] = nccl_bytes(communicators[s]) if communicators else 0.0
@@ -224,6 +244,11 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         # is at most the peak (the optimizer step's may exceed it), so search.outer extrapolates from below
         mem["fixed"] = persistent + frag * gathered + context + mem["nccl"]
         mem["scaled"] = (mem["activations"] + transient) * (1 + frag)
+        if timed:  # where the peak is, what does not grow with the batch (the gradients, live there or not by
+            # the micro-batches, left out) and what does
+            mem["fixed"] = mem["params"] + mem["optimizer"] + mem["peak_gathered_params"] \
+                + mem.get("fp8_weights", 0.0) + work + context + mem["nccl"] + copy_in_stream(st, train)
+            mem["scaled"] = mem["peak_activations"] + mem["peak_transient"]
         alloc_peak = max(alloc_peak, allocated)
         if mem["reserved"] > peak:
             best, peak = mem, mem["reserved"]
@@ -236,12 +261,102 @@ def static_peak(stages: list[Stage]) -> float:
     return max(sum(st.static.values()) for st in stages)
 
 
+def timed_positions(st: Stage, train: TrainConfig, mem: dict, held: float) -> dict:
+    """What is live at each moment of a step that can hold its peak, under an engine that places the peak in time
+    (``Engine.timed_peak``: torchtitan's FSDP2 step), each a dict of the ``peak_terms`` allocated terms but the
+    FP8 copies and the workspace (which every moment holds). Sources: pytorch/torchtitan@238fa9953e4aec2a62582121
+    564273d7cbb1e9f1 (torchtitan/train.py train_step, torchtitan/models/llama3/infra/parallelize.py apply_fsdp) and
+    PyTorch 2.13's FSDP2 (torch/distributed/fsdp/_fully_shard/_fsdp_state.py, _fsdp_param_group.py):
+
+    loss    the loss's backward (``loss_transient`` on the stage holding the loss): ``optimizers.zero_grad()``
+            opens every step, setting the gradients to None (torch.optim.Optimizer.zero_grad, set_to_none=True),
+            and FSDP2 gives a unit its sharded gradients in its post-backward reduce-scatter: in a one-micro-batch
+            step no gradient is live yet (later micro-batches accumulate into them). Gathered: the LM head's unit
+            only, which apply_fsdp does not reshard after forward ([norm, output], reshard_after_forward only under
+            the "always" policy); the root's post-forward frees the last all-gather buffer before the loss runs.
+            No reduce-scatter buffer yet.
+    layers  the first layer's backward (its activations at their largest): the units after the layers reduced
+            (their gradients, and the reduce-scatter buffer FSDP2 holds until the next reduce-scatter:
+            ``engine_buffers``), the layer's unit and the prefetched next (2 x the largest layer unit), the
+            loss's saved activations freed, the layer's recomputation and its largest op's backward
+            (``backward_transient``).
+    last    the last layer's backward, in a one-micro-batch step: every gradient but one layer's activations (the
+            gradients grow as backward goes and the activations shrink; the two ends bound the layers between).
+    step    the optimizer step: the whole state and the step's temporaries; the root's post-backward resharded
+            every unit and waited for the last reduce-scatter (nothing gathered, no buffer)."""
+    eng, z = engine_of(train), train.zero
+    one = train.micro_steps == 1
+    base = mem["params"] + mem["optimizer"]
+    reshard = eng.shards(WEIGHTS, z) and eng.reshards(z)
+    gathered = mem["gathered_params"]
+    out = {}
+    if st.logits:
+        out["loss"] = {"state": base + (0.0 if one else mem["grads"]),
+                       "gathered_params": st.loss_unsharded if reshard else gathered,
+                       "activations": mem["activations"], "engine_buffers": 0.0, "transient": mem["loss_transient"]}
+    in_layers = 2 * st.layer_unsharded if reshard else gathered
+    freed = st.loss_saved  # (one micro-batch in backward; the others in flight keep theirs)
+    out["layers"] = {"state": base + (mem["grads"] - st.layer_grads if one else mem["grads"]),
+                     "gathered_params": in_layers, "activations": max(mem["activations"] - freed, 0.0),
+                     "engine_buffers": mem["engine_buffers"], "transient": mem["backward_transient"]}
+    if one and st.layer_saved:
+        one_layer = mem["activations_layers"] / held / len(st.layer_saved)
+        rest = mem["activations"] - freed - mem["activations_layers"]
+        out["last"] = {"state": base + mem["grads"], "gathered_params": in_layers,
+                       "activations": max(rest + one_layer, 0.0), "engine_buffers": mem["engine_buffers"],
+                       "transient": mem["backward_transient"]}
+    out["step"] = {"state": base + mem["grads"], "gathered_params": 0.0, "activations": 0.0, "engine_buffers": 0.0,
+                   "transient": mem["optimizer_transient"]}
+    return out
+
+
+def copy_in_stream(st: Stage, train: TrainConfig) -> float:
+    """Bytes FSDP2's all-gather copy-in stream keeps reserved: ``foreach_all_gather`` allocates each unit's flat
+    all-gather buffer on that stream (torch/distributed/fsdp/_fully_shard/_fsdp_collectives.py, ``with
+    device_handle.stream(all_gather_copy_in_stream)``), and in forward ``wait_for_unshard`` keeps the current
+    unit's buffer until the next unit's copy-out (_fsdp_param_group.py, ``comm_ctx.all_gather_state``): two
+    consecutive units at once, at most the largest unit and a layer's. The caching allocator serves a stream from
+    its own blocks (and under expandable segments, its own segment), so the compute stream's peak cannot use them.
+    0 where the weights are not sharded (DDP)."""
+    eng = engine_of(train)
+    if not eng.shards(WEIGHTS, train.zero):
+        return 0.0
+    return st.unsharded + (st.layer_unsharded or st.unsharded)
+
+
+def side_streams(st: Stage, train: TrainConfig, mem: dict) -> float:
+    """Memory reserved on FSDP2's side streams at the peak (``peak_*``) beyond what they hold allocated
+    there: the copy-in stream's all-gather buffers (``copy_in_stream``) and the reduce-scatter stream's sharded
+    gradients. ``foreach_reduce`` allocates each unit's reduce-scatter output, whose views become the sharded
+    gradients, on the reduce-scatter stream (``with device_handle.stream(reduce_scatter_stream): reduce_output =
+    ...allocate(...)``); zero_grad(set_to_none) frees them at the step's start, back to that stream's blocks, so
+    where the peak holds no gradient (``peak_state``, ``timed_positions``) their bytes stay reserved all the same.
+    This is what
+    torchtitan logs as memory (torch.cuda.memory_stats ``reserved_bytes.all.peak``, in GiB: pytorch/torchtitan@
+    238fa9953e4aec2a62582121564273d7cbb1e9f1 torchtitan/components/metrics.py DeviceMemoryMonitor.get_peak_stats
+    and MetricsProcessor.log, ``memory: {max_reserved_gib:5.2f}GiB``)."""
+    if not engine_of(train).shards(WEIGHTS, train.zero):
+        return 0.0
+    live_grads = mem["peak_state"] - mem["params"] - mem["optimizer"]
+    return copy_in_stream(st, train) + max(mem["grads"] - live_grads, 0.0)
+
+
+def _timed_peak(mem: dict) -> tuple[float, float, float, bool]:
+    """``_peak`` under ``Engine.timed_peak``: the terms live where the peak is (``peak_*``, ``timed_positions``)."""
+    persistent = mem.get("fp8_weights", 0.0) + mem["workspace"] + mem["peak_state"] + mem["peak_gathered_params"] \
+        + mem["peak_engine_buffers"]
+    in_step = mem["peak_activations"] == 0.0 and mem["peak_transient"] == mem["optimizer_transient"]
+    return persistent, mem["peak_transient"], persistent + mem["peak_activations"] + mem["peak_transient"], in_step
+
+
 def _peak(mem: dict) -> tuple[float, float, float, bool]:
     """The one rule for a stage's allocated peak (``memory_peak``'s terms): the larger of the forward-backward
     peak (the persistent terms, the activations and the larger of the loss's and the backward's transient) and
     the optimizer step's (the persistent terms and the step's temporaries: activations are freed by then).
     Returns the persistent bytes, the forward-backward transient, the allocated peak and whether it is the
-    step's."""
+    step's. Under an engine that places the peak in time, ``_timed_peak``."""
+    if "peak_state" in mem:
+        return _timed_peak(mem)
     persistent = mem["static"] + mem["engine_buffers"] + mem["workspace"]
     transient = max(mem["loss_transient"], mem["backward_transient"])
     fwd_bwd, step = persistent + mem["activations"] + transient, persistent + mem["optimizer_transient"]
@@ -254,6 +369,12 @@ def peak_terms(mem: dict) -> dict:
     (summing to ``reserved``). At the optimizer step's peak (``_peak``) the activations are freed (0) and the
     transient is the step's; at the forward-backward peak it is the larger of the loss's and the backward's."""
     _, transient, _, in_step = _peak(mem)
+    if "peak_state" in mem:  # (Engine.timed_peak: the terms live where the peak is, ``timed_positions``)
+        return {"state": mem["peak_state"], "gathered_params": mem["peak_gathered_params"],
+                "fp8_weights": mem.get("fp8_weights", 0.0), "activations": mem["peak_activations"],
+                "engine_buffers": mem["peak_engine_buffers"], "transient": mem["peak_transient"],
+                "workspace": mem["workspace"],
+                "fragmentation": mem["fragmentation"], "cuda_context": mem["cuda_context"], "nccl": mem["nccl"]}
     return {"state": mem["params"] + mem["grads"] + mem["optimizer"], "gathered_params": mem["gathered_params"],
             "fp8_weights": mem.get("fp8_weights", 0.0),
             "activations": 0.0 if in_step else mem["activations"], "engine_buffers": mem["engine_buffers"],

@@ -63,6 +63,10 @@ class Stage:
         self.unit_grads = 0.0  # the largest unit's gradients entering their reduction (bytes, unsharded)
         self.logits = 0.0  # local logit elements of the stage's loss (``cost.memory``)
         self.largest = 0.0  # the largest saved activation of one of its layers
+        # where the peak is placed in time (``Engine.timed_peak``): the largest layer unit's gathered parameters,
+        # the gathered parameters of the units holding the loss, the layers' gradients (bytes, as ``static``) and
+        # the activations the segments holding the loss save
+        self.layer_unsharded = self.loss_unsharded = self.layer_grads = self.loss_saved = 0.0
         self.groups: set = set()  # mesh axes of the groups its collectives run over
 
     def add(self, seg: Segment, params: Params, times: int = 1):
@@ -74,7 +78,12 @@ class Stage:
         merge(self.bytes, seg.bytes, times)
         self.logits += seg.logits * times
         self.groups |= seg.groups
+        if seg.logits:
+            self.loss_unsharded = max(self.loss_unsharded, params.unsharded)
+            self.loss_saved += seg.saved_total * times
         if seg.in_layer:
+            self.layer_unsharded = max(self.layer_unsharded, params.unsharded)
+            self.layer_grads += params.static["grads"] * times
             self.largest = max(self.largest, seg.largest)
             self.layer_state += params.total * times
             self.layer_saved += [seg.saved_total] * times

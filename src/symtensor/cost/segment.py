@@ -142,7 +142,7 @@ class Segment:
         recompute, layers = self.train.recompute, self.ev.graph.meta["layers"]
         wiring = self.ev.wiring(self.ops, self.ext_producer)
         mms = sac_mm_index(op for op, _, _ in wiring) if recompute == SAC_OP else {}
-        kept = 0.0  # per-op checkpointing: the outputs of the ops it keeps
+        kept, kept_ops = 0.0, []  # per-op checkpointing: the outputs of the ops it keeps, and those ops
         for op, inputs, saves in wiring:
             layout = self.layout(op)
             t = self.ev.op_time(op, layout, self.train.fp8)
@@ -166,12 +166,13 @@ class Segment:
                 self._region_inputs(op, layout, inputs)
             if mms and not share and 0 <= op.layer < layers:
                 kept += self._outputs(op, layout)
+                kept_ops.append(op)
             if op.kind == "cross_entropy":
                 ev = self.ev
                 self.logits += ev.tensors[op.inputs[0]].numel / ev.in_layout(op, layout, 0).factor(ev.mesh)
         self.saved_total = sum(self.saved.values())
         self.largest = max(self.saved.values(), default=0.0)  # its largest saved activation
-        self._kept(recompute, kept)
+        self._kept(recompute, kept, kept_ops)
         self.bwd = self.compute - self.fwd + self.recompute
         self._overlap()
         return self
@@ -183,18 +184,23 @@ class Segment:
                   for i, t in enumerate(op.outputs))
         return out + extra_saved_bytes(op, layout, ev.mesh)
 
-    def _kept(self, recompute: str, kept: float):
+    def _kept(self, recompute: str, kept: float, kept_ops=()):
         """What a layer keeps from its forward to its backward (``kept``) and what its backward's recomputation
         brings back at once (``rematerialised``), read by ``cost.memory`` under torchtitan's checkpointing: per
-        op, the layer's input and the kept ops' outputs, and the rest of what the layer would save; every N-th
-        layer whole, 1/N of the layer input and (N - 1)/N of what a layer saves, and a whole layer's set."""
+        op, the layer's input and the kept ops' outputs, and the rest of what the layer would save (what it saves
+        but its input and the kept outputs it saves: torch.utils.checkpoint re-runs the whole block's forward at
+        its first unpack, early_stop False in torchtitan, and the kept outputs come out of the policy's cache);
+        every N-th layer whole, 1/N of the layer input and (N - 1)/N of what a layer saves, and a whole layer's
+        set but its input (kept by the checkpoint)."""
         every = layer_every(recompute)
         if every:
             self.kept = self.layer_input / every + self.saved_total * (every - 1) / every
-            self.rematerialised = self.saved_total
+            self.rematerialised = max(self.saved_total - self.layer_input, 0.0)
         elif recompute == SAC_OP:
             self.kept = self.layer_input + kept
-            self.rematerialised = max(self.saved_total - kept, 0.0)
+            cached = sum(self.saved.get(t, 0.0) for op in kept_ops for t in op.outputs) \
+                + sum(self.saved.get(f"{op.name}#extra", 0.0) for op in kept_ops)
+            self.rematerialised = max(self.saved_total - self.layer_input - cached, 0.0)
         elif self.regions is not None:  # Megatron's modules: one region re-runs at a time (the attention core's
             self.kept = self.saved_total  # is not counted, as under selective)
             self.rematerialised = max((b for (_, m, _), b in self.region_bytes.items() if m != "core_attn"),
@@ -351,6 +357,10 @@ class Segment:
         extra = 0.0 if selective or region is not None else extra_saved_bytes(op, layout, ev.mesh)
         if extra:
             self.saved[f"{op.name}#extra"] = extra
+        if engine.unfused_swiglu and op.attr("fn") == "swiglu" and not selective and region is None:
+            # eager PyTorch keeps the silu's output as well, an output-sized tensor (``Engine.unfused_swiglu``)
+            view = ev.out_layout(op, layout, 0, partial=False)
+            self.saved[f"{op.name}#silu"] = ev.tensors[op.outputs[0]].nbytes / view.factor(mesh) * load
         if self.in_layer and op.inputs and not self.layer_input:
             # the residual stream entering the layer: what full recomputation keeps (an input
             # from outside the segment; a repeated skeleton layer's comes from its own copy)
