@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.plan.summary import STACK_DEFAULTS, config_summary
+from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS, Stack
+from symtensor.plan.summary import config_summary
 
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp")
 TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
@@ -97,6 +98,7 @@ class Parallelism:
             fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16.
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
+        The stack's facts (``plan.stack.Stack``: its fields, with its defaults; ``stack`` reads them back):
         moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap: how the MoE layers
             run (``cost.moe``: the token dispatcher, balanced or auxiliary-loss routing, capacity
             and token dropping, the shared expert beside the dispatch); the defaults cost them as
@@ -155,6 +157,11 @@ class Parallelism:
         return replace(self, **changed)
 
     @property
+    def stack(self) -> Stack:
+        """The facts of the user's stack this configuration runs with (``plan.stack``)."""
+        return Stack(**{k: getattr(self, k) for k in STACK_KEYS})
+
+    @property
     def world(self) -> int:
         """Devices: tp x pp x dp x cp."""
         return self.tp * self.pp * self.dp * self.cp
@@ -208,7 +215,7 @@ class Parallelism:
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
-                           **{k: getattr(self, k) for k in STACK_DEFAULTS})
+                           **{k: getattr(self, k) for k in STACK_KEYS})
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
@@ -216,6 +223,9 @@ class Parallelism:
 
 
 KEYS = tuple(f.name for f in fields(Parallelism))
+# one set of defaults: the configuration's stack facts (and the cost model's, ``TrainConfig``) are the Stack's
+assert all({f.name: f.default for f in fields(cls) if f.name in STACK_DEFAULTS} == STACK_DEFAULTS
+           for cls in (Parallelism, TrainConfig))
 DEFAULT_FRAMEWORK = Parallelism().framework  # the engine a configuration that names none runs
 
 
