@@ -39,7 +39,8 @@ from dataclasses import asdict, dataclass, fields, replace
 from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS, Stack
+from symtensor.plan import stack as _stack
+from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 from symtensor.plan.summary import config_summary
 
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp")
@@ -98,19 +99,10 @@ class Parallelism:
             fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16.
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
-        The stack's facts (``plan.stack.Stack``: its fields, with its defaults; ``stack`` reads them back):
-        moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap: how the MoE layers
-            run (``cost.moe``: the token dispatcher, balanced or auxiliary-loss routing, capacity
-            and token dropping, the shared expert beside the dispatch); the defaults cost them as
-            before (all-to-all, balanced, dropless, serial).
-        moe_ep_overlap: Megatron's --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute): the
-            1F1B steady state runs one micro-batch's forward beside another's backward, layer by layer,
-            so each one's dispatch and combine hide behind the other's compute (``cost.moe``).
-        grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16, torchtitan's
-            mixed_precision_reduce; ``cost.train.TrainConfig.grad_reduce_bf16``): a fact of the stack.
-        expandable_segments: whether PyTorch's caching allocator runs with expandable segments
-            (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), None for the engine's default
-            (``cost.engine.Engine.expandable_segments``): a fact of the stack; the reserved memory's fragmentation.
+        moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap, grad_reduce_bf16,
+        expandable_segments: the facts of the user's stack (``plan.stack.Stack``, which says what each is; its
+            defaults, today's costing, are these); the configuration of a Stack is
+            ``Parallelism(..., **stack.as_dict())``.
     """
 
     tp: int = 1
@@ -155,11 +147,6 @@ class Parallelism:
 
     def replace(self, **changed) -> Parallelism:
         return replace(self, **changed)
-
-    @property
-    def stack(self) -> Stack:
-        """The facts of the user's stack this configuration runs with (``plan.stack``)."""
-        return Stack(**{k: getattr(self, k) for k in STACK_KEYS})
 
     @property
     def world(self) -> int:
@@ -241,8 +228,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         v = getattr(p, key)
         if not isinstance(v, int) or v <= 0:
             return f"{key} must be a positive integer, got {v!r}"
-    why = _precision.refusal(p.precision, p.fp8_recipe, device) or \
-        _moe.refusal(p.moe_dispatcher, p.moe_capacity_factor, p.moe_routing, p.moe_shared_overlap, p.moe_ep_overlap)
+    why = _precision.refusal(p.precision, p.fp8_recipe, device) or _stack.refusal(p)
     if why is not None:
         return why
     why = _modules.refusal(p.recompute, framework=p.framework, model=model, shared_overlap=p.moe_shared_overlap,

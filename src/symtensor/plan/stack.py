@@ -31,17 +31,19 @@ class Stack:
     built: a bad value is a one-line PlanError.
 
     Attributes:
-        moe_dispatcher: the MoE token dispatcher, ``alltoall`` or ``deepep`` (``cost.moe``).
-        moe_routing: ``balanced`` (every expert rank at the mean) or ``aux_loss`` (the most-loaded rank
-            paces the step).
-        moe_capacity_factor: experts drop tokens beyond that many times their mean; None: dropless.
-        moe_shared_overlap: the shared expert runs beside the dispatch (Megatron's --moe-shared-expert-overlap).
-        moe_ep_overlap: Megatron's --overlap-moe-expert-parallel-comm: one micro-batch's dispatch and combine
-            beside another's compute in the 1F1B steady state.
-        grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16,
-            ``cost.engine.Engine.grad_reduce_bf16``).
-        expandable_segments: PyTorch's caching allocator with expandable segments (True), without (False),
-            or as the engine's stack launches it (None: ``cost.engine.Engine.expandable_segments``).
+        moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap: how the MoE layers run
+            (``cost.moe``): the token dispatcher (``alltoall``, NCCL's all-to-all, or ``deepep``), ``balanced``
+            or auxiliary-loss (``aux_loss``: the most-loaded rank paces the step) routing, the capacity factor
+            beyond which experts drop tokens (None: dropless), the shared expert beside the dispatch
+            (Megatron's --moe-shared-expert-overlap); the defaults: all-to-all, balanced, dropless, serial.
+        moe_ep_overlap: Megatron's --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute): the
+            1F1B steady state runs one micro-batch's forward beside another's backward, layer by layer,
+            so each one's dispatch and combine hide behind the other's compute (``cost.moe``).
+        grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16, torchtitan's
+            mixed_precision_reduce; ``cost.train.TrainConfig.grad_reduce_bf16``).
+        expandable_segments: whether PyTorch's caching allocator runs with expandable segments
+            (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), None for the engine's default
+            (``cost.engine.Engine.expandable_segments``): the reserved memory's fragmentation.
     """
 
     moe_dispatcher: str = "alltoall"
@@ -66,9 +68,9 @@ class Stack:
         return {k: v for k, v in self.as_dict().items() if v != DEFAULTS[k]}
 
 
-def refusal(stack: Stack) -> str | None:
-    """One line naming ``stack``'s bad value and the fix, or None (the MoE options' rule is ``cost.moe.refusal``,
-    which ``Parallelism``'s configuration rule applies too)."""
+def refusal(stack) -> str | None:
+    """One line naming the bad value of ``stack`` (a ``Stack``, or a ``Parallelism``: anything with its fields) and
+    the fix, or None; the configuration rule (``plan.parallelism.refusal``) applies it too."""
     why = _moe.refusal(stack.moe_dispatcher, stack.moe_capacity_factor, stack.moe_routing, stack.moe_shared_overlap,
                        stack.moe_ep_overlap)
     if why is None and not isinstance(stack.grad_reduce_bf16, bool):
