@@ -15,7 +15,7 @@ from symtensor.errors import PlanError
 from symtensor.graph import model_flops
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config, params_active
-from symtensor.plan import Parallelism, Plan
+from symtensor.plan import Parallelism, Plan, Stack
 from symtensor.plan.parallelism import default_global_batch, default_seq, engine_refusal, evaluate_defaults
 from symtensor.search.megatron import megatron_plan
 
@@ -135,9 +135,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
              cp=1, ep=1, etp=1, sp=None, zero=0, recompute="none", micro_batch="auto", global_batch=None, seq=None,
              vpp=1, overrides=None, framework: str = "megatron", precision: str = "bf16",
              fp8_recipe: str | None = None, dp_shard: int | None = None, pp_layout: str | None = None,
-             moe_dispatcher: str = "alltoall", moe_routing: str = "balanced", moe_capacity_factor: float | None = None,
-             moe_shared_overlap: bool = False, moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False,
-             expandable_segments: bool | None = None) -> Plan:
+             stack: Stack | None = None) -> Plan:
     """The plan of a Megatron-style configuration, costed under ``framework``'s engine semantics
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
     the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
@@ -148,9 +146,8 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     (``Parallelism.dp_shard``). ``pp_layout``: the layer split over the pipeline (``stated_split``:
     Megatron's layout string, ``FIRST,LAST`` stage layers, ``even`` or ``balanced``); by default the
     better of Megatron's own split and the balanced one, and the plan's note says when that is the
-    balanced one. ``moe_*``: how the MoE layers run (``Parallelism``, ``cost.moe``). ``grad_reduce_bf16``:
-    gradients reduced in bf16 (Megatron's --grad-reduce-in-bf16, ``cost.engine.Engine.grad_reduce_bf16``).
-    ``expandable_segments``: PyTorch's allocator with expandable segments, or not (None: the engine's default)."""
+    balanced one. ``stack``: the facts of the user's stack the configuration runs with (``plan.stack.Stack``: how
+    the MoE layers run, the gradient reduction's dtype, the allocator's expandable segments); default: today's."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     filled = evaluate_defaults(cfg, cl.n_devices, tp=tp, pp=pp, cp=cp, dp=dp, sp=sp, seq=seq,
@@ -164,10 +161,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
                          seq=seq, vpp=vpp, framework=framework, precision=precision,
                          fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework), layer_split=split,
-                         moe_dispatcher=moe_dispatcher, moe_routing=moe_routing,
-                         moe_capacity_factor=moe_capacity_factor, moe_shared_overlap=moe_shared_overlap,
-                         moe_ep_overlap=moe_ep_overlap, grad_reduce_bf16=grad_reduce_bf16,
-                         expandable_segments=expandable_segments)
+                         **(stack or Stack()).as_dict())
     why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)
@@ -220,49 +214,33 @@ def torch_model(spec: str):
 def plan(model, cluster: str, devices: int | None = None, nodes: int | None = None, micro_batch="auto",
          global_batch=None, seq=None, space: str = "symtensor", overrides=None, capture: bool = False,
          torch: str | None = None, framework: str = "megatron", precision: str | None = None,
-         fp8_recipe: str | None = None, moe_dispatcher: str = "alltoall", moe_routing: str = "balanced",
-         moe_capacity_factor: float | None = None, moe_shared_overlap: bool = False,
-         moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False,
-         expandable_segments: bool | None = None) -> Plan:
+         fp8_recipe: str | None = None, stack: Stack | None = None) -> Plan:
     """Search the best plan under ``framework``'s engine semantics (``plan.document.plan_json`` is
     the JSON of ``symtensor plan``); never worse than the Megatron grid's best
     (``plan_with_baselines``). With ``capture`` the graph is the model's own PyTorch forward,
     captured by torch.export, instead of the builders'; ``torch``: a module factory to capture.
     ``precision``: ``bf16`` or ``fp8`` (under ``fp8_recipe``); None: the search chooses (FP8 where
-    the device has it and it wins, ``search.planner`` step 6). ``moe_*``: how the MoE layers run
-    (``evaluate``'s), ``grad_reduce_bf16`` and ``expandable_segments``: stated facts of the stack that every
-    point of the search runs with (the gradient reduction where the engine runs it at the point's ZeRO stage)."""
-    moe = moe_options(moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap,
-                      grad_reduce_bf16, expandable_segments)
+    the device has it and it wins, ``search.planner`` step 6). ``stack``: the stated facts of the user's stack
+    (``plan.stack.Stack``) that every point of the search runs with (the gradient reduction where the engine runs
+    it at the point's ZeRO stage, the expert all-to-all overlap where Megatron runs it)."""
     return plan_with_baselines(model, cluster, devices, nodes, micro_batch, global_batch, seq, space, overrides,
                                capture, torch, framework, names=(), precision=precision, fp8_recipe=fp8_recipe,
-                               moe=moe)[0]
-
-
-def moe_options(dispatcher: str = "alltoall", routing: str = "balanced", capacity_factor: float | None = None,
-                shared_overlap: bool = False, ep_overlap: bool = False, grad_reduce_bf16: bool = False,
-                expandable_segments: bool | None = None) -> dict:
-    """The MoE options, the gradient reduction's dtype and the allocator's expandable segments a search holds
-    (``search.pool.moe_keys``: those that differ from today's costing)."""
-    from symtensor.search.pool import moe_keys
-
-    return moe_keys({"moe_dispatcher": dispatcher, "moe_routing": routing, "moe_capacity_factor": capacity_factor,
-                     "moe_shared_overlap": shared_overlap, "moe_ep_overlap": ep_overlap,
-                     "grad_reduce_bf16": grad_reduce_bf16, "expandable_segments": expandable_segments})
+                               stack=stack)[0]
 
 
 def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: int | None = None,
                         micro_batch="auto", global_batch=None, seq=None, space: str = "symtensor", overrides=None,
                         capture: bool = False, torch: str | None = None, framework: str = "megatron",
                         names=None, precision: str | None = None,
-                        fp8_recipe: str | None = None, moe: dict | None = None) -> tuple[Plan, dict[str, Plan | None]]:
+                        fp8_recipe: str | None = None,
+                        stack: Stack | None = None) -> tuple[Plan, dict[str, Plan | None]]:
     """``plan`` and the baselines ``names`` (default all of ``search.BASELINES``) beside it. A
     builders' plan of the whole space keeps the promises of ``search.guarantee``: never worse
     than the Megatron grid's best (costed either way, once) and monotone in devices. A captured
     graph's costs are its own (the grid's are the builders'), and a fixed micro batch holds the
     search to it: their plans are the search's. A stated ``precision`` holds the baselines too;
-    without one they keep BF16 (the recipes'). ``moe``: the MoE options (``moe_options``) the search, the
-    grid and the baselines run with."""
+    without one they keep BF16 (the recipes'). ``stack``: the facts of the user's stack (``plan.stack.Stack``)
+    the search, the grid and the baselines run with."""
     from symtensor.search import BASELINES, search
     from symtensor.search.guarantee import GRID, guaranteed_plan
 
@@ -282,11 +260,11 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
     names = BASELINES if names is None else tuple(names)
 
-    held = _held(precision, fp8_recipe, moe)
+    held = _held(precision, fp8_recipe, stack)
 
     def run(on, pool=None):
         return search(cfg, on, global_batch, seq, micro_batch=mb, space=space, graph_factory=factory,
-                      framework=framework, precision=precision, fp8_recipe=fp8_recipe, moe=moe, pool=pool)
+                      framework=framework, precision=precision, fp8_recipe=fp8_recipe, stack=stack, pool=pool)
 
     if space == "symtensor" and factory is None and mb is None:
         return guaranteed_plan(cfg, cl, global_batch, seq, framework, run, names, precision=held)
@@ -301,24 +279,25 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     return p, baselines(p, names, **held)
 
 
-def _held(precision: str | None, fp8_recipe: str | None, moe: dict | None) -> dict:
+def _held(precision: str | None, fp8_recipe: str | None, stack: Stack | None) -> dict:
     """What a search holds its baselines to besides its own (``plan_with_baselines``, ``sweep``): a
-    stated precision with its FP8 recipe, and the MoE options (``moe_options``); empty for neither."""
+    stated precision with its FP8 recipe, and the stack's facts where one differs from the defaults
+    (``plan.stack.Stack``); empty for neither."""
     held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
-    if moe:
-        held["moe"] = moe
+    if stack is not None and stack.differing():
+        held["stack"] = stack
     return held
 
 
 def baselines(p: Plan, names=None, precision: str | None = None, fp8_recipe: str | None = None,
-              moe: dict | None = None) -> dict:
+              stack: Stack | None = None) -> dict:
     """The Megatron recipe, the Megatron grid best, FSDP and D-Rec (or those ``names``) for ``p``'s
     model, cluster, batch, sequence and engine (None where one has no valid configuration), in
-    ``precision`` (default BF16, the recipes') and with the MoE options ``moe``."""
+    ``precision`` (default BF16, the recipes') and with the stack's facts ``stack`` (``plan.stack.Stack``)."""
     from symtensor.search import BASELINES, baseline_plans
 
     return baseline_plans(p.model, p.cluster, p.train.global_batch, p.seq, p.engine, names or BASELINES,
-                          precision=precision, fp8_recipe=fp8_recipe, moe=moe)
+                          precision=precision, fp8_recipe=fp8_recipe, stack=stack)
 
 
 def explain(plan_file: str, op: str | None = None, formulas: bool = False) -> dict:
@@ -341,14 +320,11 @@ def compare(a: str, b: str, precision: str | None = None, fp8_recipe: str | None
 
 def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=None, micro_batch="auto",
           space: str = "symtensor", overrides=None, on_point=None, precision: str | None = None,
-          fp8_recipe: str | None = None, moe_dispatcher: str = "alltoall", moe_routing: str = "balanced",
-          moe_capacity_factor: float | None = None, moe_shared_overlap: bool = False,
-          moe_ep_overlap: bool = False, grad_reduce_bf16: bool = False,
-          expandable_segments: bool | None = None) -> dict:
+          fp8_recipe: str | None = None, stack: Stack | None = None) -> dict:
     """Plans across a range of one of ``seq``, ``devices``, ``nodes`` or ``global_batch`` (each an int, a
     list, or a range string ``A..B``, ``A..B:F``, ``A,B,C``); the JSON of ``symtensor sweep``.
-    Without ``global_batch`` every point keeps about 4M tokens per step. ``precision``, ``moe_*``,
-    ``grad_reduce_bf16`` and ``expandable_segments`` as ``plan``'s."""
+    Without ``global_batch`` every point keeps about 4M tokens per step. ``precision`` and ``stack`` as
+    ``plan``'s."""
     from symtensor.analysis.sweep import run_sweep
     from symtensor.validate import parse_range
 
@@ -372,9 +348,7 @@ def sweep(model, cluster: str, devices=None, nodes=None, seq=None, global_batch=
         grid.append({"value": v, "devices": point["devices"], "nodes": point["nodes"], "seq": s,
                      "global_batch": point["global_batch"] or default_global_batch(s)})
     mb = None if micro_batch in (None, "auto") else int(micro_batch)
-    moe = moe_options(moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap,
-                      grad_reduce_bf16, expandable_segments)
-    held = _held(precision, fp8_recipe, moe)
+    held = _held(precision, fp8_recipe, stack)
     return run_sweep(cfg, cluster, param, grid, micro_batch=mb, space=space, on_point=on_point, precision=held)
 
 

@@ -54,7 +54,8 @@ def _framework_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _moe_args(p: argparse.ArgumentParser) -> None:
-    """How the MoE layers run (cost.moe): dispatcher, routing, capacity, shared-expert overlap."""
+    """The facts of the user's stack (plan.stack.Stack; each option's destination is its field, ``stack_of``): how
+    the MoE layers run (cost.moe), the gradient reduction's dtype, the allocator's expandable segments."""
     p.add_argument("--moe-dispatcher", default="alltoall", choices=("alltoall", "deepep"),
                    help="MoE token dispatcher: alltoall (NCCL all-to-all of top_k copies; Megatron's alltoall, "
                    "torchtitan's) or deepep (DeepEP normal kernels: once per node over RDMA, NVLink forwarding; "
@@ -328,10 +329,7 @@ def _dispatch(args) -> int:
                            dp_shard=args.dp_shard, recompute=args.recompute,
                            micro_batch=args.micro_batch, global_batch=args.global_batch, seq=args.seq, vpp=args.vpp,
                            overrides=args.set, framework=args.framework, precision=args.precision,
-                           fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout, moe_dispatcher=args.moe_dispatcher,
-                           moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
-                           moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap,
-                           grad_reduce_bf16=args.grad_reduce_bf16, expandable_segments=args.expandable_segments)
+                           fp8_recipe=args.fp8_recipe, pp_layout=args.pp_layout, stack=stack_of(args))
         return report.evaluation(evaluation_json(out), args.json)
     if args.command == "plan":
         return _plan(args)
@@ -362,12 +360,12 @@ def _dispatch(args) -> int:
     raise AssertionError(args.command)
 
 
-def _moe(args) -> dict:
-    """The MoE options and the gradient reduction's dtype of ``args`` a search holds (``api.moe_options``)."""
-    from symtensor import api
+def stack_of(args):
+    """The facts of the user's stack that ``args`` state (``plan.stack.Stack``: the options of ``_moe_args``, whose
+    destinations are its fields), for evaluate, plan and sweep."""
+    from symtensor.plan.stack import KEYS, Stack
 
-    return api.moe_options(args.moe_dispatcher, args.moe_routing, args.moe_capacity_factor, args.moe_shared_overlap,
-                           args.moe_ep_overlap, args.grad_reduce_bf16, args.expandable_segments)
+    return Stack(**{k: getattr(args, k) for k in KEYS})
 
 
 def _plan(args) -> int:
@@ -382,7 +380,7 @@ def _plan(args) -> int:
             args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
             global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set, capture=args.capture,
             torch=args.torch, framework=args.framework, names=() if args.no_baselines else None,
-            precision=args.precision, fp8_recipe=args.fp8_recipe, moe=_moe(args))
+            precision=args.precision, fp8_recipe=args.fp8_recipe, stack=stack_of(args))
         base = base or None
     out = plan_json(plan, base, space=args.space, captured=bool(args.capture or args.torch))
     if args.out:
@@ -407,11 +405,7 @@ def _dispatch_analysis(args) -> int:
             out = api.sweep(args.model, args.cluster, devices=devices, nodes=args.nodes, seq=args.seq,
                             global_batch=args.global_batch, micro_batch=args.micro_batch, space=args.space,
                             overrides=args.set, on_point=on_point, precision=args.precision,
-                            fp8_recipe=args.fp8_recipe, moe_dispatcher=args.moe_dispatcher,
-                            moe_routing=args.moe_routing, moe_capacity_factor=args.moe_capacity_factor,
-                            moe_shared_overlap=args.moe_shared_overlap, moe_ep_overlap=args.moe_ep_overlap,
-                            grad_reduce_bf16=args.grad_reduce_bf16,
-                            expandable_segments=args.expandable_segments)
+                            fp8_recipe=args.fp8_recipe, stack=stack_of(args))
             return console.sweep(out, args.json)
         out = api.report(args.model, args.cluster, devices=devices, nodes=args.nodes, micro_batch=args.micro_batch,
                          global_batch=args.global_batch, seq=args.seq, space=args.space, overrides=args.set,

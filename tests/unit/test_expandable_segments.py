@@ -11,13 +11,14 @@ import pytest
 from symtensor import api
 from symtensor.cli import main
 from symtensor.errors import PlanError
+from symtensor.plan import Stack
 
 ARGS = dict(tp=2, zero=1, micro_batch=1, global_batch=64, seq=2048)
 
 
 def _memory(framework, zero, expandable):
     plan = api.evaluate("llama2-7b", "dgx-a100-80g", 8, framework=framework, **{**ARGS, "zero": zero},
-                        expandable_segments=expandable)
+                        stack=Stack(expandable_segments=expandable))
     return plan.report
 
 
@@ -41,7 +42,7 @@ def test_json_names_it_only_where_stated(capsys):
 
 
 def test_a_search_holds_it_and_bad_values_are_refused():
-    plan = api.plan("tiny-llama", "dgx-h100", 8, global_batch=16, seq=128, expandable_segments=True)
+    plan = api.plan("tiny-llama", "dgx-h100", 8, global_batch=16, seq=128, stack=Stack(expandable_segments=True))
     assert plan.train.expandable_segments is True and plan.config["expandable_segments"] is True
     with pytest.raises(PlanError, match="expandable_segments='yes'"):
-        api.moe_options(expandable_segments="yes")
+        Stack(expandable_segments="yes")

@@ -13,6 +13,7 @@ from symtensor import api
 from symtensor.cost import engine as engine_mod
 from symtensor.cost.engine import Unit, exposure
 from symtensor.cost.train import TrainConfig
+from symtensor.plan import Stack
 
 TINY = dict(seq=64, global_batch=32, micro_batch=1)  # 8 ranks: 4 micro-batches per step
 
@@ -34,7 +35,7 @@ def test_bytes_per_step_by_hand():
     assert p.train.micro_steps == m
     assert p.report.comm_bytes["all_gather"] == pytest.approx(m * 2 * 2 * P)
     assert p.report.comm_bytes["reduce_scatter"] == pytest.approx(m * 4 * P)
-    b = tiny(grad_reduce_bf16=True)
+    b = tiny(stack=Stack(grad_reduce_bf16=True))
     assert b.report.comm_bytes["reduce_scatter"] == pytest.approx(m * 2 * P)
     assert b.report.comm_bytes["all_gather"] == p.report.comm_bytes["all_gather"]
 
@@ -71,7 +72,7 @@ def test_unit_gradient_bucket_in_memory_where_gradients_are_sharded():
     layer = n_params(p, "layers.0.")
     assert layer > n_params(p, "embed.")
     assert p.report.memory["engine_buffers"] == pytest.approx(4 * layer)
-    assert tiny(grad_reduce_bf16=True).report.memory["engine_buffers"] == pytest.approx(2 * layer)
+    assert tiny(stack=Stack(grad_reduce_bf16=True)).report.memory["engine_buffers"] == pytest.approx(2 * layer)
     assert tiny(zero=2).report.memory["engine_buffers"] == pytest.approx(4 * layer)
     assert tiny(zero=1).report.memory["engine_buffers"] == 0.0
 

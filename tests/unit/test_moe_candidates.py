@@ -12,6 +12,7 @@ from symtensor.cost.opcost import local_sizes
 from symtensor.cost.terms import ep_edge_seconds, op_cost
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config
+from symtensor.plan import Stack
 from symtensor.search.megatron import megatron_layouts
 from symtensor.search.partition import Problem
 
@@ -67,9 +68,9 @@ def test_partition_edges_charge_the_dispatcher(placed):
 
 def test_drec_baseline_runs_with_the_stack_facts():
     """D-Rec's plan is costed with the plan's MoE options and gradient reduction (before: without them)."""
-    moe_opts = api.moe_options(routing="aux_loss", dispatcher="deepep", grad_reduce_bf16=True)
+    stack = Stack(moe_routing="aux_loss", moe_dispatcher="deepep", grad_reduce_bf16=True)
     _, base = api.plan_with_baselines("tiny-qwen3-moe", "dgx-h100", 16, global_batch=64, seq=256,
-                                      names=("drec",), moe=moe_opts)
+                                      names=("drec",), stack=stack)
     drec = base["drec"]
     assert drec.train.moe_routing == "aux_loss" and drec.train.moe_dispatcher == "deepep"
     assert drec.train.grad_reduce_bf16

@@ -17,6 +17,7 @@ from symtensor.errors import PlanError
 from symtensor.export import megatron_args
 from symtensor.hardware import load_cluster
 from symtensor.models import build_graph, load_model_config
+from symtensor.plan import Stack
 from symtensor.search import megatron_plan
 
 TINY = load_model_config("tiny-qwen3-moe")  # experts 8, top_k 2
@@ -68,7 +69,7 @@ def test_deepep_sends_each_token_once_per_node():
 def test_deepep_evaluation_cuts_cross_node_dispatch():
     """EP 32 across 4 nodes: DeepEP's ep_comm is less than half the all-to-all's (2.7 of 8 copies
     leave the node), and the step is shorter."""
-    a2a, deep = _qwen().report, _qwen(moe_dispatcher="deepep").report
+    a2a, deep = _qwen().report, _qwen(stack=Stack(moe_dispatcher="deepep")).report
     assert deep.breakdown["ep_comm"] < 0.5 * a2a.breakdown["ep_comm"]
     assert deep.step_time_s < a2a.step_time_s
 
@@ -77,10 +78,10 @@ def test_aux_loss_routing_paces_by_the_most_loaded_rank():
     """Dropless auxiliary-loss routing: the expert compute and the all-to-alls grow; a capacity
     factor of 1 drops back to the mean, exactly the balanced step."""
     bal = _qwen().report
-    aux = _qwen(moe_routing="aux_loss").report
+    aux = _qwen(stack=Stack(moe_routing="aux_loss")).report
     assert aux.breakdown["ep_comm"] > bal.breakdown["ep_comm"] and aux.breakdown["compute"] > bal.breakdown["compute"]
     assert aux.step_time_s > bal.step_time_s
-    dropped = _qwen(moe_routing="aux_loss", moe_capacity_factor=1.0).report
+    dropped = _qwen(stack=Stack(moe_routing="aux_loss", moe_capacity_factor=1.0)).report
     assert dropped.step_time_s == pytest.approx(bal.step_time_s)
 
 
@@ -89,7 +90,7 @@ def test_shared_expert_overlap_hides_dispatch():
     combine, so less ep_comm is exposed and the step is shorter."""
     kw = {"tp": 1, "ep": 8, "micro_batch": 1, "global_batch": 16, "seq": 2048, "overrides": ["shared_ffn=1536"]}
     serial = evaluate("qwen3-30b-a3b", "dgx-h100", 16, **kw).report
-    over = evaluate("qwen3-30b-a3b", "dgx-h100", 16, moe_shared_overlap=True, **kw).report
+    over = evaluate("qwen3-30b-a3b", "dgx-h100", 16, stack=Stack(moe_shared_overlap=True), **kw).report
     assert over.breakdown["ep_comm"] < serial.breakdown["ep_comm"]
     assert over.step_time_s < serial.step_time_s
 
@@ -101,7 +102,7 @@ def test_shared_expert_overlap_hides_dispatch():
 ])
 def test_bad_moe_options(kw, message):
     with pytest.raises(PlanError, match=message.replace("(", r"\(").replace("[", r"\[")):
-        evaluate("tiny-qwen3-moe", "dgx-h100", 8, ep=4, global_batch=8, seq=64, **kw)
+        evaluate("tiny-qwen3-moe", "dgx-h100", 8, ep=4, global_batch=8, seq=64, stack=Stack(**kw))
     with pytest.raises(PlanError, match="moe_"):
         TrainConfig(global_batch=8, **kw)
 
@@ -136,13 +137,13 @@ def test_plan_costs_the_moe_options_the_user_runs():
     """``plan`` takes the MoE options as stated facts of the stack: every point of the search (and the
     grid it is guaranteed against) runs with them, the plan carries them, its Megatron export states
     them; without them the search's training keys are today's."""
-    from symtensor.api import moe_options, plan
+    from symtensor.api import plan
     from symtensor.plan.parallelism import Parallelism
     from symtensor.search.pool import EvaluatorPool
 
     run = dict(seq=512, global_batch=64, space="megatron")
     base = plan("tiny-qwen3-moe", "dgx-h100", 16, **run)
-    p = plan("tiny-qwen3-moe", "dgx-h100", 16, moe_dispatcher="deepep", moe_routing="aux_loss", **run)
+    p = plan("tiny-qwen3-moe", "dgx-h100", 16, stack=Stack(moe_dispatcher="deepep", moe_routing="aux_loss"), **run)
     assert (p.train.moe_dispatcher, p.train.moe_routing) == ("deepep", "aux_loss")
     assert (base.train.moe_dispatcher, base.train.moe_routing) == ("alltoall", "balanced")
     assert p.config["moe_routing"] == "aux_loss" and "moe_routing" not in base.config
@@ -152,16 +153,17 @@ def test_plan_costs_the_moe_options_the_user_runs():
     assert again.report.step_time_s == pytest.approx(p.report.step_time_s)
     pool = EvaluatorPool(TINY, load_cluster("dgx-h100", devices=16), 512)
     assert pool.train_keys == EvaluatorPool(TINY, load_cluster("dgx-h100", devices=16), 512,
-                                            moe=moe_options()).train_keys
+                                            stack=Stack()).train_keys
     with pytest.raises(PlanError, match="moe_dispatcher='nccl'"):
-        moe_options("nccl")
+        Stack(moe_dispatcher="nccl")
 
 
 def test_ep_overlap_hides_dispatch_behind_the_paired_micro_batch():
     """--overlap-moe-expert-parallel-comm (combined 1F1B): the layer's expert all-to-alls hide behind the
     paired micro-batch's compute in the steady state, so ep_comm falls and nothing else moves; the share
     paired is all but the pipeline's warm-up; Megatron's refusals; the export states it."""
-    base, over = _qwen(moe_dispatcher="deepep"), _qwen(moe_dispatcher="deepep", moe_ep_overlap=True)
+    deepep = Stack(moe_dispatcher="deepep")
+    base, over = _qwen(stack=deepep), _qwen(stack=Stack(moe_dispatcher="deepep", moe_ep_overlap=True))
     assert over.report.breakdown["ep_comm"] < 0.5 * base.report.breakdown["ep_comm"]
     assert over.report.breakdown["compute"] == pytest.approx(base.report.breakdown["compute"])
     assert over.report.step_time_s < base.report.step_time_s
@@ -170,11 +172,12 @@ def test_ep_overlap_hides_dispatch_behind_the_paired_micro_batch():
     assert moe.ep_overlap_share(TrainConfig(global_batch=4, micro_steps=4, moe_ep_overlap=True)) == 0.75
     args = megatron_args(over)
     assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
-    grid = dict(tp=2, ep=32, pp=8, vpp=4, moe_ep_overlap=True)
-    for kw, message in ((dict(recompute="full"), "full recomputation"), (dict(moe_shared_overlap=True), "exclude"),
+    grid, overlap = dict(tp=2, ep=32, pp=8, vpp=4), Stack(moe_ep_overlap=True)
+    for kw, message in ((dict(recompute="full"), "full recomputation"),
+                        (dict(stack=Stack(moe_ep_overlap=True, moe_shared_overlap=True)), "exclude"),
                         (dict(vpp=1), "interleaved"), (dict(ep=1), "ep > 1")):
         with pytest.raises(PlanError, match=message):
-            evaluate("qwen3-235b-a22b", "dgx-h100", 256, **{**RUN, **grid, **kw})
+            evaluate("qwen3-235b-a22b", "dgx-h100", 256, **{**RUN, **grid, "stack": overlap, **kw})
 
 
 def test_a_search_holds_ep_overlap_only_where_megatron_runs_it():
@@ -187,7 +190,8 @@ def test_a_search_holds_ep_overlap_only_where_megatron_runs_it():
         assert not TrainConfig(**on, **kw).moe_ep_overlap
     from symtensor.api import plan
 
-    dense = plan("tiny-llama", "dgx-h100", 8, seq=256, global_batch=32, space="megatron", moe_ep_overlap=True)
+    dense = plan("tiny-llama", "dgx-h100", 8, seq=256, global_batch=32, space="megatron",
+                 stack=Stack(moe_ep_overlap=True))
     assert "moe_ep_overlap" not in dense.config
 
 
@@ -200,7 +204,7 @@ def test_ep_overlap_keeps_one_more_micro_batch_in_flight():
 
     run = dict(seq=256, global_batch=64, micro_batch=1, zero=1, tp=1, ep=4, recompute="none")
     off = evaluate("tiny-qwen3-moe", "dgx-h100", 16, **run).report
-    on = evaluate("tiny-qwen3-moe", "dgx-h100", 16, moe_ep_overlap=True, **run).report
+    on = evaluate("tiny-qwen3-moe", "dgx-h100", 16, stack=Stack(moe_ep_overlap=True), **run).report
     assert on.memory["activations"] == pytest.approx(2 * off.memory["activations"])
     st = Stage()
     st.comm["ep_comm"] = 1.0

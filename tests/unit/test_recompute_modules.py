@@ -16,6 +16,7 @@ from symtensor.export import megatron_args, torchtitan_config
 from symtensor.hardware import load_cluster
 from symtensor.layout import REPLICATED
 from symtensor.models import load_model_config
+from symtensor.plan import Stack
 from symtensor.search.baselines import baseline_plans
 
 MOE = "tiny-qwen3-moe"  # 2 layers, both MoE (8 experts, top 2), no shared expert, no MLA
@@ -132,7 +133,8 @@ def test_mla_and_dense_modules_select_their_ops():
     ("modules:moe_act", {"framework": "fsdp2"}, "use --framework megatron"),
     ("modules:moe_act", {"framework": "megatron-deepspeed"}, "use --framework megatron"),
     ("modules:moe_act", {"precision": "fp8", "fp8_recipe": "delayed"}, "delayed scaling"),
-    ("modules:moe", {"devices": 4, "ep": 4, "global_batch": 8, "moe_ep_overlap": True}, "--moe-ep-overlap"),
+    ("modules:moe", {"devices": 4, "ep": 4, "global_batch": 8, "stack": Stack(moe_ep_overlap=True)},
+     "--moe-ep-overlap"),
 ])
 def test_refusals_name_the_fix(recompute, kw, says):
     with pytest.raises(PlanError, match="recompute") as err:

@@ -56,7 +56,7 @@ def run_sweep(cfg, cluster: str, param: str, grid: list[dict], micro_batch=None,
         grid: per point ``{"value", "devices", "nodes", "seq", "global_batch"}`` (defaults resolved).
         micro_batch: a fixed micro batch, or None for the search's choice.
         on_point: called as ``on_point(index, total, point)`` after each point (progress).
-        precision: the search's ``precision`` and ``fp8_recipe`` (``search.search``); default: it chooses.
+        precision: the search's ``precision``, ``fp8_recipe`` and ``stack`` (``search.search``); default: it chooses.
     """
     points = []
     for i, g in enumerate(grid):

@@ -39,7 +39,9 @@ from dataclasses import asdict, dataclass, fields, replace
 from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.plan.summary import STACK_DEFAULTS, config_summary
+from symtensor.plan import stack as _stack
+from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
+from symtensor.plan.summary import config_summary
 
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp")
 TOKENS_PER_STEP = 2**22  # default global batch: about 4M tokens per step, as LLaMA-scale pretraining uses
@@ -97,18 +99,10 @@ class Parallelism:
             fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16.
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
-        moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap: how the MoE layers
-            run (``cost.moe``: the token dispatcher, balanced or auxiliary-loss routing, capacity
-            and token dropping, the shared expert beside the dispatch); the defaults cost them as
-            before (all-to-all, balanced, dropless, serial).
-        moe_ep_overlap: Megatron's --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute): the
-            1F1B steady state runs one micro-batch's forward beside another's backward, layer by layer,
-            so each one's dispatch and combine hide behind the other's compute (``cost.moe``).
-        grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16, torchtitan's
-            mixed_precision_reduce; ``cost.train.TrainConfig.grad_reduce_bf16``): a fact of the stack.
-        expandable_segments: whether PyTorch's caching allocator runs with expandable segments
-            (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), None for the engine's default
-            (``cost.engine.Engine.expandable_segments``): a fact of the stack; the reserved memory's fragmentation.
+        moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap, grad_reduce_bf16,
+        expandable_segments: the facts of the user's stack (``plan.stack.Stack``, which says what each is; its
+            defaults, today's costing, are these); the configuration of a Stack is
+            ``Parallelism(..., **stack.as_dict())``.
     """
 
     tp: int = 1
@@ -208,7 +202,7 @@ class Parallelism:
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
-                           **{k: getattr(self, k) for k in STACK_DEFAULTS})
+                           **{k: getattr(self, k) for k in STACK_KEYS})
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
@@ -216,6 +210,9 @@ class Parallelism:
 
 
 KEYS = tuple(f.name for f in fields(Parallelism))
+# one set of defaults: the configuration's stack facts (and the cost model's, ``TrainConfig``) are the Stack's
+assert all({f.name: f.default for f in fields(cls) if f.name in STACK_DEFAULTS} == STACK_DEFAULTS
+           for cls in (Parallelism, TrainConfig))
 DEFAULT_FRAMEWORK = Parallelism().framework  # the engine a configuration that names none runs
 
 
@@ -231,8 +228,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         v = getattr(p, key)
         if not isinstance(v, int) or v <= 0:
             return f"{key} must be a positive integer, got {v!r}"
-    why = _precision.refusal(p.precision, p.fp8_recipe, device) or \
-        _moe.refusal(p.moe_dispatcher, p.moe_capacity_factor, p.moe_routing, p.moe_shared_overlap, p.moe_ep_overlap)
+    why = _precision.refusal(p.precision, p.fp8_recipe, device) or _stack.refusal(p)
     if why is not None:
         return why
     why = _modules.refusal(p.recompute, framework=p.framework, model=model, shared_overlap=p.moe_shared_overlap,

@@ -15,20 +15,13 @@ from __future__ import annotations
 
 import math
 
+from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
+
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
-# (``layer_split``: the layers per virtual stage, only where the plan states its split)
+# (``layer_split``: the layers per virtual stage, only where the plan states its split), then the stack's facts
 MEGATRON_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "dp_shard", "recompute", "micro_batch",
-                 "global_batch", "seq", "vpp", "framework", "precision", "fp8_recipe", "layer_split",
-                 "moe_dispatcher", "moe_routing", "moe_capacity_factor", "moe_shared_overlap",
-                 "moe_ep_overlap", "grad_reduce_bf16", "expandable_segments")
-# the MoE options and their defaults (``cost.moe``): the summary names them only where they differ
-MOE_DEFAULTS = {"moe_dispatcher": "alltoall", "moe_routing": "balanced", "moe_capacity_factor": None,
-                "moe_shared_overlap": False, "moe_ep_overlap": False}
-# the facts of the user's stack a search holds besides its degrees (``search.pool.moe_keys``): the MoE options and
-# the gradient reduction's dtype (``grad_reduce_bf16``) and the allocator's expandable segments (None: the
-# engine's default), each with its default (today's costing)
-STACK_DEFAULTS = {**MOE_DEFAULTS, "grad_reduce_bf16": False, "expandable_segments": None}
+                 "global_batch", "seq", "vpp", "framework", "precision", "fp8_recipe", "layer_split", *STACK_KEYS)
 # how the note of a ``megatron_recipe`` baseline begins (``search.baselines.megatron_recipe``): then
 # the recipe's name and source, or ``sizing rule`` and why no recipe was used
 RECIPE_NOTE = "Megatron recipe: "
@@ -135,7 +128,7 @@ def config_summary(plan) -> dict:
 
 
 def _stack(train, ep: int = 2) -> dict:
-    """The summary's stack facts: those that differ from ``STACK_DEFAULTS`` (none by default); the expert
+    """The summary's stack facts (``plan.stack``): those that differ from the defaults (none by default); the expert
     all-to-all overlap only where there is expert parallelism (``ep``) to overlap."""
     return {k: getattr(train, k) for k, v in STACK_DEFAULTS.items()
             if getattr(train, k) != v and not (k == "moe_ep_overlap" and ep <= 1)}

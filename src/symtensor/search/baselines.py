@@ -31,6 +31,7 @@ from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import Cluster, divisors
 from symtensor.models import ModelConfig, build_graph, params_active
 from symtensor.plan.plan import Plan
+from symtensor.plan.stack import Stack
 from symtensor.plan.summary import RECIPE_NOTE
 from symtensor.search import recipes
 from symtensor.search.grid import megatron_grid
@@ -174,15 +175,15 @@ def fsdp(pool: EvaluatorPool, global_batch: int) -> Costed | None:
 def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, framework: str = "megatron",
                    names=BASELINES, fork: bool = False, pool: EvaluatorPool | None = None,
                    precision: str | None = None, fp8_recipe: str | None = None,
-                   moe: dict | None = None, beat: float = math.inf) -> dict[str, Plan | None]:
+                   stack: Stack | None = None, beat: float = math.inf) -> dict[str, Plan | None]:
     """The named baselines as plans (None where a baseline has no valid configuration), through
     the same cost model and engine: the one place they are assembled (``symtensor plan``,
     ``compare`` and ``report`` read them). D-Rec's unitless costs have no engine: its layouts are
     costed under Megatron's. ``fork``: the grid shares its work with a forked child
     (``grid.megatron_grid``; not where torch may be loaded: ``search.parallel``). ``pool``: the
     caller's pool of this model, cluster, sequence and engine, to share its evaluators. ``precision``
-    (``EvaluatorPool``): the baselines' precision; None: BF16 (the recipes' own). ``moe``: the MoE options
-    (``EvaluatorPool``) the baselines run with, as the plan does (D-Rec's too: its layouts costed with them).
+    (``EvaluatorPool``): the baselines' precision; None: BF16 (the recipes' own). ``stack``: the stack facts
+    (``plan.stack.Stack``) the baselines run with, as the plan does (D-Rec's too: its layouts costed with them).
     ``beat``: the grid's (``grid.megatron_grid``: only a best faster than it is exact)."""
     from symtensor.search.drec import drec_plan
 
@@ -190,7 +191,7 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
     if unknown:
         raise PlanError(f"unknown baseline {unknown[0]!r}." + did_you_mean(unknown[0], BASELINES))
     pool = pool or EvaluatorPool(cfg, cluster, seq, framework=framework, precision=precision, fp8_recipe=fp8_recipe,
-                                 moe=moe)
+                                 stack=stack)
     out: dict[str, Plan | None] = {}
     for name in names:
         if name == "drec":

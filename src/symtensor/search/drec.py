@@ -10,6 +10,7 @@ from symtensor.cost import TrainConfig, drec
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
+from symtensor.plan.stack import Stack
 from symtensor.search.outer import OuterSearch, finish, rollback
 from symtensor.search.partition import Problem, partition
 from symtensor.search.pool import EvaluatorPool
@@ -39,14 +40,14 @@ def drec_layouts(ev, train):
 
 
 def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, precision: str = "bf16",
-              fp8_recipe: str | None = None, moe: dict | None = None) -> Plan:
+              fp8_recipe: str | None = None, stack: Stack | None = None) -> Plan:
     """The D-Rec baseline: D-Rec's layouts (unitless costs, same recursion), pipeline depths by
     rollback, micro-batches / recomputation / ZeRO costed by the full model, in ``precision``
-    (a baseline does not choose FP8 by itself: BF16 unless stated) and with the stack facts ``moe``
-    (``EvaluatorPool``: the MoE options, the gradient reduction's dtype) the plan is costed with; D-Rec's own
+    (a baseline does not choose FP8 by itself: BF16 unless stated) and with the stack facts ``stack``
+    (``plan.stack.Stack``: the MoE options, the gradient reduction's dtype, ...) the plan is costed with; D-Rec's own
     unitless costs, which choose its layouts, have no notion of them."""
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq, precision=precision, fp8_recipe=fp8_recipe, moe=moe)
+    pool = EvaluatorPool(cfg, cluster, seq, precision=precision, fp8_recipe=fp8_recipe, stack=stack)
     s = OuterSearch(pool, global_batch)
     steps1 = s.micro_steps(1)
     m0 = max([m for m in steps1 if global_batch // m >= cluster.n_devices] or [steps1[0]])

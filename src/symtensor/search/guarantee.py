@@ -69,8 +69,8 @@ def guaranteed_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: 
     grid, ``planner.search``'s) made good on both promises, and the baselines ``names`` on
     ``cluster`` (costed with the grid, which is always costed). The plan's ``search_phases_s``
     add ``guarantees_s``: the seconds beyond the search (the grid, the plans on fewer devices
-    and the other baselines). ``precision``: the search's ``precision`` and ``fp8_recipe``
-    (``EvaluatorPool``), which the grid and the baselines are costed in too."""
+    and the other baselines). ``precision``: the search's ``precision``, ``fp8_recipe`` and
+    ``stack`` (``EvaluatorPool``), which the grid and the baselines are costed in too."""
     t0 = time.perf_counter()
     with collector_paused(), ExitStack() as children:
         plan, base = _guaranteed(cfg, cluster, global_batch, seq, framework, search, names, precision=precision or {},

@@ -36,6 +36,7 @@ from contextlib import ExitStack, contextmanager
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
+from symtensor.plan.stack import Stack
 from symtensor.search.grid import megatron_grid
 from symtensor.search.outer import (
     FULL_MESH,
@@ -56,7 +57,7 @@ from symtensor.search.seeds import grid_descent, seed_phase, seed_plan
 def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micro_batch: int | None = None,
            order: str = "topological", space: str = "symtensor", graph_factory=None,
            framework: str = "megatron", precision: str | None = None, fp8_recipe: str | None = None,
-           moe: dict | None = None, pool: EvaluatorPool | None = None) -> Plan:
+           stack: Stack | None = None, pool: EvaluatorPool | None = None) -> Plan:
     """The SymTensor plan: the fastest predicted step that fits in memory, costed under
     ``framework``'s engine semantics (``cost.engine``).
 
@@ -66,7 +67,8 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         graph_factory: graphs per micro-step batch for a captured model (``frontends``).
         precision: ``bf16`` or ``fp8`` (under ``fp8_recipe``) for every point; None: BF16, and FP8
             where it wins as a variant of the best point (step 6, ``outer.precision_variant``).
-        moe: the MoE options every point runs with (``EvaluatorPool``); default: today's costing.
+        stack: the facts of the user's stack every point runs with (``plan.stack.Stack``: the MoE options,
+            the gradient reduction's dtype, the allocator); default: today's costing.
         pool: a pool of this model, cluster, sequence and engine to search in (``search.guarantee``
             shares its evaluators with the grid), when it costs as this search's would
             (``EvaluatorPool.same``); it should hold nothing yet, or the search may differ
@@ -74,7 +76,7 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
     """
     with collector_paused():
         return _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework,
-                       precision, fp8_recipe, moe, pool)
+                       precision, fp8_recipe, stack, pool)
 
 
 @contextmanager
@@ -94,9 +96,9 @@ def collector_paused():
 
 
 def _search(cfg, cluster, global_batch, seq, micro_batch, order, space, graph_factory, framework, precision=None,
-            fp8_recipe=None, moe=None, shared=None) -> Plan:
+            fp8_recipe=None, stack=None, shared=None) -> Plan:
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq, graph_factory, framework, precision, fp8_recipe, moe)
+    pool = EvaluatorPool(cfg, cluster, seq, graph_factory, framework, precision, fp8_recipe, stack)
     if shared is not None and shared.same(pool):
         pool = shared  # (the guarantee's, whose grid and baselines then reuse this search's evaluators)
     s = OuterSearch(pool, global_batch, micro_batch, order)

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, engine_of, grad_reduce_refusal
-from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal, refusal as moe_refusal
+from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import has_fp8, named_recipe, refusal as precision_refusal
 from symtensor.cost.train import rule_split
@@ -23,7 +23,7 @@ from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.plan import Plan
-from symtensor.plan.summary import STACK_DEFAULTS
+from symtensor.plan.stack import Stack
 from symtensor.search.megatron import (
     check_config,
     configuration,
@@ -35,26 +35,6 @@ from symtensor.search.megatron import (
     train_config,
 )
 from symtensor.search.partition import Problem
-
-
-def moe_keys(moe: dict | None) -> dict:
-    """The stack facts of ``moe`` (the MoE options, ``grad_reduce_bf16``, ``expandable_segments``) that differ from
-    the defaults (``STACK_DEFAULTS``: today's costing), checked: an unknown key or a bad value is a one-line PlanError
-    (``cost.moe.refusal``)."""
-    moe = dict(moe or {})
-    unknown = sorted(moe.keys() - STACK_DEFAULTS.keys())
-    if unknown:
-        raise PlanError(f"{unknown[0]}: not a MoE option; use {', '.join(STACK_DEFAULTS)}")
-    opts = {**STACK_DEFAULTS, **moe}
-    why = moe_refusal(opts["moe_dispatcher"], opts["moe_capacity_factor"], opts["moe_routing"],
-                      opts["moe_shared_overlap"], opts["moe_ep_overlap"])
-    if why is None and not isinstance(opts["grad_reduce_bf16"], bool):
-        why = f"grad_reduce_bf16={opts['grad_reduce_bf16']!r}; use True or False"
-    if why is None and opts["expandable_segments"] not in (None, True, False):
-        why = f"expandable_segments={opts['expandable_segments']!r}; use True, False or None (the engine's default)"
-    if why is not None:
-        raise PlanError(why)
-    return {k: v for k, v in moe.items() if v != STACK_DEFAULTS[k]}
 
 
 @dataclass(frozen=True, slots=True)
@@ -81,16 +61,15 @@ class EvaluatorPool:
     tables, the layout family, the Megatron grid and layouts). It lives as long as the search."""
 
     def __init__(self, cfg: ModelConfig, cluster: Cluster, seq: int, graph_factory=None, framework: str = "megatron",
-                 precision: str | None = None, fp8_recipe: str | None = None, moe: dict | None = None):
+                 precision: str | None = None, fp8_recipe: str | None = None, stack: Stack | None = None):
         """``graph_factory(graph_batch)`` supplies the graphs (a captured model); default: the
         builders' skeleton graphs of ``cfg``. ``framework``: the engine every configuration of
         this search is costed under (``cost.engine``). ``precision``: ``bf16`` or ``fp8`` (under
         ``fp8_recipe``, default the device's) for every configuration; None: BF16, and the search
         may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``).
-        ``moe``: how the MoE layers run, stated facts of the stack that every configuration carries
-        (``moe_dispatcher``, ``moe_routing``, ``moe_capacity_factor``, ``moe_shared_overlap`` of
-        ``Parallelism``, ``cost.moe``); only the keys that differ from the defaults, so a search
-        without them is today's."""
+        ``stack``: the stated facts of the user's stack (``plan.stack.Stack``: how the MoE layers run, the
+        gradient reduction's dtype, the allocator) that every configuration carries; only the facts that differ
+        from the defaults, so a search without them is today's."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
         self.framework = framework
         why = precision_refusal(precision or "bf16", fp8_recipe if precision else None, cluster.device)
@@ -100,9 +79,10 @@ class EvaluatorPool:
         self.precision = precision or "bf16"
         self.fp8_recipe = recipe if precision == "fp8" else None
         self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None
+        self.stack = stack or Stack()  # the stack facts this search holds
         # what every configuration and training configuration of this search carries besides its degrees
         self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe,
-                           **moe_keys(moe)}
+                           **self.stack.differing()}
         self.graph_factory = graph_factory
         self._param_sums = None
         self._recomputations = None
@@ -171,12 +151,6 @@ class EvaluatorPool:
         if out.get("grad_reduce_bf16") and grad_reduce_refusal(out.get("framework", "megatron"), out.get("zero", 0)):
             del out["grad_reduce_bf16"]  # (FSDP2's ZeRO 0, DDP, reduces as before)
         return out
-
-    @property
-    def stack(self) -> dict:
-        """The stack facts this search holds (``moe_keys``: the MoE options and the gradient reduction's dtype
-        that differ from the defaults), as ``moe=`` takes them."""
-        return {k: v for k, v in self.train_keys.items() if k in STACK_DEFAULTS}
 
     @property
     def floor_keys(self) -> dict:
