@@ -48,7 +48,7 @@ def on_its_own_gpus(r: recipes.Recipe) -> str:
         c = recipes.scaled(r, cfg, r.devices, r.global_batch, r.seq)
     except PlanError as e:
         return f"does not run: {e}"
-    costed = EvaluatorPool(cfg, cluster, r.seq).try_config(**c)
+    costed = EvaluatorPool(cfg, cluster, r.seq, stack=r.stack).try_config(**c, balance=False)
     if costed is None:
         return "cannot be laid on the mesh"
     rep = costed.report
@@ -61,7 +61,8 @@ def recipe_rows() -> list[dict]:
              "tp": r.tp, "pp": r.pp, "vpp": r.vpp, "cp": r.cp, "ep": r.ep, "etp": r.etp, "sp": r.sp,
              "recompute": r.recompute_detail, "precision": r.precision, "pp_layout": r.pp_layout or "even",
              "micro_batch": r.micro_batch, "global_batch": r.global_batch, "default": r.default, "zero": r.zero,
-             "source": r.source, "notes": r.notes, "on_its_own_gpus": on_its_own_gpus(r)} for r in recipes.RECIPES]
+             "source": r.source, "notes": r.notes, "on_its_own_gpus": on_its_own_gpus(r),
+             "stack": ", ".join(f"{k}={v}" for k, v in r.stack.differing().items()) or "-"} for r in recipes.RECIPES]
 
 
 def scenario_rows() -> list[dict]:
@@ -106,12 +107,14 @@ def main(argv) -> int:
              "devices, with dp = devices / (tp x pp x cp) at the plan's global batch; NVIDIA's sizing rule where "
              "none runs or it does not fit, and the plan's note says which and why. Sources are "
              f"`repository@commit:path` ({recipes.BRIDGE}, {recipes.NEMO}). Precision and stated pipeline layouts "
-             "are recorded; layout strings are costed with the planner's balanced split until plans state "
-             "layouts. `on its own GPUs`: the cost model on the recipe as written (its GPU count of its GPU's "
-             "preset, its sequence and global batch).", ""]
+             "are recorded and costed as stated (a layout string as its layer split, DeepSeek-V3's MTP layer not "
+             "modelled). `on its own GPUs`: the cost model on the recipe as written (its GPU count of its GPU's "
+             "preset, its sequence and global batch, and the stack facts its launch states, `stack`: the "
+             "performance recipes' expandable segments and MoE overlap); as a baseline a recipe runs the plan's "
+             "stack.", ""]
     lines += _md(rows, ["model", "recipe", "kind", "gpu", "gpus", "seq", "tp", "pp", "vpp", "cp", "ep", "etp", "sp",
-                        "recompute", "precision", "pp_layout", "micro_batch", "global_batch", "source",
-                        "on_its_own_gpus", "notes"])
+                        "recompute", "precision", "pp_layout", "micro_batch", "global_batch", "stack",
+                        "source", "on_its_own_gpus", "notes"])
     lines += ["", "## The Megatron baseline of each plan-quality scenario", "",
               "What `megatron_recipe` runs in `benchmarks/plan_quality.py`'s scenarios, then in MoE and Blackwell "
               "cases of issue 23 (the baseline alone; `plan_quality.md` has the speedups), beside what NVIDIA's "

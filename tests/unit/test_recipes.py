@@ -198,3 +198,17 @@ def test_a_layout_string_that_does_not_give_the_recipes_stages_is_refused():
     wrong = recipes.Recipe(**{**{f: getattr(r, f) for f in r.__slots__}, "vpp": 2})
     with pytest.raises(PlanError, match="stages, not pp x vpp"):
         recipes.layout_split(wrong, load_model_config(r.model))
+
+
+def test_performance_recipes_carry_the_stack_their_launch_states():
+    """Megatron-Bridge's performance recipes reduce gradients in bf16 (``_benchmark_common``) and run the allocator
+    with expandable segments (their ``env_vars``; not the Megatron-FSDP row with CPU offloading), Qwen3-235B on H100
+    also overlaps the expert-parallel communication; the library recipes state no stack fact."""
+    from symtensor.plan.stack import Stack
+
+    perf = [r for r in recipes.RECIPES if r.kind == "performance" and r.repo == recipes.BRIDGE]
+    assert perf and all(r.stack.grad_reduce_bf16 for r in perf)
+    assert [r.name for r in perf if not r.stack.expandable_segments] == ["llama3_70b_pretrain_64gpu_gb200_bf16_config"]
+    qwen = next(r for r in perf if r.name == "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config")
+    assert qwen.stack.moe_ep_overlap
+    assert all(r.stack == Stack() for r in recipes.RECIPES if r.kind == "pretrain")

@@ -52,6 +52,7 @@ from symtensor.cost.pipeline import parse_layout
 from symtensor.errors import PlanError
 from symtensor.models import PRESETS, ModelConfig
 from symtensor.plan.parallelism import Parallelism, refusal
+from symtensor.plan.stack import Stack
 
 # the repositories and the commits the rows were read at (the newest stored snapshots)
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b"
@@ -84,6 +85,12 @@ class Recipe:
         pp_layout: its stated pipeline layout, if any (``layout_split``; see the module docstring).
         default: the family's default (``<model>_pretrain_config`` is this function).
         notes: what the planner does not model of it.
+        stack: the stack facts its launch states (``plan.stack.Stack``): Megatron-Bridge's performance recipes
+            reduce gradients in bf16 and set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in their
+            ``env_vars`` (all but one here: ``_PERF_STACK``), some turn on ``overlap_moe_expert_parallel_comm``;
+            the library recipes state none. The recipe is costed with them on its own GPUs
+            (``benchmarks/recipes_table.py``); as a baseline it runs the plan's stack, as every point of a search
+            does.
     """
 
     model: str
@@ -110,6 +117,7 @@ class Recipe:
     global_batch: int = 512
     default: bool = False
     notes: str = ""
+    stack: Stack = Stack()
 
     @property
     def source(self) -> str:
@@ -135,8 +143,21 @@ class Recipe:
         return " ".join(parts + (["sp"] if self.sp else []))
 
 
+# What a Megatron-Bridge performance recipe states of its stack (NVIDIA-NeMo/Megatron-Bridge@067f987df03b
+# src/megatron/bridge/perf_recipes/<family>/<gpu>/*.py): every one calls ``_benchmark_common`` (perf_recipes/
+# _common.py: ``cfg.ddp.grad_reduce_in_fp32 = False``, gradients reduced in bf16) and sets
+# "PYTORCH_CUDA_ALLOC_CONF": "expandable_segments:True" in its ``cfg.env_vars``, but for
+# llama3_70b_pretrain_64gpu_gb200_bf16_config (Megatron FSDP with CPU offloading: no allocator setting).
+_PERF_STACK = Stack(expandable_segments=True, grad_reduce_bf16=True)
+# ... and those that also set comm_overlap.overlap_moe_expert_parallel_comm (with delay_wgrad_compute): Qwen3-235B
+# on 256 H100 (CommOverlapConfig(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)) and GPT-OSS-120B
+# on 64 GB200
+_PERF_EP_OVERLAP = Stack(expandable_segments=True, grad_reduce_bf16=True, moe_ep_overlap=True)
+
+
 def _bridge(model, name, path, gpu, devices, seq, tp, pp, **kw) -> Recipe:
     kind = "performance" if path.startswith(_PERF) else "pretrain"
+    kw.setdefault("stack", _PERF_STACK if kind == "performance" else Stack())
     return Recipe(model=model, name=name, repo=BRIDGE, path=path, kind=kind, gpu=gpu, devices=devices, seq=seq, tp=tp,
                   pp=pp, **kw)
 
@@ -206,7 +227,8 @@ RECIPES: tuple[Recipe, ...] = (
     _bridge("llama3-405b", "llama31_405b_pretrain_1024gpu_h100_bf16_config", _PERF + "llama/h100/llama31.py", "h100",
             1024, 8192, 8, 8, vpp=8, cp=2, sp=True, pp_layout=_SLOTS, global_batch=1536),
     _bridge("qwen3-235b-a22b", "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config", _PERF + "qwen/h100/qwen3_moe.py",
-            "h100", 256, 4096, 2, 8, vpp=4, ep=32, sp=True, pp_layout=_SLOTS, global_batch=8192),
+            "h100", 256, 4096, 2, 8, vpp=4, ep=32, sp=True, pp_layout=_SLOTS, global_batch=8192,
+            stack=_PERF_EP_OVERLAP),
     _bridge("deepseek-v3", "deepseek_v3_pretrain_1024gpu_h100_bf16_config", _PERF + "deepseek/h100/deepseek_v3.py",
             "h100", 1024, 4096, 2, 8, vpp=4, ep=64, sp=True, recompute="modules:mla_up_proj,mlp",
             recompute_detail="selective: mla_up_proj, mlp", pp_layout="Et|(tt|)*30mL", global_batch=16384),
@@ -232,7 +254,7 @@ RECIPES: tuple[Recipe, ...] = (
     _bridge("llama3-8b", "llama3_8b_pretrain_8gpu_gb200_bf16_config", _PERF + "llama/gb200/llama3.py", "gb200", 8,
             8192, 1, 1, micro_batch=2, global_batch=128),
     _bridge("llama3-70b", "llama3_70b_pretrain_64gpu_gb200_bf16_config", _PERF + "llama/gb200/llama3.py", "gb200", 64,
-            8192, 1, 1, zero=3, global_batch=256,
+            8192, 1, 1, zero=3, global_batch=256, stack=Stack(grad_reduce_bf16=True),
             notes="Megatron FSDP (optim_grads_params); 20 layers' activations offloaded to CPU, not modelled"),
     _bridge("llama3-405b", "llama31_405b_pretrain_256gpu_gb200_bf16_config", _PERF + "llama/gb200/llama31.py",
             "gb200", 256, 8192, 4, 16, vpp=8, sp=True, pp_layout=_SLOTS, global_batch=1536),
@@ -245,7 +267,8 @@ RECIPES: tuple[Recipe, ...] = (
             recompute_detail="selective: mla_up_proj", pp_layout=_DSV3_16, global_batch=4096),
     _bridge("gpt-oss-120b", "gpt_oss_120b_pretrain_64gpu_gb200_bf16_config", _PERF + "gpt_oss/gb200/gpt_oss.py",
             "gb200", 64, 4096, 1, 1, ep=64, recompute="modules:layernorm,moe_act",
-            recompute_detail="selective: layernorm, moe_act", micro_batch=4, global_batch=1280),
+            recompute_detail="selective: layernorm, moe_act", micro_batch=4, global_batch=1280,
+            stack=_PERF_EP_OVERLAP),
     # -- NeMo 2 performance configurations of Mixtral (BF16 rows of the CSVs) --
     Recipe(model="mixtral-8x7b", name="pre_train mixtral 8x7b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
            kind="performance", gpu="b200", devices=64, seq=4096, tp=1, pp=1, ep=8, micro_batch=2, global_batch=256),
