@@ -179,3 +179,14 @@ def test_fp16_exports_as_megatron_deepspeed_runs_it_and_elsewhere_is_refused():
     for framework in ("megatron", "fsdp2", "deepspeed"):
         with pytest.raises(PlanError, match="modelled for megatron-deepspeed only, not " + framework):
             api.evaluate(**base, framework=framework)
+
+
+def test_a_qkv_only_bias_is_refused_not_dropped():
+    """Megatron-DeepSpeed biases every linear layer or none (--disable-bias-linear, no --add-qkv-bias): Qwen2's
+    QKV-only bias cannot be built, so the export is refused in one line instead of training a model without it."""
+    from symtensor.export import export
+
+    plan = api.evaluate("qwen2-7b", "dgx-a100-80g", 16, tp=2, pp=2, zero=1, micro_batch=1, global_batch=32,
+                        seq=4096, overrides={"layers": "4"}, framework="megatron-deepspeed")
+    with pytest.raises(PlanError, match="cannot build qwen2-7b's QKV-only bias .* --to megatron"):
+        export(plan, "megatron-deepspeed")

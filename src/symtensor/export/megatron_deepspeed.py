@@ -38,6 +38,11 @@ def megatron_deepspeed_config(plan) -> dict:
     if why is not None:
         raise PlanError(f"Megatron-DeepSpeed would refuse this plan at launch: {why}")
     cfg = plan.model
+    if cfg.qkv_bias and not cfg.bias and not MEGATRON_DEEPSPEED.qkv_bias:
+        # Megatron-DeepSpeed biases every linear layer or none (--disable-bias-linear): it would train the model
+        # without its QKV bias (microsoft/Megatron-DeepSpeed@f4157be megatron/arguments.py, model/transformer.py)
+        raise PlanError(f"Megatron-DeepSpeed cannot build {cfg.name}'s QKV-only bias (it biases all linear layers or "
+                        "none): export it with --to megatron or --to torchtitan")
     args = [f"--tensor-model-parallel-size {p.tp}", f"--pipeline-model-parallel-size {p.pp}",
             f"--micro-batch-size {p.micro_batch}", f"--global-batch-size {p.global_batch}",
             f"--seq-length {p.seq}", f"--max-position-embeddings {max(p.seq, cfg.max_context)}",
