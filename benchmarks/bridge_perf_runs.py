@@ -422,7 +422,7 @@ def compare() -> int:
                "gbs": r["gbs"], "mbs": r["mbs"], "seq": r["seq"], "measured": measured, "status": e["status"],
                "predicted": None, "error": None, "inside_band": None, "band_tokens": "", "reserved_gib": None,
                "why": e["why"], "described_as": e["described_as"], "doc_line": f"{r['source']}#L{r['doc_line']}"}
-        if "step_s" in e:
+        if "step_s" in e and measured:
             gpus, gbs, seq = int(r["gpus"]), int(r["gbs"]), int(r["seq"])
             measured_step = gbs * seq / (measured * gpus)
             b = e["band"]
@@ -456,7 +456,8 @@ def report(out: list[dict], done: list[tuple[dict, dict]]) -> list[str]:
     groups: dict[str, list] = {}
     for r, x in fits:
         fam = "dense" if MODELS[_model_name(r["model_name"])][0] in DENSE else "MoE"
-        for key in (f"{r['system']} {r['precision']}", fam):
+        prec, recipe, _ = PRECISIONS[r["precision"]]
+        for key in (f"{r['system']} {recipe or prec}", fam):
             groups.setdefault(key, []).append(x)
     for key in sorted(groups):
         g = groups[key]
