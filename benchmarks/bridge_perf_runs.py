@@ -1,0 +1,496 @@
+"""A held-out test of the cost model on NVIDIA Megatron-Bridge's published performance tables.
+
+    python benchmarks/bridge_perf_runs.py --parse   # (once) writes the frozen test file bridge_perf_runs.csv
+    python benchmarks/bridge_perf_runs.py --check   # each row described and evaluated, measured columns unread
+    python benchmarks/bridge_perf_runs.py           # the comparison: benchmarks/results/bridge_perf_runs.{md,csv}
+
+Source: ``docs/performance-summary.md`` (the current container) and ``docs/performance-summary-archive.md``
+(older containers) of NVIDIA-NeMo/Megatron-Bridge at ``BRIDGE`` (the commit ``search/recipes.py`` cites), read
+from its local mirror. ``--parse`` takes every table row of both (its container heading, section and model or
+system heading kept; a cell ``a (b)`` is two rows, the second taking every ``(b)``), and the facts the matching
+performance recipe states (``src/megatron/bridge/perf_recipes/<family>/<gpu>/*.py``, the function of the row's
+model, GPU count, GPU and precision, with the helpers it calls in its own file or its family's ``common.py``):
+recomputation, pipeline layout, the MoE dispatcher and EP overlap, CPU offloading, the allocator setting. Those
+go in ``bridge_perf_runs.csv``, the frozen test file (its sha256 in ``bridge_perf_runs.md``).
+
+Each row is then described as one SymTensor evaluation (``describe``): the system as a cluster preset, the
+model as a zoo preset, the precision and FP8 recipe, its degrees (dp = gpus / (tp x pp x cp), sequence
+parallelism where tp > 1, expert TP 1), Megatron's distributed optimizer (ZeRO 1) or Megatron FSDP (ZeRO 3)
+where the FSDP column says so, and the recipe's stack facts (``Stack``: gradients reduced in bf16 by
+``_benchmark_common``, expandable segments, EP overlap). A row the mapping cannot describe is skipped with the
+reason; a configuration the tool refuses or that does not fit is reported as such. Nothing in the cost model
+was changed for this test: it is run once and reports what comes out.
+
+Predicted tokens/s/GPU = global batch x sequence / step / GPUs; error = predicted / measured - 1 (+ optimistic).
+A row is inside its band when the measured step lies in the band the evaluation prints (``cost.bands``).
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import re
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+from symtensor import api
+from symtensor.errors import PlanError
+from symtensor.hardware import GIB
+from symtensor.plan.document import config_band
+from symtensor.plan.stack import Stack
+
+from results_files import write_results
+
+BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b"
+COMMIT = "067f987df03b8355b03192d88d70f1709fedf51a"
+MIRROR = Path("/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
+DOCS = ("docs/performance-summary.md", "docs/performance-summary-archive.md")
+PERF = "src/megatron/bridge/perf_recipes/"
+HERE = Path(__file__).resolve().parent
+RUNS = HERE / "bridge_perf_runs.csv"
+MEASURED = ("tokens_per_s_per_gpu", "model_tflops_per_gpu")  # the doc's last two columns, read once
+
+SYSTEMS = {"DGX-H100": ("dgx-h100", "h100"), "DGX-B200": ("dgx-b200", "b200"), "DGX-GB200": ("gb200-nvl72", "gb200")}
+# the doc's model name (its label in parentheses dropped) -> (zoo preset, recipe function stem, recipe family folder)
+MODELS = {"LLAMA3_8B": ("llama3-8b", "llama3_8b", "llama"), "LLAMA3_70B": ("llama3-70b", "llama3_70b", "llama"),
+          "LLAMA3.1_405B": ("llama3-405b", "llama31_405b", "llama"),
+          "DeepSeekV3": ("deepseek-v3", "deepseek_v3", "deepseek"),
+          "GPT OSS 120B": ("gpt-oss-120b", "gpt_oss_120b", "gpt_oss"),
+          "Qwen3_30B_a3B": ("qwen3-30b-a3b", "qwen3_30b_a3b", "qwen"),
+          "Qwen3_235B_a22B": ("qwen3-235b-a22b", "qwen3_235b_a22b", "qwen"),
+          "Kimi_K2": ("kimi-k2", "kimi_k2", "kimi")}
+# the doc's precision -> (precision, FP8 recipe, the recipe functions' suffix); "FP8" unqualified is the
+# current-scaling recipe: the only non-MX FP8 recipe of every model and GPU those rows name (fp8cs)
+PRECISIONS = {"BF16": ("bf16", None, "bf16"), "FP8": ("fp8", "tensorwise", "fp8cs"),
+              "FP8-CS": ("fp8", "tensorwise", "fp8cs"), "FP8-DS": ("fp8", "delayed", "fp8ds"),
+              "FP8-MX": ("fp8", "mxfp8", "fp8mx"), "MXFP8": ("fp8", "mxfp8", "fp8mx")}
+DENSE = {"llama3-8b", "llama3-70b", "llama3-405b"}
+LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}  # block recomputation is only stated for these
+
+
+def git_show(path: str) -> str:
+    if not MIRROR.exists():
+        raise PlanError(f"no Megatron-Bridge mirror at {MIRROR}; --parse reads it (the comparison reads {RUNS.name})")
+    return subprocess.run(["git", "-C", str(MIRROR), "show", f"{COMMIT}:{path}"], check=True, capture_output=True,
+                          text=True).stdout
+
+
+# -- parsing the tables --------------------------------------------------------------------------------------
+
+def _cells(line: str) -> list[str]:
+    return [c.strip() for c in line.strip().strip("|").split("|")]
+
+
+def _variants(cell: str) -> list[str]:
+    """``a (b)`` -> [a, b]; a plain cell -> [cell]."""
+    m = re.fullmatch(r"(.+?)\s*\((.+)\)", cell)
+    return [m.group(1).strip(), m.group(2).strip()] if m else [cell]
+
+
+def _numbers(cell: str) -> list[str]:
+    """The numbers of a measured cell (a footnote marker dropped), commas removed."""
+    return [n.replace(",", "") for n in re.findall(r"\d[\d,]*(?:\.\d+)?", re.sub(r"\[\^[^\]]*\]", "", cell))]
+
+
+KEY = {"System": "system", "Model": "model_name", "#-GPUs": "gpus", "Precision": "precision", "GBS": "gbs",
+       "MBS": "mbs", "Sequence Length": "seq", "FSDP": "fsdp", "TP": "tp", "PP": "pp", "CP": "cp", "VP": "vp",
+       "EP": "ep", "GA": "ga", "Tokens / sec / GPU": MEASURED[0], "Model TFLOP / sec / GPU": MEASURED[1]}
+
+
+def parse_doc(path: str) -> list[dict]:
+    """Every table row of one doc, with its container, section and heading; a row whose configuration cells hold
+    ``a (b)`` alternatives is one row per alternative (variant 0, 1)."""
+    rows, container, section, heading, header = [], "", "", "", None
+    for n, line in enumerate(git_show(path).splitlines(), 1):
+        if line.startswith("## "):
+            container, section, heading, header = line[3:].strip(), "", "", None
+        elif line.startswith("### "):
+            section, heading, header = line[4:].strip(), "", None
+        elif line.startswith("#### "):
+            heading, header = re.sub(r"\[\^[^\]]*\]", "", line[5:]).strip(), None
+        elif line.startswith("|") and header is None:
+            header = [KEY[c] for c in _cells(line)]
+        elif line.startswith("|") and not set(line) <= set("|-: "):
+            cells = dict(zip(header, _cells(line), strict=True))
+            notes = sorted(set(re.findall(r"\[\^([^\]]*)\]", line)))
+            measured = {k: _numbers(cells.pop(k)) for k in MEASURED}
+            kind, _, name = heading.partition(": ")
+            cells.setdefault("model_name" if kind == "Model" else "system", name)
+            n_var = max([len(_variants(v)) for k, v in cells.items() if k != "model_name"]
+                        + [len(v) for v in measured.values()])
+            for k, v in measured.items():  # a cell whose count is not the row's: which variant it is, unknown
+                if len(v) != n_var:
+                    measured[k] = [""] * n_var
+                    notes.append(f"{k} ambiguous")
+            for i in range(n_var):
+                row = {"source": f"{BRIDGE}:{path}", "doc_line": n, "container": container, "section": section,
+                       "heading": heading, "variant": i if n_var > 1 else "", "doc_notes": " ".join(notes)}
+                for k, v in cells.items():
+                    alts = _variants(v) if k != "model_name" else [v]
+                    row[k] = alts[i] if len(alts) > 1 else alts[0]
+                row.update({k: v[i] for k, v in measured.items()})
+                rows.append(row)
+        elif not line.startswith("|"):
+            header = None
+    return rows
+
+
+# -- the facts of the matching performance recipe --------------------------------------------------------------
+
+def _functions(text: str) -> dict[str, str]:
+    """Top-level function name -> its body, of a Python source."""
+    parts = re.split(r"^def (\w+)\(", text, flags=re.M)
+    return {parts[i]: parts[i + 1] for i in range(1, len(parts) - 1, 2)}
+
+
+def _inline(name: str, funcs: dict[str, str], depth: int = 0) -> str:
+    """Function ``name``'s body with the bodies of the functions of ``funcs`` it calls (its parent config, the
+    family's helpers) inlined where it calls them, so that later assignments win."""
+    body = funcs[name]
+    if depth > 4:
+        return body
+
+    def sub(m):
+        return _inline(m.group(1), funcs, depth + 1) + m.group(0)
+
+    return re.sub(r"\b(\w+)\(", lambda m: sub(m) if m.group(1) in funcs and m.group(1) != name else m.group(0), body)
+
+
+def _last(pattern: str, text: str) -> str | None:
+    found = re.findall(pattern, text)
+    return found[-1] if found else None
+
+
+def recipe_facts(model_name: str, section: str, gpu: str, gpus: str, suffix: str) -> dict:
+    """The facts the performance recipe ``<stem>_<pretrain|sft>_<gpus>gpu_<gpu>_<suffix>_config`` states, as
+    text columns; ``recipe`` empty when Megatron-Bridge has no such function."""
+    _, stem, family = MODELS[model_name]
+    kind = {"Pre-Training Performance": "pretrain", "SFT Performance": "sft"}.get(section, "")
+    name = f"{stem}_{kind}_{gpus}gpu_{gpu}_{suffix}_config"
+    folder = f"{PERF}{family}/{gpu}/"
+    files = subprocess.run(["git", "-C", str(MIRROR), "ls-tree", "--name-only", COMMIT, folder], check=True,
+                           capture_output=True, text=True).stdout.split()
+    common = _functions(git_show(f"{PERF}{family}/common.py")) if family else {}
+    for path in files:
+        funcs = _functions(git_show(path))
+        if name not in funcs:
+            continue
+        body = _inline(name, {**common, **funcs})
+        layout = _last(r"pipeline_model_parallel_layout\s*=\s*\"([^\"]+)\"", body)
+        dsv3 = "set_deepseek_v3_pipeline_model_parallel_layout(" in body and layout is None
+        modules = _last(r"recompute_modules\s*=\s*\[([^\]]*)\]", body)
+        alloc = _last(r"\"PYTORCH_CUDA_ALLOC_CONF\":\s*\"([^\"]*)\"", body)
+        return {"recipe": f"{name} ({BRIDGE}:{path})",
+                "r_tp": _last(r"(?<!expert_)tensor_model_parallel_size\s*=\s*(\d+)", body) or "",
+                "r_pp": _last(r"(?<!virtual_)pipeline_model_parallel_size\s*=\s*(\d+)", body) or "",
+                "r_vp": _last(r"virtual_pipeline_model_parallel_size\s*=\s*(\w+)", body) or "",
+                "r_cp": _last(r"context_parallel_size\s*=\s*(\d+)", body) or "",
+                "r_ep": _last(r"expert_model_parallel_size\s*=\s*(\d+)", body) or "",
+                "r_etp": _last(r"expert_tensor_parallel_size\s*=\s*(\w+)", body) or "",
+                "recompute_granularity": _last(r"recompute_granularity\s*=\s*\"(\w+)\"", body) or "",
+                "recompute_method": _last(r"recompute_method\s*=\s*\"(\w+)\"", body) or "",
+                "recompute_num_layers": _last(r"recompute_num_layers\s*=\s*(\d+)", body) or "",
+                "recompute_modules": ",".join(re.findall(r"\"(\w+)\"", modules)) if modules is not None else "",
+                "pp_layout": layout or ("deepseek_v3 table" if dsv3 else ""),
+                "dispatcher": (_last(r"moe_token_dispatcher_type\s*=\s*\"(\w+)\"", body) or "") + (
+                    "/" + b if (b := _last(r"moe_flex_dispatcher_backend\s*=\s*\"(\w+)\"", body)) else ""),
+                "ep_overlap": str(_last(r"overlap_moe_expert_parallel_comm\s*=\s*(True|False)", body) == "True"),
+                "force_balance": _last(r"moe_router_force_load_balancing\s*=\s*(True|False)", body) or "",
+                "megatron_fsdp": str(_last(r"use_megatron_fsdp\s*=\s*(True|False)", body) == "True"),
+                "cpu_offload_layers": (_last(r"cpu_offloading_num_layers\s*=\s*(\d+)", body) or "")
+                if _last(r"cpu_offloading\s*=\s*(True|False)", body) == "True" else "",
+                "expandable_segments": str(alloc is not None and "expandable_segments:True" in alloc),
+                "paged_stash": str(_last(r"moe_paged_stash\s*=\s*(True|False)", body) == "True"),
+                "fp8_attention": str(_last(r"fp8_dot_product_attention\s*=\s*(True|False)", body) == "True"),
+                "cuda_graph": _last(r"cuda_graph_impl\s*=\s*\"(\w+)\"", body) or ""}
+    return {"recipe": ""}
+
+
+RECIPE_KEYS = ("recipe", "r_tp", "r_pp", "r_vp", "r_cp", "r_ep", "r_etp", "recompute_granularity", "recompute_method",
+               "recompute_num_layers", "recompute_modules", "pp_layout", "dispatcher", "ep_overlap", "force_balance",
+               "megatron_fsdp", "cpu_offload_layers", "expandable_segments", "paged_stash", "fp8_attention",
+               "cuda_graph")
+PARSED = ("source", "doc_line", "container", "section", "heading", "variant", "doc_notes", "system", "model_name",
+          "gpus", "precision", "gbs", "mbs", "seq", "fsdp", "tp", "pp", "cp", "vp", "ep", "ga")
+
+
+def parse() -> list[dict]:
+    """The frozen test rows: every table row of both docs and its recipe's facts (where the row is in scope)."""
+    rows = [r for path in DOCS for r in parse_doc(path)]
+    for r in rows:
+        name, prec = _model_name(r["model_name"]), PRECISIONS.get(r.get("precision", ""))
+        facts = {}
+        if r["system"] in SYSTEMS and name in MODELS and prec is not None:
+            facts = recipe_facts(name, r["section"], SYSTEMS[r["system"]][1], r["gpus"], prec[2])
+        r.update({k: facts.get(k, "") for k in RECIPE_KEYS})
+    return rows
+
+
+def _model_name(text: str) -> str:
+    return re.sub(r"\s*\(.*\)\s*$", "", text).strip()
+
+
+# -- a row as one evaluation -----------------------------------------------------------------------------------
+
+# DeepSeek-V3's layout per (pp, vp) (Megatron-Bridge src/megatron/bridge/recipes/deepseek/h100/deepseek_v3.py,
+# _get_deepseek_v3_pipeline_layout: decoder layers per virtual stage, the MTP layer dropped, as search.recipes does)
+DSV3_LAYOUT = {(4, 1): (16, 16, 16, 13), (8, 1): (8,) * 7 + (5,), (4, 2): (8,) * 7 + (5,),
+               (16, 1): (4,) * 15 + (1,), (8, 2): (4,) * 15 + (1,), (4, 4): (4,) * 15 + (1,)}
+
+
+def _layout_string(split: tuple[int, ...]) -> str:
+    stages = [("E" if i == 0 else "") + (f"t*{n}" if n else "") + ("L" if i == len(split) - 1 else "")
+              for i, n in enumerate(split)]
+    return "|".join(stages)
+
+
+def _int(text: str, default: int = 1) -> int:
+    return int(text) if text and text.isdigit() else default
+
+
+def describe(r: dict) -> tuple[dict | None, str, str]:
+    """(the keywords of ``api.evaluate``, or None; why the row is skipped, or ""; how it was described)."""
+    name = _model_name(r["model_name"])
+    if r["section"] == "LoRA Performance":
+        return None, "LoRA fine-tuning: the recipe's adapter rank and targets not described", ""
+    if r["system"] not in SYSTEMS:
+        return None, f"system {r['system']}: no cluster preset (dgx-h100, dgx-b200, gb200-nvl72 only)", ""
+    if name not in MODELS:
+        return None, f"model {r['model_name']}: no zoo preset", ""
+    if not r.get("precision"):
+        return None, "precision not stated (the 25.09 tables have no Precision column)", ""
+    if r["precision"] not in PRECISIONS:
+        return None, f"precision {r['precision']}: not modelled (bf16, FP8 current/delayed scaling, MXFP8)", ""
+    if "tokendrop" in r["model_name"]:
+        return None, "token-dropping MoE run: its capacity factor is not stated", ""
+    preset, gpu = SYSTEMS[r["system"]]
+    model = MODELS[name][0]
+    precision, fp8_recipe, _ = PRECISIONS[r["precision"]]
+    gpus, tp, pp, cp = int(r["gpus"]), _int(r["tp"]), _int(r["pp"]), _int(r["cp"])
+    vpp, ep = _int(r["vp"]), _int(r["ep"])
+    fsdp = _int(r.get("fsdp", ""), 0)
+    notes = []
+    if r["precision"] == "FP8":
+        notes.append("FP8 as current scaling (fp8cs)")
+    if "w/ MTP" in r["model_name"]:
+        notes.append("its MTP layer not modelled")
+    if r["section"] == "SFT Performance":
+        notes.append("SFT costed as pre-training at its sequence (packing not modelled)")
+    kw = dict(devices=gpus, tp=tp, pp=pp, cp=cp, dp=gpus // (tp * pp * cp), ep=ep, etp=1, sp=tp > 1,
+              zero=3 if fsdp else 1, micro_batch=int(r["mbs"]), global_batch=int(r["gbs"]), seq=int(r["seq"]),
+              vpp=vpp, precision=precision, fp8_recipe=fp8_recipe, framework="megatron")
+    if fsdp:
+        notes.append("Megatron FSDP as ZeRO 3")
+    recompute, layout, stack = "none", None, {"grad_reduce_bf16": True}
+    if not r["recipe"]:
+        notes.append(f"no {gpu} {PRECISIONS[r['precision']][2]} recipe for {gpus} GPUs: no recomputation, "
+                     "Megatron's split, alltoall, no EP overlap, allocator default")
+    else:
+        differ = [f"{k}{r['r_' + k]}" for k in ("tp", "pp", "cp", "ep")
+                  if r["r_" + k] and r["r_" + k] != str(kw[k])]
+        rv = _int(r["r_vp"], 1) if r["r_vp"] not in ("", "None") else 1
+        if r["r_vp"] and rv != vpp:
+            differ.append(f"vp{rv}")
+        if differ:
+            notes.append("recipe degrees differ (" + " ".join(differ) + "): its other facts taken")
+        if r["r_etp"] and r["r_etp"] not in ("1", "None"):
+            notes.append(f"recipe expert TP {r['r_etp']} not taken (etp 1)")
+        if r["recompute_granularity"] == "full":
+            n_layers = _int(r["recompute_num_layers"], 0)
+            recompute = "full"  # Megatron's block method (the first N layers of a stage) has no counterpart
+            per_stage = LAYERS[model] / (pp * vpp)
+            if r["recompute_method"] == "block" and n_layers and n_layers < per_stage:
+                notes.append(f"block recompute of {n_layers} of {per_stage:g} layers per stage costed as full "
+                             "(every layer): pessimistic")
+        elif r["recompute_modules"] and r["recompute_granularity"] in ("selective", ""):
+            recompute = "modules:" + r["recompute_modules"]
+            if not r["recompute_granularity"]:
+                notes.append("recompute granularity from the library base config, not read: modules taken as "
+                             "selective")
+        if r["pp_layout"] == "deepseek_v3 table":
+            split = DSV3_LAYOUT.get((pp, vpp))
+            layout = _layout_string(split) if split else None
+            notes.append("DeepSeek-V3 layout table, MTP dropped" if split
+                         else f"no DeepSeek-V3 layout for pp{pp} vp{vpp}: Megatron's split")
+        elif r["pp_layout"]:
+            layout = r["pp_layout"]
+            if differ:
+                layout = None
+                notes.append("recipe layout not taken (other degrees)")
+        if "deepep" in r["dispatcher"]:
+            stack["moe_dispatcher"] = "deepep"
+        elif r["dispatcher"].startswith("flex"):
+            notes.append(f"{r['dispatcher']} dispatcher costed as alltoall")
+        stack["moe_ep_overlap"] = r["ep_overlap"] == "True" and model not in DENSE
+        if stack["moe_ep_overlap"] and pp > 1 and vpp == 1:  # megatron-core refuses it (the recipe's VP differs)
+            stack["moe_ep_overlap"] = False
+            notes.append("the recipe's EP overlap off: Megatron refuses it with pp > 1 and no VP")
+        if r["paged_stash"] == "True":
+            notes.append("MoE paged stash (expert activations paged, CPU buffer) not modelled")
+        if r["fp8_attention"] == "True":
+            notes.append("FP8 attention not modelled (BF16)")
+        if r["expandable_segments"] == "True":
+            stack["expandable_segments"] = True
+        if r["cpu_offload_layers"]:
+            notes.append(f"CPU offloading of {r['cpu_offload_layers']} layers' activations not modelled")
+    kw.update(recompute=recompute, pp_layout=layout, stack=Stack(**stack))
+    said = (f"{model} on {gpus} {preset}: tp{tp} pp{pp} vpp{vpp} cp{cp} ep{ep} dp{kw['dp']} "
+            f"{'sp ' if kw['sp'] else ''}zero{kw['zero']} mb{kw['micro_batch']} gb{kw['global_batch']} "
+            f"seq{kw['seq']} {precision}{'/' + fp8_recipe if fp8_recipe else ''} recompute {recompute}"
+            f"{' layout ' + layout if layout else ''}"
+            + (" stack " + ",".join(f"{k}={v}" for k, v in Stack(**stack).differing().items())))
+    return {"model": model, "cluster": preset, **kw}, "", "; ".join([said] + notes)
+
+
+def evaluate(r: dict) -> dict:
+    """The row's evaluation: predicted step, fits, reserved memory, band; or why it is skipped or refused."""
+    kw, skip, said = describe(r)
+    out = {"status": "skipped" if kw is None else "", "why": skip, "described_as": said}
+    if kw is None:
+        return out
+    try:
+        plan = api.evaluate(**kw)
+    except PlanError as e:
+        return {**out, "status": "refused", "why": str(e).splitlines()[0]}
+    rep = plan.report
+    band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=kw["zero"], seq=kw["seq"],
+                       framework=kw["framework"], precision=kw["precision"])
+    return {**out, "status": "fits" if rep.fits else "does not fit", "why": "" if rep.fits else rep.overflow,
+            "step_s": rep.step_time_s, "reserved_gib": rep.memory_reserved / GIB, "band": band,
+            "predicted": kw["global_batch"] * kw["seq"] / rep.step_time_s / kw["devices"]}
+
+
+# -- files -----------------------------------------------------------------------------------------------------
+
+def read_rows(with_measured: bool) -> list[dict]:
+    with RUNS.open() as f:
+        rows = list(csv.DictReader(f))
+    if not with_measured:
+        for r in rows:
+            for k in MEASURED:
+                r.pop(k)
+    return rows
+
+
+def sha256() -> str:
+    return hashlib.sha256(RUNS.read_bytes()).hexdigest()
+
+
+def write_parsed(rows: list[dict]) -> None:
+    with RUNS.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=list(PARSED) + list(MEASURED) + list(RECIPE_KEYS))
+        w.writeheader()
+        w.writerows(rows)
+
+
+def check() -> int:
+    """Every row described and evaluated with the measured columns dropped: status counts and reasons."""
+    counts: dict[str, int] = {}
+    for r in read_rows(with_measured=False):
+        e = evaluate(r)
+        counts[e["status"]] = counts.get(e["status"], 0) + 1
+        extra = f" {e['reserved_gib']:.1f} GiB" if "reserved_gib" in e else ""
+        print(f"{r['doc_line']:>4} {r['container'][:8]:8} {r['system']:10} {r['model_name'][:22]:22} "
+              f"{r.get('precision', ''):8} {e['status']}{extra}: {e['why'] or e['described_as']}")
+    print(counts)
+    return 0
+
+
+def _pct(v: float) -> str:
+    return f"{100 * v:+.1f}%"
+
+
+def _summary(label: str, errs: list[float], inside: list[bool]) -> str:
+    if not errs:
+        return f"| {label} | 0 | - | - | - |"
+    return (f"| {label} | {len(errs)} | {100 * statistics.mean(abs(e) for e in errs):.1f}% | "
+            f"{_pct(statistics.mean(errs))} | {sum(inside)} of {len(inside)} |")
+
+
+def compare() -> int:
+    rows = read_rows(with_measured=True)
+    out, done = [], []
+    for r in rows:
+        e = evaluate(r)
+        measured = float(r[MEASURED[0]]) if r[MEASURED[0]] else None
+        res = {"container": r["container"], "section": r["section"], "model": r["model_name"], "system": r["system"],
+               "gpus": r["gpus"], "precision": r.get("precision", ""),
+               "degrees": f"tp{r['tp']} pp{r['pp']} cp{r['cp']} vp{r['vp']} ep{r['ep']}"
+                          + (f" fsdp{r['fsdp']}" if r.get("fsdp") not in ("", "0", None) else ""),
+               "gbs": r["gbs"], "mbs": r["mbs"], "seq": r["seq"], "measured": measured, "status": e["status"],
+               "predicted": None, "error": None, "inside_band": None, "band_tokens": "", "reserved_gib": None,
+               "why": e["why"], "described_as": e["described_as"], "doc_line": f"{r['source']}#L{r['doc_line']}"}
+        if "step_s" in e and measured:
+            gpus, gbs, seq = int(r["gpus"]), int(r["gbs"]), int(r["seq"])
+            measured_step = gbs * seq / (measured * gpus)
+            b = e["band"]
+            res.update(predicted=e["predicted"], error=e["predicted"] / measured - 1,
+                       inside_band=b.contains(measured_step), reserved_gib=e["reserved_gib"],
+                       band_tokens=f"{gbs * seq / b.high_s / gpus:.0f}..{gbs * seq / b.low_s / gpus:.0f}")
+            done.append((r, res))
+        out.append(res)
+    write_results("bridge_perf_runs", report(out, done), out)
+    return 0
+
+
+def report(out: list[dict], done: list[tuple[dict, dict]]) -> list[str]:
+    fits = [(r, x) for r, x in done if x["status"] == "fits"]
+    lines = ["# Held-out test: Megatron-Bridge's published performance tables", "",
+             f"Every table row of `docs/performance-summary.md` and `docs/performance-summary-archive.md` of {BRIDGE} "
+             f"(frozen in `benchmarks/bridge_perf_runs.csv`, sha256 `{sha256()}`), described as SymTensor "
+             "evaluations by `python benchmarks/bridge_perf_runs.py` (module docstring: the mapping, with the "
+             "matching performance recipe's recomputation, layout and stack facts) and compared once. Nothing in "
+             "the cost model was changed for it. Predicted tokens/s/GPU = global batch x sequence / predicted step "
+             "/ GPUs; error = predicted / measured - 1 (+: optimistic). `inside band`: the measured step lies in "
+             "the evaluation's error band (`cost.bands`; `band` as tokens/s/GPU).", ""]
+    statuses: dict[str, int] = {}
+    for x in out:
+        statuses[x["status"]] = statuses.get(x["status"], 0) + 1
+    lines += ["Rows: " + ", ".join(f"{v} {k}" for k, v in statuses.items()) + ".", "",
+              "## Summary (rows that fit)", "",
+              "| group | rows | MAPE | mean signed error | inside band |", "|---|---:|---:|---:|---:|"]
+    errs = [x["error"] for _, x in fits]
+    lines.append(_summary("all", errs, [x["inside_band"] for _, x in fits]))
+    groups: dict[str, list] = {}
+    for r, x in fits:
+        fam = "dense" if MODELS[_model_name(r["model_name"])][0] in DENSE else "MoE"
+        prec, recipe, _ = PRECISIONS[r["precision"]]
+        for key in (f"{r['system']} {recipe or prec}", fam):
+            groups.setdefault(key, []).append(x)
+    for key in sorted(groups):
+        g = groups[key]
+        lines.append(_summary(key, [x["error"] for x in g], [x["inside_band"] for x in g]))
+    nofit = [x for _, x in done if x["status"] != "fits"]
+    if nofit:
+        lines += ["", "Rows that do not fit (not in the summary; their error is still listed): "
+                  + _summary("does not fit", [x["error"] for x in nofit], [x["inside_band"] for x in nofit])[2:-2]
+                  .replace(" | ", ", "), ""]
+    cols = ["container", "section", "model", "system", "gpus", "precision", "degrees", "gbs", "mbs", "seq",
+            "measured", "predicted", "error", "status", "reserved_gib", "inside_band", "band_tokens", "why",
+            "described_as"]
+    lines += ["", "## Every row", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for x in out:
+        cell = {**x, "measured": "" if x["measured"] is None else f"{x['measured']:.0f}",
+                "predicted": "" if x["predicted"] is None else f"{x['predicted']:.0f}",
+                "error": "" if x["error"] is None else _pct(x["error"]),
+                "reserved_gib": "" if x["reserved_gib"] is None else f"{x['reserved_gib']:.1f}",
+                "inside_band": "" if x["inside_band"] is None else ("yes" if x["inside_band"] else "no")}
+        lines.append("| " + " | ".join(str(cell[c]).replace("|", "\\|") for c in cols) + " |")
+    return lines
+
+
+def main(argv: list[str]) -> int:
+    if "--parse" in argv:
+        rows = parse()
+        write_parsed(rows)
+        print(f"wrote {len(rows)} rows to {RUNS} (sha256 {sha256()})")
+        return 0
+    if "--check" in argv:
+        return check()
+    return compare()
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
