@@ -116,15 +116,15 @@ class Cluster:
                 counts.append(rest)
                 rest = 1
                 break
-            if lvl.partial and rest % lvl.partial == 0 and (rest > lvl.fanout and rest % lvl.fanout
-                                                            or rest < lvl.fanout and lvl.fanout % rest):
+            if lvl.partial and rest > lvl.fanout and rest % lvl.fanout and rest % lvl.partial == 0:
                 counts.append(lvl.partial)  # ``partial`` of each group (Level.partial)
                 rest //= lvl.partial
                 continue
             if rest <= lvl.fanout:
-                if lvl.fanout % rest:
+                if lvl.fanout % rest and not (lvl.partial and lvl.partial % rest == 0):
+                    also = f" or of {lvl.partial}" if lvl.partial else ""
                     raise PlanError(f"cluster {self.name}: {rest} devices do not split a {lvl.name} group of "
-                                    f"{lvl.fanout}; use a divisor of {lvl.fanout} or a multiple of it")
+                                    f"{lvl.fanout}; use a divisor of {lvl.fanout}{also} or a multiple of it")
                 counts.append(rest)
                 rest = 1
                 break
