@@ -91,7 +91,8 @@ def test_gb200_nvl72_is_one_nvlink_domain_of_72():
     assert load_cluster("gb200-nvl72", devices=36).level_counts == (36, 1)  # half a rack
 
 
-@pytest.mark.parametrize("devices,counts", [(32, (32, 1)), (16, (16, 1)), (64, (64, 1)), (128, (64, 2)), (256, (64, 4)), (1024, (64, 16)),
+@pytest.mark.parametrize("devices,counts", [(32, (32, 1)), (16, (16, 1)), (64, (64, 1)), (128, (64, 2)),
+                                            (256, (64, 4)), (1024, (64, 16)),
                                             (144, (72, 2)), (72, (72, 1)), (8, (8, 1))])
 def test_gb200_jobs_of_64_gpus_per_rack(devices, counts):
     """A GB200 job whose GPU count is no multiple of 72 but one of 64 uses 64 GPUs of each rack (Megatron-Bridge's
