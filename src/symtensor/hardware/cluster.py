@@ -319,8 +319,9 @@ def cluster_names() -> list[str]:
 
 # a device name containing the key is that preset's device (torch.cuda.get_device_name); the first
 # key found wins, so a key inside another comes after it ("NVIDIA GB200" holds "B200")
-# The first key a device's name contains wins: GB300 before B300, GB200 before B200; a Grace Hopper (GH200: 96 or 144 GB, its own
-# clocks and NVLink-C2C) has no preset and must not pass for an H200 (None).
+# The first key a device's name contains wins: GB300 before B300, GB200 before B200 (and no Blackwell Ultra name
+# holds "B200"); a Grace Hopper (GH200: 96 or 144 GB, its own clocks and NVLink-C2C) has no preset and must not pass
+# for an H200 (None).
 PRESET_DEVICES = (("GB300", "gb300-nvl72"), ("B300", "dgx-b300"), ("GB200", "gb200-nvl72"), ("B200", "dgx-b200"),
                   ("GH200", None), ("H200", "dgx-h200"), ("H100", "dgx-h100"), ("A100", "dgx-a100-80g"),
                   ("910B", "ascend-910b"))
