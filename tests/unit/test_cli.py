@@ -37,9 +37,25 @@ def test_clusters(capsys):
     assert main(["clusters"]) == 0
     assert "dgx-h100" in capsys.readouterr().out
     rows = {r["name"]: r for r in run_json(capsys, ["clusters"])}
-    assert set(rows) == {"dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "ascend-910b"}
+    assert set(rows) == {"dgx-a100-80g", "dgx-h100", "dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72",
+                         "ascend-910b"}
+    assert rows["dgx-b300"]["peak_bf16_tflops"] == pytest.approx(2250)
+    assert [lv["bandwidth_gbps"] for lv in rows["gb300-nvl72"]["levels"]] == pytest.approx([900, 100])
     assert rows["dgx-h100"]["peak_bf16_tflops"] == pytest.approx(989)
     assert [lv["bandwidth_gbps"] for lv in rows["dgx-h100"]["levels"]] == pytest.approx([450, 50])
+
+
+@pytest.mark.parametrize("argv, cluster, n", [
+    (["evaluate", "llama3-70b", "--cluster", "dgx-b300", "--devices", "64", "--tp", "2", "--pp", "4"], "dgx-b300", 64),
+    (["plan", "qwen3-235b-a22b", "--cluster", "gb300-nvl72", "--devices", "256"], "gb300-nvl72", 256),
+])
+def test_blackwell_ultra_presets_evaluate_and_plan(capsys, argv, cluster, n):
+    """The Blackwell Ultra presets run end to end: 64 B300 (8 nodes), 256 GB300 (4 racks of 64 GPUs); their
+    efficiency table is borrowed, so the band is uncalibrated and says so."""
+    out = run_json(capsys, argv)
+    assert out["cluster"] == cluster and out["devices"] == n and out["step_time_s"] > 0
+    assert out["capacity_gib"] == pytest.approx(288) and not out["band_calibrated"]
+    assert "transferred to" in out["efficiency_source"]
 
 
 def test_graph_json(capsys):

@@ -193,9 +193,10 @@ def test_devices_get_their_own_tables():
     assert device_table("Ascend-910B") == "A100"
     assert device_table("H200-SXM-141GB") == device_table("B200-SXM-180GB") == "H100"
     assert device_table("GB200-B200-186GB") == "H100"
+    assert device_table("B300-SXM-288GB") == device_table("GB300-B300-288GB") == "H100"
 
 
-@pytest.mark.parametrize("preset", ["dgx-h200", "dgx-b200", "gb200-nvl72", "ascend-910b"])
+@pytest.mark.parametrize("preset", ["dgx-h200", "dgx-b200", "gb200-nvl72", "dgx-b300", "gb300-nvl72", "ascend-910b"])
 def test_a_borrowed_table_is_said_and_its_band_is_uncalibrated(preset):
     """A device without calibration rows of its own borrows another's fractions of peak: the
     prediction says so (the table's source) and its band is the uncalibrated one, never the

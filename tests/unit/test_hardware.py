@@ -21,9 +21,10 @@ DATASHEET = {
     "dgx-h100": (80, 989, 3350, 450, 50),
     "dgx-h200": (141, 989, 4800, 450, 50),
     "dgx-b200": (180, 2250, 8000, 900, 50),
+    "dgx-b300": (288, 2250, 8000, 900, 100),
     "ascend-910b": (64, 313, 1600, 50, 10),
 }
-NODE = {"gb200-nvl72": 72}  # GPUs per NVLink domain where it is not 8
+NODE = {"gb200-nvl72": 72, "gb300-nvl72": 72}  # GPUs per NVLink domain where it is not 8
 
 
 def test_preset_names():
@@ -91,20 +92,64 @@ def test_gb200_nvl72_is_one_nvlink_domain_of_72():
     assert load_cluster("gb200-nvl72", devices=36).level_counts == (36, 1)  # half a rack
 
 
+@pytest.mark.parametrize("preset", ["gb200-nvl72", "gb300-nvl72"])
 @pytest.mark.parametrize("devices,counts", [(32, (32, 1)), (16, (16, 1)), (64, (64, 1)), (128, (64, 2)),
                                             (256, (64, 4)), (1024, (64, 16)),
                                             (144, (72, 2)), (72, (72, 1)), (8, (8, 1))])
-def test_gb200_jobs_of_64_gpus_per_rack(devices, counts):
+def test_gb200_jobs_of_64_gpus_per_rack(preset, devices, counts):
     """A GB200 job whose GPU count is no multiple of 72 but one of 64 uses 64 GPUs of each rack (Megatron-Bridge's
     performance guide; NVIDIA's 64- and 256-GPU GB200 recipes): 256 GPUs are 4 racks of 64, not refused; a job of a
-    divisor of 64 (32 GPUs: NVIDIA's Llama-3-70B fine-tuning rows) sits in one rack."""
-    assert load_cluster("gb200-nvl72", devices=devices).level_counts == counts
+    divisor of 64 (32 GPUs: NVIDIA's Llama-3-70B fine-tuning rows) sits in one rack. GB300 NVL72 is the same rack
+    (NVIDIA's DGX-GB300 rows run 8, 64, 128 and 256 GPUs)."""
+    assert load_cluster(preset, devices=devices).level_counts == counts
 
 
-def test_a_job_neither_of_whole_racks_nor_of_64_per_rack_is_refused_with_both_fixes():
+@pytest.mark.parametrize("preset", ["gb200-nvl72", "gb300-nvl72"])
+def test_a_job_neither_of_whole_racks_nor_of_64_per_rack_is_refused_with_both_fixes(preset):
     with pytest.raises(PlanError, match=r"100 devices is not a whole number of nvlink groups of 72; use a multiple of "
                                         r"72 or of 64 \(64 of each group\)"):
-        load_cluster("gb200-nvl72", devices=100)
+        load_cluster(preset, devices=100)
+
+
+def test_gb300_nvl72_is_one_nvlink_domain_of_72_blackwell_ultra_gpus():
+    """GB300 NVL72 (GB300 NVL72 spec, per 72 GPUs: 360 PFLOP/s FP16/BF16 and 720 FP8 with sparsity, 1,080 FP4
+    without, 576 TB/s HBM3e, 130 TB/s NVLink; one ConnectX-8 800 Gb/s per GPU): per GPU, dense 2,500 BF16, 5,000
+    FP8, 15,000 FP4 TFLOP/s, 288 GB at 8 TB/s, 900 GB/s NVLink and 100 GB/s network each way."""
+    c = load_cluster("gb300-nvl72", nodes=2)
+    assert c.n_devices == 144 and c.level_counts == (72, 2) and c.levels[0].partial == 64
+    assert [f"{a.name}:{a.size}" for a in c.mesh()] == ["ib0:2", "nvlink0:3", "nvlink1:3", "nvlink2:2",
+                                                         "nvlink3:2", "nvlink4:2"]
+    d = c.device
+    assert [d.flops(t) / 1e12 for t in ("bf16", "fp16", "fp8", "fp4")] == pytest.approx([2500, 2500, 5000, 15000])
+    assert d.flops("fp32") == pytest.approx(6e15 / 72)
+    assert d.memory == 288 * GIB and d.hbm_bandwidth == pytest.approx(576e12 / 72)
+    assert [lv.bandwidth for lv in c.levels] == pytest.approx([130e12 / 72 / 2, 800e9 / 8], rel=1e-2)
+    assert [lv.bandwidth for lv in c.levels] == pytest.approx([900e9, 100e9])
+
+
+def test_dgx_b300_constants_match_the_hgx_b300_spec():
+    """HGX B300 spec per 8 GPUs: 36 PFLOP/s FP16/BF16 and 72 FP8 with sparsity (half dense), 105 FP4 without,
+    600 TFLOP/s FP32, 14.4 TB/s NVLink; DGX B300: 2.3 TB HBM3e, 8 ConnectX-8 at 800 Gb/s."""
+    c = load_cluster("dgx-b300", nodes=8)
+    assert c.n_devices == 64 and c.level_counts == (8, 8)
+    d = c.device
+    assert [d.flops(t) * 8 * 2 / 1e15 for t in ("bf16", "fp16", "fp8")] == pytest.approx([36, 36, 72])
+    assert d.flops("fp4") * 8 == pytest.approx(105e15) and d.flops("fp32") * 8 == pytest.approx(600e12)
+    assert d.memory == 288 * GIB and d.hbm_bandwidth == pytest.approx(8e12)
+    assert c.levels[0].bandwidth * 2 * 8 == pytest.approx(14.4e12) and c.levels[1].bandwidth == pytest.approx(800e9 / 8)
+
+
+@pytest.mark.parametrize("preset", ["dgx-b300", "gb300-nvl72"])
+def test_blackwell_ultra_presets_have_microscaling_and_read_b200s_kernels(preset):
+    """Blackwell Ultra lists an FP4 peak (MXFP8 is its default FP8 recipe) and reads B200's kernel tables, the
+    end-to-end fractions as B200's (uncalibrated)."""
+    from symtensor.cost import kernels as K
+    from symtensor.cost.efficiency import device_table
+    from symtensor.cost.precision import default_recipe
+
+    device = load_cluster(preset, devices=8).device
+    assert default_recipe(device) == "mxfp8"
+    assert K.device_kernels(device) is K.B300 and device_table(device.name) == device_table("B200-SXM-180GB")
 
 
 def test_the_partial_rack_survives_the_cluster_file_and_the_plan_file(tmp_path):
@@ -276,6 +321,8 @@ def test_unparseable_cluster_file(tmp_path):
     ("NVIDIA H200", "dgx-h200"),
     ("NVIDIA B200", "dgx-b200"),
     ("NVIDIA GB200", "gb200-nvl72"),  # "B200" is in the name too: GB200 must be matched first
+    ("NVIDIA B300 SXM6 AC", "dgx-b300"),
+    ("NVIDIA GB300", "gb300-nvl72"),  # "B300" is in the name too: GB300 must be matched first, and never as a B200
     ("NVIDIA GH200 480GB", None),  # "H200" is in the name: a Grace Hopper is not an H200 preset
     ("Ascend910B2", "ascend-910b"),
     ("NVIDIA GeForce RTX 4090", None),

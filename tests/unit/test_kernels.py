@@ -8,7 +8,7 @@ import pytest
 from symtensor.cost import kernels as K
 from symtensor.errors import PlanError
 
-DEVICES = ("A100-SXM4-80GB", "H100-SXM5-80GB", "H200", "B200", "Ascend-910B")
+DEVICES = ("A100-SXM4-80GB", "H100-SXM5-80GB", "H200", "B200", "B300", "Ascend-910B")
 SHAPES = [(m, n, k) for m in (64, 512, 4096, 32768) for n in (128, 1376, 4096, 28672) for k in (256, 4096, 16384)]
 
 
@@ -34,6 +34,18 @@ def test_transfers_say_why():
     assert "ceilings" in K.H100.transfers["gemm bf16 (charged)"] and "ceilings" in K.H100.transfers["grouped bf16"]
     assert K.H100.stack["bf16"] == K.H200.stack["bf16"] == (K.A100_PCIE_BF16, K.H100_SCALE)
     assert K.H200.attention == K.H100.attention and K.H200.hbm != K.H100.hbm
+
+
+def test_blackwell_ultra_reads_b200s_tables_and_says_so():
+    """B300 and GB300 (no kernel table of their own) read B200's, a stated transfer, by an unambiguous name: a
+    GB300's device name holds "B300", never "B200"."""
+    for name in ("B300", "B300-SXM-288GB", "GB300-B300-288GB", "NVIDIA GB300"):
+        assert K.device_kernels(name) is K.B300
+    assert K.device_kernels("GB200-B200-186GB") is K.B200
+    assert K.B300.gemm == K.B200.gemm and K.B300.attention == K.B200.attention and K.B300.hbm == K.B200.hbm
+    assert K.B300.peak_tflops == K.B200.peak_tflops == {"bf16": 2250.0, "fp16": 2250.0}
+    assert "B200" in K.B300.transfers["gemm, grouped, attention"] and "hbm" in K.B300.transfers
+    assert K.gemm_efficiency("B300", 4096, 4096, 4096) == K.gemm_efficiency("B200", 4096, 4096, 4096)
 
 
 @pytest.mark.parametrize("device", DEVICES)

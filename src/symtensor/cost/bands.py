@@ -9,7 +9,7 @@ expected in [step / (1 + hi), step / (1 + lo)]. It is built by one documented ru
    with and without their source, as ``symtensor calibrate`` prints them; MFU rows count as times,
    r = measured MFU / predicted MFU - 1). Both straddle zero since the H100 GEMMs take the GH100's
    sustained ceiling (cost/kernels.py; before, the H100 range lay below zero, optimistic). A device without
-   rows (H200, B200, GB200, Ascend 910B: they read another device's kernel tables,
+   rows (H200, B200, GB200, B300, GB300, Ascend 910B: they read another device's kernel tables,
    ``efficiency.TRANSFERS``) takes the union of the calibrated ranges, widened by ``WIDEN["device"]``.
 2. Widening per dimension the prediction leaves the calibrated domain (``DOMAIN``) along, each by its
    ``WIDEN`` width on both sides: the engine (only Megatron-LM runs are in the calibration files), the

@@ -82,6 +82,8 @@ TRANSFERS = (
                      "which the roofline reads from the device"),
     ("B200", "H100", "no Blackwell rows in the calibration files: Hopper's fractions of peak, the nearest "
                      "generation with Transformer Engine kernels, applied to Blackwell's own peaks"),
+    ("B300", "H100", "no Blackwell Ultra rows in the calibration files: Hopper's fractions of peak, as B200's "
+                     "(the same dense BF16 Tensor Core generation), applied to Blackwell Ultra's own peaks"),
     ("910B", "A100", "no Ascend rows in the calibration files: A100's fractions of peak (a similar BF16 peak "
                      "and HBM2e bandwidth)"),
 )

@@ -270,8 +270,10 @@ _SAC = ("sac", "torchtitan's selective checkpointing (selective-op, layer:N) run
 
 # Transformer Engine "prefers cuDNN flash attention on Hopper+ architectures, and Tri Dao flash attention on
 # Ampere" (NeMo docs, memory_optimizations.rst, NVIDIA/NeMo#9188); Blackwell's only table is SimuMax's measured
-# Transformer Engine attention (``te``). PyTorch's SDPA runs FlashAttention-2 (its flash backend since torch 2.2).
-TE_ATTENTION = (("H100", "cudnn"), ("H200", "cudnn"), ("H800", "cudnn"), ("B200", "te"), ("", "fa2"))
+# Transformer Engine attention (``te``), which Blackwell Ultra (B300, GB300) reads too (cost.kernels.B300).
+# PyTorch's SDPA runs FlashAttention-2 (its flash backend since torch 2.2).
+TE_ATTENTION = (("H100", "cudnn"), ("H200", "cudnn"), ("H800", "cudnn"), ("B200", "te"), ("B300", "te"),
+                ("", "fa2"))
 SDPA_ATTENTION = (("", "fa2"),)
 # a device without the engine's kernel's tables runs the first of these it has
 ATTENTION_FALLBACK = ("fa2", "cudnn", "fa3", "te")

@@ -484,6 +484,18 @@ B200 = DeviceKernels(
                       "factors are starter values by its own docs/system.md, not used",
                "wave": "no cited SM count: wave = 1"})
 
+# Blackwell Ultra (B300; GB300's GPU): no per-shape kernel table of its own was found. Its dense BF16/FP16 Tensor
+# Core peak is B200's (HGX B300 and HGX B200 specs: 36 PFLOP/s FP16/BF16 with sparsity for 8 GPUs), on the same
+# Blackwell SM and HBM3e at 8 TB/s; what differs (more dense FP4, less INT8/FP64, doubled attention SFU
+# throughput) is in no table here. It reads B200's tables as a stated transfer, as H200 reads H100's.
+B300 = DeviceKernels(
+    name="B300", sms=None, peak_tflops=dict(B200.peak_tflops), gemm=dict(B200.gemm), grouped=dict(B200.grouped),
+    attention=dict(B200.attention), hbm=dict(B200.hbm), ceiling=dict(B200.ceiling), stack=dict(B200.stack),
+    transfers={"gemm, grouped, attention": "no Blackwell Ultra kernel table found: B200's (SimuMax), the same dense "
+                                           "BF16/FP16 Tensor Core peak (2,250 TFLOP/s per HGX GPU) and Blackwell SM; "
+                                           "its faster softmax exponentials (2x SFU) are not modelled",
+               **B200.transfers})
+
 # Ascend 910B: no per-shape kernel table was found for it. Its presets already reuse A100's fractions (a device
 # of the same dense FP16 peak, 313 vs 312 TFLOP/s); the kernels do the same, as a stated transfer, not a
 # measurement, and without a wave model (its cube units are not SMs).
@@ -493,10 +505,11 @@ ASCEND_910B = DeviceKernels(
     transfers={"all": "no published Ascend 910B kernel table found: A100-SXM4-80GB's tables (same dense FP16 peak; "
                       "the presets' existing transfer), no wave model"})
 
-DEVICES = {d.name: d for d in (A100, H100, H200, B200, ASCEND_910B)}
+DEVICES = {d.name: d for d in (A100, H100, H200, B200, B300, ASCEND_910B)}
 # names the hardware presets and users write, upper-cased, -> device
 _ALIASES = {"A100": "A100-SXM4-80GB", "A100-SXM4-80GB": "A100-SXM4-80GB", "H100": "H100-SXM5-80GB",
-            "H100-SXM5-80GB": "H100-SXM5-80GB", "H200": "H200", "B200": "B200", "ASCEND-910B": "Ascend-910B",
+            "H100-SXM5-80GB": "H100-SXM5-80GB", "H200": "H200", "B200": "B200", "B300": "B300",
+            "ASCEND-910B": "Ascend-910B",
             "910B": "Ascend-910B"}
 
 

@@ -221,6 +221,30 @@ GB200 = Device(
     hbm_bandwidth=8000 * GB, memory=186 * GIB,
     source="NVIDIA Blackwell datasheet, GB200 at 1,200 W: dense BF16 2,500 TFLOP/s, FP8 5,000, FP4 10,000; "
            "GB200 NVL72 spec: up to 13.4 TB HBM3e and 576 TB/s for 72 GPUs (186 GB, 8 TB/s each)")
+# Blackwell Ultra (B300) in an HGX/DGX B300 board: the Blackwell tensor cores at B200's dense BF16/FP8 rates
+# (HGX B300 spec per 8 GPUs: FP16/BF16 36 PFLOP/s and FP8 72 with sparsity, FP4 105 without, FP32 600 TFLOP/s), more
+# dense FP4, 288 GB of HBM3e (12-high stacks) at 8 TB/s. NVIDIA's own MLPerf systems name the part B300-SXM-288GB
+# (DGX B300, MLPerf Inference v5.1) and later B300-SXM-270GB: what the driver exposes is below the datasheet's
+# 288 GB (the preset keeps the datasheet figure as B200's and GB200's do; MEMORY_HEADROOM covers 5%, not all of it).
+B300_HGX = Device(
+    name="B300-SXM-288GB", peak_flops={"bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS,
+                                       "fp4": 105000 / 8 * TFLOPS, "fp32": 75 * TFLOPS},
+    hbm_bandwidth=8000 * GB, memory=288 * GIB,
+    source="NVIDIA HGX B300 spec (nvidia.com/data-center/hgx), per 8 GPUs: FP16/BF16 36 PFLOP/s and FP8 72 with "
+           "sparsity = dense 2,250 and 4,500 TFLOP/s per GPU, FP4 105 PFLOP/s without sparsity = 13,125, FP32 600 "
+           "TFLOP/s = 75; DGX B300 datasheet: 2.3 TB HBM3e for 8 GPUs = 288 GB each; 8 TB/s per Blackwell Ultra GPU "
+           "(NVIDIA Technical Blog, 'Inside NVIDIA Blackwell Ultra', 2025: 288 GB HBM3e, 8 TB/s)")
+# Blackwell Ultra in a GB300 superchip (1,400 W): GB200's dense BF16/FP8 rates; GB300 NVL72 spec for 72 GPUs:
+# FP16/BF16 360 PFLOP/s and FP8 720 with sparsity, FP4 1,080 without, FP32 6 PFLOP/s, HBM3e at 576 TB/s.
+GB300 = Device(
+    name="GB300-B300-288GB", peak_flops={"bf16": 2500 * TFLOPS, "fp16": 2500 * TFLOPS, "fp8": 5000 * TFLOPS,
+                                         "fp4": 15000 * TFLOPS, "fp32": 6000 / 72 * TFLOPS},
+    hbm_bandwidth=8000 * GB, memory=288 * GIB,
+    source="NVIDIA GB300 NVL72 spec (nvidia.com/data-center/gb300-nvl72), per 72 GPUs: FP16/BF16 360 PFLOP/s and "
+           "FP8 720 with sparsity = dense 2,500 and 5,000 TFLOP/s per GPU, FP4 1,080 PFLOP/s without sparsity = "
+           "15,000 (the Blackwell Ultra blog's 15 PFLOP/s dense NVFP4), FP32 6 PFLOP/s = 83.3, 576 TB/s HBM3e = "
+           "8 TB/s; 288 GB HBM3e per Blackwell Ultra GPU (NVIDIA Technical Blog, 'Inside NVIDIA Blackwell Ultra'; "
+           "NVIDIA's MLPerf systems GB300-NVL72_GB300-288GB)")
 ASCEND_910B = Device(
     name="Ascend-910B", peak_flops={"bf16": 313 * TFLOPS, "fp16": 313 * TFLOPS, "fp32": 75 * TFLOPS},
     hbm_bandwidth=1600 * GB, memory=64 * GIB,
@@ -230,7 +254,8 @@ ASCEND_910B = Device(
 # A job on GB200 NVL72 racks whose GPU count is no multiple of 72 uses 64 GPUs of each rack: "To avoid this
 # partitioning complexity, you can just use 64 GPUs out of the 72 GPUs" (Megatron-Bridge docs/performance-guide.md,
 # "Parallel mapping strategies with NVL72", NVIDIA-NeMo/Megatron-Bridge@067f987df03b), as NVIDIA's own GB200
-# performance recipes of 64 and 256 GPUs run.
+# performance recipes of 64 and 256 GPUs run. GB300 NVL72 is the same rack (72 GPUs, 9 NVLink switch trays) and
+# NVIDIA's DGX-GB300 performance rows run 8, 64, 128 and 256 GPUs (benchmarks/results/bridge_perf_runs.md).
 NVL72_PARTIAL = 64
 
 
@@ -266,6 +291,21 @@ PRESETS = {
         "900 GB/s each way (GB200 NVL72 spec)",
         "ConnectX-7 400 Gb/s InfiniBand, one NIC per GPU = 50 GB/s each way (DGX GB200 reference "
         "architecture)", fanout=72, partial=NVL72_PARTIAL)),
+    "dgx-b300": (B300_HGX, _levels(
+        "nvlink", 900 * GB, "ib", 100 * GB,
+        "NVLink 5 through NVSwitch: 1.8 TB/s GPU-to-GPU per GPU (14.4 TB/s for 8) = 900 GB/s each way "
+        "(HGX B300 spec)",
+        "8x ConnectX-8 SuperNIC 800 Gb/s InfiniBand XDR or Spectrum-X Ethernet per node, one per GPU = 100 GB/s "
+        "each way (DGX B300 datasheet; HGX B300 spec: 1.6 TB/s networking for 8 GPUs, both ways)")),
+    # one NVLink domain of 72 GPUs, as GB200 NVL72 (18 compute trays of 4 Blackwell Ultra GPUs and 2 Grace CPUs,
+    # 9 NVLink switch trays); racks joined by the scale-out network, one ConnectX-8 SuperNIC per GPU
+    "gb300-nvl72": (GB300, _levels(
+        "nvlink", 900 * GB, "ib", 100 * GB,
+        "NVLink 5 switch system across the rack: 130 TB/s for 72 GPUs = 1.8 TB/s bidirectional per GPU = "
+        "900 GB/s each way (GB300 NVL72 spec; NVIDIA Enterprise RA NVL72 AI Factory: 9 NVSwitch trays, 130 TB/s)",
+        "ConnectX-8 SuperNIC 800 Gb/s (Quantum-X800 InfiniBand or Spectrum-X Ethernet), one per GPU (4 per 4-GPU "
+        "compute tray: NVIDIA Enterprise RA NVL72 AI Factory) = 100 GB/s each way (GB300 NVL72 spec)",
+        fanout=72, partial=NVL72_PARTIAL)),
     "ascend-910b": (ASCEND_910B, _levels(
         "hccs", 50 * GB, "roce", 10 * GB,
         "HCCS inside an 8-NPU Atlas 800T A2 node, ~50 GB/s per NPU (PARADISE hardware.py A2 preset)",
@@ -279,10 +319,12 @@ def cluster_names() -> list[str]:
 
 # a device name containing the key is that preset's device (torch.cuda.get_device_name); the first
 # key found wins, so a key inside another comes after it ("NVIDIA GB200" holds "B200")
-# The first key a device's name contains wins: GB200 before B200; a Grace Hopper (GH200: 96 or 144 GB, its own
-# clocks and NVLink-C2C) has no preset and must not pass for an H200 (None).
-PRESET_DEVICES = (("GB200", "gb200-nvl72"), ("B200", "dgx-b200"), ("GH200", None), ("H200", "dgx-h200"),
-                  ("H100", "dgx-h100"), ("A100", "dgx-a100-80g"), ("910B", "ascend-910b"))
+# The first key a device's name contains wins: GB300 before B300, GB200 before B200 (and no Blackwell Ultra name
+# holds "B200"); a Grace Hopper (GH200: 96 or 144 GB, its own clocks and NVLink-C2C) has no preset and must not pass
+# for an H200 (None).
+PRESET_DEVICES = (("GB300", "gb300-nvl72"), ("B300", "dgx-b300"), ("GB200", "gb200-nvl72"), ("B200", "dgx-b200"),
+                  ("GH200", None), ("H200", "dgx-h200"), ("H100", "dgx-h100"), ("A100", "dgx-a100-80g"),
+                  ("910B", "ascend-910b"))
 
 
 def preset_for(device_name: str, like: str | None) -> str | None:

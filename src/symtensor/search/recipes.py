@@ -286,9 +286,12 @@ RECIPES: tuple[Recipe, ...] = (
 def gpu_of(device_name: str) -> str | None:
     """The recipes' GPU name of a cluster device (``Device.name``), None when NVIDIA writes none
     for it. H200 takes H100's recipes: NVIDIA publishes none for it, and it is an H100 with more
-    and faster memory (the same SMs and clocks: NVIDIA H200 datasheet)."""
+    and faster memory (the same SMs and clocks: NVIDIA H200 datasheet). Blackwell Ultra keeps its own
+    name (``gb300``, ``b300``: a new die, not a B200), for which no benchmark row is copied here; the
+    Ultra keys come first, and the Grace keys before the bare ones ("gb300-b300-288gb" holds "b300")."""
     name = device_name.lower()
-    for key, gpu in (("gb200", "gb200"), ("b200", "b200"), ("h100", "h100"), ("h200", "h100")):
+    for key, gpu in (("gb300", "gb300"), ("b300", "b300"), ("gb200", "gb200"), ("b200", "b200"), ("h100", "h100"),
+                     ("h200", "h100")):
         if key in name:
             return gpu
     return None
