@@ -21,7 +21,7 @@ DATASHEET = {
     "dgx-h100": (80, 989, 3350, 450, 50),
     "dgx-h200": (141, 989, 4800, 450, 50),
     "dgx-b200": (180, 2250, 8000, 900, 50),
-    "dgx-b300": (288, 2250, 8000, 900, 100),
+    "dgx-b300": (270, 2250, 8000, 900, 100),
     "ascend-910b": (64, 313, 1600, 50, 10),
 }
 NODE = {"gb200-nvl72": 72, "gb300-nvl72": 72}  # GPUs per NVLink domain where it is not 8
@@ -129,13 +129,14 @@ def test_gb300_nvl72_is_one_nvlink_domain_of_72_blackwell_ultra_gpus():
 
 def test_dgx_b300_constants_match_the_hgx_b300_spec():
     """HGX B300 spec per 8 GPUs: 36 PFLOP/s FP16/BF16 and 72 FP8 with sparsity (half dense), 105 FP4 without,
-    600 TFLOP/s FP32, 14.4 TB/s NVLink; DGX B300: 2.3 TB HBM3e, 8 ConnectX-8 at 800 Gb/s."""
+    600 TFLOP/s FP32, 14.4 TB/s NVLink; DGX B300: 8 ConnectX-8 at 800 Gb/s; 270 GB usable (NVIDIA's MLPerf
+    B300-SXM-270GB) of the datasheet's 288."""
     c = load_cluster("dgx-b300", nodes=8)
     assert c.n_devices == 64 and c.level_counts == (8, 8)
     d = c.device
     assert [d.flops(t) * 8 * 2 / 1e15 for t in ("bf16", "fp16", "fp8")] == pytest.approx([36, 36, 72])
     assert d.flops("fp4") * 8 == pytest.approx(105e15) and d.flops("fp32") * 8 == pytest.approx(600e12)
-    assert d.memory == 288 * GIB and d.hbm_bandwidth == pytest.approx(8e12)
+    assert d.memory == 270 * GIB and d.hbm_bandwidth == pytest.approx(8e12)
     assert c.levels[0].bandwidth * 2 * 8 == pytest.approx(14.4e12) and c.levels[1].bandwidth == pytest.approx(800e9 / 8)
 
 

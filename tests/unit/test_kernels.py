@@ -39,7 +39,7 @@ def test_transfers_say_why():
 def test_blackwell_ultra_reads_b200s_tables_and_says_so():
     """B300 and GB300 (no kernel table of their own) read B200's, a stated transfer, by an unambiguous name: a
     GB300's device name holds "B300", never "B200"."""
-    for name in ("B300", "B300-SXM-288GB", "GB300-B300-288GB", "NVIDIA GB300"):
+    for name in ("B300", "B300-SXM-270GB", "GB300-B300-288GB", "NVIDIA GB300"):
         assert K.device_kernels(name) is K.B300
     assert K.device_kernels("GB200-B200-186GB") is K.B200
     assert K.B300.gemm == K.B200.gemm and K.B300.attention == K.B200.attention and K.B300.hbm == K.B200.hbm

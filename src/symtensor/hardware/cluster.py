@@ -227,13 +227,15 @@ GB200 = Device(
 # (DGX B300, MLPerf Inference v5.1) and later B300-SXM-270GB: what the driver exposes is below the datasheet's
 # 288 GB (the preset keeps the datasheet figure as B200's and GB200's do; MEMORY_HEADROOM covers 5%, not all of it).
 B300_HGX = Device(
-    name="B300-SXM-288GB", peak_flops={"bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS,
+    name="B300-SXM-270GB", peak_flops={"bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS,
                                        "fp4": 105000 / 8 * TFLOPS, "fp32": 75 * TFLOPS},
-    hbm_bandwidth=8000 * GB, memory=288 * GIB,
+    hbm_bandwidth=8000 * GB, memory=270 * GIB,
     source="NVIDIA HGX B300 spec (nvidia.com/data-center/hgx), per 8 GPUs: FP16/BF16 36 PFLOP/s and FP8 72 with "
            "sparsity = dense 2,250 and 4,500 TFLOP/s per GPU, FP4 105 PFLOP/s without sparsity = 13,125, FP32 600 "
-           "TFLOP/s = 75; DGX B300 datasheet: 2.3 TB HBM3e for 8 GPUs = 288 GB each; 8 TB/s per Blackwell Ultra GPU "
-           "(NVIDIA Technical Blog, 'Inside NVIDIA Blackwell Ultra', 2025: 288 GB HBM3e, 8 TB/s)")
+           "TFLOP/s = 75; 8 TB/s per Blackwell Ultra GPU (NVIDIA Technical Blog, 'Inside NVIDIA Blackwell Ultra', "
+           "2025). Memory: the datasheets' 288 GB HBM3e (DGX B300: 2.3 TB for 8), of which NVIDIA's later MLPerf "
+           "Training systems name 270 GB usable per HGX B300 GPU (B300-SXM-270GB): the lower is taken, since fits "
+           "judges the reserved peak against it (288 would overstate it by 6.7%, beyond the 5% headroom)")
 # Blackwell Ultra in a GB300 superchip (1,400 W): GB200's dense BF16/FP8 rates; GB300 NVL72 spec for 72 GPUs:
 # FP16/BF16 360 PFLOP/s and FP8 720 with sparsity, FP4 1,080 without, FP32 6 PFLOP/s, HBM3e at 576 TB/s.
 GB300 = Device(
