@@ -77,6 +77,11 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    help="PyTorch's caching allocator with expandable segments (PYTORCH_CUDA_ALLOC_CONF="
                    "expandable_segments:True; the reserved memory's fragmentation) or, with --no-, without; "
                    "default: as the engine's stack launches it (torchtitan's run_train.sh sets it)")
+    p.add_argument("--cpu-offload-layers", dest="cpu_offload_layers", type=int, default=0, metavar="N",
+                   help="Megatron-LM's CPU activation offloading (--cpu-offloading-num-layers N): the first N "
+                   "transformer layers' saved activations go to host memory in forward and come back in backward "
+                   "over the device's host link (PCIe, NVLink-C2C); Megatron only, without pipeline parallelism or "
+                   "recomputation; default 0 (none)")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:

@@ -228,6 +228,9 @@ class Engine:
     # reduce-scatter (FSDP2: ``foreach_reduce`` all-reduces over the replicate dim each backward unless
     # ``set_requires_all_reduce(False)``, which torchtitan does not call)
     replicate_once: bool = False
+    # whether the engine offloads the first N layers' saved activations to host memory (``TrainConfig.
+    # cpu_offload_layers``: Megatron-LM's --cpu-offloading-num-layers, ``CPU_OFFLOAD``); the others refuse it
+    cpu_offload: bool = False
     # how many times the bytes of the experts' output the MoE combine keeps for backward (``cost.moe.saved_scale``):
     # 1 where it weights the expert output by the router probabilities and keeps it for their gradient (the graph's
     # ``moe_combine``), 0 where the probabilities are applied inside the experts' activation and the unpermutation
@@ -291,7 +294,7 @@ ENGINES = {
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
                        attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,),
                        recompute_modules=True, unit_reduce_buffer=True, replicate_once=True,
-                       moe_combine_keeps=0.0),
+                       moe_combine_keeps=0.0, cpu_offload=True),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
@@ -389,6 +392,38 @@ def grad_reduce_refusal(framework: str, zero: int) -> str | None:
     if eng.grad_reduce_bf16 == "comm" and zero == 0:
         return ("--grad-reduce-in-bf16 is torchtitan's mixed_precision_reduce, which takes effect only under FSDP "
                 "(data_parallel_shard_degree > 1); use --zero 1, 2 or 3 or leave it out")
+    return None
+
+
+# CPU activation offloading (``Engine.cpu_offload``, ``TrainConfig.cpu_offload_layers``), as Megatron-LM runs it
+# (NVIDIA/Megatron-LM@d98e8a64ddf34856e74b24714e3bedb2f5a39553): --cpu-offloading-num-layers N (a TransformerConfig
+# field the CLI builds; ``--cpu-offloading`` has no flag of its own: megatron/training/arguments.py sets
+# args.cpu_offloading = True when N > 0) hands Transformer Engine's get_cpu_offload_context(enabled, N, num_layers,
+# activations=True, weights=False, ...) to the TransformerBlock (megatron/core/transformer/transformer_block.py).
+# TransformerConfig refuses N < 0 or N >= num_layers, pipeline parallelism ("Currently there is no support for
+# Pipeline parallelism with CPU offloading"), any activation recomputation ("CPU offloading does not work when
+# activation recomputation is enabled") and per-layer CUDA graphs (megatron/core/transformer/transformer_config.py).
+# Transformer Engine's default scheduling (NVIDIA/TransformerEngine@d0067d0da6cb01811b8072a7d304f0e00344ce2b
+# docs/features/other_optimizations/cpu_offloading/cpu_offloading.rst): the first N layers are offloaded, each as
+# soon as its tensors are saved for backward, by asynchronous copies on a side stream; "at most (model_layers -
+# num_layers) sets of activations are on GPU at any time", and a layer's reload completes before its backward. So
+# the N layers' saved activations leave the device (``cost.memory``), and a layer's copy costs the step only what it
+# exceeds of the layer's own compute (``hidden`` with no SM share: the copy engines, not the SMs, move the bytes).
+def cpu_offload_refusal(framework: str, pp: int, recompute: str) -> str | None:
+    """Why ``framework``'s engine does not offload activations to the host at ``pp`` pipeline stages under
+    ``recompute`` (``CPU_OFFLOAD`` above), in one line naming the fix, or None."""
+    eng = ENGINES.get(ALIASES.get(framework, framework))
+    if eng is None:
+        return None  # (TrainConfig names an unknown engine)
+    if not eng.cpu_offload:
+        return (f"--cpu-offload-layers: CPU activation offloading is Megatron-LM's (--cpu-offloading-num-layers); "
+                f"{framework} has none modelled; use --framework megatron or leave it out")
+    if pp > 1:
+        return ("--cpu-offload-layers: Megatron-LM has no CPU offloading with pipeline parallelism (TransformerConfig "
+                "refuses it); use --pp 1 or leave it out")
+    if recompute != "none":
+        return (f"--cpu-offload-layers: Megatron-LM's CPU offloading does not run with activation recomputation "
+                f"(recompute={recompute}; TransformerConfig refuses it); use --recompute none or leave it out")
     return None
 
 

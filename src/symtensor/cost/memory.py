@@ -161,6 +161,12 @@ def ep_overlap_inflight(st: Stage, train: TrainConfig, held: float) -> float:
     return max(0.0, min(1.0 / train.vpp, train.micro_steps - held))
 
 
+def offloaded(st: Stage, train: TrainConfig) -> list[float]:
+    """Saved activation bytes of each layer of stage ``st`` whose activations go to host memory: the first
+    ``train.cpu_offload_layers`` (Megatron-LM's CPU offloading, ``cost.engine.CPU_OFFLOAD``; none without it)."""
+    return st.layer_saved[:train.cpu_offload_layers]
+
+
 def step_temp_bytes(train: TrainConfig) -> int:
     """Bytes per owned parameter the optimizer step allocates (``Engine.step_temp_bytes``), and Megatron's fp32
     copy of its owned gradient shard when the gradient buffer is bf16 (``--grad-reduce-in-bf16``,
@@ -207,6 +213,9 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
             layers_act, redo = st.layer_kept, st.rematerialised
         else:
             layers_act, redo = sum(st.layer_saved), 0.0
+            if train.cpu_offload_layers:  # the first N layers' saved activations live in host memory (at most
+                # layers - N sets on the device at once: ``cost.engine.CPU_OFFLOAD``)
+                layers_act -= sum(offloaded(st, train))
         held = inflight(s, train) + ep_overlap_inflight(st, train, inflight(s, train))
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]

@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import ENGINES, engine_of, exposure
-from symtensor.cost.memory import memory_peak, static_peak
+from symtensor.cost.engine import ENGINES, engine_of, exposure, hidden
+from symtensor.cost.memory import memory_peak, offloaded, static_peak
 from symtensor.cost.opcost import (
     collectives_time,
     input_layout,
@@ -456,6 +456,8 @@ class _Accumulator:
             optimizer += flags * ev.coll_time("all_reduce", 1.0, tuple(range(len(ev.mesh))))  # over a stage's ranks
         breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s, optimizer=optimizer,
                          overhead=e2e.step_s + m * e2e.microbatch_s)
+        if train.cpu_offload_layers:  # (a key only with offloading: the default's breakdown is unchanged)
+            breakdown["cpu_offload"] = m * max(offload_seconds(st, train, ev.cluster.device) for st in self.stages)
         step = sum(breakdown.values())
         memory, allocated, reserved = memory_peak(self.stages, train, ev.cluster.device, self._communicators())
         comm_bytes = {k: val * m for k, val in cs.bytes.items()}
@@ -472,3 +474,18 @@ class _Accumulator:
             tokens=train.global_batch * ev.graph.meta["seq"], n_devices=ev.cluster.n_devices,
             peak_flops=ev.cluster.device.flops(ev.dtype if train.fp8 is None else "fp8"), comm_bytes=comm_bytes,
             stage_times_s=per_mb)
+
+
+def offload_seconds(st: Stage, train: TrainConfig, device) -> float:
+    """Seconds per micro-batch CPU activation offloading adds to stage ``st`` (``cost.engine.CPU_OFFLOAD``): each
+    offloaded layer's saved activations cross the host link once each way, device to host beside the layer's
+    forward and back beside its backward, on a side stream whose copy engines hold no SMs: what a copy exceeds of
+    its layer's compute (``hidden`` with no share) is exposed."""
+    if not device.host_bandwidth:
+        raise PlanError(f"--cpu-offload-layers: device {device.name} states no host link bandwidth; add host_gbps "
+                        "(GB/s each way) to the cluster file's device, or leave --cpu-offload-layers out")
+    out = 0.0
+    for saved, (fwd, bwd) in zip(offloaded(st, train), st.layer_compute):
+        copy = saved / device.host_bandwidth
+        out += hidden(copy, fwd, 0.0) + hidden(copy, bwd, 0.0)
+    return out

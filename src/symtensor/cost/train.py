@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from symtensor.cost import moe as _moe, precision as _precision, recompute as _modules
-from symtensor.cost.engine import ALIASES, ENGINES, engine_of, grad_reduce_refusal
+from symtensor.cost.engine import ALIASES, ENGINES, cpu_offload_refusal, engine_of, grad_reduce_refusal
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -138,6 +138,9 @@ class TrainConfig:
         expandable_segments: PyTorch's caching allocator with expandable segments (True), without (False), or
             as the engine's stack launches it (None: ``Engine.expandable_segments``): ``cost.memory``'s
             fragmentation; ``allocator_expandable`` is the one rule that reads it.
+        cpu_offload_layers: the first N transformer layers' saved activations offloaded to host memory
+            (Megatron-LM's --cpu-offloading-num-layers; ``cost.engine.CPU_OFFLOAD``): ``cost.memory`` leaves them
+            out, the evaluator charges the copies' excess over the layers' compute; 0: none.
     """
 
     global_batch: int
@@ -163,6 +166,7 @@ class TrainConfig:
     moe_ep_overlap: bool = False
     grad_reduce_bf16: bool = False
     expandable_segments: bool | None = None
+    cpu_offload_layers: int = 0
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -211,6 +215,14 @@ class TrainConfig:
                                shared_overlap=self.moe_shared_overlap, ep_overlap=self.moe_ep_overlap)
         if why is not None:
             raise PlanError(why)
+        if self.cpu_offload_layers:
+            n = self.cpu_offload_layers
+            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+                raise PlanError(f"cpu_offload_layers={n!r}; use a layer count >= 0 (0: no CPU activation offloading)")
+            if not eng.cpu_offload:
+                raise PlanError(cpu_offload_refusal(self.framework, 1, "none"))
+            if cpu_offload_refusal(self.framework, self.pp, self.recompute):  # where Megatron does not run it (a
+                object.__setattr__(self, "cpu_offload_layers", 0)  # search's point; a stated one is refused before)
         if self.layer_split is not None:
             split = tuple(self.layer_split)
             if not all(isinstance(c, int) and c >= 0 for c in split):

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from symtensor.cost.engine import ENGINES
 from symtensor.errors import PlanError
 from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Capabilities, Heterogeneous, Parallelism
 from symtensor.plan.summary import repeated_work
@@ -34,6 +35,9 @@ def lowered(plan, caps: Capabilities) -> Parallelism:
     why = p.refusal(plan.model, plan.cluster.n_devices)
     if why is not None:
         raise PlanError(f"{caps.name} would refuse this plan at launch: {why}; {nearest(plan)}")
+    if p.cpu_offload_layers and not ENGINES[caps.engine].cpu_offload:  # (Megatron-LM's: cost.engine.CPU_OFFLOAD)
+        raise PlanError(f"{caps.name} has no CPU activation offloading (Megatron-LM's --cpu-offloading-num-layers) "
+                        "as this plan is costed; export it to megatron, or plan without --cpu-offload-layers")
     if p.precision not in caps.precision:
         raise PlanError(f"{caps.name} does not run {p.precision} as this plan is costed ({p.framework}'s "
                         f"{p.precision} path); plan with --precision {caps.precision[0]}, or export it to "

@@ -181,6 +181,9 @@ def megatron_args(plan) -> list[str]:
         args.append(f"--num-distributed-optimizer-instances {p.dp_replicate}")
     if p.grad_reduce_bf16:  # the gradient buffer and its reduction in bf16 (cost.engine.Engine.grad_reduce_bf16)
         args.append("--grad-reduce-in-bf16")
+    if p.cpu_offload_layers:  # (Megatron sets cpu_offloading itself when N > 0: no --cpu-offloading flag exists;
+        # cost.engine.CPU_OFFLOAD)
+        args.append(f"--cpu-offloading-num-layers {p.cpu_offload_layers}")
     if p.zero >= 2:
         args += fsdp_args(p)
     args += family_args(cfg, MEGATRON_LM)

@@ -30,6 +30,8 @@ class Device:
         hbm_bandwidth: bytes/s of device memory.
         memory: bytes of device memory.
         source: where the numbers come from.
+        host_bandwidth: bytes/s per device each way between device and host memory (the link rate: an upper
+            bound; ``HOST_LINKS``), what CPU activation offloading copies over; 0: not stated.
     """
 
     name: str
@@ -37,6 +39,7 @@ class Device:
     hbm_bandwidth: float
     memory: float
     source: str = field(default="", compare=False)
+    host_bandwidth: float = 0.0
 
     def flops(self, dtype: str) -> float:
         if dtype not in self.peak_flops:
@@ -185,16 +188,29 @@ MEMORY_HEADROOM = 0.95
 # microseconds of base latency for NVLink rings, more across the network). Not fitted.
 _NVLINK_LAT, _NET_LAT = 3 * US, 8 * US
 
+# Device <-> host links (``Device.host_bandwidth``, per GPU each way), the link rates: upper bounds, no measured
+# fraction is applied (none cited here). PCIe per direction: Gen4 x16 16 GT/s x 16 lanes x 128b/130b = 31.5 GB/s,
+# Gen5 x16 twice that, 63 GB/s (PCI-SIG PCIe 4.0/5.0 base specifications; Transformer Engine's CPU offloading guide,
+# NVIDIA/TransformerEngine@d0067d0da6cb docs/features/other_optimizations/cpu_offloading/cpu_offloading.rst: "PCIe
+# Gen5 x16 systems offer 128 GB/s bidirectional"). DGX A100's GPUs hang off PCIe Gen4 switches; HGX/DGX H100, H200,
+# B200 and B300 reach their x86 hosts over PCIe Gen5 x16. Grace-Blackwell (GB200, GB300): each GPU has its own
+# NVLink-C2C link to the Grace CPU, "900 GB/s bidirectional per link" (the same guide and its figure "900 GB/s per
+# NVLink-C2C link"): 450 GB/s each way. Ascend 910B: PCIe 4.0 x16 to the host (Huawei's Atlas 800T A2 specs name the
+# NPU's host interface PCIe 4.0), as Gen4 above.
+HOST_LINKS = {"pcie4": 31.5 * GB, "pcie5": 63 * GB, "nvlink-c2c": 450 * GB}
+
 A100_80G = Device(
     name="A100-SXM4-80GB", peak_flops={"bf16": 312 * TFLOPS, "fp16": 312 * TFLOPS, "fp32": 19.5 * TFLOPS,
                                        "tf32": 156 * TFLOPS},
     hbm_bandwidth=2039 * GB, memory=80 * GIB,
-    source="NVIDIA A100 datasheet (dense BF16/FP16 312 TFLOP/s, HBM2e 2,039 GB/s, 80 GB)")
+    source="NVIDIA A100 datasheet (dense BF16/FP16 312 TFLOP/s, HBM2e 2,039 GB/s, 80 GB)",
+    host_bandwidth=HOST_LINKS["pcie4"])
 H100_SXM = Device(
     name="H100-SXM5-80GB", peak_flops={"bf16": 989 * TFLOPS, "fp16": 989 * TFLOPS, "fp8": 1979 * TFLOPS,
                                        "fp32": 67 * TFLOPS},
     hbm_bandwidth=3350 * GB, memory=80 * GIB,
-    source="NVIDIA H100 datasheet (dense BF16 989 TFLOP/s, FP8 1,979, HBM3 3.35 TB/s, 80 GB)")
+    source="NVIDIA H100 datasheet (dense BF16 989 TFLOP/s, FP8 1,979, HBM3 3.35 TB/s, 80 GB)",
+    host_bandwidth=HOST_LINKS["pcie5"])
 # Device memory counts the datasheet's GB as GiB, as the A100 and H100 presets do (an 80 GB H100 shows
 # 79.6 GiB in nvidia-smi); MEMORY_HEADROOM's margin covers the difference.
 # H200: the H100's GH100 die (same SMs, clocks and Tensor Cores: the same dense peaks) with 141 GB of
@@ -204,7 +220,8 @@ H200_SXM = Device(
                                        "fp32": 67 * TFLOPS},
     hbm_bandwidth=4800 * GB, memory=141 * GIB,
     source="NVIDIA H200 Tensor Core GPU datasheet (SXM: dense BF16 989 TFLOP/s, FP8 1,979 = half the "
-           "with-sparsity figures; 141 GB HBM3e at 4.8 TB/s; the H100's GH100 die)")
+           "with-sparsity figures; 141 GB HBM3e at 4.8 TB/s; the H100's GH100 die)",
+    host_bandwidth=HOST_LINKS["pcie5"])
 # B200 in an HGX/DGX B200 board (1,000 W): the Blackwell datasheet's dense (non-sparse) Tensor Core
 # peaks; DGX B200 holds 1,440 GB of HBM3e at 64 TB/s over 8 GPUs: 180 GB and 8 TB/s each.
 B200_HGX = Device(
@@ -212,7 +229,8 @@ B200_HGX = Device(
                                        "fp4": 9000 * TFLOPS, "fp32": 80 * TFLOPS},
     hbm_bandwidth=8000 * GB, memory=180 * GIB,
     source="NVIDIA Blackwell datasheet, HGX B200 at 1,000 W: dense BF16 2,250 TFLOP/s, FP8 4,500, FP4 9,000 "
-           "(sparse figures are twice these); DGX B200: 1,440 GB HBM3e, 64 TB/s for 8 GPUs")
+           "(sparse figures are twice these); DGX B200: 1,440 GB HBM3e, 64 TB/s for 8 GPUs",
+    host_bandwidth=HOST_LINKS["pcie5"])
 # B200 in a GB200 superchip (1,200 W): higher clocks than HGX; GB200 NVL72 holds up to 13.4 TB of
 # HBM3e at 576 TB/s over 72 GPUs: 186 GB and 8 TB/s each.
 GB200 = Device(
@@ -220,7 +238,8 @@ GB200 = Device(
                                          "fp4": 10000 * TFLOPS, "fp32": 90 * TFLOPS},
     hbm_bandwidth=8000 * GB, memory=186 * GIB,
     source="NVIDIA Blackwell datasheet, GB200 at 1,200 W: dense BF16 2,500 TFLOP/s, FP8 5,000, FP4 10,000; "
-           "GB200 NVL72 spec: up to 13.4 TB HBM3e and 576 TB/s for 72 GPUs (186 GB, 8 TB/s each)")
+           "GB200 NVL72 spec: up to 13.4 TB HBM3e and 576 TB/s for 72 GPUs (186 GB, 8 TB/s each)",
+    host_bandwidth=HOST_LINKS["nvlink-c2c"])
 # Blackwell Ultra (B300) in an HGX/DGX B300 board: the Blackwell tensor cores at B200's dense BF16/FP8 rates
 # (HGX B300 spec per 8 GPUs: FP16/BF16 36 PFLOP/s and FP8 72 with sparsity, FP4 105 without, FP32 600 TFLOP/s), more
 # dense FP4, 288 GB of HBM3e (12-high stacks) at 8 TB/s. NVIDIA's own MLPerf systems name the part B300-SXM-288GB
@@ -235,7 +254,8 @@ B300_HGX = Device(
            "TFLOP/s = 75; 8 TB/s per Blackwell Ultra GPU (NVIDIA Technical Blog, 'Inside NVIDIA Blackwell Ultra', "
            "2025). Memory: the datasheets' 288 GB HBM3e (DGX B300: 2.3 TB for 8), of which NVIDIA's later MLPerf "
            "Training systems name 270 GB usable per HGX B300 GPU (B300-SXM-270GB): the lower is taken, since fits "
-           "judges the reserved peak against it (288 would overstate it by 6.7%, beyond the 5% headroom)")
+           "judges the reserved peak against it (288 would overstate it by 6.7%, beyond the 5% headroom)",
+    host_bandwidth=HOST_LINKS["pcie5"])
 # Blackwell Ultra in a GB300 superchip (1,400 W): GB200's dense BF16/FP8 rates; GB300 NVL72 spec for 72 GPUs:
 # FP16/BF16 360 PFLOP/s and FP8 720 with sparsity, FP4 1,080 without, FP32 6 PFLOP/s, HBM3e at 576 TB/s.
 GB300 = Device(
@@ -246,11 +266,13 @@ GB300 = Device(
            "FP8 720 with sparsity = dense 2,500 and 5,000 TFLOP/s per GPU, FP4 1,080 PFLOP/s without sparsity = "
            "15,000 (the Blackwell Ultra blog's 15 PFLOP/s dense NVFP4), FP32 6 PFLOP/s = 83.3, 576 TB/s HBM3e = "
            "8 TB/s; 288 GB HBM3e per Blackwell Ultra GPU (NVIDIA Technical Blog, 'Inside NVIDIA Blackwell Ultra'; "
-           "NVIDIA's MLPerf systems GB300-NVL72_GB300-288GB)")
+           "NVIDIA's MLPerf systems GB300-NVL72_GB300-288GB)",
+    host_bandwidth=HOST_LINKS["nvlink-c2c"])
 ASCEND_910B = Device(
     name="Ascend-910B", peak_flops={"bf16": 313 * TFLOPS, "fp16": 313 * TFLOPS, "fp32": 75 * TFLOPS},
     hbm_bandwidth=1600 * GB, memory=64 * GIB,
-    source="Huawei Atlas 800T A2 (Ascend 910B) public specs: ~313 TFLOP/s FP16, 64 GB HBM2e at ~1.6 TB/s")
+    source="Huawei Atlas 800T A2 (Ascend 910B) public specs: ~313 TFLOP/s FP16, 64 GB HBM2e at ~1.6 TB/s",
+    host_bandwidth=HOST_LINKS["pcie4"])
 
 
 # A job on GB200 NVL72 racks whose GPU count is no multiple of 72 uses 64 GPUs of each rack: "To avoid this
@@ -358,14 +380,15 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
 
     Example (YAML):
         name: my-h100
-        device: {name: H100, peak_tflops: {bf16: 989}, hbm_gbps: 3350, memory_gib: 80}
+        device: {name: H100, peak_tflops: {bf16: 989}, hbm_gbps: 3350, memory_gib: 80, host_gbps: 63}
+                                      # host_gbps (optional): the device-host link, GB/s each way
         levels:                       # innermost first; the last level has no fanout
           - {name: nvlink, fanout: 8, bandwidth_gbps: 450, latency_us: 3}
           - {name: ib, bandwidth_gbps: 50, latency_us: 8}
     """
     _mapping(data, where, ("device", "levels"), ("name", "efficiency", "measured", "band", "end_to_end"))
     dev = _mapping(data["device"], f"{where}: device", ("name", "peak_tflops", "hbm_gbps", "memory_gib"),
-                   ("source",))
+                   ("source", "host_gbps"))
     peaks = dev["peak_tflops"]
     if not isinstance(peaks, dict) or not peaks:
         raise PlanError(f"{where}: device.peak_tflops must map dtypes to TFLOP/s, e.g. {{bf16: 989}}")
@@ -374,7 +397,9 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
     device = Device(name=validate.name(dev["name"], f"{where}: device.name"), peak_flops=flops,
                     hbm_bandwidth=_number(dev, "hbm_gbps", f"{where}: device") * GB,
                     memory=_number(dev, "memory_gib", f"{where}: device") * GIB,
-                    source=str(dev.get("source", f"cluster file {where}")))
+                    source=str(dev.get("source", f"cluster file {where}")),
+                    host_bandwidth=_number(dev, "host_gbps", f"{where}: device", unit="hbm_gbps") * GB
+                    if "host_gbps" in dev else 0.0)
     if not isinstance(data["levels"], list) or not data["levels"]:
         raise PlanError(f"{where}: levels must be a non-empty list, innermost first")
     if len(data["levels"]) > validate.MAX_LEVELS:
@@ -426,6 +451,8 @@ def cluster_dict(cluster: Cluster) -> dict:
            "device": {"name": dev.name, "peak_tflops": {k: v / TFLOPS for k, v in dev.peak_flops.items()},
                       "hbm_gbps": dev.hbm_bandwidth / GB, "memory_gib": dev.memory / GIB, "source": dev.source},
            "levels": []}
+    if dev.host_bandwidth:
+        doc["device"]["host_gbps"] = dev.host_bandwidth / GB
     for i, lv in enumerate(cluster.levels):
         level = {"name": lv.name, "bandwidth_gbps": lv.bandwidth / GB, "latency_us": lv.latency / US,
                  "source": lv.source}

@@ -100,8 +100,8 @@ class Parallelism:
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
         moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap, grad_reduce_bf16,
-        expandable_segments: the facts of the user's stack (``plan.stack.Stack``, which says what each is; its
-            defaults, today's costing, are these); the configuration of a Stack is
+        expandable_segments, cpu_offload_layers: the facts of the user's stack (``plan.stack.Stack``, which says
+            what each is; its defaults, today's costing, are these); the configuration of a Stack is
             ``Parallelism(..., **stack.as_dict())``.
     """
 
@@ -130,6 +130,7 @@ class Parallelism:
     moe_ep_overlap: bool = False
     grad_reduce_bf16: bool = False
     expandable_segments: bool | None = None
+    cpu_offload_layers: int = 0
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
@@ -236,6 +237,8 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
     if why is not None:
         return why
     why = engine_refusal(p) or (_engine.grad_reduce_refusal(p.framework, p.zero) if p.grad_reduce_bf16 else None)
+    if why is None and p.cpu_offload_layers:
+        why = _engine.cpu_offload_refusal(p.framework, p.pp, p.recompute)
     if why is not None:
         return why
     tp, pp, dp, cp = p.tp, p.pp, p.dp, p.cp
@@ -263,6 +266,10 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         return f"seq={p.seq} does not split into 2cp = {2 * cp} load-balanced chunks"
     if pp > model.layers:
         return f"pp={pp} exceeds the {model.layers} layers"
+    if p.cpu_offload_layers and p.cpu_offload_layers >= model.layers:
+        return (f"cpu_offload_layers={p.cpu_offload_layers}: Megatron-LM offloads fewer layers than the model's "
+                f"{model.layers} (TransformerConfig: 'CPU offloading can be done only for layers less than "
+                f"{model.layers}'); choose at most {model.layers - 1}")
     if pp > 1 or p.layer_split is not None:
         try:  # (a stated split of the wrong length or sum, or more virtual stages than layers)
             p.train.chunk_layers(model.layers)

@@ -1,9 +1,9 @@
 """The facts of the user's software stack that a search holds fixed besides its parallel degrees.
 
 How the MoE layers run (the token dispatcher, the routing, the capacity, the two overlaps; ``cost.moe``),
-the gradient reduction's dtype and the allocator's expandable segments are not choices of the planner: the
-user's stack states them, and every point of a search, the Megatron grid and the baselines run with them
-(``search.pool.EvaluatorPool``). ``Stack`` is their one representation: the library's entry points take one
+the gradient reduction's dtype, the allocator's expandable segments and CPU activation offloading are not choices
+of the planner: the user's stack states them, and every point of a search, the Megatron grid and the baselines run
+with them (``search.pool.EvaluatorPool``). ``Stack`` is their one representation: the library's entry points take one
 (``api.evaluate``, ``api.plan``, ``api.sweep``, ...), the CLI builds one from its options
 (``cli.stack_of``), a ``Parallelism`` carries its facts as fields (``Parallelism(..., **stack.as_dict())``),
 and the plan's summary names the facts that differ from the defaults (``plan.summary``).
@@ -44,6 +44,9 @@ class Stack:
         expandable_segments: whether PyTorch's caching allocator runs with expandable segments
             (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), None for the engine's default
             (``cost.engine.Engine.expandable_segments``): the reserved memory's fragmentation.
+        cpu_offload_layers: Megatron-LM's CPU activation offloading (--cpu-offloading-num-layers N): the saved
+            activations of the first N transformer layers of a pipeline stage go to host memory in forward and
+            come back in backward, on a side stream (``cost.engine.CPU_OFFLOAD``); 0: none. Megatron only.
     """
 
     moe_dispatcher: str = "alltoall"
@@ -53,6 +56,7 @@ class Stack:
     moe_ep_overlap: bool = False
     grad_reduce_bf16: bool = False
     expandable_segments: bool | None = None
+    cpu_offload_layers: int = 0
 
     def __post_init__(self):
         why = refusal(self)
@@ -77,6 +81,9 @@ def refusal(stack) -> str | None:
         why = f"grad_reduce_bf16={stack.grad_reduce_bf16!r}; use True or False"
     if why is None and stack.expandable_segments not in (None, True, False):
         why = f"expandable_segments={stack.expandable_segments!r}; use True, False or None (the engine's default)"
+    n = stack.cpu_offload_layers
+    if why is None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
+        why = f"cpu_offload_layers={n!r}; use a layer count >= 0 (0: no CPU activation offloading)"
     return why
 
 
