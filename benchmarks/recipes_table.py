@@ -110,8 +110,8 @@ def main(argv) -> int:
              "are recorded and costed as stated (a layout string as its layer split, DeepSeek-V3's MTP layer not "
              "modelled). `on its own GPUs`: the cost model on the recipe as written (its GPU count of its GPU's "
              "preset, its sequence and global batch, and the stack facts its launch states, `stack`: the "
-             "performance recipes' bf16 gradient reduction, expandable segments, MoE overlap and CPU activation offloading); as a baseline a recipe runs the plan's "
-             "stack.", ""]
+             "performance recipes' bf16 gradient reduction, expandable segments, MoE overlap and CPU activation "
+             "offloading); as a baseline a recipe runs the plan's stack.", ""]
     lines += _md(rows, ["model", "recipe", "kind", "gpu", "gpus", "seq", "tp", "pp", "vpp", "cp", "ep", "etp", "sp",
                         "recompute", "precision", "pp_layout", "micro_batch", "global_batch", "stack",
                         "source", "on_its_own_gpus", "notes"])
