@@ -427,6 +427,27 @@ def cpu_offload_refusal(framework: str, pp: int, recompute: str) -> str | None:
     return None
 
 
+def offload_count_refusal(n, layers: int | None = None) -> str | None:
+    """A bad count of CPU-offloaded layers (``CPU_OFFLOAD`` above), in one line naming the fix, or None: not an
+    integer >= 0, or, given the model's ``layers``, not fewer than them (TransformerConfig: 'CPU offloading can be
+    done only for layers less than' num_layers)."""
+    if not isinstance(n, int) or isinstance(n, bool) or n < 0:
+        return f"cpu_offload_layers={n!r}; use a layer count >= 0 (0: no CPU activation offloading)"
+    if layers is not None and n >= layers:
+        return (f"cpu_offload_layers={n}: Megatron-LM offloads fewer layers than the model's {layers} "
+                f"(TransformerConfig: 'CPU offloading can be done only for layers less than {layers}'); choose at "
+                f"most {layers - 1}")
+    return None
+
+
+def host_link_refusal(device) -> str | None:
+    """Why ``device`` cannot carry offloaded activations (no ``Device.host_bandwidth`` stated), or None."""
+    if device.host_bandwidth:
+        return None
+    return (f"--cpu-offload-layers: device {device.name} states no host link bandwidth; add host_gbps (GB/s each "
+            "way) to the cluster file's device, or leave --cpu-offload-layers out")
+
+
 def engine_of(train) -> Engine:
     """The engine ``train`` runs under: its framework's, as it runs FP16 where ``train.precision`` is fp16."""
     eng = ENGINES[train.framework]

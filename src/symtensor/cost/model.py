@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import ENGINES, engine_of, exposure, hidden
+from symtensor.cost.engine import ENGINES, engine_of, exposure, hidden, host_link_refusal
 from symtensor.cost.memory import memory_peak, offloaded, static_peak
 from symtensor.cost.opcost import (
     collectives_time,
@@ -481,9 +481,9 @@ def offload_seconds(st: Stage, train: TrainConfig, device) -> float:
     offloaded layer's saved activations cross the host link once each way, device to host beside the layer's
     forward and back beside its backward, on a side stream whose copy engines hold no SMs: what a copy exceeds of
     its layer's compute (``hidden`` with no share) is exposed."""
-    if not device.host_bandwidth:
-        raise PlanError(f"--cpu-offload-layers: device {device.name} states no host link bandwidth; add host_gbps "
-                        "(GB/s each way) to the cluster file's device, or leave --cpu-offload-layers out")
+    why = host_link_refusal(device)
+    if why is not None:
+        raise PlanError(why)
     out = 0.0
     for saved, (fwd, bwd) in zip(offloaded(st, train), st.layer_compute):
         copy = saved / device.host_bandwidth

@@ -5,7 +5,14 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 
 from symtensor.cost import moe as _moe, precision as _precision, recompute as _modules
-from symtensor.cost.engine import ALIASES, ENGINES, cpu_offload_refusal, engine_of, grad_reduce_refusal
+from symtensor.cost.engine import (
+    ALIASES,
+    ENGINES,
+    cpu_offload_refusal,
+    engine_of,
+    grad_reduce_refusal,
+    offload_count_refusal,
+)
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -216,13 +223,14 @@ class TrainConfig:
         if why is not None:
             raise PlanError(why)
         if self.cpu_offload_layers:
-            n = self.cpu_offload_layers
-            if not isinstance(n, int) or isinstance(n, bool) or n < 0:
-                raise PlanError(f"cpu_offload_layers={n!r}; use a layer count >= 0 (0: no CPU activation offloading)")
-            if not eng.cpu_offload:
-                raise PlanError(cpu_offload_refusal(self.framework, 1, "none"))
-            if cpu_offload_refusal(self.framework, self.pp, self.recompute):  # where Megatron does not run it (a
-                object.__setattr__(self, "cpu_offload_layers", 0)  # search's point; a stated one is refused before)
+            why = offload_count_refusal(self.cpu_offload_layers)
+            if why is not None:
+                raise PlanError(why)
+            why = cpu_offload_refusal(self.framework, self.pp, self.recompute)
+            if why is not None and not eng.cpu_offload:  # (an engine without it: refused)
+                raise PlanError(why)
+            if why is not None:  # where Megatron does not run it (a search's point; a stated one is refused before)
+                object.__setattr__(self, "cpu_offload_layers", 0)
         if self.layer_split is not None:
             split = tuple(self.layer_split)
             if not all(isinstance(c, int) and c >= 0 for c in split):

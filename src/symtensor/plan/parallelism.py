@@ -266,10 +266,9 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         return f"seq={p.seq} does not split into 2cp = {2 * cp} load-balanced chunks"
     if pp > model.layers:
         return f"pp={pp} exceeds the {model.layers} layers"
-    if p.cpu_offload_layers and p.cpu_offload_layers >= model.layers:
-        return (f"cpu_offload_layers={p.cpu_offload_layers}: Megatron-LM offloads fewer layers than the model's "
-                f"{model.layers} (TransformerConfig: 'CPU offloading can be done only for layers less than "
-                f"{model.layers}'); choose at most {model.layers - 1}")
+    why = _engine.offload_count_refusal(p.cpu_offload_layers, model.layers)
+    if why is not None:
+        return why
     if pp > 1 or p.layer_split is not None:
         try:  # (a stated split of the wrong length or sum, or more virtual stages than layers)
             p.train.chunk_layers(model.layers)

@@ -21,6 +21,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields
 
 from symtensor.cost import moe as _moe
+from symtensor.cost.engine import offload_count_refusal
 from symtensor.errors import PlanError
 
 
@@ -81,10 +82,7 @@ def refusal(stack) -> str | None:
         why = f"grad_reduce_bf16={stack.grad_reduce_bf16!r}; use True or False"
     if why is None and stack.expandable_segments not in (None, True, False):
         why = f"expandable_segments={stack.expandable_segments!r}; use True, False or None (the engine's default)"
-    n = stack.cpu_offload_layers
-    if why is None and (not isinstance(n, int) or isinstance(n, bool) or n < 0):
-        why = f"cpu_offload_layers={n!r}; use a layer count >= 0 (0: no CPU activation offloading)"
-    return why
+    return why or offload_count_refusal(stack.cpu_offload_layers)
 
 
 KEYS = tuple(f.name for f in fields(Stack))  # the facts' names, the one list of them

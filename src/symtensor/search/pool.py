@@ -11,7 +11,16 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
-from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, cpu_offload_refusal, engine_of, grad_reduce_refusal
+from symtensor.cost.engine import (
+    GRADIENTS,
+    OPTIMIZER,
+    WEIGHTS,
+    cpu_offload_refusal,
+    engine_of,
+    grad_reduce_refusal,
+    host_link_refusal,
+    offload_count_refusal,
+)
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import has_fp8, named_recipe, refusal as precision_refusal
@@ -81,13 +90,8 @@ class EvaluatorPool:
         self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None
         self.stack = stack or Stack()  # the stack facts this search holds
         if self.stack.cpu_offload_layers:  # (the points with pipeline stages or recomputation run without it)
-            why = cpu_offload_refusal(framework, 1, "none")
-            if why is None and self.stack.cpu_offload_layers >= cfg.layers:
-                why = (f"cpu_offload_layers={self.stack.cpu_offload_layers}: Megatron-LM offloads fewer layers than "
-                       f"the model's {cfg.layers}; choose at most {cfg.layers - 1}")
-            if why is None and not cluster.device.host_bandwidth:
-                why = (f"--cpu-offload-layers: device {cluster.device.name} states no host link bandwidth; add "
-                       "host_gbps (GB/s each way) to the cluster file's device, or leave --cpu-offload-layers out")
+            why = cpu_offload_refusal(framework, 1, "none") or \
+                offload_count_refusal(self.stack.cpu_offload_layers, cfg.layers) or host_link_refusal(cluster.device)
             if why is not None:
                 raise PlanError(why)
         # what every configuration and training configuration of this search carries besides its degrees
