@@ -244,7 +244,7 @@ GB200 = Device(
 # (HGX B300 spec per 8 GPUs: FP16/BF16 36 PFLOP/s and FP8 72 with sparsity, FP4 105 without, FP32 600 TFLOP/s), more
 # dense FP4, 288 GB of HBM3e (12-high stacks) at 8 TB/s. NVIDIA's own MLPerf systems name the part B300-SXM-288GB
 # (DGX B300, MLPerf Inference v5.1) and later B300-SXM-270GB: what the driver exposes is below the datasheet's
-# 288 GB (the preset keeps the datasheet figure as B200's and GB200's do; MEMORY_HEADROOM covers 5%, not all of it).
+# 288 GB, by more than MEMORY_HEADROOM's 5%, so the preset takes the 270 (its source string says so).
 B300_HGX = Device(
     name="B300-SXM-270GB", peak_flops={"bf16": 2250 * TFLOPS, "fp16": 2250 * TFLOPS, "fp8": 4500 * TFLOPS,
                                        "fp4": 105000 / 8 * TFLOPS, "fp32": 75 * TFLOPS},
