@@ -3,6 +3,12 @@
     python benchmarks/bridge_perf_runs.py --parse   # (once) writes the frozen test file bridge_perf_runs.csv
     python benchmarks/bridge_perf_runs.py --check   # each row described and evaluated, measured columns unread
     python benchmarks/bridge_perf_runs.py           # the comparison: benchmarks/results/bridge_perf_runs.{md,csv}
+    python benchmarks/bridge_perf_runs.py --round gb300-b300 [--parse | --check]   # the second round (below)
+
+Two rounds, each its own frozen file (``ROUNDS``): ``h100-b200-gb200`` (``bridge_perf_runs.csv``, every row of both
+docs, the DGX-H100, DGX-B200 and DGX-GB200 rows in scope; compared once in the fourth session) and ``gb300-b300``
+(``bridge_perf_runs_gb300_b300.csv``: the same docs' DGX-GB300 and DGX-B300 rows with their own recipes' facts, parsed
+once the ``gb300-nvl72`` and ``dgx-b300`` presets existed and frozen before the cost model changed again).
 
 Source: ``docs/performance-summary.md`` (the current container) and ``docs/performance-summary-archive.md``
 (older containers) of NVIDIA-NeMo/Megatron-Bridge at ``BRIDGE`` (the commit ``search/recipes.py`` cites), read
@@ -33,6 +39,7 @@ import re
 import statistics
 import subprocess
 import sys
+from dataclasses import dataclass
 from pathlib import Path
 
 from symtensor import api
@@ -49,10 +56,27 @@ MIRROR = Path("/work/.mirror/NVIDIA-NeMo+Megatron-Bridge/repo")
 DOCS = ("docs/performance-summary.md", "docs/performance-summary-archive.md")
 PERF = "src/megatron/bridge/perf_recipes/"
 HERE = Path(__file__).resolve().parent
-RUNS = HERE / "bridge_perf_runs.csv"
 MEASURED = ("tokens_per_s_per_gpu", "model_tflops_per_gpu")  # the doc's last two columns, read once
 
-SYSTEMS = {"DGX-H100": ("dgx-h100", "h100"), "DGX-B200": ("dgx-b200", "b200"), "DGX-GB200": ("gb200-nvl72", "gb200")}
+
+
+@dataclass(frozen=True)
+class Round:
+    """One frozen test: its file, the systems it takes (the doc's system -> (cluster preset, recipe folder)) and
+    the name of its results."""
+
+    name: str
+    runs: Path
+    systems: dict
+    results: str
+
+
+ROUNDS = {r.name: r for r in (
+    Round("h100-b200-gb200", HERE / "bridge_perf_runs.csv",
+          {"DGX-H100": ("dgx-h100", "h100"), "DGX-B200": ("dgx-b200", "b200"), "DGX-GB200": ("gb200-nvl72", "gb200")},
+          "bridge_perf_runs"),
+    Round("gb300-b300", HERE / "bridge_perf_runs_gb300_b300.csv",
+          {"DGX-GB300": ("gb300-nvl72", "gb300"), "DGX-B300": ("dgx-b300", "b300")}, "bridge_perf_runs_gb300_b300"))}
 # the doc's model name (its label in parentheses dropped) -> (zoo preset, recipe function stem, recipe family folder)
 MODELS = {"LLAMA3_8B": ("llama3-8b", "llama3_8b", "llama"), "LLAMA3_70B": ("llama3-70b", "llama3_70b", "llama"),
           "LLAMA3.1_405B": ("llama3-405b", "llama31_405b", "llama"),
@@ -72,7 +96,7 @@ LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}  # block recomp
 
 def git_show(path: str) -> str:
     if not MIRROR.exists():
-        raise PlanError(f"no Megatron-Bridge mirror at {MIRROR}; --parse reads it (the comparison reads {RUNS.name})")
+        raise PlanError(f"no Megatron-Bridge mirror at {MIRROR}; --parse reads it (the comparison reads the frozen file)")
     return subprocess.run(["git", "-C", str(MIRROR), "show", f"{COMMIT}:{path}"], check=True, capture_output=True,
                           text=True).stdout
 
@@ -216,14 +240,17 @@ PARSED = ("source", "doc_line", "container", "section", "heading", "variant", "d
           "gpus", "precision", "gbs", "mbs", "seq", "fsdp", "tp", "pp", "cp", "vp", "ep", "ga")
 
 
-def parse() -> list[dict]:
-    """The frozen test rows: every table row of both docs and its recipe's facts (where the row is in scope)."""
+def parse(rnd: Round) -> list[dict]:
+    """The frozen test rows: every table row of both docs and its recipe's facts (where the row is in scope); the
+    second round keeps only its own systems' rows."""
     rows = [r for path in DOCS for r in parse_doc(path)]
+    if rnd.name != "h100-b200-gb200":
+        rows = [r for r in rows if r["system"] in rnd.systems]
     for r in rows:
         name, prec = _model_name(r["model_name"]), PRECISIONS.get(r.get("precision", ""))
         facts = {}
-        if r["system"] in SYSTEMS and name in MODELS and prec is not None:
-            facts = recipe_facts(name, r["section"], SYSTEMS[r["system"]][1], r["gpus"], prec[2])
+        if r["system"] in rnd.systems and name in MODELS and prec is not None:
+            facts = recipe_facts(name, r["section"], rnd.systems[r["system"]][1], r["gpus"], prec[2])
         r.update({k: facts.get(k, "") for k in RECIPE_KEYS})
     return rows
 
@@ -250,13 +277,15 @@ def _int(text: str, default: int = 1) -> int:
     return int(text) if text and text.isdigit() else default
 
 
-def describe(r: dict) -> tuple[dict | None, str, str]:
-    """(the keywords of ``api.evaluate``, or None; why the row is skipped, or ""; how it was described)."""
+def describe(r: dict, systems: dict) -> tuple[dict | None, str, str]:
+    """(the keywords of ``api.evaluate``, or None; why the row is skipped, or ""; how it was described), for a row of
+    the round whose ``systems`` are given."""
     name = _model_name(r["model_name"])
     if r["section"] == "LoRA Performance":
         return None, "LoRA fine-tuning: the recipe's adapter rank and targets not described", ""
-    if r["system"] not in SYSTEMS:
-        return None, f"system {r['system']}: no cluster preset (dgx-h100, dgx-b200, gb200-nvl72 only)", ""
+    if r["system"] not in systems:
+        presets = ", ".join(p for p, _ in systems.values())
+        return None, f"system {r['system']}: not in this round ({presets} only)", ""
     if name not in MODELS:
         return None, f"model {r['model_name']}: no zoo preset", ""
     if not r.get("precision"):
@@ -265,7 +294,7 @@ def describe(r: dict) -> tuple[dict | None, str, str]:
         return None, f"precision {r['precision']}: not modelled (bf16, FP8 current/delayed scaling, MXFP8)", ""
     if "tokendrop" in r["model_name"]:
         return None, "token-dropping MoE run: its capacity factor is not stated", ""
-    preset, gpu = SYSTEMS[r["system"]]
+    preset, gpu = systems[r["system"]]
     model = MODELS[name][0]
     precision, fp8_recipe, _ = PRECISIONS[r["precision"]]
     gpus, tp, pp, cp = int(r["gpus"]), _int(r["tp"]), _int(r["pp"]), _int(r["cp"])
@@ -333,8 +362,8 @@ def describe(r: dict) -> tuple[dict | None, str, str]:
             notes.append("FP8 attention not modelled (BF16)")
         if r["expandable_segments"] == "True":
             stack["expandable_segments"] = True
-        if r["cpu_offload_layers"]:
-            notes.append(f"CPU offloading of {r['cpu_offload_layers']} layers' activations not modelled")
+        if r["cpu_offload_layers"]:  # modelled since the first round was compared (Stack.cpu_offload_layers)
+            stack["cpu_offload_layers"] = int(r["cpu_offload_layers"])
     kw.update(recompute=recompute, pp_layout=layout, stack=Stack(**stack))
     said = (f"{model} on {gpus} {preset}: tp{tp} pp{pp} vpp{vpp} cp{cp} ep{ep} dp{kw['dp']} "
             f"{'sp ' if kw['sp'] else ''}zero{kw['zero']} mb{kw['micro_batch']} gb{kw['global_batch']} "
@@ -344,9 +373,9 @@ def describe(r: dict) -> tuple[dict | None, str, str]:
     return {"model": model, "cluster": preset, **kw}, "", "; ".join([said] + notes)
 
 
-def evaluate(r: dict) -> dict:
+def evaluate(r: dict, systems: dict) -> dict:
     """The row's evaluation: predicted step, fits, reserved memory, band; or why it is skipped or refused."""
-    kw, skip, said = describe(r)
+    kw, skip, said = describe(r, systems)
     out = {"status": "skipped" if kw is None else "", "why": skip, "described_as": said}
     if kw is None:
         return out
@@ -364,8 +393,8 @@ def evaluate(r: dict) -> dict:
 
 # -- files -----------------------------------------------------------------------------------------------------
 
-def read_rows(with_measured: bool) -> list[dict]:
-    with RUNS.open() as f:
+def read_rows(rnd: Round, with_measured: bool) -> list[dict]:
+    with rnd.runs.open() as f:
         rows = list(csv.DictReader(f))
     if not with_measured:
         for r in rows:
@@ -374,22 +403,22 @@ def read_rows(with_measured: bool) -> list[dict]:
     return rows
 
 
-def sha256() -> str:
-    return hashlib.sha256(RUNS.read_bytes()).hexdigest()
+def sha256(rnd: Round) -> str:
+    return hashlib.sha256(rnd.runs.read_bytes()).hexdigest()
 
 
-def write_parsed(rows: list[dict]) -> None:
-    with RUNS.open("w", newline="") as f:
+def write_parsed(rnd: Round, rows: list[dict]) -> None:
+    with rnd.runs.open("w", newline="") as f:
         w = csv.DictWriter(f, fieldnames=list(PARSED) + list(MEASURED) + list(RECIPE_KEYS))
         w.writeheader()
         w.writerows(rows)
 
 
-def check() -> int:
+def check(rnd: Round) -> int:
     """Every row described and evaluated with the measured columns dropped: status counts and reasons."""
     counts: dict[str, int] = {}
-    for r in read_rows(with_measured=False):
-        e = evaluate(r)
+    for r in read_rows(rnd, with_measured=False):
+        e = evaluate(r, rnd.systems)
         counts[e["status"]] = counts.get(e["status"], 0) + 1
         extra = f" {e['reserved_gib']:.1f} GiB" if "reserved_gib" in e else ""
         print(f"{r['doc_line']:>4} {r['container'][:8]:8} {r['system']:10} {r['model_name'][:22]:22} "
@@ -409,11 +438,11 @@ def _summary(label: str, errs: list[float], inside: list[bool]) -> str:
             f"{_pct(statistics.mean(errs))} | {sum(inside)} of {len(inside)} |")
 
 
-def compare() -> int:
-    rows = read_rows(with_measured=True)
+def compare(rnd: Round) -> int:
+    rows = read_rows(rnd, with_measured=True)
     out, done = [], []
     for r in rows:
-        e = evaluate(r)
+        e = evaluate(r, rnd.systems)
         measured = float(r[MEASURED[0]]) if r[MEASURED[0]] else None
         res = {"container": r["container"], "section": r["section"], "model": r["model_name"], "system": r["system"],
                "gpus": r["gpus"], "precision": r.get("precision", ""),
@@ -431,15 +460,15 @@ def compare() -> int:
                        band_tokens=f"{gbs * seq / b.high_s / gpus:.0f}..{gbs * seq / b.low_s / gpus:.0f}")
             done.append((r, res))
         out.append(res)
-    write_results("bridge_perf_runs", report(out, done), out)
+    write_results(rnd.results, report(rnd, out, done), out)
     return 0
 
 
-def report(out: list[dict], done: list[tuple[dict, dict]]) -> list[str]:
+def report(rnd: Round, out: list[dict], done: list[tuple[dict, dict]]) -> list[str]:
     fits = [(r, x) for r, x in done if x["status"] == "fits"]
     lines = ["# Held-out test: Megatron-Bridge's published performance tables", "",
              f"Every table row of `docs/performance-summary.md` and `docs/performance-summary-archive.md` of {BRIDGE} "
-             f"(frozen in `benchmarks/bridge_perf_runs.csv`, sha256 `{sha256()}`), described as SymTensor "
+             f"(frozen in `benchmarks/{rnd.runs.name}`, sha256 `{sha256(rnd)}`), described as SymTensor "
              "evaluations by `python benchmarks/bridge_perf_runs.py` (module docstring: the mapping, with the "
              "matching performance recipe's recomputation, layout and stack facts) and compared once. Nothing in "
              "the cost model was changed for it. Predicted tokens/s/GPU = global batch x sequence / predicted step "
@@ -482,14 +511,19 @@ def report(out: list[dict], done: list[tuple[dict, dict]]) -> list[str]:
 
 
 def main(argv: list[str]) -> int:
+    name = argv[argv.index("--round") + 1] if "--round" in argv else "h100-b200-gb200"
+    if name not in ROUNDS:
+        print(f"round {name!r}; use one of {', '.join(ROUNDS)}")
+        return 2
+    rnd = ROUNDS[name]
     if "--parse" in argv:
-        rows = parse()
-        write_parsed(rows)
-        print(f"wrote {len(rows)} rows to {RUNS} (sha256 {sha256()})")
+        rows = parse(rnd)
+        write_parsed(rnd, rows)
+        print(f"wrote {len(rows)} rows to {rnd.runs} (sha256 {sha256(rnd)})")
         return 0
     if "--check" in argv:
-        return check()
-    return compare()
+        return check(rnd)
+    return compare(rnd)
 
 
 if __name__ == "__main__":
