@@ -96,7 +96,7 @@ LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}  # block recomp
 
 def git_show(path: str) -> str:
     if not MIRROR.exists():
-        raise PlanError(f"no Megatron-Bridge mirror at {MIRROR}; --parse reads it (the comparison reads the frozen file)")
+        raise PlanError(f"no Megatron-Bridge mirror at {MIRROR}; --parse reads it (comparisons read the frozen file)")
     return subprocess.run(["git", "-C", str(MIRROR), "show", f"{COMMIT}:{path}"], check=True, capture_output=True,
                           text=True).stdout
 
