@@ -56,10 +56,11 @@ def _framework_arg(p: argparse.ArgumentParser) -> None:
 def _moe_args(p: argparse.ArgumentParser) -> None:
     """The facts of the user's stack (plan.stack.Stack; each option's destination is its field, ``stack_of``): how
     the MoE layers run (cost.moe), the gradient reduction's dtype, the allocator's expandable segments."""
-    p.add_argument("--moe-dispatcher", default="alltoall", choices=("alltoall", "deepep"),
+    p.add_argument("--moe-dispatcher", default="alltoall", choices=("alltoall", "deepep", "hybridep"),
                    help="MoE token dispatcher: alltoall (NCCL all-to-all of top_k copies; Megatron's alltoall, "
-                   "torchtitan's) or deepep (DeepEP normal kernels: once per node over RDMA, NVLink forwarding; "
-                   "Megatron's flex dispatcher); default alltoall")
+                   "torchtitan's), deepep (DeepEP normal kernels: once per node over RDMA, NVLink forwarding; "
+                   "Megatron's flex dispatcher) or hybridep (NVIDIA's HybridEP, the same route at its measured "
+                   "rates; Megatron's --moe-flex-dispatcher-backend hybridep); default alltoall")
     p.add_argument("--moe-routing", default="balanced", choices=("balanced", "aux_loss"),
                    help="balanced: every expert rank at the mean (Megatron's --moe-router-force-load-balancing); "
                    "aux_loss: the most-loaded rank of the EP group paces the step; default balanced")

@@ -236,6 +236,12 @@ class Engine:
     # ``moe_combine``), 0 where the probabilities are applied inside the experts' activation and the unpermutation
     # keeps only its indices (Megatron-core), 2 where the weighting runs on an fp32 copy (torchtitan)
     moe_combine_keeps: float = 1.0
+    # the MoE token dispatchers the engine runs (``cost.moe.DISPATCHERS``, ``TrainConfig.moe_dispatcher``):
+    # Megatron-core's alltoall and flex dispatcher with its deepep and hybridep backends (NVIDIA/Megatron-LM@d98e8a64dd
+    # moe/token_dispatcher.py ``MoEFlexTokenDispatcher``), torchtitan's comm_backend "standard", "deepep" and
+    # "hybridep" (pytorch/torchtitan@b5bcd76c66d0 torchtitan/models/common/config_utils.py); DeepSpeed's MoE its own
+    # all-to-all
+    moe_dispatchers: tuple[str, ...] = ("alltoall",)
     # the eager SwiGLU of PyTorch model code, ``w2(F.silu(w1(x)) * w3(x))``: silu saves its input, the product
     # both of its operands and w2 the product, so a layer keeps the silu's output too (one gate-sized tensor
     # beyond the fused activation of the graph: ``cost.segment``). pytorch/torchtitan@238fa9953e4aec2a62582121564273d7
@@ -288,19 +294,20 @@ ATTENTION_FALLBACK = ("fa2", "cudnn", "fa3", "te")
 # _log_softmax_backward_data allocates the fp32 gradient of its input (4 more) while that gradient and the saved
 # output still live (derivatives.yaml: ``_log_softmax: self: _log_softmax_backward_data(grad, result, ...)``):
 # 8 bytes per logit beyond the saved 4, the step's largest moment (3 fp32 copies of the logits at once).
+_EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")  # Megatron's and torchtitan's (``Engine.moe_dispatchers``)
 ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
                        attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,),
                        recompute_modules=True, unit_reduce_buffer=True, replicate_once=True,
-                       moe_combine_keeps=0.0, cpu_offload=True),
+                       moe_combine_keeps=0.0, cpu_offload=True, moe_dispatchers=_EP_DISPATCHERS),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
                     ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=8, expandable_segments=True,
                     attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0,
-                    unfused_swiglu=True, timed_peak=True),
+                    unfused_swiglu=True, timed_peak=True, moe_dispatchers=_EP_DISPATCHERS),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,

@@ -19,6 +19,49 @@ Dispatchers (``TrainConfig.moe_dispatcher``):
               EP 64 51 GB/s (the internode figures are "logical" and include the local-rank share).
               Taken as fractions of the link: NVLink 153/160, RDMA 43/50 (the lowest measured row:
               this module counts only the bytes that leave the node).
+    hybridep  NVIDIA's HybridEP (Megatron ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
+              hybridep``, what its Blackwell recipes run; torchtitan's ``comm_backend="hybridep"``): the same
+              two-level route as DeepEP, deduplicated the same way ("Similar to DeepEP, Hybrid-EP first
+              performs IB communication between peer GPUs, then each rank distributes the received inter-node
+              data locally"; its buffers hold a rank's tokens once per remote NVLink domain and once per
+              destination rank, and the combine pre-reduces inside a domain before it sends: deepseek-ai/DeepEP
+              @94a9f8f6b146c07d97ec58f67cd6d303296d6098, branch hybrid-ep, docs/Hybrid-EP_Implementation.md
+              sections 4.2 and 8), so its bytes are ``distinct``'s as DeepEP's; a "node" is an NVLink domain
+              (``num_of_nodes``: "Number of NVLink domains"), the innermost level of the cluster. Megatron runs
+              it in BF16 (fused_a2a.py ``init_hybrid_ep_buffer`` asserts fp8_dispatch off) and, dropless,
+              synchronises with the host once per dispatch for the permuted token count (token_dispatcher.py
+              ``_HybridEPManager.dispatch``, NVIDIA/Megatron-LM@d98e8a64ddf34856e74b24714e3bedb2f5a39553), which
+              the "Torch API" measurements below include ("misc = device_sync, update_flag", tests/
+              test_hybrid_ep.py). Rates: the README's measured "Torch API" algorithm bandwidths (docs/
+              README_Hybrid-EP.md at the same commit; 4,096 tokens per rank, hidden 7,168, top-8, uniform
+              random router, 8 local experts per rank), BF16 dispatch and combine. "Algorithm bandwidth"
+              counts, per rank, the tokens it receives including its own (``nvl_recv_bytes``) and, across
+              domains, its tokens times the domains they go to including its own (``rdma_send_bytes``,
+              tests/utils.py ``count_rdma_send_from_routing_map``: "we do not set the local node map to
+              zeros"); this module counts the bytes that cross a level, (n - 1)/n of those in expectation over
+              n ranks (domains), so a row's fraction of the link is its bandwidth x (n - 1)/n / the link
+              (``hybridep_fraction``), which reproduces the measured time at the measured point. A dispatch
+              edge's gradient runs the combine kernel and a combine edge's the dispatch kernel, so each level
+              takes the harmonic mean of the two rates (a layer's step moves the same bytes through each
+              twice). Which row (``HYBRIDEP_NVL_ROWS``, ``HYBRIDEP_IB_ROWS``): inside an NVLink domain the
+              GB200 MNNVL rows at 16 SMs (torchtitan's default, HYBRIDEP_NUM_SMS_DISPATCH 16: pytorch/
+              torchtitan@b5bcd76c66d0acb1a08b176d9639425bc55e0b2a torchtitan/models/common/config_utils.py; below
+              HybridEP's own default of 24 inside one domain, csrc/hybrid_ep/config.cuh ``Configurer`` L366,
+              which Megatron keeps when --moe-flex-dispatcher-num-sms is unset; the 32-SM rows run up to 15%
+              faster, at 24 ranks) for the
+              fewest measured ranks >= the group's ranks in the domain, 36's beyond 36 (unmeasured: larger
+              domains borrow it); across domains the H100 InfiniBand rows at 8 SMs (HybridEP's default across
+              domains, the same line) for the fewest measured domains >= the group's (2, 4, 8 domains of 8:
+              ranks 16, 32, 64), 8's beyond. Borrowed rows: an 8-GPU NVSwitch node (Hopper, Ampere, B200, B300)
+              takes the GB200 8-rank row as a fraction of its own NVLink (no intranode HybridEP row on Hopper
+              is published; B200's 8-rank row, 535.94 / 530.86 GB/s at 16 SMs, is within 3% of GB200's);
+              Blackwell's scale-out (B200, B300, GB200 and GB300 racks over InfiniBand or Ethernet) takes the
+              H100 InfiniBand rows as a fraction of its own NIC (no other is published). Megatron's rules on
+              the flex dispatcher (transformer_config.py ``__post_init__`` L1743-1762, L1868-1882: not beside
+              --moe-enable-deepep, "Only one backend"; --moe-pad-expert-input-to-capacity refused with deepep
+              only; --moe-expert-rank-capacity-factor for hybridep or ncclep) concern no option the planner
+              states or exports, so ``refusal`` adds none; DeepSpeed's engines have neither kernel
+              (``engine_refusal``, ``Engine.moe_dispatchers``).
 
 Routing imbalance (``TrainConfig.moe_routing``): ``balanced`` (Megatron's
 ``--moe-router-force-load-balancing``, every rank the mean) or ``aux_loss`` (a router trained with
@@ -83,15 +126,26 @@ import math
 from statistics import NormalDist
 
 from symtensor.cost.collectives import collective_time, level_counts
-from symtensor.cost.engine import pipeline_window
+from symtensor.cost.engine import ALIASES, ENGINES, pipeline_window
 from symtensor.errors import PlanError
 
-DISPATCHERS = ("alltoall", "deepep")
+DISPATCHERS = ("alltoall", "deepep", "hybridep")
 ROUTINGS = ("balanced", "aux_loss")
 
 # deepseek-ai/DeepEP docs/legacy.md @ 0297fc8 (normal kernels, H800): bottleneck bandwidth over the link's
 DEEPEP_NVLINK_FRACTION = 153 / 160  # intranode EP 8 dispatch 153 GB/s of ~160 GB/s NVLink
 DEEPEP_RDMA_FRACTION = 43 / 50  # internode EP 16 dispatch 43 GB/s of ~50 GB/s CX7 (the lowest row)
+
+# deepseek-ai/DeepEP@94a9f8f6b146c07d97ec58f67cd6d303296d6098 (branch hybrid-ep) docs/README_Hybrid-EP.md, HybridEP's
+# "Torch API" algorithm bandwidths in GB/s (BF16 dispatch, combine) by the group's ranks in one NVLink domain: the
+# GB200 table's 16-SM rows (ranks 8, 16, 24, 32, 36), of GB200's 900 GB/s NVLink 5 per GPU each way (the preset)
+HYBRIDEP_NVL_ROWS = ((8, 550.10, 538.44), (16, 472.84, 474.48), (24, 441.89, 444.40), (32, 485.50, 423.19),
+                     (36, 469.96, 418.27))
+HYBRIDEP_NVL_LINK_GBPS = 900
+# the same file, the H100 table ("IB Bandwidth"), 8-SM rows, by NVLink domains (nodes of 8: ranks 16, 32, 64), of
+# the H100's one ConnectX-7 400 Gb/s NIC per GPU, 50 GB/s each way (the dgx-h100 preset)
+HYBRIDEP_IB_ROWS = ((2, 57.74, 56.96), (4, 46.54, 50.68), (8, 41.46, 47.68))
+HYBRIDEP_IB_LINK_GBPS = 50
 
 # Wang et al. 2024 (arXiv 2408.15664) Table 2: MaxVio_global of the auxiliary-loss-controlled 3B model (the
 # 1B model's is 0.72); its expert count (64) unconfirmed (module docstring)
@@ -125,6 +179,16 @@ def refusal(dispatcher: str, capacity_factor, routing: str, shared_overlap, ep_o
     if not isinstance(ep_overlap, bool):
         return f"moe_ep_overlap must be true or false, got {ep_overlap!r}"
     return None
+
+
+def engine_refusal(dispatcher: str, framework: str) -> str | None:
+    """Why ``framework``'s engine does not run the token dispatcher ``dispatcher`` (``Engine.moe_dispatchers``: DeepEP
+    and HybridEP are Megatron-core's flex dispatcher and torchtitan's comm backends, not DeepSpeed's), or None."""
+    eng = ENGINES.get(ALIASES.get(framework, framework))
+    if eng is None or dispatcher in eng.moe_dispatchers:
+        return None  # (TrainConfig names an unknown engine)
+    return (f"moe_dispatcher={dispatcher!r}: framework {framework} dispatches with {', '.join(eng.moe_dispatchers)} "
+            "only; use --moe-dispatcher alltoall, or --framework megatron or fsdp2")
 
 
 def overlap_refusal(p) -> str | None:
@@ -215,6 +279,40 @@ def deepep_time(nbytes: float, counts, levels, experts: int, top_k: int) -> floa
     (innermost, the NVLink domain, first): RDMA carries each token once per remote node holding one
     of its experts, NVLink once per other rank of a node that does; both run at once, the slower
     bounds it; one latency per level, as the kernel launches once."""
+    return two_level_time(nbytes, counts, levels, experts, top_k, DEEPEP_NVLINK_FRACTION, DEEPEP_RDMA_FRACTION)
+
+
+def hybridep_fraction(rows, n: int, link_gbps: float) -> float:
+    """The fraction of a link that HybridEP's bytes crossing it get over ``n`` ranks (NVLink) or domains
+    (InfiniBand) (the module docstring): the row of ``rows`` (n, dispatch GB/s, combine GB/s) for the
+    fewest measured >= n, else the largest; the harmonic mean of its two algorithm bandwidths times the
+    share (n' - 1)/n' of its bytes that crossed, over ``link_gbps``.
+
+    >>> round(hybridep_fraction(HYBRIDEP_IB_ROWS, 3, HYBRIDEP_IB_LINK_GBPS), 4)  # the 4-domain row
+    0.7278
+    """
+    m, dispatch, combine = next((r for r in rows if r[0] >= n), rows[-1])
+    return 2.0 / (1.0 / dispatch + 1.0 / combine) * (m - 1) / m / link_gbps
+
+
+def hybridep_time(nbytes: float, counts, levels, experts: int, top_k: int) -> float:
+    """Seconds of one HybridEP dispatch (or combine) whose alltoall buffer would be ``nbytes`` per device,
+    as ``deepep_time`` routes it, at HybridEP's measured fractions of the NVLink domain (the group's
+    ranks in it, ``counts[0]``) and of the scale-out NIC (the domains it spans) (the module docstring)."""
+    outer = 1
+    for c in counts[1:]:
+        outer *= c
+    nvl = hybridep_fraction(HYBRIDEP_NVL_ROWS, counts[0], HYBRIDEP_NVL_LINK_GBPS)
+    rdma = hybridep_fraction(HYBRIDEP_IB_ROWS, outer, HYBRIDEP_IB_LINK_GBPS)
+    return two_level_time(nbytes, counts, levels, experts, top_k, nvl, rdma)
+
+
+def two_level_time(nbytes: float, counts, levels, experts: int, top_k: int, nvl_fraction: float,
+                   rdma_fraction: float) -> float:
+    """Seconds of a deduplicating two-level dispatch (DeepEP's, HybridEP's) whose alltoall buffer would be
+    ``nbytes`` per device (top_k copies of each token) over a group with ``counts`` members per level
+    (innermost, the NVLink domain, first), its bytes crossing the NVLink domain at ``nvl_fraction`` of the
+    innermost level's bandwidth and the scale-out at ``rdma_fraction`` of the slowest outer level's."""
     token = nbytes / top_k  # one copy of the rank's tokens
     inner = counts[0]
     outer = 1
@@ -223,15 +321,18 @@ def deepep_time(nbytes: float, counts, levels, experts: int, top_k: int) -> floa
     group = inner * outer
     ranks = distinct(experts, top_k, group)
     nvl = token * ranks * (inner - 1) / inner if inner > 1 else 0.0
-    t = nvl / (levels[0].bandwidth * DEEPEP_NVLINK_FRACTION) if nvl else 0.0
+    t = nvl / (levels[0].bandwidth * nvl_fraction) if nvl else 0.0
     latency = levels[0].latency if inner > 1 else 0.0
     if outer > 1:
         nodes = distinct(experts, top_k, outer)
         rdma = token * nodes * (outer - 1) / outer
         bw = min(lv.bandwidth for lv, c in zip(levels[1:], counts[1:]) if c > 1)
-        t = max(t, rdma / (bw * DEEPEP_RDMA_FRACTION))
+        t = max(t, rdma / (bw * rdma_fraction))
         latency += sum(lv.latency for lv, c in zip(levels[1:], counts[1:]) if c > 1)
     return latency + t
+
+
+_TWO_LEVEL = {"deepep": deepep_time, "hybridep": hybridep_time}  # the dispatchers that deduplicate (their time)
 
 
 def edge_seconds(seconds: float, colls, ev, train, load: float) -> float:
@@ -244,8 +345,8 @@ def edge_seconds(seconds: float, colls, ev, train, load: float) -> float:
     total = 0.0
     for c in colls:
         counts = level_counts(c.axes, ev.mesh, len(ev.levels))
-        if c.kind == "all_to_all" and train.moe_dispatcher == "deepep":
-            t = deepep_time(c.nbytes, counts, ev.levels, cfg.experts, cfg.top_k)
+        if c.kind == "all_to_all" and train.moe_dispatcher in _TWO_LEVEL:
+            t = _TWO_LEVEL[train.moe_dispatcher](c.nbytes, counts, ev.levels, cfg.experts, cfg.top_k)
         else:
             t = collective_time(c.kind, c.nbytes, counts, ev.levels, ev.eff.link_for(c.kind))
         total += t * (load if c.kind == "all_to_all" else 1.0)
@@ -255,6 +356,6 @@ def edge_seconds(seconds: float, colls, ev, train, load: float) -> float:
 def check(train) -> None:
     """Raise the one-line PlanError of ``refusal`` for ``train``'s MoE options."""
     why = refusal(train.moe_dispatcher, train.moe_capacity_factor, train.moe_routing, train.moe_shared_overlap,
-                  train.moe_ep_overlap)
+                  train.moe_ep_overlap) or engine_refusal(train.moe_dispatcher, train.framework)
     if why is not None:
         raise PlanError(why)

@@ -131,7 +131,9 @@ class TrainConfig:
             without fp8 (with fp8: the
             caller's device default, ``precision.default_recipe``, else Megatron-LM's ``delayed``).
         moe_dispatcher: the MoE token dispatcher, ``alltoall`` (Megatron's and torchtitan's NCCL
-            all-to-all) or ``deepep`` (DeepEP's normal kernels); ``moe_routing``: ``balanced`` (every
+            all-to-all), ``deepep`` (DeepEP's normal kernels) or ``hybridep`` (NVIDIA's HybridEP, Megatron's
+            flex dispatcher's hybridep backend; ``cost.moe``), where the engine runs it
+            (``Engine.moe_dispatchers``); ``moe_routing``: ``balanced`` (every
             EP rank at the mean: Megatron's --moe-router-force-load-balancing, today's costing) or
             ``aux_loss`` (the most-loaded rank paces the step); ``moe_capacity_factor``: experts
             drop tokens beyond that many times their mean (None: dropless); ``moe_shared_overlap``:

@@ -165,6 +165,10 @@ def torchtitan_config(plan) -> dict:
         out["_zero_note"] = zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
     if replicate > 1 and shard == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1):
         out["_ddp_note"] = _ddp_note(plan, p)
+    if p.moe_dispatcher != "alltoall":  # (cost.moe; torchtitan's "standard" backend is the all-to-all)
+        out["_dispatcher_note"] = (f"this plan is costed with the {p.moe_dispatcher} token dispatcher: torchtitan "
+                                   f"takes it in the model's config (comm_backend=\"{p.moe_dispatcher}\", "
+                                   "torchtitan/models/common/config_utils.py), not in this job config")
     return out
 
 

@@ -251,7 +251,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
                         (model.shared_ffn, "shared expert width")):
         if width % tp:
             return f"tp={tp} must divide the {what} {width}"
-    why = _expert_refusal(p, model) or _moe.overlap_refusal(p)
+    why = _expert_refusal(p, model) or _moe.overlap_refusal(p) or _moe.engine_refusal(p.moe_dispatcher, p.framework)
     if why is not None:
         return why
     why = _hybrid_refusal(p)

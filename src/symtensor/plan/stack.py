@@ -13,7 +13,7 @@ and the plan's summary names the facts that differ from the defaults (``plan.sum
     >>> Stack(moe_dispatcher="nccl")
     Traceback (most recent call last):
     ...
-    symtensor.errors.PlanError: moe_dispatcher='nccl'; use one of alltoall, deepep
+    symtensor.errors.PlanError: moe_dispatcher='nccl'; use one of alltoall, deepep, hybridep
 """
 
 from __future__ import annotations
@@ -33,10 +33,11 @@ class Stack:
 
     Attributes:
         moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap: how the MoE layers run
-            (``cost.moe``): the token dispatcher (``alltoall``, NCCL's all-to-all, or ``deepep``), ``balanced``
-            or auxiliary-loss (``aux_loss``: the most-loaded rank paces the step) routing, the capacity factor
-            beyond which experts drop tokens (None: dropless), the shared expert beside the dispatch
-            (Megatron's --moe-shared-expert-overlap); the defaults: all-to-all, balanced, dropless, serial.
+            (``cost.moe``): the token dispatcher (``alltoall``, NCCL's all-to-all, ``deepep`` or ``hybridep``),
+            ``balanced`` or auxiliary-loss (``aux_loss``: the most-loaded rank paces the step) routing, the
+            capacity factor beyond which experts drop tokens (None: dropless), the shared expert beside the
+            dispatch (Megatron's --moe-shared-expert-overlap); the defaults: all-to-all, balanced, dropless,
+            serial.
         moe_ep_overlap: Megatron's --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute): the
             1F1B steady state runs one micro-batch's forward beside another's backward, layer by layer,
             so each one's dispatch and combine hide behind the other's compute (``cost.moe``).
