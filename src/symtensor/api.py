@@ -140,7 +140,8 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     (``plan.document.evaluation_json`` is the JSON of ``symtensor evaluate``). ``ep`` and ``etp``:
     the expert layers' grid, folded over the tp x cp x dp ranks of a stage (``search.megatron``).
     ``precision``: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``) under
-    ``fp8_recipe`` (default: the device's, ``precision.default_recipe``), or ``fp16`` (dynamic loss
+    ``fp8_recipe`` (default: the device's, ``precision.default_recipe``), ``fp4`` (the same GEMMs in NVFP4 on
+    Blackwell, recipe ``nvfp4``), or ``fp16`` (dynamic loss
     scaling, where the engine models it: ``cost.engine.Engine.fp16``, megatron-deepspeed). ``dp_shard``: hybrid
     sharding, ZeRO over the innermost dp_shard ranks of dp x cp, replicated across the rest
     (``Parallelism.dp_shard``). ``pp_layout``: the layer split over the pipeline (``stated_split``:
@@ -172,11 +173,14 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
 
 def fp8_recipe_for(precision: str | None, recipe: str | None, device, framework: str = "megatron") -> str | None:
     """The FP8 recipe a run names or, under ``--precision fp8`` without one, the device's and the
-    engine's default (``cost.precision.named_recipe``); None in BF16."""
+    engine's default (``cost.precision.named_recipe``); under ``--precision fp4`` without one, NVFP4;
+    None in BF16."""
     from symtensor.cost.precision import has_fp8, named_recipe
 
     if precision == "fp8" and has_fp8(device):
         return named_recipe(recipe, device, framework)
+    if precision == "fp4":
+        return named_recipe(recipe, device, framework, precision)
     return recipe
 
 

@@ -87,14 +87,16 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
     """--precision and --fp8-recipe (cost.precision)."""
-    p.add_argument("--precision", default=None if auto else "bf16", choices=("bf16", "fp8", "fp16"),
+    p.add_argument("--precision", default=None if auto else "bf16", choices=("bf16", "fp8", "fp16", "fp4"),
                    help="the layers' linear GEMMs in BF16 or FP8 (attention, norms, embedding and LM head stay BF16), "
-                        "or fp16: the model in FP16 with dynamic loss scaling (--framework megatron-deepspeed); "
+                        "or fp16: the model in FP16 with dynamic loss scaling (--framework megatron-deepspeed), or "
+                        "fp4: those GEMMs in NVFP4 on Blackwell (Transformer Engine, --framework megatron; only where "
+                        "asked for); "
                         + ("default: the search chooses FP8 where the device has it and it wins" if auto
                            else "default bf16"))
-    p.add_argument("--fp8-recipe", default=None, choices=("delayed", "tensorwise", "blockwise", "mxfp8"),
-                   help="FP8 scaling recipe as Megatron-LM's --fp8-recipe names it; default: mxfp8 on Blackwell, "
-                        "delayed elsewhere")
+    p.add_argument("--fp8-recipe", default=None, choices=("delayed", "tensorwise", "blockwise", "mxfp8", "nvfp4"),
+                   help="scaling recipe as Megatron-LM's --fp8-recipe (or, for nvfp4 under --precision fp4, "
+                        "--fp4-recipe) names it; default: mxfp8 on Blackwell, delayed elsewhere; nvfp4 under fp4")
 
 
 def _search_args(p: argparse.ArgumentParser) -> None:

@@ -67,8 +67,8 @@ def test_refusals():
     assert P.refusal("fp8", "mxfp8", B200) is None
     assert P.refusal("bf16", "delayed", H100).endswith("needs --precision fp8")
     assert P.default_recipe(H100) == "delayed" and P.default_recipe(B200) == "mxfp8"
-    with pytest.raises(PlanError, match="use one of bf16, fp8, fp16"):
-        TrainConfig(global_batch=8, precision="fp4")
+    with pytest.raises(PlanError, match="use one of bf16, fp8, fp16, fp4"):
+        TrainConfig(global_batch=8, precision="fp6")
     assert TrainConfig(global_batch=8, precision="fp8").fp8 == "delayed"
     assert TrainConfig(global_batch=8).fp8 is None
 

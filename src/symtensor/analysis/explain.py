@@ -108,11 +108,13 @@ def memory_terms(report) -> dict:
 
 
 def fp8_bought(plan, ev, layouts) -> dict:
-    """What FP8 bought an FP8 plan: the same layouts and configuration re-costed in BF16 (``ev``: the
-    plan's evaluator; ``layouts``: its ``Plan.op_layouts``), against the plan (step, compute, memory),
-    and the numerics note (``cost.precision``)."""
+    """What FP8 (or FP4) bought an FP8 (FP4) plan: the same layouts and configuration re-costed in BF16 (``ev``:
+    the plan's evaluator; ``layouts``: its ``Plan.op_layouts``), against the plan (step, compute, memory),
+    and the numerics note (``cost.precision``); an FP4 plan also against FP8 (``fp4_bought``)."""
     from symtensor.cost.precision import NUMERICS_NOTE
 
+    if plan.train.precision == "fp4":
+        return fp4_bought(plan, ev, layouts)
     bf16 = ev.evaluate(layouts, plan.train.replace(precision="bf16", fp8_recipe=None))
     rep = plan.report
     return {"precision": "fp8", "fp8_recipe": plan.train.fp8_recipe, "step_time_s": rep.step_time_s,
@@ -126,6 +128,33 @@ def fp8_bought(plan, ev, layouts) -> dict:
                        f"{bf16.memory_peak / GIB:.1f} -> {rep.memory_peak / GIB:.1f} GiB per device (FP8 weight "
                        "copies in, FP8 saved GEMM inputs out)",
             "note": NUMERICS_NOTE}
+
+
+def fp4_bought(plan, ev, layouts) -> dict:
+    """What NVFP4 bought an FP4 plan: the same layouts and configuration re-costed in BF16 and in FP8 under the
+    device's FP8 recipe (MXFP8 on Blackwell, ``precision.default_recipe``), against the plan."""
+    from symtensor.cost.precision import default_recipe, numerics_note
+
+    fp8_recipe = default_recipe(ev.cluster.device, plan.train.framework)
+    bf16 = ev.evaluate(layouts, plan.train.replace(precision="bf16", fp8_recipe=None))
+    fp8 = ev.evaluate(layouts, plan.train.replace(precision="fp8", fp8_recipe=fp8_recipe))
+    rep = plan.report
+    return {"precision": "fp4", "fp8_recipe": plan.train.fp8_recipe, "step_time_s": rep.step_time_s,
+            "bf16_step_time_s": bf16.step_time_s, "speedup": bf16.step_time_s / rep.step_time_s,
+            "fp8_step_time_s": fp8.step_time_s, "fp8_speedup": fp8.step_time_s / rep.step_time_s,
+            "compute_s": rep.breakdown["compute"], "bf16_compute_s": bf16.breakdown["compute"],
+            "fp8_compute_s": fp8.breakdown["compute"], "memory_gib": rep.memory_peak / GIB,
+            "bf16_memory_gib": bf16.memory_peak / GIB, "bf16_fits": bf16.fits, "fp8_memory_gib": fp8.memory_peak / GIB,
+            "fp8_weights_gib": rep.memory.get("fp8_weights", 0.0) / GIB,
+            "summary": f"NVFP4 GEMMs ({plan.train.fp8_recipe}) run this plan in {rep.step_time_s:.4g} s against "
+                       f"{bf16.step_time_s:.4g} s in BF16 ({bf16.step_time_s / rep.step_time_s:.2f}x) and "
+                       f"{fp8.step_time_s:.4g} s in FP8 ({fp8_recipe} scaling, "
+                       f"{fp8.step_time_s / rep.step_time_s:.2f}x): compute {bf16.breakdown['compute']:.4g} (BF16), "
+                       f"{fp8.breakdown['compute']:.4g} (FP8) -> "
+                       f"{rep.breakdown['compute']:.4g} s; memory {bf16.memory_peak / GIB:.1f} (BF16), "
+                       f"{fp8.memory_peak / GIB:.1f} (FP8) -> {rep.memory_peak / GIB:.1f} GiB per device (NVFP4 "
+                       "weight copies in, NVFP4 saved GEMM inputs out)",
+            "note": numerics_note(plan.train.fp8_recipe)}
 
 
 def pipeline_split_why(plan, ev, layouts) -> dict:

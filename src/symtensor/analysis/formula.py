@@ -15,7 +15,7 @@ them with sympy symbols instead of numbers returns the expression the model eval
     m                         a collective's message bytes (collectives.py conventions)
     alpha_<level>, B_<level>  latency (s) and bandwidth (bytes/s per device) of a link level
     eta_link                  achievable fraction of link bandwidth for the collective kind
-    S_fp8, C_fwd, C_bwd       under FP8, a GEMM's speedup over BF16 and its casts' bytes (cost/precision.py)
+    S_fp8, C_fwd, C_bwd       under FP8 (FP4), a GEMM's speedup over BF16 and its casts' bytes (cost/precision.py)
 
 Each formula comes with its value with the plan's numbers substituted, which equals what the cost
 model computes (tests hold them together).
@@ -30,7 +30,7 @@ import sympy as sp
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.engine import ENGINES
 from symtensor.cost.opcost import hbm_fraction, local_sizes, op_rates
-from symtensor.cost.precision import RECIPES, SAVED_FRACTION, cast_bytes, fp8_gemm, gemm_speedup
+from symtensor.cost.precision import RECIPES, cast_bytes, fp8_gemm, gemm_speedup
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
 
@@ -98,7 +98,7 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
     g = _sym("G") if gap and op.kind != "reshape" else sp.Integer(0)
     casts = fp8 is not None and fp8_gemm(op)
     if casts:  # an FP8 GEMM: its measured speedup, and its casts as memory-bound time (cost.precision)
-        values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device)
+        values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device, RECIPES[fp8])
         values["C_fwd"], values["C_bwd"] = cast_bytes(op, local, RECIPES[fp8], ENGINES[ev.framework].pytorch_kernels)
     if kind.memory_bound:
         fwd = _Roofline(hbm_time, add=g)
@@ -140,7 +140,7 @@ def collective_formula(ev, kind: str, nbytes: float, axes) -> dict:
 
 def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None, framework: str | None = None) -> dict:
     """Bytes of the op's saved activations per micro-batch on one device (before recomputation);
-    under ``fp8`` an FP8 GEMM keeps its inputs' FP8 copies (``precision.SAVED_FRACTION`` of the bytes); under
+    under ``fp8`` an FP8 GEMM keeps its inputs' FP8 copies (``Recipe.saved_fraction`` of the bytes); under
     ``framework`` (an engine name) the MoE combine keeps what that engine keeps (``cost.moe.saved_scale``)."""
     from symtensor.cost.engine import ENGINES
     from symtensor.cost.moe import saved_scale
@@ -156,7 +156,7 @@ def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None, framework: 
         dims = op.in_dims[idx] if io == "in" else op.out_dims[idx]
         term = sp.Integer(DTYPE_BYTES[ev.tensors[tname].dtype]) * sp.nsimplify(keeps)
         if fp8 is not None and io == "in" and fp8_gemm(op):
-            term = term * sp.nsimplify(SAVED_FRACTION)
+            term = term * sp.nsimplify(RECIPES[fp8].saved_fraction)
         for d in dims:
             term = term * sizes[d]
         expr = expr + term

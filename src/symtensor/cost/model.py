@@ -467,12 +467,14 @@ class _Accumulator:
         model_flops = ev.model_flops_per_microstep * m
         cap = ev.cluster.device.memory
         # MFU is over the peak of the GEMMs' precision: FP8's under FP8, as NVIDIA's FP8 benchmarks report it
-        # (dgxc-benchmarking llama3.1/README.md: "peak theoretical throughput for H100 FP8 is 1979 TFLOPS")
+        # (dgxc-benchmarking llama3.1/README.md: "peak theoretical throughput for H100 FP8 is 1979 TFLOPS"); FP4's
+        # under NVFP4 by the same rule
         return CostReport(
             step_time_s=step, breakdown=breakdown, memory=memory, memory_peak=allocated, capacity=cap,
             fits=reserved <= cap * MEMORY_HEADROOM, model_flops=model_flops, memory_reserved=reserved,
             tokens=train.global_batch * ev.graph.meta["seq"], n_devices=ev.cluster.n_devices,
-            peak_flops=ev.cluster.device.flops(ev.dtype if train.fp8 is None else "fp8"), comm_bytes=comm_bytes,
+            peak_flops=ev.cluster.device.flops(ev.dtype if train.fp8 is None else RECIPES[train.fp8].precision),
+            comm_bytes=comm_bytes,
             stage_times_s=per_mb)
 
 

@@ -74,26 +74,26 @@ def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=Non
     up to at least the whole op's (FLOPs are linear in every dim; every activation element is read or
     written by some device), so the roofline's larger term is at least each term's share. (Weights are
     left out: what they add depends on the micro-batch count, and this bound must not; FLOPs and
-    activations scale with the batch.) In FP8 a GEMM is charged at its largest speedup over any piece
+    activations scale with the batch.) In FP8 (FP4) a GEMM is charged at its largest speedup over any piece
     (``precision.floor_speedup``) and no casts."""
     sizes = op.dim_sizes
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims) if not tensors[t].param)
-    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee=0.0, floor=True,
-                  fp8="floor" if fp8 else None)
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee=0.0, floor=True, fp8=fp8)
     return t.fwd_s, t.bwd_s
 
 
 def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float,
               floor: bool = False, fp8=None) -> OpTime:
-    """The larger of compute and memory time of an op of these sizes moving ``nbytes``. An FP8
-    GEMM's FLOPs run ``speed`` times faster (``precision.gemm_speedup``; ``floor_speedup`` for
-    ``op_floor``); its knee (idle time, not FLOPs) does not."""
+    """The larger of compute and memory time of an op of these sizes moving ``nbytes``. An FP8 (FP4)
+    GEMM's FLOPs run ``speed`` times faster (``precision.gemm_speedup`` under ``fp8``'s recipe;
+    ``floor_speedup`` for ``op_floor``); its knee (idle time, not FLOPs) does not."""
     kind = kind_of(op.kind)
     flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype, floor)
     speed = 1.0
     if fp8 is not None and fp8_gemm(op):
-        speed = floor_speedup(op, sizes, device) if fp8 == "floor" else gemm_speedup(op, sizes, device)
+        recipe = fp8[0]
+        speed = floor_speedup(op, sizes, device, recipe) if floor else gemm_speedup(op, sizes, device, recipe)
     hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
     if kind.memory_bound:
         eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None

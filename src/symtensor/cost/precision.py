@@ -40,6 +40,34 @@ transposes between micro-batches (2 B per weight element besides the BF16 weight
 2/32 B); torchao casts them per forward (nothing resident). The GEMM inputs saved for the weight
 gradient are their FP8 (column-wise) copies, half the BF16 bytes: Transformer Engine's ``Linear``
 saves ``inputmat`` in FP8 under ``fp8_autocast``.
+
+FP4 (``--precision fp4``, recipe ``nvfp4``; Megatron-LM ``--fp4-format e2m1 --fp4-recipe nvfp4``): Transformer
+Engine's ``NVFP4BlockScaling`` (NVIDIA/TransformerEngine@d0067d0d transformer_engine/common/recipe/__init__.py;
+docs/features/low_precision_training/nvfp4/nvfp4.rst; arXiv:2509.25149) on Blackwell's FP4 Tensor Cores. The
+same GEMMs as FP8 run in FP4 (``fp8_gemm``: the layers' linear and expert GEMMs, forward, input gradient and
+weight gradient; TE's Linear under ``fp8_autocast`` with the NVFP4 recipe); attention (``fp8_dpa`` False by
+default), norms, the embedding, the LM head and the router stay BF16. E2M1 elements (0.5 B) with one E4M3 scale
+per 16 elements (1x16 blocks for activations and gradients, 16x16 blocks for weights: the stored scales are
+still one per 16 elements of each copy, ``scales`` shape [A, B/16]) and one FP32 scale per tensor from its amax:
+an amax pass reads the tensor first (``nvte_hadamard_transform_amax`` takes the plain amax and the Hadamard-
+transformed one in the same read), then the cast writes a row-wise copy and a transposed column-wise copy (NVFP4
+GEMMs are TN only); the column-wise copies of the input and the output gradient (the weight gradient's operands)
+pass a 16x16 random Hadamard transform inside the cast, gradients are stochastically rounded: per element 2 B
+(amax) + 2 B (read) + 2 x (0.5 + 1/16) B (the copies), memory-bound time as FP8's casts. Megatron keeps whole
+layers in BF16 only under ``--first-last-layers-bf16`` (default off; Megatron-Bridge's Llama 3 70B and 405B
+NVFP4 performance recipes leave it off, its GPT-OSS and Nemotron 3 Super ones keep the last 4 and 14 layers):
+not modelled, every layer's GEMMs are costed in FP4.
+
+The FP4 GEMM rate (``FP4_OVER_FP8``): an FP4 GEMM runs at the FP8 rate the cost model charges its shape
+(``gemm_speedup``) times the device's FP4/FP8 peak ratio times the measured ratio of the two kernels' fractions
+of their peaks. That ratio is Transformer Engine's own GEMM benchmark on B300 (docs/examples/gemm_profiling/
+gemm_profiling.rst @d0067d0d, "Autocast vs Pre-quantized", ``--pre-quantize``: kernel time only, the casts
+excluded as the cost model charges them apart): a 5B model's 12 layer GEMMs (M = 15,872 tokens, hidden 4,096,
+MLP 16,384) took 7.161 ms per layer in MXFP8 and 3.764 ms in NVFP4, 1.90x, against B300's 13,125 / 4,500 = 2.92x
+peak ratio (``hardware.cluster.B300_HGX``): the NVFP4 kernels reach 0.652 of the fraction of peak MXFP8's reach.
+Other devices and shapes take that ratio of fractions as a stated transfer: no other FP4 GEMM measurement was
+found (on B200 and GB200, whose FP4 peak is twice FP8's, FP4 GEMMs are charged 1.30x MXFP8's: likely low, since
+B300 added FP4 Tensor Core throughput without more memory bandwidth).
 """
 
 from __future__ import annotations
@@ -47,13 +75,15 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import kernels
-from symtensor.cost.engine import engine_named
+from symtensor.cost.engine import ALIASES, ENGINES, engine_named, refusal as engine_refusal
 from symtensor.errors import PlanError
+from symtensor.hardware import PRESETS
 
 # fp16: the whole model in FP16 with dynamic loss scaling (the engine's FP16 path, ``cost.engine.Engine.fp16``):
 # the GEMMs at the BF16 rate (the same Tensor Core peak; ``kernels.table_dtype``), its state and reduction the
 # engine's
-PRECISIONS = ("bf16", "fp8", "fp16")
+# fp4: the same GEMMs as FP8 in NVFP4 on Blackwell (the module docstring)
+PRECISIONS = ("bf16", "fp8", "fp16", "fp4")
 
 # Transformer Engine's docs ("Using FP8 with Transformer Engine"): Hopper and newer
 TE_DOCS = "Transformer Engine docs, 'Using FP8 with Transformer Engine' (transformer_engine/common/recipe)"
@@ -61,6 +91,15 @@ TE_DOCS = "Transformer Engine docs, 'Using FP8 with Transformer Engine' (transfo
 # amax_history_len 1024, amax_compute_algo "max"
 AMAX_HISTORY = 1024
 FP32 = 4  # bytes of a scale (blockwise) or an amax history entry
+NVFP4_SOURCE = ("Transformer Engine NVFP4BlockScaling (NVIDIA/TransformerEngine@d0067d0d transformer_engine/common/"
+                "recipe/__init__.py): E2M1 with an E4M3 scale per 16 elements (16x16 for weights) and an FP32 scale "
+                "per tensor, random Hadamard transforms on the weight gradient's inputs, stochastically rounded "
+                "gradients; arXiv:2509.25149")
+# The measured NVFP4 over MXFP8 GEMM fractions of peak (the module docstring): TE's B300 GEMM benchmark,
+# pre-quantized, per layer MXFP8 7.161 ms, NVFP4 3.764 ms (NVIDIA/TransformerEngine@d0067d0d docs/examples/
+# gemm_profiling/gemm_profiling.rst), over B300's FP4/FP8 dense peak ratio 13,125 / 4,500 TFLOP/s (HGX B300 spec,
+# ``hardware.cluster.B300_HGX``)
+FP4_OVER_FP8 = (7.161 / 3.764) / (13125 / 4500)
 
 
 @dataclass(frozen=True, slots=True)
@@ -76,6 +115,10 @@ class Recipe:
         needs_mx: runs only on Tensor Cores with microscaling (Blackwell).
         torchao: the name torchtitan's ``[float8] recipe_name`` takes for it, or None.
         source: where it is defined.
+        precision: the precision it scales (``fp8``, or ``fp4``: NVFP4).
+        element_bytes: bytes of one quantised element (FP8 1, E2M1 0.5).
+        saved_fraction: the bytes of the quantised copy of a GEMM input saved for the weight gradient over the
+            BF16 tensor's (``SAVED_FRACTION`` for FP8; NVFP4's column-wise copy with its scales, (0.5 + 1/16) / 2).
     """
 
     name: str
@@ -85,6 +128,9 @@ class Recipe:
     needs_mx: bool
     torchao: str | None
     source: str
+    precision: str = "fp8"
+    element_bytes: float = 1.0
+    saved_fraction: float = 0.5
 
 
 RECIPES = {r.name: r for r in (
@@ -94,14 +140,24 @@ RECIPES = {r.name: r for r in (
     Recipe("blockwise", FP32 / 128, False, False, False, None,
            f"{TE_DOCS}: Float8BlockScaling; DeepSeek-V3 (arXiv:2412.19437) 3.3.2; {kernels.DEEPGEMM}"),
     Recipe("mxfp8", 1 / 32, False, False, True, None, f"{TE_DOCS}: MXFP8BlockScaling (E8M0 scale per 32)"),
+    Recipe("nvfp4", 1 / 16, True, False, True, None, NVFP4_SOURCE, precision="fp4", element_bytes=0.5,
+           saved_fraction=(0.5 + 1 / 16) / 2),
 )}
 DEFAULT_RECIPE = "delayed"  # Megatron-LM's --fp8-recipe default
+FP4_RECIPE = "nvfp4"  # Megatron-LM's --fp4-recipe default and its one predefined FP4 recipe
 
 NUMERICS_NOTE = ("FP8 changes the numerics: GEMM operands are rounded to 8 bits (E4M3 forward, E5M2 "
                  "gradients under the hybrid format); check the loss curve against a BF16 run before "
                  "committing a long training run to it")
 # how a note of an FP8 plan ends: what FP8 leaves in BF16, and how to keep all of it BF16
 STAYS_BF16 = "attention, norms, embedding and LM head stay BF16; --precision bf16 keeps BF16"
+NUMERICS_NOTE_FP4 = ("NVFP4 changes the numerics more than FP8: GEMM operands are rounded to 4 bits (E2M1, a scale "
+                     "per 16 elements), gradients stochastically; NVIDIA's NVFP4 pre-training keeps some last layers "
+                     "in BF16 (Megatron-LM --first-last-layers-bf16, not costed here): check the loss curve against a "
+                     "BF16 or FP8 run before committing a long training run to it")
+FP8_RECIPES = tuple(name for name, r in RECIPES.items() if r.precision == "fp8")
+# the cluster presets whose device has FP4 Tensor Cores (Blackwell: an ``fp4`` peak)
+FP4_PRESETS = tuple(name for name, (device, _) in PRESETS.items() if "fp4" in device.peak_flops)
 
 
 def has_fp8(device) -> bool:
@@ -125,10 +181,17 @@ def default_recipe(device, framework: str = "megatron") -> str:
     return "tensorwise" if engine_named(framework).pytorch_kernels else DEFAULT_RECIPE
 
 
-def named_recipe(recipe: str | None, device, framework: str = "megatron") -> str:
-    """The FP8 recipe a run names, or where it names none (None) the device's and the engine's
-    default (``default_recipe``)."""
-    return default_recipe(device, framework) if recipe is None else recipe
+def named_recipe(recipe: str | None, device, framework: str = "megatron", precision: str = "fp8") -> str:
+    """The recipe a run names, or where it names none (None) the default: under FP8 the device's and the
+    engine's (``default_recipe``), under FP4 NVFP4 (``FP4_RECIPE``)."""
+    if recipe is not None:
+        return recipe
+    return FP4_RECIPE if precision == "fp4" else default_recipe(device, framework)
+
+
+def numerics_note(recipe: str) -> str:
+    """The numerics note of a plan whose GEMMs run under ``recipe``."""
+    return NUMERICS_NOTE_FP4 if RECIPES[recipe].precision == "fp4" else NUMERICS_NOTE
 
 
 def gemm_refusal(op, sizes) -> str | None:
@@ -156,14 +219,20 @@ def shape_refusal(model, tp: int, cp: int, tokens: int) -> str | None:
     return None
 
 
-def refusal(precision: str, recipe: str | None, device) -> str | None:
-    """Why ``precision`` with ``recipe`` does not run on ``device`` (one line with the fix), or None."""
+def refusal(precision: str, recipe: str | None, device, framework: str | None = None) -> str | None:
+    """Why ``precision`` with ``recipe`` does not run on ``device`` under ``framework`` (one line with the fix), or
+    None (``device``, ``framework``: None where not known yet)."""
     if precision not in PRECISIONS:
         return f"precision {precision!r}; use one of {', '.join(PRECISIONS)}"
+    if precision == "fp4":
+        return fp4_refusal(recipe, device, framework)
     if precision != "fp8":
         return None if recipe is None else f"an FP8 recipe ({recipe}) needs --precision fp8"
-    if recipe is not None and recipe not in RECIPES:
-        return f"FP8 recipe {recipe!r}; use one of {', '.join(RECIPES)}"
+    if recipe is not None and recipe not in FP8_RECIPES:
+        if recipe in RECIPES:
+            return (f"the {recipe} recipe scales FP4 GEMMs; use --precision fp4, or an FP8 recipe "
+                    f"({', '.join(FP8_RECIPES)})")
+        return f"FP8 recipe {recipe!r}; use one of {', '.join(FP8_RECIPES)}"
     if device is None:
         return None
     if not has_fp8(device):
@@ -172,6 +241,23 @@ def refusal(precision: str, recipe: str | None, device) -> str | None:
     if recipe is not None and RECIPES[recipe].needs_mx and not has_mx(device):
         return f"the {recipe} recipe needs Blackwell's microscaling Tensor Cores, which {device.name} lacks; use " \
                "--fp8-recipe delayed, tensorwise or blockwise"
+    return None
+
+
+def fp4_refusal(recipe: str | None, device, framework: str | None = None) -> str | None:
+    """Why NVFP4 does not run with ``recipe`` on ``device`` under ``framework`` (the engine's ``fp4`` refusal,
+    ``cost.engine.Engine.refuses``), or None."""
+    if recipe is not None and recipe != FP4_RECIPE:
+        return (f"--precision fp4 runs Transformer Engine's nvfp4 recipe (Megatron-LM's --fp4-recipe), not the FP8 "
+                f"recipe {recipe!r}; leave --fp8-recipe out or give nvfp4")
+    eng = ENGINES.get(ALIASES.get(framework, framework)) if framework is not None else None
+    why = engine_refusal(eng, fp4=True) if eng is not None else None
+    if why is not None:
+        return why
+    if device is not None and not has_mx(device):
+        other = "fp8" if has_fp8(device) else "bf16"
+        return (f"NVFP4 needs Blackwell's FP4 Tensor Cores (presets {', '.join(FP4_PRESETS)}), which {device.name} "
+                f"lacks; use --precision {other}")
     return None
 
 
@@ -212,11 +298,20 @@ def _tables(device) -> tuple:
     return src, src.peak_tflops["bf16"] * 1e12 / device.flops("bf16")
 
 
-def gemm_speedup(op, sizes, device) -> float:
+def fp4_factor(device) -> float:
+    """How much faster an FP4 GEMM runs than the same GEMM in FP8 on ``device``: its FP4/FP8 peak ratio times
+    the measured ratio of the NVFP4 and MXFP8 kernels' fractions of their peaks (``FP4_OVER_FP8``)."""
+    return device.flops("fp4") / device.flops("fp8") * FP4_OVER_FP8
+
+
+def gemm_speedup(op, sizes, device, recipe: Recipe | None = None) -> float:
     """How much faster ``op``'s GEMMs run in FP8 than in BF16 on ``device`` at local ``sizes``: the FP8
     over the BF16 peak times the FP8 over the BF16 fraction of ``cost.kernels`` at the GEMM's shape
     (grouped expert GEMMs: their tokens-per-expert curves). Floored at 1: below the BF16 table's
-    smallest measured GEMM its fraction is a clamp, not a measurement."""
+    smallest measured GEMM its fraction is a clamp, not a measurement. Under an FP4 ``recipe`` that times
+    ``fp4_factor``."""
+    if recipe is not None and recipe.precision == "fp4":
+        return gemm_speedup(op, sizes, device) * fp4_factor(device)
     dev, scale = _tables(device)
     m, n, k = gemm_shape(op, sizes)
     if "e" in op.in_dims[0] and "e" in op.in_dims[1]:
@@ -229,10 +324,13 @@ def gemm_speedup(op, sizes, device) -> float:
     return max(1.0, device.flops("fp8") / device.flops("bf16") * ratio)
 
 
-def floor_speedup(op, sizes, device) -> float:
+def floor_speedup(op, sizes, device, recipe: Recipe | None = None) -> float:
     """An upper bound of ``gemm_speedup`` over every piece of ``op`` (``sizes``: the whole op), for
     ``opcost.op_floor``: a piece's FP8 fraction is at most the whole GEMM's (the tables' envelopes do
-    not fall with FLOPs) and its BF16 fraction at least the table's smallest."""
+    not fall with FLOPs) and its BF16 fraction at least the table's smallest (under an FP4 ``recipe``
+    times ``fp4_factor``, a constant)."""
+    if recipe is not None and recipe.precision == "fp4":
+        return floor_speedup(op, sizes, device) * fp4_factor(device)
     dev, scale = _tables(device)
     m, n, k = gemm_shape(op, sizes)
     if "e" in op.in_dims[0] and "e" in op.in_dims[1]:
@@ -246,11 +344,11 @@ def floor_speedup(op, sizes, device) -> float:
 
 
 def cast_bytes(op, sizes, recipe: Recipe, weights_per_microbatch: bool) -> tuple[float, float]:
-    """Bytes the FP8 casts of ``op`` move per micro-batch, forward and backward (see the module
+    """Bytes the FP8 (or FP4) casts of ``op`` move per micro-batch, forward and backward (see the module
     docstring): the activation input forward and the output gradient backward, each read in BF16 and
-    written as two FP8 copies with their scales (plus an amax read under current scaling, and the amax
-    history rolled under delayed scaling); the weight forward when ``weights_per_microbatch``."""
-    per = 2.0 + 2.0 * (1.0 + recipe.scale_bytes) + (2.0 if recipe.amax_pass else 0.0)
+    written as two quantised copies with their scales (plus an amax read under current scaling and NVFP4,
+    and the amax history rolled under delayed scaling); the weight forward when ``weights_per_microbatch``."""
+    per = 2.0 + 2.0 * (recipe.element_bytes + recipe.scale_bytes) + (2.0 if recipe.amax_pass else 0.0)
     x = _product(op.in_dims[0], sizes)
     y = _product(op.out_dims[0], sizes)
     fwd, bwd = per * x, per * y
@@ -262,12 +360,13 @@ def cast_bytes(op, sizes, recipe: Recipe, weights_per_microbatch: bool) -> tuple
     return fwd, bwd
 
 
-# The FP8 copy of a GEMM input saved for the weight gradient, over the BF16 tensor's bytes
+# The FP8 copy of a GEMM input saved for the weight gradient, over the BF16 tensor's bytes (``Recipe.saved_fraction``)
 SAVED_FRACTION = 0.5
+assert all(r.saved_fraction == SAVED_FRACTION for r in RECIPES.values() if r.precision == "fp8")
 
 
 def weight_copy_bytes(recipe: Recipe, caches_weights: bool) -> float:
     """Bytes per weight element an engine keeps besides its weights under ``recipe``: the FP8 weight
-    and its transpose (2 B, with the recipe's scales) where it caches them (Transformer Engine), 0
-    where it casts per forward (torchao)."""
-    return 2.0 * (1.0 + recipe.scale_bytes) if caches_weights else 0.0
+    and its transpose (2 B, with the recipe's scales; NVFP4's two E2M1 copies 2 x (0.5 + 1/16) B) where it
+    caches them (Transformer Engine), 0 where it casts per forward (torchao)."""
+    return 2.0 * (recipe.element_bytes + recipe.scale_bytes) if caches_weights else 0.0

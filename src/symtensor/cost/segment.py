@@ -7,7 +7,7 @@ from __future__ import annotations
 from symtensor.cost import moe
 from symtensor.cost.engine import engine_of, hidden, tp_overlapped
 from symtensor.cost.opcost import OpTime, collectives_time, extra_saved_bytes, intra_collectives, local_sizes
-from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
+from symtensor.cost.precision import RECIPES, fp8_gemm
 from symtensor.cost.recompute import MODULES_PREFIX
 from symtensor.cost.train import SAC_OP, TrainConfig, layer_every
 from symtensor.layout import REPLICATED, OpLayout
@@ -349,7 +349,7 @@ class Segment:
                     nbytes = pbytes
             if fp8 and io == "in" and region is None:  # an FP8 GEMM keeps its own FP8 copy of the input
                 # (cost.precision; a checkpointed region keeps the input itself)
-                tname, nbytes = f"{tname}#fp8", nbytes * SAVED_FRACTION
+                tname, nbytes = f"{tname}#fp8", nbytes * RECIPES[self.train.fp8].saved_fraction
             nbytes *= load
             prev = self.saved.get(tname)
             if prev is None or nbytes < prev:

@@ -21,7 +21,7 @@ from symtensor.cost import moe
 from symtensor.cost.engine import Exposure, Unit, engine_of, exposure
 from symtensor.cost.opcost import collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.params import data_axes, weight_axes
-from symtensor.cost.precision import SAVED_FRACTION, fp8_gemm
+from symtensor.cost.precision import RECIPES, fp8_gemm
 from symtensor.cost.segment import forward_runs, recomputed
 from symtensor.cost.train import TrainConfig
 from symtensor.graph import op_saved_activations
@@ -121,9 +121,10 @@ def saved_bytes(ev, op, layout: OpLayout, train) -> float:
     saved = 0.0
     for io, idx, tname in op_saved_activations(op, ev.tensors):
         view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, False)
-        fp8 = train.fp8 is not None and io == "in" and fp8_gemm(op)  # its FP8 copy (cost.precision)
+        fp8 = train.fp8 is not None and io == "in" and fp8_gemm(op)  # its FP8 (FP4) copy (cost.precision)
         keeps = moe.saved_scale(op, io, idx, engine_of(train))  # the MoE combine's, per engine (cost.moe)
-        saved += ev.tensors[tname].nbytes / view.factor(ev.mesh) * (SAVED_FRACTION if fp8 else 1.0) * keeps
+        kept = RECIPES[train.fp8].saved_fraction if fp8 else 1.0
+        saved += ev.tensors[tname].nbytes / view.factor(ev.mesh) * kept * keeps
     return saved + extra_saved_bytes(op, layout, ev.mesh)
 
 

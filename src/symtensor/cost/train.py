@@ -129,7 +129,8 @@ class TrainConfig:
             it (``cost.engine.Engine.fp16``: its state, reduction and loss-scale check); ``fp8_recipe``: its
             scaling recipe as Megatron-LM names it (``delayed``, ``tensorwise``, ``blockwise``, ``mxfp8``), None
             without fp8 (with fp8: the
-            caller's device default, ``precision.default_recipe``, else Megatron-LM's ``delayed``).
+            caller's device default, ``precision.default_recipe``, else Megatron-LM's ``delayed``); or ``fp4``:
+            the same GEMMs in NVFP4 on Blackwell, ``fp8_recipe`` then ``nvfp4`` (Megatron-LM's --fp4-recipe).
         moe_dispatcher: the MoE token dispatcher, ``alltoall`` (Megatron's and torchtitan's NCCL
             all-to-all), ``deepep`` (DeepEP's normal kernels) or ``hybridep`` (NVIDIA's HybridEP, Megatron's
             flex dispatcher's hybridep backend; ``cost.moe``), where the engine runs it
@@ -214,7 +215,10 @@ class TrainConfig:
             raise PlanError("virtual pipeline stages (vpp > 1) need pp > 1")
         if self.precision == "fp8" and self.fp8_recipe is None:
             object.__setattr__(self, "fp8_recipe", _precision.DEFAULT_RECIPE)
-        why = _precision.refusal(self.precision, self.fp8_recipe, None)
+        if self.precision == "fp4" and self.fp8_recipe is None:
+            object.__setattr__(self, "fp8_recipe", _precision.FP4_RECIPE)
+        why = _precision.refusal(self.precision, self.fp8_recipe, None,
+                                 self.framework if self.precision == "fp4" else None)
         if why is not None:
             raise PlanError(why)
         _moe.check(self)
@@ -260,8 +264,8 @@ class TrainConfig:
 
     @property
     def fp8(self) -> str | None:
-        """The FP8 recipe the linear GEMMs run under, or None in BF16."""
-        return self.fp8_recipe if self.precision == "fp8" else None
+        """The FP8 (or, under ``fp4``, NVFP4) recipe the linear GEMMs run under, or None in BF16."""
+        return self.fp8_recipe if self.precision in ("fp8", "fp4") else None
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:
         """Layers per pipeline rank (the sums of its virtual stages, ``chunk_layers``)."""

@@ -53,6 +53,7 @@ def evaluate_command(plan, p: Parallelism) -> str:
     flags = flags.replace("_", "-") + (" --sp" if p.sp else "") + f" --recompute {p.recompute}"
     flags += f" --framework {p.framework}" if p.framework != DEFAULT_FRAMEWORK else ""
     flags += f" --precision fp8 --fp8-recipe {p.fp8_recipe}" if p.precision == "fp8" else ""
+    flags += " --precision fp4" if p.precision == "fp4" else ""
     flags += " --precision fp16" if p.precision == "fp16" else ""
     flags += f" --dp-shard {p.dp_shard}" if p.hsdp else ""
     return f"symtensor evaluate {model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} {flags}"

@@ -17,8 +17,8 @@ from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
 
 # Megatron-LM's distributed optimizer is ZeRO-1 (megatron/core/optimizer/distrib_optimizer.py), Megatron-FSDP's
 # optim_grads_params ZeRO-3 (megatron/core/distributed/fsdp, as cost.engine's megatron engine charges it); it runs
-# context parallelism and any expert grid the configuration rule accepts
-CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1, 2, 3))
+# context parallelism and any expert grid the configuration rule accepts, in BF16, FP8 or NVFP4 (--fp4-format)
+CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1, 2, 3), precision=("bf16", "fp8", "fp4"))
 
 # The Megatron-LM whose Megatron-FSDP arguments ``fsdp_args`` writes and ``fsdp_problems`` checks
 # (megatron/training/arguments.py ``validate_args``): NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22). The flag is
@@ -63,18 +63,27 @@ def fsdp_args(p: Parallelism) -> list[str]:
 
 
 def fp8_refusal(p: Parallelism, model) -> str | None:
-    """Why Transformer Engine would refuse an FP8 plan's GEMM shapes at launch (``precision.shape_refusal``)."""
-    if p.precision != "fp8":
+    """Why Transformer Engine would refuse an FP8 (or NVFP4: the same ``assert_dim_for_fp8_exec``) plan's GEMM
+    shapes at launch (``precision.shape_refusal``)."""
+    if p.precision not in ("fp8", "fp4"):
         return None
     why = shape_refusal(model, p.tp, p.cp, p.micro_batch * p.seq)
-    return None if why is None else f"Transformer Engine would refuse this FP8 plan at launch: {why}; plan it in BF16"
+    what = "FP8" if p.precision == "fp8" else "NVFP4"
+    return None if why is None else f"Transformer Engine would refuse this {what} plan at launch: {why}; plan it in " \
+        "BF16"
 
 
 def precision_args(p: Parallelism) -> list[str]:
     """BF16, and under FP8 Transformer Engine's recipe (megatron/training/arguments.py ``--fp8-format``,
     ``--fp8-recipe``): the hybrid format (E4M3 forward, E5M2 gradients) except MXFP8, which runs E4M3
     throughout (Transformer Engine's ``MXFP8BlockScaling`` default); delayed scaling with the amax history
-    the cost model charges (``precision.AMAX_HISTORY``, NeMo's)."""
+    the cost model charges (``precision.AMAX_HISTORY``, NeMo's). Under FP4 Transformer Engine's NVFP4 recipe
+    (megatron/core/transformer/transformer_config.py ``fp4``: ``--fp4-format e2m1``, ``fp4_recipe``: ``--fp4-recipe
+    nvfp4``; NVIDIA/Megatron-LM@d98e8a64): every layer in FP4, as the cost model charges it (Megatron's default,
+    no --first-last-layers-bf16), and without --fp4-param-gather (Megatron-Bridge's bf16_with_nvfp4_mixed sets it:
+    FP4 weights all-gathered, which the cost model does not charge; add it by hand to run that)."""
+    if p.precision == "fp4":
+        return ["--bf16", "--fp4-format e2m1", f"--fp4-recipe {p.fp8_recipe}"]
     if p.precision != "fp8":
         return ["--bf16"]
     recipe = RECIPES[p.fp8_recipe]

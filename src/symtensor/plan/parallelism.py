@@ -96,7 +96,8 @@ class Parallelism:
         framework: the engine whose semantics the costs follow (``cost.engine``).
         precision: ``bf16`` or ``fp8`` (the layers' linear GEMMs, ``cost.precision``), or ``fp16`` (the
             model in FP16 with dynamic loss scaling, where the engine models it: ``cost.engine.Engine.fp16``);
-            fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16.
+            fp8_recipe: its scaling recipe (``--fp8-recipe``), None in BF16; or ``fp4`` (the same GEMMs in
+            NVFP4 on Blackwell), fp8_recipe then ``nvfp4``.
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
         moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap, grad_reduce_bf16,
@@ -229,7 +230,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         v = getattr(p, key)
         if not isinstance(v, int) or v <= 0:
             return f"{key} must be a positive integer, got {v!r}"
-    why = _precision.refusal(p.precision, p.fp8_recipe, device) or _stack.refusal(p)
+    why = _precision.refusal(p.precision, p.fp8_recipe, device, p.framework) or _stack.refusal(p)
     if why is not None:
         return why
     why = _modules.refusal(p.recompute, framework=p.framework, model=model, shared_overlap=p.moe_shared_overlap,
@@ -291,7 +292,7 @@ def engine_refusal(p: Parallelism) -> str | None:
         return None
     return _engine.refusal(eng, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8", hsdp=p.hsdp,
                            layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE and not modules,
-                           fp16=p.precision == "fp16")
+                           fp16=p.precision == "fp16", fp4=p.precision == "fp4")
 
 
 def _expert_refusal(p: Parallelism, model) -> str | None:

@@ -16,7 +16,7 @@ import time
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.opcost import local_sizes
-from symtensor.cost.precision import NUMERICS_NOTE, STAYS_BF16, fp8_gemm, gemm_refusal
+from symtensor.cost.precision import STAYS_BF16, fp8_gemm, gemm_refusal, numerics_note
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
@@ -363,7 +363,7 @@ def finish(s: OuterSearch, t0: float, zero_variants: bool = True) -> Plan:
     # (devices that repeat work: plan.summary.repeated_work_note, in the plan's JSON notes)
     notes = [fp8_bought] if fp8_bought else []
     if best.train.fp8 is not None:
-        notes.append(NUMERICS_NOTE)
+        notes.append(numerics_note(best.train.fp8))
     if s.best is not None:  # hybrid sharding: a variant of the best point (search.grid.hybrid_variant)
         best, note = hybrid_variant(s.pool.get(best.train.graph_batch, best.train.pp), best)
         notes += [note] if note else []

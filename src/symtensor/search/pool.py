@@ -74,19 +74,21 @@ class EvaluatorPool:
         """``graph_factory(graph_batch)`` supplies the graphs (a captured model); default: the
         builders' skeleton graphs of ``cfg``. ``framework``: the engine every configuration of
         this search is costed under (``cost.engine``). ``precision``: ``bf16`` or ``fp8`` (under
-        ``fp8_recipe``, default the device's) for every configuration; None: BF16, and the search
-        may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``).
+        ``fp8_recipe``, default the device's) or ``fp4`` (NVFP4) for every configuration; None: BF16, and the
+        search may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``; never FP4,
+        which changes the numerics more and is only costed where asked for).
         ``stack``: the stated facts of the user's stack (``plan.stack.Stack``: how the MoE layers run, the
         gradient reduction's dtype, the allocator) that every configuration carries; only the facts that differ
         from the defaults, so a search without them is today's."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
         self.framework = framework
-        why = precision_refusal(precision or "bf16", fp8_recipe if precision else None, cluster.device)
+        why = precision_refusal(precision or "bf16", fp8_recipe if precision else None, cluster.device, framework)
         if why is not None:
             raise PlanError(why)
-        recipe = named_recipe(fp8_recipe or None, cluster.device, framework)  # (an empty name names none)
+        # (an empty name names none; FP4, opt-in: never a variant the search chooses itself)
+        recipe = named_recipe(fp8_recipe or None, cluster.device, framework, precision or "fp8")
         self.precision = precision or "bf16"
-        self.fp8_recipe = recipe if precision == "fp8" else None
+        self.fp8_recipe = recipe if precision in ("fp8", "fp4") else None
         self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None
         self.stack = stack or Stack()  # the stack facts this search holds
         if self.stack.cpu_offload_layers:  # (the points with pipeline stages or recomputation run without it)
