@@ -89,7 +89,8 @@ MODELS = {"LLAMA3_8B": ("llama3-8b", "llama3_8b", "llama"), "LLAMA3_70B": ("llam
 # current-scaling recipe: the only non-MX FP8 recipe of every model and GPU those rows name (fp8cs)
 PRECISIONS = {"BF16": ("bf16", None, "bf16"), "FP8": ("fp8", "tensorwise", "fp8cs"),
               "FP8-CS": ("fp8", "tensorwise", "fp8cs"), "FP8-DS": ("fp8", "delayed", "fp8ds"),
-              "FP8-MX": ("fp8", "mxfp8", "fp8mx"), "MXFP8": ("fp8", "mxfp8", "fp8mx")}
+              "FP8-MX": ("fp8", "mxfp8", "fp8mx"), "MXFP8": ("fp8", "mxfp8", "fp8mx"),
+              "NVFP4": ("fp4", "nvfp4", "nvfp4")}
 DENSE = {"llama3-8b", "llama3-70b", "llama3-405b"}
 LAYERS = {"llama3-8b": 32, "llama3-70b": 80, "llama3-405b": 126}  # block recomputation is only stated for these
 
@@ -291,7 +292,7 @@ def describe(r: dict, systems: dict) -> tuple[dict | None, str, str]:
     if not r.get("precision"):
         return None, "precision not stated (the 25.09 tables have no Precision column)", ""
     if r["precision"] not in PRECISIONS:
-        return None, f"precision {r['precision']}: not modelled (bf16, FP8 current/delayed scaling, MXFP8)", ""
+        return None, f"precision {r['precision']}: not modelled (bf16, FP8 current/delayed scaling, MXFP8, NVFP4)", ""
     if "tokendrop" in r["model_name"]:
         return None, "token-dropping MoE run: its capacity factor is not stated", ""
     preset, gpu = systems[r["system"]]
@@ -350,6 +351,8 @@ def describe(r: dict, systems: dict) -> tuple[dict | None, str, str]:
                 notes.append("recipe layout not taken (other degrees)")
         if "deepep" in r["dispatcher"]:
             stack["moe_dispatcher"] = "deepep"
+        elif "hybridep" in r["dispatcher"]:  # costed since the fifth session (cost.moe, HybridEP's measured rows)
+            stack["moe_dispatcher"] = "hybridep"
         elif r["dispatcher"].startswith("flex"):
             notes.append(f"{r['dispatcher']} dispatcher costed as alltoall")
         stack["moe_ep_overlap"] = r["ep_overlap"] == "True" and model not in DENSE
