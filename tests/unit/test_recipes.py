@@ -203,7 +203,8 @@ def test_a_layout_string_that_does_not_give_the_recipes_stages_is_refused():
 def test_performance_recipes_carry_the_stack_their_launch_states():
     """Megatron-Bridge's performance recipes reduce gradients in bf16 (``_benchmark_common``) and run the allocator
     with expandable segments (their ``env_vars``; not the Megatron-FSDP row with CPU offloading), Qwen3-235B on H100
-    also overlaps the expert-parallel communication; the library recipes state no stack fact."""
+    also overlaps the expert-parallel communication, the Qwen3 MoE recipes that set the flex dispatcher's HybridEP
+    backend run it; the library recipes state no stack fact but that dispatcher."""
     from symtensor.plan.stack import Stack
 
     perf = [r for r in recipes.RECIPES if r.kind == "performance" and r.repo == recipes.BRIDGE]
@@ -211,4 +212,8 @@ def test_performance_recipes_carry_the_stack_their_launch_states():
     assert [r.name for r in perf if not r.stack.expandable_segments] == ["llama3_70b_pretrain_64gpu_gb200_bf16_config"]
     qwen = next(r for r in perf if r.name == "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config")
     assert qwen.stack.moe_ep_overlap
-    assert all(r.stack == Stack() for r in recipes.RECIPES if r.kind == "pretrain")
+    hybrid = sorted(r.name for r in recipes.RECIPES if r.stack.moe_dispatcher == "hybridep")
+    assert hybrid == ["qwen3_235b_a22b_pretrain_256gpu_gb200_bf16_config",
+                      "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", "qwen3_30b_a3b_pretrain_8gpu_b200_bf16_config",
+                      "qwen3_30b_a3b_pretrain_8gpu_gb200_bf16_config"]
+    assert all(r.stack in (Stack(), Stack(moe_dispatcher="hybridep")) for r in recipes.RECIPES if r.kind == "pretrain")

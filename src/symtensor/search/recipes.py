@@ -153,6 +153,11 @@ _PERF_STACK = Stack(expandable_segments=True, grad_reduce_bf16=True)
 # on 256 H100 (CommOverlapConfig(overlap_moe_expert_parallel_comm=True, delay_wgrad_compute=True)) and GPT-OSS-120B
 # on 64 GB200
 _PERF_EP_OVERLAP = Stack(expandable_segments=True, grad_reduce_bf16=True, moe_ep_overlap=True)
+# ... and those whose own function sets cfg.model.moe_token_dispatcher_type = "flex" with
+# moe_flex_dispatcher_backend = "hybridep" (perf_recipes/qwen/{b200,gb200}/qwen3_moe.py: Qwen3-30B-A3B on 8 B200 and
+# 8 GB200, Qwen3-235B-A22B on 256 GB200): NVIDIA's HybridEP dispatcher (``cost.moe``). Recipes that inherit the
+# dispatcher from a library recipe keep all-to-all unless that recipe states otherwise.
+_PERF_HYBRIDEP = Stack(expandable_segments=True, grad_reduce_bf16=True, moe_dispatcher="hybridep")
 
 
 def _bridge(model, name, path, gpu, devices, seq, tp, pp, **kw) -> Recipe:
@@ -194,7 +199,7 @@ RECIPES: tuple[Recipe, ...] = (
     _bridge("qwen2-72b", "qwen2_72b_pretrain_32gpu_h100_bf16_config", _LIB + "qwen/h100/qwen2.py", "h100", 32, 4096,
             8, 4, micro_batch=2, global_batch=32, default=True, notes="sequence parallelism off, as stated"),
     _bridge("qwen3-30b-a3b", "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", _QWEN3, "h100", 16, 4096, 1, 1, ep=16,
-            global_batch=1024, default=True, notes="HybridEP flex dispatcher (dispatch costed as all-to-all)"),
+            global_batch=1024, default=True, stack=Stack(moe_dispatcher="hybridep"), notes="HybridEP flex dispatcher"),
     _bridge("qwen3-30b-a3b", "qwen3_30b_a3b_pretrain_8gpu_h100_bf16_config", _QWEN3, "h100", 8, 4096, 4, 2, ep=4,
             sp=True, recompute="full", recompute_detail=_FULL1, micro_batch=2, global_batch=32),
     _bridge("qwen3-235b-a22b", "qwen3_235b_a22b_pretrain_256gpu_h100_bf16_config", _QWEN3, "h100", 256, 4096, 4, 16,
@@ -242,7 +247,7 @@ RECIPES: tuple[Recipe, ...] = (
     _bridge("llama3-405b", "llama31_405b_pretrain_128gpu_b200_bf16_config", _PERF + "llama/b200/llama31.py", "b200",
             128, 8192, 4, 16, vpp=8, sp=True, pp_layout=_SLOTS, global_batch=768),
     _bridge("qwen3-30b-a3b", "qwen3_30b_a3b_pretrain_8gpu_b200_bf16_config", _PERF + "qwen/b200/qwen3_moe.py", "b200",
-            8, 4096, 1, 1, ep=8, micro_batch=4, global_batch=512),
+            8, 4096, 1, 1, ep=8, micro_batch=4, global_batch=512, stack=_PERF_HYBRIDEP),
     _bridge("qwen3-235b-a22b", "qwen3_235b_a22b_pretrain_256gpu_b200_bf16_config", _PERF + "qwen/b200/qwen3_moe.py",
             "b200", 256, 4096, 1, 8, vpp=4, ep=8, pp_layout=_SLOTS, global_batch=8192),
     _bridge("deepseek-v3", "deepseek_v3_pretrain_256gpu_b200_bf16_config", _PERF + "deepseek/b200/deepseek_v3.py",
@@ -259,9 +264,10 @@ RECIPES: tuple[Recipe, ...] = (
     _bridge("llama3-405b", "llama31_405b_pretrain_256gpu_gb200_bf16_config", _PERF + "llama/gb200/llama31.py",
             "gb200", 256, 8192, 4, 16, vpp=8, sp=True, pp_layout=_SLOTS, global_batch=1536),
     _bridge("qwen3-30b-a3b", "qwen3_30b_a3b_pretrain_8gpu_gb200_bf16_config", _PERF + "qwen/gb200/qwen3_moe.py",
-            "gb200", 8, 4096, 1, 1, ep=8, micro_batch=4, global_batch=512),
+            "gb200", 8, 4096, 1, 1, ep=8, micro_batch=4, global_batch=512, stack=_PERF_HYBRIDEP),
     _bridge("qwen3-235b-a22b", "qwen3_235b_a22b_pretrain_256gpu_gb200_bf16_config", _PERF + "qwen/gb200/qwen3_moe.py",
-            "gb200", 256, 4096, 1, 8, ep=8, pp_layout=_SLOTS, global_batch=8192),
+            "gb200", 256, 4096, 1, 8, ep=8, pp_layout=_SLOTS, global_batch=8192,
+            stack=_PERF_HYBRIDEP),
     _bridge("deepseek-v3", "deepseek_v3_pretrain_256gpu_gb200_bf16_config", _PERF + "deepseek/gb200/deepseek_v3.py",
             "gb200", 256, 4096, 1, 4, vpp=4, ep=64, recompute="modules:mla_up_proj",
             recompute_detail="selective: mla_up_proj", pp_layout=_DSV3_16, global_batch=4096),
