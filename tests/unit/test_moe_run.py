@@ -59,11 +59,27 @@ def test_deepep_sends_each_token_once_per_node():
     cl = load_cluster("dgx-h100", devices=256)
     levels, counts = cl.levels, [8, 4] + [1] * (len(cl.levels) - 2)
     nbytes = 2048 * 8 * 4096 * 2  # 2,048 tokens, top-8 copies, hidden 4,096, bf16
-    t = moe.deepep_time(nbytes, counts, levels, 128, 8)
+    t = moe.deepep_time(nbytes, counts, levels, 128, 8, cl.device)
     rdma = nbytes / 8 * moe.distinct(128, 8, 4) * 3 / 4 / (levels[1].bandwidth * moe.DEEPEP_RDMA_FRACTION)
     assert t == pytest.approx(rdma + levels[0].latency + levels[1].latency)
     from symtensor.cost.collectives import collective_time
     assert t < collective_time("all_to_all", nbytes, counts, levels)
+
+
+def test_deepep_on_blackwell_nvlink_runs_at_its_measured_gb200_rows():
+    """Inside a GB200 NVL72 domain DeepEP's normal kernels move what DeepEP's measured GB200 rows say (16 ranks at 20
+    SMs: dispatch 385.6, combine 328.3 GB/s of algorithm bandwidth, 15/16 of it crossing), not H800's 153/160 of the
+    link: 16 ranks at their harmonic mean, by hand."""
+    cl = load_cluster("gb200-nvl72", devices=64)
+    levels, counts = cl.levels, [16] + [1] * (len(cl.levels) - 1)
+    nbytes = 4096 * 8 * 7168 * 2  # 4,096 tokens, top-8 copies, hidden 7,168, bf16
+    t = moe.deepep_time(nbytes, counts, levels, 256, 8, cl.device)
+    dispatch, combine = (328.80 + 442.47) / 2, (278.34 + 378.32) / 2
+    rate = 2 / (1 / dispatch + 1 / combine) * 1e9 * 15 / 16  # bytes/s of the bytes that cross
+    crossing = nbytes / 8 * moe.distinct(256, 8, 16) * 15 / 16
+    assert t == pytest.approx(crossing / rate + levels[0].latency)
+    hopper = moe.deepep_time(nbytes, counts, levels, 256, 8, load_cluster("dgx-h100", devices=8).device)
+    assert hopper < t / 2  # H800's fraction of the same link would make it more than twice as fast
 
 
 def test_deepep_evaluation_cuts_cross_node_dispatch():

@@ -18,7 +18,20 @@ Dispatchers (``TrainConfig.moe_dispatcher``):
               EP 8 dispatch 153 GB/s, combine 158 GB/s; internode EP 16 43 GB/s, EP 32 58 GB/s,
               EP 64 51 GB/s (the internode figures are "logical" and include the local-rank share).
               Taken as fractions of the link: NVLink 153/160, RDMA 43/50 (the lowest measured row:
-              this module counts only the bytes that leave the node).
+              this module counts only the bytes that leave the node). On Blackwell's NVLink 5 (the devices
+              with an FP4 peak, ``precision.has_mx``: HGX B200/B300 and the GB200/GB300 NVL72 domains) DeepEP
+              moves far less than its Hopper fraction of the link: the measured "Torch API" algorithm
+              bandwidths of DeepEP's normal kernels on GB200 (deepseek-ai/DeepEP@94a9f8f6b146c07d97ec58f67cd6d303
+              296d6098, branch hybrid-ep, docs/README_Hybrid-EP.md, "DeepEP Performance Results", BF16 dispatch and
+              combine at 8, 16 and 24 ranks, 4,096 tokens of hidden 7,168, top-8) are taken by the HybridEP
+              rule below (``DEEPEP_NVL5_ROWS``: the row of the fewest measured ranks >= the group's ranks in
+              the domain, 24's beyond, its harmonic mean times (n - 1)/n over the 900 GB/s NVLink 5), at
+              DeepEP's default 20 SMs (deep_ep/buffer.py ``Buffer.num_sms = 20``, which Megatron keeps when
+              --moe-flex-dispatcher-num-sms is unset): the mean of the measured 16- and 24-SM rows. The
+              24-rank combine (145 GB/s) is measured as such (DeepEP's normal kernels forward over at most 8
+              NVLink peers; Megatron-LM@d98e8a64dd transformer_config.py: "Currently only 'hybridep' backend
+              supports the MNNVL case"). B200's own 8-rank DeepEP row (the same file: 421 / 361 GB/s at 20
+              SMs) is within 4% of GB200's (437 / 368).
     hybridep  NVIDIA's HybridEP (Megatron ``--moe-token-dispatcher-type flex --moe-flex-dispatcher-backend
               hybridep``, what its Blackwell recipes run; torchtitan's ``comm_backend="hybridep"``): the same
               two-level route as DeepEP, deduplicated the same way ("Similar to DeepEP, Hybrid-EP first
@@ -127,6 +140,7 @@ from statistics import NormalDist
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.engine import ALIASES, ENGINES, pipeline_window
+from symtensor.cost.precision import has_mx
 from symtensor.errors import PlanError
 
 DISPATCHERS = ("alltoall", "deepep", "hybridep")
@@ -135,6 +149,12 @@ ROUTINGS = ("balanced", "aux_loss")
 # deepseek-ai/DeepEP docs/legacy.md @ 0297fc8 (normal kernels, H800): bottleneck bandwidth over the link's
 DEEPEP_NVLINK_FRACTION = 153 / 160  # intranode EP 8 dispatch 153 GB/s of ~160 GB/s NVLink
 DEEPEP_RDMA_FRACTION = 43 / 50  # internode EP 16 dispatch 43 GB/s of ~50 GB/s CX7 (the lowest row)
+# deepseek-ai/DeepEP@94a9f8f6b146c07d97ec58f67cd6d303296d6098 docs/README_Hybrid-EP.md, DeepEP's GB200 "Torch API"
+# rows (ranks, BF16 dispatch GB/s, combine GB/s) at DeepEP's default 20 SMs: the mean of the 16- and 24-SM rows
+# (8: 362.01/310.21 and 512.72/425.95; 16: 328.80/278.34 and 442.47/378.32; 24: 324.64/126.53 and 450.22/163.62)
+DEEPEP_NVL5_ROWS = ((8, (362.01 + 512.72) / 2, (310.21 + 425.95) / 2),
+                    (16, (328.80 + 442.47) / 2, (278.34 + 378.32) / 2),
+                    (24, (324.64 + 450.22) / 2, (126.53 + 163.62) / 2))
 
 # deepseek-ai/DeepEP@94a9f8f6b146c07d97ec58f67cd6d303296d6098 (branch hybrid-ep) docs/README_Hybrid-EP.md, HybridEP's
 # "Torch API" algorithm bandwidths in GB/s (BF16 dispatch, combine) by the group's ranks in one NVLink domain: the
@@ -273,13 +293,16 @@ def distinct(experts: int, top_k: int, groups: int) -> float:
     return groups * (1.0 - miss)
 
 
-def deepep_time(nbytes: float, counts, levels, experts: int, top_k: int) -> float:
+def deepep_time(nbytes: float, counts, levels, experts: int, top_k: int, device) -> float:
     """Seconds of one DeepEP normal dispatch (or combine) whose alltoall buffer would be ``nbytes``
     per device (top_k copies of each token) over a group with ``counts`` members per level
     (innermost, the NVLink domain, first): RDMA carries each token once per remote node holding one
     of its experts, NVLink once per other rank of a node that does; both run at once, the slower
-    bounds it; one latency per level, as the kernel launches once."""
-    return two_level_time(nbytes, counts, levels, experts, top_k, DEEPEP_NVLINK_FRACTION, DEEPEP_RDMA_FRACTION)
+    bounds it; one latency per level, as the kernel launches once. On ``device``'s NVLink: H800's
+    measured fraction, or on Blackwell GB200's measured rows (the module docstring)."""
+    nvl = hybridep_fraction(DEEPEP_NVL5_ROWS, counts[0], HYBRIDEP_NVL_LINK_GBPS) if has_mx(device) \
+        else DEEPEP_NVLINK_FRACTION
+    return two_level_time(nbytes, counts, levels, experts, top_k, nvl, DEEPEP_RDMA_FRACTION)
 
 
 def hybridep_fraction(rows, n: int, link_gbps: float) -> float:
@@ -295,7 +318,7 @@ def hybridep_fraction(rows, n: int, link_gbps: float) -> float:
     return 2.0 / (1.0 / dispatch + 1.0 / combine) * (m - 1) / m / link_gbps
 
 
-def hybridep_time(nbytes: float, counts, levels, experts: int, top_k: int) -> float:
+def hybridep_time(nbytes: float, counts, levels, experts: int, top_k: int, device=None) -> float:
     """Seconds of one HybridEP dispatch (or combine) whose alltoall buffer would be ``nbytes`` per device,
     as ``deepep_time`` routes it, at HybridEP's measured fractions of the NVLink domain (the group's
     ranks in it, ``counts[0]``) and of the scale-out NIC (the domains it spans) (the module docstring)."""
@@ -346,7 +369,8 @@ def edge_seconds(seconds: float, colls, ev, train, load: float) -> float:
     for c in colls:
         counts = level_counts(c.axes, ev.mesh, len(ev.levels))
         if c.kind == "all_to_all" and train.moe_dispatcher in _TWO_LEVEL:
-            t = _TWO_LEVEL[train.moe_dispatcher](c.nbytes, counts, ev.levels, cfg.experts, cfg.top_k)
+            t = _TWO_LEVEL[train.moe_dispatcher](c.nbytes, counts, ev.levels, cfg.experts, cfg.top_k,
+                                                 ev.cluster.device)
         else:
             t = collective_time(c.kind, c.nbytes, counts, ev.levels, ev.eff.link_for(c.kind))
         total += t * (load if c.kind == "all_to_all" else 1.0)
