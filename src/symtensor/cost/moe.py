@@ -9,7 +9,7 @@ Dispatchers (``TrainConfig.moe_dispatcher``):
     alltoall  Megatron's MoEAlltoAllTokenDispatcher (and torchtitan's all-to-all): the permuted
               buffer, top_k copies per token, through one NCCL all-to-all (``cost.collectives``).
     deepep    DeepEP's normal kernels (Megatron ``--moe-token-dispatcher-type flex
-              --moe-enable-deepep``): a token goes once to each node that holds one of its experts
+              --moe-flex-dispatcher-backend deepep``): a token goes once to each node that holds one of its experts
               (RDMA) and from there once to each rank of that node that does (NVLink forwarding),
               so the bytes are the token times the expected number of distinct nodes / ranks its
               top_k experts fall on (``distinct``), not top_k. Measured bottleneck bandwidths

@@ -241,14 +241,15 @@ def _moe_args(cfg, p: Parallelism) -> list[str]:
 
 def dispatcher_args(p: Parallelism) -> list[str]:
     """The token dispatcher and routing the cost model followed (``cost.moe``; megatron/training/
-    arguments.py): ``--moe-token-dispatcher-type alltoall``, or ``flex`` with ``--moe-enable-deepep``
-    (DeepEP's normal kernels) or ``--moe-flex-dispatcher-backend hybridep`` (HybridEP; megatron/core/
+    arguments.py): ``--moe-token-dispatcher-type alltoall``, or ``flex`` with ``--moe-flex-dispatcher-backend
+    deepep`` (DeepEP's normal kernels; --moe-enable-deepep is deprecated: transformer_config.py "Please use
+    --moe-flex-dispatcher-backend=deepep instead") or ``hybridep`` (HybridEP; megatron/core/
     transformer/moe/README.md's dispatcher table); under auxiliary-loss routing its load-balancing type, and a capacity
     factor with Megatron's default drop policy stated (``probs``: the lowest-probability tokens go); the
     expert all-to-alls overlapped across micro-batches (``moe_ep_overlap``). Balanced routing, the cost
     model's default, is left to the run (a benchmark adds
     ``--moe-router-force-load-balancing``)."""
-    args = {"deepep": ["--moe-token-dispatcher-type flex", "--moe-enable-deepep"],
+    args = {"deepep": ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"],
             "hybridep": ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep"]}.get(
         p.moe_dispatcher, ["--moe-token-dispatcher-type alltoall"])
     if p.moe_routing == "aux_loss":
