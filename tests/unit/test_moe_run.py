@@ -143,7 +143,8 @@ def test_megatron_export_states_the_dispatcher_capacity_and_overlap():
     args = megatron_args(megatron_plan(TINY, cl, moe_dispatcher="deepep", moe_capacity_factor=1.25,
                                        moe_routing="aux_loss", **base))
     for flag in ("--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep",
-                 "--moe-expert-capacity-factor 1.25", "--moe-token-drop-policy probs", "--moe-router-load-balancing-type aux_loss"):
+                 "--moe-expert-capacity-factor 1.25", "--moe-token-drop-policy probs",
+                 "--moe-router-load-balancing-type aux_loss"):
         assert flag in args
     shared = load_model_config("tiny-qwen3-moe", ["shared_ffn=32"])
     assert "--moe-shared-expert-overlap" in megatron_args(megatron_plan(shared, cl, moe_shared_overlap=True, **base))
