@@ -83,6 +83,14 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    "transformer layers' saved activations go to host memory in forward and come back in backward "
                    "over the device's host link (PCIe, NVLink-C2C); Megatron only, without pipeline parallelism or "
                    "recomputation; default 0 (none)")
+    p.add_argument("--fp8-param-gather", "--fp4-param-gather", dest="fp8_param_gather", action="store_true",
+                   help="Megatron-LM's --fp8-param-gather (--fp4-param-gather under --precision fp4): the layers' "
+                   "GEMM weights kept as Transformer Engine FP8 (NVFP4) tensors, no BF16 copy, gathered in those "
+                   "bytes; needs --precision fp8 or fp4 and ZeRO >= 1 (fp4: ZeRO 1); Megatron only")
+    p.add_argument("--first-last-layers-bf16", dest="bf16_layers", type=_bf16_layers, default=(0, 0), metavar="N,M",
+                   help="Megatron-LM's --first-last-layers-bf16 --num-layers-at-start-in-bf16 N "
+                   "--num-layers-at-end-in-bf16 M: the first N and last M transformer layers' GEMMs in BF16 under "
+                   "--precision fp8 (not delayed scaling) or fp4; Megatron only; default 0,0 (none)")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:
@@ -103,6 +111,15 @@ def _search_args(p: argparse.ArgumentParser) -> None:
     """The options of a plan search, shared by plan, sweep and report."""
     p.add_argument("--micro-batch", type=_micro, default="auto")
     p.add_argument("--space", default="symtensor", choices=("symtensor", "megatron"))
+
+
+def _bf16_layers(value: str) -> tuple[int, int]:
+    """N,M of --first-last-layers-bf16: two layer counts >= 0."""
+    parts = value.split(",")
+    if len(parts) != 2 or not all(p.strip().isdigit() for p in parts):
+        raise argparse.ArgumentTypeError(f"--first-last-layers-bf16 takes N,M (the first N and last M layers kept in "
+                                         f"BF16, counts >= 0), got {value!r}")
+    return int(parts[0]), int(parts[1])
 
 
 def _micro(value: str):

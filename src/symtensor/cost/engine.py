@@ -256,8 +256,13 @@ class Engine:
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``), ``fp4`` (NVFP4, costed as
-    # Transformer Engine's NVFP4BlockScaling: ``cost.precision``)
+    # Transformer Engine's NVFP4BlockScaling: ``cost.precision``), ``lowp`` (Megatron-LM's quantized parameters
+    # and BF16-kept layers, ``--fp8-param-gather`` and ``--first-last-layers-bf16``: ``cost.precision``)
     refuses: tuple[tuple[str, str], ...] = ()
+
+    def refuses_feature(self, feature: str) -> bool:
+        """Whether the engine refuses ``feature`` (a key of ``refuses``)."""
+        return any(name == feature for name, _ in self.refuses)
 
     def shards(self, state: int, zero: int) -> bool:
         """Whether ZeRO stage ``zero`` shards ``state`` (WEIGHTS, GRADIENTS or OPTIMIZER) over the replicas."""
@@ -288,6 +293,12 @@ _SAC = ("sac", "torchtitan's selective checkpointing (selective-op, layer:N) run
 # no kernel rate is measured here; DeepSpeed and Megatron-DeepSpeed have no NVFP4 training path
 _FP4 = ("fp4", "NVFP4 is costed as Transformer Engine's NVFP4BlockScaling, which Megatron-LM runs; use --framework "
                "megatron, or --precision fp8")
+# Megatron-LM's quantized parameters (--fp8-param-gather) and BF16-kept layers (--first-last-layers-bf16) are
+# Transformer Engine's fp8_model_init and per-layer autocast under Megatron-core (``cost.precision``); torchtitan's
+# float8 converter has its own FSDP2 float8 all-gather (enable_fsdp_float8_all_gather, torchao's tensorwise weights
+# cast per step) and module filter, neither modelled; DeepSpeed has neither
+_LOWP = ("lowp", "--fp8-param-gather and --first-last-layers-bf16 are Megatron-LM's (Transformer Engine's quantized "
+                 "parameters and per-layer precision); use --framework megatron, or leave them out")
 TE_ATTENTION = (("H100", "cudnn"), ("H200", "cudnn"), ("H800", "cudnn"), ("B200", "te"), ("B300", "te"),
                 ("", "fa2"))
 SDPA_ATTENTION = (("", "fa2"),)
@@ -314,12 +325,12 @@ ENGINES = {
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
                     ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=8, expandable_segments=True,
                     attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0,
-                    unfused_swiglu=True, timed_peak=True, moe_dispatchers=_EP_DISPATCHERS, refuses=(_FP4,)),
+                    unfused_swiglu=True, timed_peak=True, moe_dispatchers=_EP_DISPATCHERS, refuses=(_FP4, _LOWP)),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
                         bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION,
-                        grad_reduce_bf16="default", refuses=(_SAC, _FP4)),
+                        grad_reduce_bf16="default", refuses=(_SAC, _FP4, _LOWP)),
 }
 # DeepSpeed's pipeline engine under Megatron-DeepSpeed (the module docstring); its refusals name the fix
 _DS_PIPE = "DeepSpeed's pipeline engine (Megatron-DeepSpeed)"
@@ -341,6 +352,7 @@ ENGINES["megatron-deepspeed"] = Engine(
         ("ep", f"{_DS_PIPE}: DeepSpeed-MoE expert parallelism is not modelled; use --ep 1 or --framework megatron"),
         ("fp8", f"{_DS_PIPE}: FP8 is not modelled; use --precision bf16"),
         ("hsdp", f"{_DS_PIPE} shards ZeRO 1 over the whole data-parallel group; leave --dp-shard out"), _SAC, _FP4,
+        _LOWP,
     ))
 # its FP16 path (the module docstring): the state of FP16_Optimizer / DeepSpeedZeroOptimizer (2 + 2 + 12), fp16
 # reduction (reduce_bytes 0: the gradients' own 2 bytes; reduce_bucket_size 5e8 fp16 elements) to the owners at
@@ -364,15 +376,15 @@ def attention_kernel(engine: Engine, device_name: str, has=lambda kernel: True) 
 
 
 def refusal(engine: Engine, *, zero: int = 0, vpp: int = 1, cp: int = 1, ep: int = 1, fp8: bool = False,
-            hsdp: bool = False, layout: bool = False, sac: bool = False, fp16: bool = False, fp4: bool = False
-            ) -> str | None:
+            hsdp: bool = False, layout: bool = False, sac: bool = False, fp16: bool = False, fp4: bool = False,
+            lowp: bool = False) -> str | None:
     """Why ``engine`` does not run a configuration with these features (``Engine.refuses``; FP16 where its
     ``Engine.fp16`` is not modelled), or None."""
     if fp16 and engine.fp16 is None:
         return (f"FP16 with dynamic loss scaling is modelled for {', '.join(k for k, e in ENGINES.items() if e.fp16)} "
                 f"only, not {engine.name}; use --precision bf16")
     used = {"zero2": zero == 2, "zero3": zero == 3, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1, "fp8": fp8,
-            "hsdp": hsdp, "layout": layout, "sac": sac, "fp4": fp4}
+            "hsdp": hsdp, "layout": layout, "sac": sac, "fp4": fp4, "lowp": lowp}
     return next((why for feature, why in engine.refuses if used[feature]), None)
 
 

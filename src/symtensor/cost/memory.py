@@ -78,8 +78,11 @@ TERMS = {
               "Engine.state_bytes, Engine.sharded_from (cost/engine.py)"),
     "gathered_params": ("2 x the largest unit gathered (resharding after forward), else every unit",
                         "FSDP2 prefetch / DeepSpeed ZeRO 3 (cost/engine.py)"),
-    "fp8_weights": ("FP8 copies of the resident and gathered weights (and their transposes) under an FP8 recipe",
-                    "Transformer Engine's cached FP8 weights (cost/precision.py weight_copy_bytes)"),
+    "fp8_weights": ("FP8 copies of the resident and gathered weights (and their transposes) under an FP8 recipe; "
+                    "with quantized parameters (--fp8-param-gather) the quantized weights themselves, the "
+                    "transposes of the gathered units under Megatron-FSDP",
+                    "Transformer Engine's cached FP8 weights (cost/precision.py weight_copy_bytes, cost/params.py "
+                    "lowp)"),
     "activations": ("saved activations x micro-batches in flight (1F1B)", "Korthikanti et al. 2022; "
                     "megatron/core/pipeline_parallel/schedules.py"),
     "engine_buffers": ("DeepSpeed: 2 (ZeRO 1/2) or 1 x min(reduce bucket, gradients); DDP: a copy of the "
@@ -225,7 +228,10 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         # what does not grow with the micro-batch: the state and the gathered parameters
         mem["static"] = state + gathered
         if train.fp8 is not None:  # Transformer Engine's cached FP8 weight copies (precision.weight_copy_bytes)
-            mem["fp8_weights"] = fp8_copies(mem["params"] + gathered, train)
+            # (none for the layers kept in BF16: ``TrainConfig.bf16_span``)
+            mem["fp8_weights"] = fp8_copies(mem["params"] - st.bf16_params + gathered, train)
+            if train.lowp_params:  # the weights held quantized: their copies are the weights (``params.lowp``)
+                mem["fp8_weights"] = st.copies + (2 * st.unit_copies if gathered else 0.0)
             mem["static"] += mem["fp8_weights"]
         mem["engine_buffers"] = engine_buffers(st, train)
         mem["loss_transient"] = st.logits * eng.loss_grad_bytes

@@ -213,12 +213,14 @@ class Evaluator:
         hit = self._wiring_cache[key] = tuple(out)
         return hit
 
-    def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
+    def param_cost(self, t, tl, train: TrainConfig, data_axes: frozenset = None, quantized: bool = False) -> ParamCost:
         key = (t.shape, t.trainable, tl, train.zero, train.micro_steps, train.param_bytes, train.grad_bytes,
                train.optim_bytes, data_axes, train.dp_replicate, train.reduced_bytes, train.precision)
+        if train.lowp_params:  # (quantized parameters: ``params.lowp``)
+            key += (train.fp8, quantized)
         hit = self._param_cache.get(key)
         if hit is None:
-            hit = self._param_cache[key] = param_cost(self, t, tl, train, data_axes)
+            hit = self._param_cache[key] = param_cost(self, t, tl, train, data_axes, quantized and train.lowp_params)
         return hit
 
     def coll_time(self, kind, nbytes, axes) -> float:
@@ -289,12 +291,15 @@ class Evaluator:
         is the sum over its layers; the step is at least micro-batches times the largest plus the
         bubble (``_Accumulator._finish``), which is how the Megatron grid bounds a point before
         costing it (``search.grid``)."""
-        akey = activation_key(train)
+        layers = self.graph.meta["layers"]
         out: dict[int, float] = {}
-        pieces: dict = {}  # id(ops) -> seconds: a skeleton run's copies share their ops, so their seconds
+        pieces: dict = {}  # (id(ops), BF16) -> seconds: a skeleton run's copies share their ops, so their seconds
         for sig_id, ops, external, layer, _ in self.segments:
-            seconds = pieces.get(id(ops))
+            bf16 = train.in_bf16(layer, layers)  # (a layer kept in BF16: ``TrainConfig.bf16_span``)
+            seconds = pieces.get((id(ops), bf16))
             if seconds is None:
+                step = train.bf16 if bf16 else train
+                akey = activation_key(step)
                 lay = tuple(layouts.get(op.name, REPLICATED) for op in ops)
                 # with every input arriving from another stage, the producers' layouts cost nothing:
                 # equal layers share the seconds whatever precedes them
@@ -304,8 +309,8 @@ class Evaluator:
                     ext = tuple(layouts.get(prod.name, REPLICATED) for _, prod in external)
                     cross = frozenset(t for t, _ in external)
                     seconds = self._boundary_seconds[key] = self.segment(sig_id, ops, external, lay, ext, cross,
-                                                                         akey, layouts, train).seconds
-                pieces[id(ops)] = seconds
+                                                                         akey, layouts, step).seconds
+                pieces[(id(ops), bf16)] = seconds
             out[layer] = out.get(layer, 0.0) + seconds
         return out
 
@@ -362,8 +367,8 @@ class _Accumulator:
 
     def run(self) -> CostReport:
         ev, train = self.ev, self.train
-        akey = activation_key(train)
-        pieces: dict = {}  # (id(ops), id(external), cross) -> (segment, params), once per evaluation
+        layers = ev.graph.meta["layers"]
+        pieces: dict = {}  # (id(ops), id(external), cross, BF16) -> (segment, params), once per evaluation
         counts: dict = {}  # (stage, segment, params) -> identical layers
         stage = self.stage
         for sig_id, ops, external, layer, repeated in ev.segments:
@@ -371,13 +376,15 @@ class _Accumulator:
             # the producer of a repeated layer's input is the layer just before it
             cross = frozenset(t for t, prod in external
                               if stage[layer - 1 if repeated else prod.layer] != s) if train.pp > 1 else frozenset()
-            local = (id(ops), id(external), cross)
+            bf16 = train.in_bf16(layer, layers)  # (a layer kept in BF16 runs as ``TrainConfig.bf16``)
+            local = (id(ops), id(external), cross, bf16)
             hit = pieces.get(local)
             if hit is None:
+                step = train.bf16 if bf16 else train
                 lay = tuple(self.layout(op) for op in ops)
                 ext = tuple(self.layout(prod) for _, prod in external)
-                seg = ev.segment(sig_id, ops, external, lay, ext, cross, akey, self.layouts, train)
-                hit = pieces[local] = (seg, self._params(sig_id, ops, lay))
+                seg = ev.segment(sig_id, ops, external, lay, ext, cross, activation_key(step), self.layouts, step)
+                hit = pieces[local] = (seg, self._params(sig_id, ops, lay, not bf16))
             seg, params = hit
             ck = (s, id(seg), id(params))
             prev = counts.get(ck)
@@ -386,24 +393,35 @@ class _Accumulator:
             self.stages[s].add(seg, params, times)
         return self._finish()
 
-    def _params(self, sig_id, ops, lay) -> Params:
+    def _params(self, sig_id, ops, lay, low: bool = True) -> Params:
+        """The segment's parameters; ``low``: not a layer kept in BF16 (``TrainConfig.bf16_span``), so under
+        quantized parameters (``TrainConfig.lowp_params``) its GEMM weights are held quantized."""
         ev = self.ev
+        quantized = low and self.train.lowp_params
         key = (sig_id, lay, self.pkey)
+        if self.train.lowp_params:  # (what quantized parameters read besides: the recipe, ``params.lowp``)
+            key += (self.train.fp8, quantized)
+        if not low:
+            key += ("bf16",)
         hit = ev._segment_params_cache.get(key)
         if hit is None:
-            hit = ev._segment_params_cache[key] = Params(ev, self.layouts, self.train, ops, self.waxes)
+            hit = ev._segment_params_cache[key] = Params(ev, self.layouts, self.train, ops, self.waxes, quantized,
+                                                         bf16=not low)
         return hit
 
     def static_peak(self) -> float:
         """``memory.static_peak`` of this plan's stages, at a fraction of an evaluation's cost."""
         seen: dict = {}
-        counts: dict = {}  # (stage, id(ops)) -> [params, identical layers]
+        counts: dict = {}  # (stage, id(ops), BF16) -> [params, identical layers]
+        layers = self.ev.graph.meta["layers"]
         for sig_id, ops, _, layer, _ in self.ev.segments:
-            params = seen.get(id(ops))
+            bf16 = self.train.in_bf16(layer, layers)
+            params = seen.get((id(ops), bf16))
             if params is None:
-                params = seen[id(ops)] = self._params(sig_id, ops, tuple(self.layout(op) for op in ops))
-            counts.setdefault((self.stage[layer], id(ops)), [params, 0])[1] += 1
-        for (s, _), (params, times) in counts.items():
+                params = seen[(id(ops), bf16)] = self._params(sig_id, ops, tuple(self.layout(op) for op in ops),
+                                                              not bf16)
+            counts.setdefault((self.stage[layer], id(ops), bf16), [params, 0])[1] += 1
+        for (s, _, _), (params, times) in counts.items():
             self.stages[s].add_params(params, times)
         return static_peak(self.stages)
 

@@ -18,8 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from symtensor.cost import precision as _precision
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, Unit, engine_of
 from symtensor.cost.opcost import stream_fraction
+from symtensor.cost.precision import fp8_gemm
 from symtensor.cost.train import TrainConfig
 from symtensor.graph import DTYPE_BYTES
 from symtensor.layout import REPLICATED, OpLayout
@@ -100,9 +102,13 @@ class ParamCost:
     gather_s: float = 0.0  # seconds of ``gather`` alone (this tensor's own collective)
     reduce_s: float = 0.0  # seconds of ``reduce`` alone (and of ``replicate`` after it)
     replicate: tuple | None = None
+    # under quantized parameters (``TrainConfig.lowp_params``; 0 otherwise): bytes of Transformer Engine's quantized
+    # copies this tensor holds resident, and beside one gathered copy of it (``cost.memory``'s ``fp8_weights``)
+    copies: float = 0.0
+    gathered_copies: float = 0.0
 
 
-def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> ParamCost:
+def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None, quantized: bool = False) -> ParamCost:
     """Memory and per-step time of parameter ``t`` placed as ``tl``.
 
     Its gradient is partial over ``tl.partial``. The axes among them that cut the batch
@@ -111,7 +117,9 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     sequence parallelism is partial over the tensor-parallel axes) are all-reduced on their own,
     as Megatron-LM and DTensor both do. ``data_axes`` None: every partial axis is data-parallel.
     Under hybrid sharding (``train.dp_replicate``) ZeRO takes the shard group of ``shard_axes`` for
-    the data-parallel group, and the reduced shard is all-reduced across the replicas.
+    the data-parallel group, and the reduced shard is all-reduced across the replicas. ``quantized``: a GEMM
+    weight held as Transformer Engine's quantized tensor (``TrainConfig.lowp_params`` on a low-precision layer):
+    ``lowp`` gives its bytes.
     """
     local = t.numel / tl.factor(ev.mesh)
     sync_axes = tuple(sorted(tl.partial))
@@ -123,10 +131,14 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     params = local * train.param_bytes / (shard if eng.shards(WEIGHTS, z) else 1)
     # parameters are gathered in the compute dtype (FSDP2 keeps fp32 shards, gathers bf16)
     gathered = local * min(train.param_bytes, DTYPE_BYTES[ev.dtype])
+    lp = lowp(params, gathered, local, shard, train, quantized) if train.lowp_params else None
+    if lp is not None:
+        params, gathered = lp["params"], lp["gathered"]
+    copies = (lp["copies"], lp["gathered_copies"]) if lp is not None else (0.0, 0.0)
     if not t.trainable:  # frozen (LoRA's base weights): gathered for compute wherever they are sharded
         gather = (gathered, replicas) if eng.shards(WEIGHTS, z) and replicas else None
         gather_s = ev.coll_time("all_gather", *gather) if gather else 0.0
-        return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered, gather_s)
+        return ParamCost(params, 0.0, 0.0, 0.0, None, gather, 0.0, 0.0, gathered, gather_s, 0.0, None, *copies)
     grads = local * train.grad_bytes / (shard if eng.shards(GRADIENTS, z) else 1)
     owned = shard if eng.shards(OPTIMIZER, z) else 1  # the optimizer step updates its own shard
     optimizer = local * train.optim_bytes / owned
@@ -134,6 +146,8 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     scan = eng.overflow_scan_bytes[z > 0]  # the loss-scale check's inf/nan scan of the gradients (FP16: Engine)
     if scan:
         moved += local / owned * scan
+    if lp is not None:  # the optimizer step's cast of its shard into the quantized weights (cost.precision)
+        moved += local / owned * lp["cast"]
     # a fused Adam streams its loads and stores: a triad
     opt_time = moved / (ev.cluster.device.hbm_bandwidth * stream_fraction(ev.eff, "triad"))
     gbytes = local * train.reduced_bytes  # (an engine, or --grad-reduce-in-bf16, may reduce another dtype)
@@ -149,7 +163,32 @@ def param_cost(ev, t, tl, train: TrainConfig, data_axes: frozenset = None) -> Pa
     reduce_s = ev.coll_time(*reduce) if reduce else 0.0
     reduce_s += ev.coll_time("all_reduce", *replicate) if replicate else 0.0
     return ParamCost(params, grads, optimizer, opt_time, reduce, gather, other_s, gbytes if other else 0.0, gathered,
-                     gather_s, reduce_s, replicate)
+                     gather_s, reduce_s, replicate, *copies)
+
+
+def lowp(params: float, gathered: float, local: float, shard: int, train: TrainConfig, quantized: bool) -> dict:
+    """``params`` (resident) and ``gathered`` (per gather) bytes of a parameter of ``local`` elements per device
+    (sharded over ``shard`` ranks where the engine shards weights) under quantized parameters
+    (``TrainConfig.lowp_params``, ``cost.precision``), with ``cast``, the bytes per owned element the optimizer
+    step moves beyond the default's, and the quantized copies Transformer Engine holds, ``copies`` resident and
+    ``gathered_copies`` beside one gathered copy. A ``quantized`` weight (a GEMM weight of a low-precision layer)
+    keeps no BF16 weight: replicated (ZeRO 1, 2), its quantized copies are the weight; sharded (ZeRO 3),
+    Megatron-FSDP keeps the quantized shard and gathers it, and the copies beyond the gathered bytes (the
+    transposes) exist per gathered unit. Any other parameter keeps its bytes, its copies charged on its weight
+    elements as without the fact (``memory.fp8_copies``: an upper bound by the share of the norms, embedding and
+    head)."""
+    eng = engine_of(train)
+    recipe = _precision.RECIPES[train.fp8]
+    per = _precision.weight_copy_bytes(recipe, not eng.pytorch_kernels)
+    sharded = eng.shards(WEIGHTS, train.zero)
+    held = local / (shard if sharded else 1)  # weight elements resident
+    if not quantized:
+        return {"params": params, "gathered": gathered, "cast": 0.0, "copies": held * per,
+                "gathered_copies": local * per if sharded else 0.0}
+    g = _precision.param_gather_bytes(recipe)
+    return {"params": held * _precision.lowp_weight_bytes(recipe, sharded), "gathered": local * g,
+            "cast": _precision.param_cast_bytes(recipe, fsdp=train.zero >= 2),
+            "copies": 0.0 if sharded else held * per, "gathered_copies": local * (per - g) if sharded else 0.0}
 
 
 class Params:
@@ -161,11 +200,16 @@ class Params:
     A unit's parameters are gathered and its gradients reduced together (FSDP units, Megatron's
     buckets): one collective per group of replica axes, so latency is paid per unit; an engine
     that gathers each tensor apart (DeepSpeed ZeRO 3) pays it per tensor. ``ev``: the evaluator
-    whose memoised placements and parameter costs it reads."""
+    whose memoised placements and parameter costs it reads. ``quantized``: its GEMM weights are held quantized
+    (``TrainConfig.lowp_params`` on a layer outside ``TrainConfig.bf16_span``; ``param_cost``); ``bf16``: a layer
+    kept in BF16 (``TrainConfig.bf16_span``), whose weights have no quantized copies (``bf16_bytes``)."""
 
-    def __init__(self, ev, layouts, train: TrainConfig, ops=(), waxes: frozenset = frozenset()):
+    def __init__(self, ev, layouts, train: TrainConfig, ops=(), waxes: frozenset = frozenset(),
+                 quantized: bool = False, bf16: bool = False):
         self.waxes = waxes  # the plan's tensor-parallel axes (see data_axes)
+        self.quantized, self.bf16 = quantized, bf16
         self.opt_time = self.other_s = self.grad_bytes = self.unsharded = 0.0
+        self.copies = self.gathered_copies = 0.0  # quantized weight copies (``ParamCost.copies``)
         self.step_bytes: dict[str, float] = {}  # per step, outside the data-parallel group
         self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
         self.tied: dict[str, Params] = {}
@@ -181,6 +225,7 @@ class Params:
     def close(self, ev, train):
         """Totals and the time of one gather and one reduction of the unit."""
         self.total = sum(self.static.values())
+        self.bf16_bytes = self.static["params"] if self.bf16 else 0.0  # (resident weights without quantized copies)
         if engine_of(train).per_tensor_gathers:
             self.gather_s, self.reduce_s = self.tensor_gather_s, self.tensor_reduce_s
         else:
@@ -203,7 +248,8 @@ class Params:
                 if t.tie in self.tied:
                     continue
                 target = self.tied[t.tie] = Params(ev, {}, train, waxes=self.waxes)
-            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, data_axes(layout, self.waxes))
+            quantized = self.quantized and fp8_gemm(op)  # (a GEMM weight that runs quantized)
+            pc = ev.param_cost(t, ev.param_layout(op, layout, slot), train, data_axes(layout, self.waxes), quantized)
             target.add(ev, pc)
             if target is not self:
                 target.close(ev, train)
@@ -216,6 +262,9 @@ class Params:
         self.opt_time += pc.opt_time
         self.other_s += pc.other_s
         self.unsharded += pc.unsharded
+        if not self.bf16:  # (a layer kept in BF16 has no quantized copies)
+            self.copies += pc.copies
+            self.gathered_copies += pc.gathered_copies
         if pc.other_bytes:
             self.step_bytes["all_reduce"] = self.step_bytes.get("all_reduce", 0.0) + pc.other_bytes
         if pc.reduce is not None:

@@ -69,6 +69,10 @@ class Stage:
         # the activations the segments holding the loss save
         self.layer_unsharded = self.loss_unsharded = self.layer_grads = self.loss_saved = 0.0
         self.groups: set = set()  # mesh axes of the groups its collectives run over
+        # under quantized parameters (``TrainConfig.lowp_params``): the quantized weight copies resident, and the
+        # most beside one gathered unit (``cost.memory``'s ``fp8_weights``)
+        self.copies = self.unit_copies = 0.0
+        self.bf16_params = 0.0  # resident weights of the layers kept in BF16 (``TrainConfig.bf16_span``): no copies
 
     def add(self, seg: Segment, params: Params, times: int = 1):
         """``times`` identical layers with this segment and these parameters."""
@@ -104,6 +108,9 @@ class Stage:
         self.units.append(params.unit(times, fwd, bwd))
         self.params.append((params, times))
         self.unsharded = max(self.unsharded, params.unsharded)
+        self.copies += params.copies * times
+        self.bf16_params += params.bf16_bytes * times
+        self.unit_copies = max(self.unit_copies, params.gathered_copies)
         self.unit_grads = max(self.unit_grads, params.grad_bytes)
         self.groups |= params.groups
         for tie, tparams in params.tied.items():

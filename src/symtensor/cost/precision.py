@@ -56,7 +56,53 @@ pass a 16x16 random Hadamard transform inside the cast, gradients are stochastic
 (amax) + 2 B (read) + 2 x (0.5 + 1/16) B (the copies), memory-bound time as FP8's casts. Megatron keeps whole
 layers in BF16 only under ``--first-last-layers-bf16`` (default off; Megatron-Bridge's Llama 3 70B and 405B
 NVFP4 performance recipes leave it off, its GPT-OSS and Nemotron 3 Super ones keep the last 4 and 14 layers):
-not modelled, every layer's GEMMs are costed in FP4.
+a stack fact (``bf16_layers``, below).
+
+Two stack facts of low-precision training (``plan.stack.Stack``), both Megatron-LM's (NVIDIA/Megatron-LM@d98e8a64dd):
+
+    bf16_layers       ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16 M``
+                      (megatron/core/transformer/transformer_config.py; Megatron's counts default to 1 each under the
+                      switch): ``fp8_utils.get_fp8_context`` / ``fp4_utils.get_fp4_context`` return a null context
+                      for a global layer index < N or >= layers - M, so those transformer layers run every GEMM in
+                      BF16 with no casts and save BF16 inputs, and under ``fp8_model_init`` (``is_init``) their
+                      weights stay BF16 too. The cost model costs those layers' segments in BF16 on the stages that
+                      hold them (``cost.model``). Refused: delayed scaling ("Delayed scaling does not support first
+                      / last layer in BF16", TransformerConfig and get_fp8_context) and, under FP8, a count above
+                      layers // pp (TransformerConfig).
+    fp8_param_gather  ``--fp8-param-gather`` (``--fp4-param-gather`` under NVFP4): "Keep the compute param in fp8
+                      (do not use any other intermediate dtype) and perform the param all-gather in fp8"
+                      (megatron/training/arguments.py). The layers' GEMM weights are built as Transformer Engine
+                      quantized tensors (``fp8_model_init``): no BF16 weight exists beside the quantized copies, which
+                      the memory's ``fp8_weights`` term already holds (``lowp_weight_bytes``). Megatron-LM asserts
+                      "--fp8-param-gather only supported with distributed optimizer, torch fsdp2, megatron fsdp"
+                      (ZeRO >= 1 here), and fp8_param / fp4_param "must be used together with fp8 / fp4 mode".
+                      What the data-parallel gather moves per weight element (``param_gather_bytes``):
+                      - distributed optimizer (ZeRO 1): the parameter buffer is ``torch.uint8``
+                        (distributed/param_and_grad_buffer.py ``group_params_for_buffers``) and holds each
+                        quantized weight's row-wise data: 1 B per element (delayed, tensorwise, blockwise), NVFP4's
+                        packed 0.5 B ("Param buffer (uint8): numel = N // 2"); scales are not gathered (each rank
+                        derives them after an amax all-reduce, below). MXFP8 cannot map its tiles into that buffer
+                        (TE ``replace_raw_data``: "not supported yet"), so its parameter all-gather runs in BF16
+                        through the gradient buffer (``shared_buffer``, ``param_data`` its BF16 view;
+                        ``--reuse-grad-buf-for-mxfp8-param-ag``, which arguments.py and Megatron-Bridge's
+                        ``bf16_with_mxfp8_mixed`` set with it) and each rank quantizes the gathered weights
+                        (``copy_tensors_to_quantized_params``): 2 B, the same as BF16.
+                      - Megatron-FSDP (ZeRO 2, 3): the model-weight buffer is ``torch.uint8`` ("float8" groups,
+                        distributed/fsdp/src/megatron_fsdp/param_and_grad_buffer.py), plus a transpose buffer for
+                        MXFP8 (``fp8_need_transpose_data``): 1 B, MXFP8 2 B. It has no NVFP4 path (no fp4 in its
+                        buffers at this commit): FP4 with ZeRO 2/3 is refused.
+                      The optimizer step casts its owned shard into the quantized weights
+                      (distrib_optimizer.py ``_copy_main_params_to_model_params`` -> ``quantize_param_shard`` ->
+                      TE ``quantize_master_weights``: ``master_weight.to(bf16)``, the amax of the shard unless
+                      delayed scaling, then the cast): per owned element, beyond the BF16 write the default step
+                      makes, a read of the BF16 copy (2 B), the amax read (2 B, not under delayed scaling) and the
+                      quantized write (``param_cast_bytes``); MXFP8 under the distributed optimizer writes the BF16
+                      copy only (``_copy_main_params_to_param_buffer``) and quantizes after the gather, as Transformer
+                      Engine's first micro-batch cast of a BF16 weight does (left out in both: the module docstring).
+                      Left out: the amax all-reduce over the data-parallel group (one FP32 per tensor; blockwise one
+                      per 128x128 block, 1/4096 B per element; NVFP4 one per 16x16 block, 1/64 B) and the transposes
+                      ``post_all_gather_processing`` builds after the gather (what TE's first micro-batch builds
+                      without the fact, also left out).
 
 The FP4 GEMM rate (``FP4_OVER_FP8``): an FP4 GEMM runs at the FP8 rate the cost model charges its shape
 (``gemm_speedup``) times the device's FP4/FP8 peak ratio times the measured ratio of the two kernels' fractions
@@ -153,8 +199,8 @@ NUMERICS_NOTE = ("FP8 changes the numerics: GEMM operands are rounded to 8 bits 
 STAYS_BF16 = "attention, norms, embedding and LM head stay BF16; --precision bf16 keeps BF16"
 NUMERICS_NOTE_FP4 = ("NVFP4 changes the numerics more than FP8: GEMM operands are rounded to 4 bits (E2M1, a scale "
                      "per 16 elements), gradients stochastically; NVIDIA's NVFP4 pre-training keeps some last layers "
-                     "in BF16 (Megatron-LM --first-last-layers-bf16, not costed here): check the loss curve against a "
-                     "BF16 or FP8 run before committing a long training run to it")
+                     "in BF16 (Megatron-LM --first-last-layers-bf16; --first-last-layers-bf16 N,M here): check the "
+                     "loss curve against a BF16 or FP8 run before committing a long training run to it")
 FP8_RECIPES = tuple(name for name, r in RECIPES.items() if r.precision == "fp8")
 # the cluster presets whose device has FP4 Tensor Cores (Blackwell: an ``fp4`` peak)
 FP4_PRESETS = tuple(name for name, (device, _) in PRESETS.items() if "fp4" in device.peak_flops)
@@ -370,3 +416,78 @@ def weight_copy_bytes(recipe: Recipe, caches_weights: bool) -> float:
     and its transpose (2 B, with the recipe's scales; NVFP4's two E2M1 copies 2 x (0.5 + 1/16) B) where it
     caches them (Transformer Engine), 0 where it casts per forward (torchao)."""
     return 2.0 * (recipe.element_bytes + recipe.scale_bytes) if caches_weights else 0.0
+
+
+def param_gather_bytes(recipe: Recipe) -> float:
+    """Bytes per weight element the data-parallel parameter gather moves when the weights are held quantized
+    (``fp8_param_gather``, the module docstring): the row-wise quantized data (FP8 1 B, NVFP4 0.5 B); MXFP8 2 B
+    (in BF16 through the gradient buffer under the distributed optimizer; row-wise and column-wise buffers under
+    Megatron-FSDP, ``fsdp``)."""
+    return 2.0 if recipe.needs_mx and recipe.precision == "fp8" else recipe.element_bytes
+
+
+def param_cast_bytes(recipe: Recipe, fsdp: bool) -> float:
+    """Bytes per owned weight element the optimizer step moves beyond the BF16 write of the default step to cast
+    its shard into quantized weights (``fp8_param_gather``, the module docstring): the BF16 copy read back (2 B),
+    its amax read (2 B, not under delayed scaling, whose cast takes the amax) and the quantized write (the gathered
+    bytes with the recipe's scales); 0 for MXFP8 under the distributed optimizer (not ``fsdp``), which writes the
+    BF16 copy and quantizes after the gather."""
+    if recipe.needs_mx and recipe.precision == "fp8" and not fsdp:
+        return 0.0
+    return 2.0 + (0.0 if recipe.history else 2.0) + param_gather_bytes(recipe) + recipe.scale_bytes
+
+
+def lowp_weight_bytes(recipe: Recipe, fsdp_sharded: bool) -> float:
+    """Bytes per element a weight held quantized (``fp8_param_gather``) keeps as the parameter itself, besides the
+    quantized copies of the ``fp8_weights`` term: none where the weights are replicated (the quantized copies are
+    the weights: ZeRO 1, 2), the gathered bytes of the shard where Megatron-FSDP shards them (ZeRO 3, per shard
+    element: ``fsdp_sharded``)."""
+    return param_gather_bytes(recipe) if fsdp_sharded else 0.0
+
+
+def lowp_refusal(precision: str, recipe: str | None, zero: int, fp8_param_gather: bool,
+                 bf16_layers: tuple[int, int], layers: int | None = None, pp: int = 1) -> str | None:
+    """Why a configuration in ``precision`` under ``recipe`` at ZeRO ``zero`` cannot hold the stated low-precision
+    facts (the module docstring: Megatron-LM's refusals), in one line with the fix, or None. ``layers`` and ``pp``
+    (when given) bound the BF16 layer counts."""
+    low = precision in ("fp8", "fp4")
+    flag = "--fp4-param-gather" if precision == "fp4" else "--fp8-param-gather"
+    if fp8_param_gather and not low:
+        return (f"{flag} keeps the layers' weights in FP8 or FP4, but precision is {precision} (Megatron: "
+                "'fp8_param must be used together with fp8 mode'); use --precision fp8 or fp4, or leave it out")
+    if fp8_param_gather and zero == 0:
+        return (f"{flag} needs Megatron's distributed optimizer or Megatron-FSDP ('only supported with distributed "
+                "optimizer ... megatron fsdp'); use --zero 1, 2 or 3, or leave it out")
+    if fp8_param_gather and precision == "fp4" and zero >= 2:
+        return ("--fp4-param-gather under Megatron-FSDP (ZeRO 2, 3) is not modelled: its parameter buffers have no "
+                "NVFP4 path; use --zero 1, or leave it out")
+    if tuple(bf16_layers) == (0, 0):
+        return None
+    if not low:
+        return (f"--first-last-layers-bf16 keeps layers in BF16 out of FP8 or FP4, but precision is {precision}: "
+                "nothing to keep; use --precision fp8 or fp4, or leave it out")
+    if precision == "fp8" and recipe == "delayed":
+        return ("--first-last-layers-bf16 with delayed scaling: Megatron refuses it ('Delayed scaling does not "
+                "support first / last layer in BF16'); use --fp8-recipe tensorwise, blockwise or mxfp8")
+    if layers is None:
+        return None
+    first, last = bf16_layers
+    if first + last > layers:
+        return (f"--first-last-layers-bf16 {first},{last} keeps {first + last} layers of the model's {layers} in "
+                f"BF16; keep at most {layers}")
+    if precision == "fp8" and max(first, last) > layers // pp:
+        return (f"--first-last-layers-bf16 {first},{last}: Megatron keeps at most layers // pp = {layers // pp} "
+                f"layers at each end in BF16 (TransformerConfig); use counts <= {layers // pp} or a smaller pp")
+    return None
+
+
+def lowp_fact_refusal(fp8_param_gather, bf16_layers) -> str | None:
+    """A malformed low-precision fact (``fp8_param_gather`` a bool, ``bf16_layers`` two layer counts >= 0), in
+    one line with the fix, or None."""
+    if not isinstance(fp8_param_gather, bool):
+        return f"fp8_param_gather={fp8_param_gather!r}; use True or False"
+    counts = tuple(bf16_layers) if isinstance(bf16_layers, (tuple, list)) else ()
+    if len(counts) != 2 or not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+        return (f"bf16_layers={bf16_layers!r}; give two layer counts >= 0, the first and last layers kept in BF16 "
+                "(--first-last-layers-bf16 N,M)")
+    return None

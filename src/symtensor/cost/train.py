@@ -12,6 +12,7 @@ from symtensor.cost.engine import (
     engine_of,
     grad_reduce_refusal,
     offload_count_refusal,
+    refusal as engine_refusal,
 )
 from symtensor.errors import PlanError
 
@@ -151,6 +152,14 @@ class TrainConfig:
         cpu_offload_layers: the first N transformer layers' saved activations offloaded to host memory
             (Megatron-LM's --cpu-offloading-num-layers; ``cost.engine.CPU_OFFLOAD``): ``cost.memory`` leaves them
             out, the evaluator charges the copies' excess over the layers' compute; 0: none.
+        fp8_param_gather: the layers' GEMM weights held as Transformer Engine quantized tensors and gathered so
+            (Megatron-LM's --fp8-param-gather, --fp4-param-gather under fp4; ``cost.precision``): read through
+            ``lowp_params``, which holds it where it applies (FP8 or FP4 with ZeRO >= 1, FP4 at ZeRO 1 only).
+        bf16_layers: (N, M): the first N and the last M transformer layers kept in BF16 under FP8 or FP4
+            (Megatron-LM's --first-last-layers-bf16 --num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16
+            M; ``cost.precision``): read through ``bf16_span``, (0, 0) in BF16. Both are refused by the engines
+            that do not run them; where Megatron refuses them on a stated configuration is
+            ``plan.parallelism.refusal``'s.
     """
 
     global_batch: int
@@ -177,6 +186,8 @@ class TrainConfig:
     grad_reduce_bf16: bool = False
     expandable_segments: bool | None = None
     cpu_offload_layers: int = 0
+    fp8_param_gather: bool = False
+    bf16_layers: tuple[int, int] = (0, 0)
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -237,11 +248,48 @@ class TrainConfig:
                 raise PlanError(why)
             if why is not None:  # where Megatron does not run it (a search's point; a stated one is refused before)
                 object.__setattr__(self, "cpu_offload_layers", 0)
+        self._check_lowp(eng)
         if self.layer_split is not None:
             split = tuple(self.layer_split)
             if not all(isinstance(c, int) and c >= 0 for c in split):
                 raise PlanError(f"layer split {list(split)} must be layer counts (integers >= 0)")
             object.__setattr__(self, "layer_split", split)
+
+    def _check_lowp(self, eng) -> None:
+        """The low-precision facts (``fp8_param_gather``, ``bf16_layers``): well formed, refused by an engine
+        without them and where Megatron refuses them whatever the point (delayed scaling with BF16 layers)."""
+        why = _precision.lowp_fact_refusal(self.fp8_param_gather, self.bf16_layers)
+        if why is None and (self.fp8_param_gather or tuple(self.bf16_layers) != (0, 0)):
+            why = engine_refusal(eng, lowp=True)
+        if why is None and self.fp8 is not None:
+            why = _precision.lowp_refusal(self.precision, self.fp8_recipe, 1, False, self.bf16_layers)
+        if why is not None:
+            raise PlanError(why)
+        object.__setattr__(self, "bf16_layers", tuple(self.bf16_layers))
+
+    @property
+    def lowp_params(self) -> bool:
+        """Whether the layers' GEMM weights are held quantized (``fp8_param_gather``) at this point: FP8 or FP4
+        GEMMs with a distributed optimizer or Megatron-FSDP (ZeRO >= 1; NVFP4 at ZeRO 1 only)."""
+        return self.fp8_param_gather and self.fp8 is not None and self.zero >= 1 and not (
+            self.precision == "fp4" and self.zero >= 2)
+
+    @property
+    def bf16_span(self) -> tuple[int, int]:
+        """The transformer layers kept in BF16 at this point, (first N, last M): ``bf16_layers`` under FP8 or FP4
+        GEMMs, (0, 0) in BF16."""
+        return self.bf16_layers if self.fp8 is not None else (0, 0)
+
+    def in_bf16(self, layer: int, layers: int) -> bool:
+        """Whether transformer layer ``layer`` (of ``layers``) runs in BF16 under ``bf16_span`` (Megatron's
+        ``is_first_last_bf16_layer``: a global index below N or at least layers - M)."""
+        first, last = self.bf16_span
+        return 0 <= layer < layers and (layer < first or layer >= layers - last)
+
+    @property
+    def bf16(self) -> TrainConfig:
+        """This step as a BF16 layer runs it (``bf16_span``): its GEMMs in BF16, no casts, nothing quantized."""
+        return replace(self, precision="bf16", fp8_recipe=None, fp8_param_gather=False, bf16_layers=(0, 0))
 
     @property
     def allocator_expandable(self) -> bool:

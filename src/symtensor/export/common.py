@@ -38,6 +38,10 @@ def lowered(plan, caps: Capabilities) -> Parallelism:
     if p.cpu_offload_layers and not ENGINES[caps.engine].cpu_offload:  # (Megatron-LM's: cost.engine.CPU_OFFLOAD)
         raise PlanError(f"{caps.name} has no CPU activation offloading (Megatron-LM's --cpu-offloading-num-layers) "
                         "as this plan is costed; export it to megatron, or plan without --cpu-offload-layers")
+    if (p.fp8_param_gather or tuple(p.bf16_layers) != (0, 0)) and ENGINES[caps.engine].refuses_feature("lowp"):
+        raise PlanError(f"{caps.name} has no quantized parameters or BF16-kept layers as this plan is costed "
+                        "(Megatron-LM's --fp8-param-gather, --first-last-layers-bf16); export it to megatron, or plan "
+                        "without them")
     if p.precision not in caps.precision:
         raise PlanError(f"{caps.name} does not run {p.precision} as this plan is costed ({p.framework}'s "
                         f"{p.precision} path); plan with --precision {caps.precision[0]}, or export it to "

@@ -79,17 +79,34 @@ def precision_args(p: Parallelism) -> list[str]:
     throughout (Transformer Engine's ``MXFP8BlockScaling`` default); delayed scaling with the amax history
     the cost model charges (``precision.AMAX_HISTORY``, NeMo's). Under FP4 Transformer Engine's NVFP4 recipe
     (megatron/core/transformer/transformer_config.py ``fp4``: ``--fp4-format e2m1``, ``fp4_recipe``: ``--fp4-recipe
-    nvfp4``; NVIDIA/Megatron-LM@d98e8a64): every layer in FP4, as the cost model charges it (Megatron's default,
-    no --first-last-layers-bf16), and without --fp4-param-gather (Megatron-Bridge's bf16_with_nvfp4_mixed sets it:
-    FP4 weights all-gathered, which the cost model does not charge; add it by hand to run that)."""
+    nvfp4``; NVIDIA/Megatron-LM@d98e8a64). Then the low-precision stack facts (``lowp_args``)."""
     if p.precision == "fp4":
-        return ["--bf16", "--fp4-format e2m1", f"--fp4-recipe {p.fp8_recipe}"]
+        return ["--bf16", "--fp4-format e2m1", f"--fp4-recipe {p.fp8_recipe}", *lowp_args(p)]
     if p.precision != "fp8":
         return ["--bf16"]
     recipe = RECIPES[p.fp8_recipe]
     args = ["--bf16", f"--fp8-format {'e4m3' if recipe.needs_mx else 'hybrid'}", f"--fp8-recipe {recipe.name}"]
     if recipe.history:
         args += [f"--fp8-amax-history-len {AMAX_HISTORY}", "--fp8-amax-compute-algo max"]
+    return args + lowp_args(p)
+
+
+def lowp_args(p: Parallelism) -> list[str]:
+    """The low-precision stack facts (``cost.precision``) as Megatron-LM spells them (megatron/training/
+    arguments.py, transformer_config.py @d98e8a64): the quantized parameters, ``--fp8-param-gather`` or, under FP4,
+    ``--fp4-param-gather``, with MXFP8 under the distributed optimizer ``--reuse-grad-buf-for-mxfp8-param-ag`` (its
+    parameters cannot map into the uint8 parameter buffer: TE's ``replace_raw_data`` refuses MXFP8, so the gather
+    runs through the gradient buffer, as the cost model charges it; Megatron-FSDP turns the flag off itself); the
+    BF16 layers, ``--first-last-layers-bf16`` with both counts stated (Megatron's defaults are 1 each)."""
+    args = []
+    if p.fp8_param_gather:
+        args.append("--fp4-param-gather" if p.precision == "fp4" else "--fp8-param-gather")
+        if p.precision == "fp8" and RECIPES[p.fp8_recipe].needs_mx and p.zero == 1:
+            args.append("--reuse-grad-buf-for-mxfp8-param-ag")
+    first, last = p.bf16_layers
+    if (first, last) != (0, 0):
+        args += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {first}",
+                 f"--num-layers-at-end-in-bf16 {last}"]
     return args
 
 

@@ -29,6 +29,8 @@ from symtensor.validate import read_json
 
 FORMAT = "symtensor-plan/1"
 KEYS = {"format", "model", "cluster", "train", "seq", "mesh", "layouts", "config", "predicted"}
+# the training configuration's fields a plan file names only where they differ from the defaults (None, (0, 0))
+_STATED_ONLY = ("dp_replicate", "fp8_param_gather", "bf16_layers")
 
 
 def plan_to_dict(plan: Plan) -> dict:
@@ -43,9 +45,10 @@ def plan_to_dict(plan: Plan) -> dict:
                     "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth,
                                 "latency": lv.latency, **({"partial": lv.partial} if lv.partial else {})}
                                for lv in cl.levels]},
-        # (hybrid sharding's dp_replicate only where it is chosen: other plan files stay as they were)
+        # (hybrid sharding's dp_replicate and the low-precision facts only where they are stated: other plan files
+        # stay as they were)
         "train": {f.name: getattr(plan.train, f.name) for f in dataclasses.fields(TrainConfig)
-                  if f.name != "dp_replicate" or plan.train.dp_replicate is not None},
+                  if f.name not in _STATED_ONLY or getattr(plan.train, f.name) != f.default},
         "seq": plan.seq,
         "mesh": [{"name": a.name, "size": a.size, "level": a.level} for a in plan.mesh],
         "layouts": {name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},

@@ -101,7 +101,8 @@ class Parallelism:
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
         moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap, grad_reduce_bf16,
-        expandable_segments, cpu_offload_layers: the facts of the user's stack (``plan.stack.Stack``, which says
+        expandable_segments, cpu_offload_layers, fp8_param_gather,
+        bf16_layers: the facts of the user's stack (``plan.stack.Stack``, which says
             what each is; its defaults, today's costing, are these); the configuration of a Stack is
             ``Parallelism(..., **stack.as_dict())``.
     """
@@ -132,14 +133,17 @@ class Parallelism:
     grad_reduce_bf16: bool = False
     expandable_segments: bool | None = None
     cpu_offload_layers: int = 0
+    fp8_param_gather: bool = False
+    bf16_layers: tuple[int, int] = (0, 0)
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
         """The configuration of a dict with (some of) its keys, e.g. a plan's JSON ``config``
         (the summary's other keys, ``micro_steps``, ``heterogeneous``, ``differs``, are left out)."""
         given = {k: data[k] for k in KEYS if k in data}
-        if given.get("layer_split") is not None:
-            given["layer_split"] = tuple(given["layer_split"])
+        for key in ("layer_split", "bf16_layers"):  # (JSON lists)
+            if given.get(key) is not None:
+                given[key] = tuple(given[key])
         return cls(**given)
 
     def as_dict(self) -> dict:
@@ -238,6 +242,8 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
     if why is not None:
         return why
     why = engine_refusal(p) or (_engine.grad_reduce_refusal(p.framework, p.zero) if p.grad_reduce_bf16 else None)
+    why = why or _precision.lowp_refusal(p.precision, p.fp8_recipe, p.zero, p.fp8_param_gather, p.bf16_layers,
+                                         model.layers, p.pp)
     if why is None and p.cpu_offload_layers:
         why = _engine.cpu_offload_refusal(p.framework, p.pp, p.recompute)
     if why is not None:
@@ -292,7 +298,8 @@ def engine_refusal(p: Parallelism) -> str | None:
         return None
     return _engine.refusal(eng, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8", hsdp=p.hsdp,
                            layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE and not modules,
-                           fp16=p.precision == "fp16", fp4=p.precision == "fp4")
+                           fp16=p.precision == "fp16", fp4=p.precision == "fp4",
+                           lowp=p.fp8_param_gather or tuple(p.bf16_layers) != (0, 0))
 
 
 def _expert_refusal(p: Parallelism, model) -> str | None:

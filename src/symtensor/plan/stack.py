@@ -22,6 +22,7 @@ from dataclasses import dataclass, fields
 
 from symtensor.cost import moe as _moe
 from symtensor.cost.engine import offload_count_refusal
+from symtensor.cost.precision import lowp_fact_refusal
 from symtensor.errors import PlanError
 
 
@@ -49,6 +50,12 @@ class Stack:
         cpu_offload_layers: Megatron-LM's CPU activation offloading (--cpu-offloading-num-layers N): the saved
             activations of the first N transformer layers of a pipeline stage go to host memory in forward and
             come back in backward, on a side stream (``cost.engine.CPU_OFFLOAD``); 0: none. Megatron only.
+        fp8_param_gather: Megatron-LM's --fp8-param-gather (--fp4-param-gather under fp4): the layers' GEMM weights
+            kept as Transformer Engine FP8 (NVFP4) tensors, no BF16 copy beside them, and gathered in those bytes
+            (``cost.precision``); held where the precision is FP8 or FP4 and ZeRO >= 1. Megatron only.
+        bf16_layers: (N, M): Megatron-LM's --first-last-layers-bf16 --num-layers-at-start-in-bf16 N
+            --num-layers-at-end-in-bf16 M, the first N and last M transformer layers kept in BF16 under FP8 or FP4
+            (``cost.precision``); (0, 0): none. Megatron only.
     """
 
     moe_dispatcher: str = "alltoall"
@@ -59,11 +66,14 @@ class Stack:
     grad_reduce_bf16: bool = False
     expandable_segments: bool | None = None
     cpu_offload_layers: int = 0
+    fp8_param_gather: bool = False
+    bf16_layers: tuple[int, int] = (0, 0)
 
     def __post_init__(self):
         why = refusal(self)
         if why is not None:
             raise PlanError(why)
+        object.__setattr__(self, "bf16_layers", tuple(self.bf16_layers))
 
     def as_dict(self) -> dict:
         """The facts by name (``KEYS`` order): what ``Parallelism`` and ``TrainConfig`` take as keywords."""
@@ -83,7 +93,8 @@ def refusal(stack) -> str | None:
         why = f"grad_reduce_bf16={stack.grad_reduce_bf16!r}; use True or False"
     if why is None and stack.expandable_segments not in (None, True, False):
         why = f"expandable_segments={stack.expandable_segments!r}; use True, False or None (the engine's default)"
-    return why or offload_count_refusal(stack.cpu_offload_layers)
+    return why or offload_count_refusal(stack.cpu_offload_layers) or \
+        lowp_fact_refusal(stack.fp8_param_gather, stack.bf16_layers)
 
 
 KEYS = tuple(f.name for f in fields(Stack))  # the facts' names, the one list of them

@@ -129,9 +129,13 @@ def config_summary(plan) -> dict:
 
 def _stack(train, ep: int = 2) -> dict:
     """The summary's stack facts (``plan.stack``): those that differ from the defaults (none by default); the expert
-    all-to-all overlap only where there is expert parallelism (``ep``) to overlap."""
-    return {k: getattr(train, k) for k, v in STACK_DEFAULTS.items()
-            if getattr(train, k) != v and not (k == "moe_ep_overlap" and ep <= 1)}
+    all-to-all overlap only where there is expert parallelism (``ep``) to overlap, the low-precision facts only
+    where they hold (``TrainConfig.lowp_params``, ``TrainConfig.bf16_span``: not on a BF16 point of a search);
+    the BF16 layer counts as a list, as JSON writes them."""
+    held = {**{k: getattr(train, k) for k in STACK_DEFAULTS}, "fp8_param_gather": train.lowp_params,
+            "bf16_layers": train.bf16_span}
+    return {k: list(v) if isinstance(v, tuple) else v for k, v in held.items()
+            if v != STACK_DEFAULTS[k] and not (k == "moe_ep_overlap" and ep <= 1)}
 
 
 def _precision(train) -> dict:

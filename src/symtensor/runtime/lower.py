@@ -41,6 +41,9 @@ def refusal(p: Parallelism, model, attention_only: bool = False) -> str | None:
         return "the runtime does not offload activations to host memory; plan without --cpu-offload-layers"
     if p.recompute not in caps.recompute:
         return "the runtime does not recompute activations; plan with recompute=none"
+    if p.fp8_param_gather or tuple(p.bf16_layers) != (0, 0):
+        return ("the runtime has no quantized parameters or BF16-kept layers (Megatron-LM's); plan without "
+                "--fp8-param-gather and --first-last-layers-bf16")
     if p.precision not in caps.precision:
         return f"the runtime does not run {p.precision} (no loss scaling); plan with --precision bf16"
     if p.zero > 0 and caps.zero_as_costed and not p.sharded_parameters:

@@ -200,8 +200,8 @@ def in_fp8(pool: EvaluatorPool, plan: Plan) -> Plan:
     best = None
     for rc, zeros in fp8_trials(modes, c["recompute"], c["zero"]):
         for zero in zeros:
-            costed = pool.evaluate({**c, "precision": "fp8", "fp8_recipe": recipe, "recompute": rc, "zero": zero},
-                                   balance=False)
+            variant = pool.lowp({**c, "precision": "fp8", "fp8_recipe": recipe, "recompute": rc, "zero": zero})
+            costed = pool.evaluate(variant, balance=False)
             if costed.report.fits:
                 if best is None or costed.report.step_time_s < best.report.step_time_s:
                     best = costed

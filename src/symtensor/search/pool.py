@@ -16,14 +16,16 @@ from symtensor.cost.engine import (
     OPTIMIZER,
     WEIGHTS,
     cpu_offload_refusal,
+    engine_named,
     engine_of,
     grad_reduce_refusal,
     host_link_refusal,
     offload_count_refusal,
+    refusal as engine_refusal,
 )
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
-from symtensor.cost.precision import has_fp8, named_recipe, refusal as precision_refusal
+from symtensor.cost.precision import has_fp8, lowp_refusal, named_recipe, refusal as precision_refusal
 from symtensor.cost.train import rule_split
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
@@ -44,6 +46,19 @@ from symtensor.search.megatron import (
     train_config,
 )
 from symtensor.search.partition import Problem
+
+
+def lowp_search_refusal(stack: Stack, framework: str, recipe: str | None) -> str | None:
+    """Why a search under ``framework`` whose FP8 or FP4 points run ``recipe`` (None: it has none) cannot hold the
+    stack's low-precision facts at all, or None: an engine without them, or BF16 layers under delayed scaling
+    (``cost.precision.lowp_refusal``); the rest hold where they apply (``EvaluatorPool.lowp``)."""
+    if not stack.fp8_param_gather and stack.bf16_layers == (0, 0):
+        return None
+    why = engine_refusal(engine_named(framework), lowp=True)
+    if why is None and recipe is not None:
+        precision = "fp4" if recipe == "nvfp4" else "fp8"
+        why = lowp_refusal(precision, recipe, 1, False, stack.bf16_layers)
+    return why
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,6 +111,9 @@ class EvaluatorPool:
                 offload_count_refusal(self.stack.cpu_offload_layers, cfg.layers) or host_link_refusal(cluster.device)
             if why is not None:
                 raise PlanError(why)
+        why = lowp_search_refusal(self.stack, framework, self.fp8_recipe or self.fp8_variant)
+        if why is not None:
+            raise PlanError(why)
         # what every configuration and training configuration of this search carries besides its degrees
         self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe,
                            **self.stack.differing()}
@@ -166,6 +184,20 @@ class EvaluatorPool:
             del out["moe_ep_overlap"]
         if out.get("grad_reduce_bf16") and grad_reduce_refusal(out.get("framework", "megatron"), out.get("zero", 0)):
             del out["grad_reduce_bf16"]  # (FSDP2's ZeRO 0, DDP, reduces as before)
+        return self.lowp(out)
+
+    def lowp(self, config: dict) -> dict:
+        """Megatron configuration ``config`` with the stack's low-precision facts (``Stack.fp8_param_gather``,
+        ``Stack.bf16_layers``) where they hold on it (``TrainConfig.lowp_params``, ``TrainConfig.bf16_span``): FP8
+        or FP4 GEMMs, quantized parameters at ZeRO >= 1 (NVFP4's at ZeRO 1); left out elsewhere (a BF16 point of a
+        search, which an FP8 variant re-costs with them: ``outer.precision_variant``, ``guarantee.in_fp8``)."""
+        out = {k: v for k, v in config.items() if k not in ("fp8_param_gather", "bf16_layers")}
+        low = out.get("precision") in ("fp8", "fp4")
+        zero = out.get("zero", 0)
+        if low and self.stack.fp8_param_gather and zero >= 1 and not (out["precision"] == "fp4" and zero >= 2):
+            out["fp8_param_gather"] = True
+        if low and self.stack.bf16_layers != (0, 0):
+            out["bf16_layers"] = self.stack.bf16_layers
         return out
 
     @property
