@@ -188,6 +188,32 @@ def _last(pattern: str, text: str) -> str | None:
     return found[-1] if found else None
 
 
+# What Megatron-Bridge's ``_perf_precision(dtype)`` (perf_recipes/_common.py) returns of the two low-precision facts
+# (training/mixed_precision.py presets at the same commit): quantized weights gathered (fp8_param_gather or
+# fp4_param_gather True) for every FP8 and the NVFP4 preset; no layer kept in BF16 (the fp8_cs and fp8_ds branches
+# set first_last_layers_bf16 False, the MXFP8 and NVFP4 presets never set it)
+PERF_PRECISION_PARAM_GATHER = {"bf16": False, "fp8_cs": True, "fp8_ds": True, "fp8_mx": True, "nvfp4": True}
+
+
+def _lowp_facts(body: str) -> dict:
+    """``param_gather`` and ``bf16_layers`` (``N,M`` or empty) of a recipe body: its last explicit assignment after
+    its last ``_perf_precision`` call, else that preset's (``PERF_PRECISION_PARAM_GATHER``); fp8_param/fp4_param set
+    the gather too (MixedPrecisionConfig keeps them in sync)."""
+    preset = list(re.finditer(r"_perf_precision\(\"(\w+)\"\)", body))
+    start = preset[-1].end() if preset else 0
+    tail = body[start:]
+    gather = _last(r"fp[48]_param(?:_gather)?\s*=\s*(True|False)", tail)
+    if gather is None:
+        gather = str(PERF_PRECISION_PARAM_GATHER.get(preset[-1].group(1), False)) if preset else ""
+    first_last = _last(r"first_last_layers_bf16\s*=\s*(True|False)", tail)
+    layers = ""
+    if first_last == "True":  # Megatron's defaults: 1 and 1 (transformer_config.py)
+        start = _last(r"num_layers_at_start_in_bf16\s*=\s*(\d+)", tail) or "1"
+        end = _last(r"num_layers_at_end_in_bf16\s*=\s*(\d+)", tail) or "1"
+        layers = f"{start},{end}"
+    return {"param_gather": gather, "bf16_layers": layers}
+
+
 def recipe_facts(model_name: str, section: str, gpu: str, gpus: str, suffix: str) -> dict:
     """The facts the performance recipe ``<stem>_<pretrain|sft>_<gpus>gpu_<gpu>_<suffix>_config`` states, as
     text columns; ``recipe`` empty when Megatron-Bridge has no such function."""
@@ -229,14 +255,14 @@ def recipe_facts(model_name: str, section: str, gpu: str, gpus: str, suffix: str
                 "expandable_segments": str(alloc is not None and "expandable_segments:True" in alloc),
                 "paged_stash": str(_last(r"moe_paged_stash\s*=\s*(True|False)", body) == "True"),
                 "fp8_attention": str(_last(r"fp8_dot_product_attention\s*=\s*(True|False)", body) == "True"),
-                "cuda_graph": _last(r"cuda_graph_impl\s*=\s*\"(\w+)\"", body) or ""}
+                "cuda_graph": _last(r"cuda_graph_impl\s*=\s*\"(\w+)\"", body) or "", **_lowp_facts(body)}
     return {"recipe": ""}
 
 
 RECIPE_KEYS = ("recipe", "r_tp", "r_pp", "r_vp", "r_cp", "r_ep", "r_etp", "recompute_granularity", "recompute_method",
                "recompute_num_layers", "recompute_modules", "pp_layout", "dispatcher", "ep_overlap", "force_balance",
                "megatron_fsdp", "cpu_offload_layers", "expandable_segments", "paged_stash", "fp8_attention",
-               "cuda_graph")
+               "cuda_graph", "param_gather", "bf16_layers")
 PARSED = ("source", "doc_line", "container", "section", "heading", "variant", "doc_notes", "system", "model_name",
           "gpus", "precision", "gbs", "mbs", "seq", "fsdp", "tp", "pp", "cp", "vp", "ep", "ga")
 
@@ -367,6 +393,14 @@ def describe(r: dict, systems: dict) -> tuple[dict | None, str, str]:
             stack["expandable_segments"] = True
         if r["cpu_offload_layers"]:  # modelled since the first round was compared (Stack.cpu_offload_layers)
             stack["cpu_offload_layers"] = int(r["cpu_offload_layers"])
+        # the low-precision facts (fifth session; columns of the second round's file only)
+        if r.get("param_gather") == "True" and precision != "bf16":
+            if precision == "fp4" and fsdp:
+                notes.append("the recipe's fp4_param_gather under Megatron FSDP not modelled (BF16 weights)")
+            else:
+                stack["fp8_param_gather"] = True
+        if r.get("bf16_layers") and precision != "bf16":
+            stack["bf16_layers"] = tuple(int(x) for x in r["bf16_layers"].split(","))
     kw.update(recompute=recompute, pp_layout=layout, stack=Stack(**stack))
     said = (f"{model} on {gpus} {preset}: tp{tp} pp{pp} vpp{vpp} cp{cp} ep{ep} dp{kw['dp']} "
             f"{'sp ' if kw['sp'] else ''}zero{kw['zero']} mb{kw['micro_batch']} gb{kw['global_batch']} "
