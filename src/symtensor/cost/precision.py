@@ -202,8 +202,6 @@ NUMERICS_NOTE_FP4 = ("NVFP4 changes the numerics more than FP8: GEMM operands ar
                      "in BF16 (Megatron-LM --first-last-layers-bf16; --first-last-layers-bf16 N,M here): check the "
                      "loss curve against a BF16 or FP8 run before committing a long training run to it")
 FP8_RECIPES = tuple(name for name, r in RECIPES.items() if r.precision == "fp8")
-# the cluster presets whose device has FP4 Tensor Cores (Blackwell: an ``fp4`` peak)
-FP4_PRESETS = tuple(name for name, (device, _) in PRESETS.items() if "fp4" in device.peak_flops)
 
 
 def has_fp8(device) -> bool:
@@ -212,9 +210,13 @@ def has_fp8(device) -> bool:
 
 
 def has_mx(device) -> bool:
-    """Whether ``device`` has microscaling Tensor Cores (MXFP8): it lists an ``fp4`` peak, which came
+    """Whether ``device`` has microscaling Tensor Cores (MXFP8, NVFP4): it lists an ``fp4`` peak, which came
     with the same (Blackwell) generation."""
     return "fp4" in device.peak_flops
+
+
+# the cluster presets whose device has FP4 Tensor Cores (Blackwell)
+FP4_PRESETS = tuple(name for name, (device, _) in PRESETS.items() if has_mx(device))
 
 
 def default_recipe(device, framework: str = "megatron") -> str:
