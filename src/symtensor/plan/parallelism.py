@@ -36,11 +36,16 @@ from __future__ import annotations
 
 from dataclasses import asdict, dataclass, fields, replace
 
-from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
+from symtensor.cost import (
+    engine as _engine,
+    moe as _moe,
+    precision as _precision,
+    recompute as _modules,
+    stack as _stack,
+)
+from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.plan import stack as _stack
-from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 from symtensor.plan.summary import config_summary
 
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp")
@@ -102,7 +107,7 @@ class Parallelism:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
         moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap, grad_reduce_bf16,
         expandable_segments, cpu_offload_layers, fp8_param_gather,
-        bf16_layers: the facts of the user's stack (``plan.stack.Stack``, which says
+        bf16_layers: the facts of the user's stack (``cost.stack.Stack``, which says
             what each is; its defaults, today's costing, are these); the configuration of a Stack is
             ``Parallelism(..., **stack.as_dict())``.
     """

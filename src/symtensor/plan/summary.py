@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
+from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
@@ -128,7 +128,7 @@ def config_summary(plan) -> dict:
 
 
 def _stack(train, ep: int = 2) -> dict:
-    """The summary's stack facts (``plan.stack``): those that differ from the defaults (none by default); the expert
+    """The summary's stack facts (``cost.stack``): those that differ from the defaults (none by default); the expert
     all-to-all overlap only where there is expert parallelism (``ep``) to overlap, the low-precision facts only
     where they hold (``TrainConfig.lowp_params``, ``TrainConfig.bf16_span``: not on a BF16 point of a search);
     the BF16 layer counts as a list, as JSON writes them."""

@@ -26,6 +26,7 @@ from symtensor.cost.engine import (
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import has_fp8, lowp_refusal, named_recipe, refusal as precision_refusal
+from symtensor.cost.stack import Stack
 from symtensor.cost.train import rule_split
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
@@ -34,7 +35,6 @@ from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.plan import Plan
-from symtensor.plan.stack import Stack
 from symtensor.search.megatron import (
     check_config,
     configuration,
@@ -92,7 +92,7 @@ class EvaluatorPool:
         ``fp8_recipe``, default the device's) or ``fp4`` (NVFP4) for every configuration; None: BF16, and the
         search may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``; never FP4,
         which changes the numerics more and is only costed where asked for).
-        ``stack``: the stated facts of the user's stack (``plan.stack.Stack``: how the MoE layers run, the
+        ``stack``: the stated facts of the user's stack (``cost.stack.Stack``: how the MoE layers run, the
         gradient reduction's dtype, the allocator) that every configuration carries; only the facts that differ
         from the defaults, so a search without them is today's."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
