@@ -183,7 +183,7 @@ def test_cli_round_trip(capsys, tmp_path):
                         fp8_recipe="tensorwise", stack=Stack(fp8_param_gather=True, bf16_layers=(1, 2)))
     save_plan(plan, tmp_path / "p.json")
     again = load_plan(tmp_path / "p.json")
-    assert again.train.bf16_layers == (1, 2) and again.train.lowp_params
+    assert again.train.stack.bf16_layers == (1, 2) and again.train.lowp_params
     assert again.report.step_time_s == pytest.approx(plan.report.step_time_s)
 
 

@@ -22,7 +22,7 @@ names (``KEYS``).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, fields, replace
 
 from symtensor.cost import moe as _moe
 from symtensor.cost.engine import offload_count_refusal
@@ -82,6 +82,9 @@ class Stack:
     def as_dict(self) -> dict:
         """The facts by name (``KEYS`` order): how a flat record (a plan file, the Megatron grid's dicts) holds them."""
         return {k: getattr(self, k) for k in KEYS}
+
+    def replace(self, **changed) -> Stack:
+        return replace(self, **changed)
 
     def differing(self) -> dict:
         """The facts that differ from the defaults (``DEFAULTS``): none for today's costing."""

@@ -43,7 +43,7 @@ from symtensor.cost import (
     recompute as _modules,
     stack as _stack,
 )
-from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
+from symtensor.cost.stack import KEYS as STACK_KEYS, Stack
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
 from symtensor.plan.summary import config_summary
@@ -213,7 +213,7 @@ class Parallelism:
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
-                           **{k: getattr(self, k) for k in STACK_KEYS})
+                           stack=Stack(**{k: getattr(self, k) for k in STACK_KEYS}))
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
@@ -221,9 +221,6 @@ class Parallelism:
 
 
 KEYS = tuple(f.name for f in fields(Parallelism))
-# one set of defaults: the configuration's stack facts (and the cost model's, ``TrainConfig``) are the Stack's
-assert all({f.name: f.default for f in fields(cls) if f.name in STACK_DEFAULTS} == STACK_DEFAULTS
-           for cls in (Parallelism, TrainConfig))
 DEFAULT_FRAMEWORK = Parallelism().framework  # the engine a configuration that names none runs
 
 

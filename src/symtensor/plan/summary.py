@@ -132,7 +132,7 @@ def _stack(train, ep: int = 2) -> dict:
     all-to-all overlap only where there is expert parallelism (``ep``) to overlap, the low-precision facts only
     where they hold (``TrainConfig.lowp_params``, ``TrainConfig.bf16_span``: not on a BF16 point of a search);
     the BF16 layer counts as a list, as JSON writes them."""
-    held = {**{k: getattr(train, k) for k in STACK_DEFAULTS}, "fp8_param_gather": train.lowp_params,
+    held = {**train.stack.as_dict(), "fp8_param_gather": train.lowp_params,
             "bf16_layers": train.bf16_span}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in held.items()
             if v != STACK_DEFAULTS[k] and not (k == "moe_ep_overlap" and ep <= 1)}

@@ -114,9 +114,11 @@ class EvaluatorPool:
         why = lowp_search_refusal(self.stack, framework, self.fp8_recipe or self.fp8_variant)
         if why is not None:
             raise PlanError(why)
-        # what every configuration and training configuration of this search carries besides its degrees
-        self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe,
-                           **self.stack.differing()}
+        # what every configuration and training configuration of this search carries besides its degrees: as a
+        # Megatron configuration's keys (``held``) and as the training configuration's keywords
+        carried = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe}
+        self.config_keys = {**carried, **self.stack.differing()}
+        self.train_keys = {**carried, "stack": self.stack}
         self.graph_factory = graph_factory
         self._param_sums = None
         self._recomputations = None
@@ -177,9 +179,9 @@ class EvaluatorPool:
 
     def held(self, config: dict) -> dict:
         """Megatron configuration ``config`` with what this search carries besides its degrees
-        (``train_keys``); the expert all-to-all overlap only where Megatron runs it on ``config``
+        (``config_keys``); the expert all-to-all overlap only where Megatron runs it on ``config``
         (``cost.moe.overlap_refusal``): a stack fact holds where it applies, not a refusal of the point."""
-        out = {**config, **self.train_keys}
+        out = {**config, **self.config_keys}
         if out.get("moe_ep_overlap") and moe_overlap_refusal(Parallelism(**configuration(out))) is not None:
             del out["moe_ep_overlap"]
         if out.get("grad_reduce_bf16") and grad_reduce_refusal(out.get("framework", "megatron"), out.get("zero", 0)):
