@@ -162,7 +162,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
                          seq=seq, vpp=vpp, framework=framework, precision=precision,
                          fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework), layer_split=split,
-                         **(stack or Stack()).as_dict())
+                         stack=stack or Stack())
     why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)

@@ -173,7 +173,7 @@ def test_cli_round_trip(capsys, tmp_path):
     config = json.loads(capsys.readouterr().out)["config"]
     assert config["fp8_param_gather"] is True and config["bf16_layers"] == [1, 2]
     p = Parallelism.from_dict(config)
-    assert p.bf16_layers == (1, 2) and p.fp8_param_gather
+    assert p.stack.bf16_layers == (1, 2) and p.stack.fp8_param_gather
     assert main(base + ["--fp4-param-gather"]) == 0  # (the same fact, Megatron's FP4 spelling)
     assert json.loads(capsys.readouterr().out)["config"]["fp8_param_gather"] is True
     with pytest.raises(SystemExit):

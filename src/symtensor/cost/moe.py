@@ -214,7 +214,7 @@ def engine_refusal(dispatcher: str, framework: str) -> str | None:
 def overlap_refusal(p) -> str | None:
     """Megatron's TransformerConfig rules for --overlap-moe-expert-parallel-comm on configuration ``p``
     (``plan.Parallelism``), one line each, or None (the module docstring)."""
-    if not p.moe_ep_overlap:
+    if not p.stack.moe_ep_overlap:
         return None
     if p.framework != "megatron":
         return f"moe_ep_overlap is Megatron's --overlap-moe-expert-parallel-comm; framework {p.framework} has none"
@@ -222,7 +222,7 @@ def overlap_refusal(p) -> str | None:
         return "moe_ep_overlap overlaps the expert all-to-alls: it needs ep > 1"
     if p.recompute == "full":
         return "moe_ep_overlap does not run with full recomputation (Megatron refuses it); use --recompute selective"
-    if p.moe_shared_overlap:
+    if p.stack.moe_shared_overlap:
         return "moe_ep_overlap and moe_shared_overlap exclude each other (Megatron refuses both); keep one"
     if p.pp > 1 and p.vpp <= 1:
         return "moe_ep_overlap with pp > 1 needs the interleaved schedule (Megatron refuses it without); give --vpp"

@@ -182,7 +182,7 @@ class EvaluatorPool:
         (``config_keys``); the expert all-to-all overlap only where Megatron runs it on ``config``
         (``cost.moe.overlap_refusal``): a stack fact holds where it applies, not a refusal of the point."""
         out = {**config, **self.config_keys}
-        if out.get("moe_ep_overlap") and moe_overlap_refusal(Parallelism(**configuration(out))) is not None:
+        if out.get("moe_ep_overlap") and moe_overlap_refusal(Parallelism.from_dict(configuration(out))) is not None:
             del out["moe_ep_overlap"]
         if out.get("grad_reduce_bf16") and grad_reduce_refusal(out.get("framework", "megatron"), out.get("zero", 0)):
             del out["grad_reduce_bf16"]  # (FSDP2's ZeRO 0, DDP, reduces as before)
