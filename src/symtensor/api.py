@@ -147,7 +147,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     (``Parallelism.dp_shard``). ``pp_layout``: the layer split over the pipeline (``stated_split``:
     Megatron's layout string, ``FIRST,LAST`` stage layers, ``even`` or ``balanced``); by default the
     better of Megatron's own split and the balanced one, and the plan's note says when that is the
-    balanced one. ``stack``: the facts of the user's stack the configuration runs with (``plan.stack.Stack``: how
+    balanced one. ``stack``: the facts of the user's stack the configuration runs with (``cost.stack.Stack``: how
     the MoE layers run, the gradient reduction's dtype, the allocator's expandable segments); default: today's."""
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
@@ -162,7 +162,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
                          micro_batch=1 if micro_batch == "auto" else int(micro_batch), global_batch=global_batch,
                          seq=seq, vpp=vpp, framework=framework, precision=precision,
                          fp8_recipe=fp8_recipe_for(precision, fp8_recipe, cl.device, framework), layer_split=split,
-                         **(stack or Stack()).as_dict())
+                         stack=stack or Stack())
     why = config.refusal(cfg, cl.n_devices, cl.device)  # the one configuration rule, before any costing
     if why is not None:
         raise PlanError(why)
@@ -225,7 +225,7 @@ def plan(model, cluster: str, devices: int | None = None, nodes: int | None = No
     captured by torch.export, instead of the builders'; ``torch``: a module factory to capture.
     ``precision``: ``bf16`` or ``fp8`` (under ``fp8_recipe``); None: the search chooses (FP8 where
     the device has it and it wins, ``search.planner`` step 6). ``stack``: the stated facts of the user's stack
-    (``plan.stack.Stack``) that every point of the search runs with (the gradient reduction where the engine runs
+    (``cost.stack.Stack``) that every point of the search runs with (the gradient reduction where the engine runs
     it at the point's ZeRO stage, the expert all-to-all overlap where Megatron runs it)."""
     return plan_with_baselines(model, cluster, devices, nodes, micro_batch, global_batch, seq, space, overrides,
                                capture, torch, framework, names=(), precision=precision, fp8_recipe=fp8_recipe,
@@ -243,7 +243,7 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
     than the Megatron grid's best (costed either way, once) and monotone in devices. A captured
     graph's costs are its own (the grid's are the builders'), and a fixed micro batch holds the
     search to it: their plans are the search's. A stated ``precision`` holds the baselines too;
-    without one they keep BF16 (the recipes'). ``stack``: the facts of the user's stack (``plan.stack.Stack``)
+    without one they keep BF16 (the recipes'). ``stack``: the facts of the user's stack (``cost.stack.Stack``)
     the search, the grid and the baselines run with."""
     from symtensor.search import BASELINES, search
     from symtensor.search.guarantee import GRID, guaranteed_plan
@@ -286,7 +286,7 @@ def plan_with_baselines(model, cluster: str, devices: int | None = None, nodes: 
 def _held(precision: str | None, fp8_recipe: str | None, stack: Stack | None) -> dict:
     """What a search holds its baselines to besides its own (``plan_with_baselines``, ``sweep``): a
     stated precision with its FP8 recipe, and the stack's facts where one differs from the defaults
-    (``plan.stack.Stack``); empty for neither."""
+    (``cost.stack.Stack``); empty for neither."""
     held = {"precision": precision, "fp8_recipe": fp8_recipe} if precision else {}
     if stack is not None and stack.differing():
         held["stack"] = stack
@@ -297,7 +297,7 @@ def baselines(p: Plan, names=None, precision: str | None = None, fp8_recipe: str
               stack: Stack | None = None) -> dict:
     """The Megatron recipe, the Megatron grid best, FSDP and D-Rec (or those ``names``) for ``p``'s
     model, cluster, batch, sequence and engine (None where one has no valid configuration), in
-    ``precision`` (default BF16, the recipes') and with the stack's facts ``stack`` (``plan.stack.Stack``)."""
+    ``precision`` (default BF16, the recipes') and with the stack's facts ``stack`` (``cost.stack.Stack``)."""
     from symtensor.search import BASELINES, baseline_plans
 
     return baseline_plans(p.model, p.cluster, p.train.global_batch, p.seq, p.engine, names or BASELINES,

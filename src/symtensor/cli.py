@@ -54,7 +54,7 @@ def _framework_arg(p: argparse.ArgumentParser) -> None:
 
 
 def _moe_args(p: argparse.ArgumentParser) -> None:
-    """The facts of the user's stack (plan.stack.Stack; each option's destination is its field, ``stack_of``): how
+    """The facts of the user's stack (cost.stack.Stack; each option's destination is its field, ``stack_of``): how
     the MoE layers run (cost.moe), the gradient reduction's dtype, the allocator's expandable segments."""
     p.add_argument("--moe-dispatcher", default="alltoall", choices=("alltoall", "deepep", "hybridep"),
                    help="MoE token dispatcher: alltoall (NCCL all-to-all of top_k copies; Megatron's alltoall, "
@@ -386,9 +386,9 @@ def _dispatch(args) -> int:
 
 
 def stack_of(args):
-    """The facts of the user's stack that ``args`` state (``plan.stack.Stack``: the options of ``_moe_args``, whose
+    """The facts of the user's stack that ``args`` state (``cost.stack.Stack``: the options of ``_moe_args``, whose
     destinations are its fields), for evaluate, plan and sweep."""
-    from symtensor.plan.stack import KEYS, Stack
+    from symtensor.cost.stack import KEYS, Stack
 
     return Stack(**{k: getattr(args, k) for k in KEYS})
 

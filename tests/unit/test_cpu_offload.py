@@ -103,7 +103,7 @@ def test_cli_option(capsys):
 def test_a_search_holds_it_where_megatron_runs_it():
     plan = api.plan("tiny-llama", "dgx-h100", 8, global_batch=16, seq=128, stack=Stack(cpu_offload_layers=1))
     train = plan.train
-    assert train.cpu_offload_layers == (1 if train.pp == 1 and train.recompute == "none" else 0)
+    assert train.stack.cpu_offload_layers == (1 if train.pp == 1 and train.recompute == "none" else 0)
 
 
 def test_llama3_70b_gb200_recipe_states_it():

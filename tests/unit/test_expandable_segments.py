@@ -43,6 +43,6 @@ def test_json_names_it_only_where_stated(capsys):
 
 def test_a_search_holds_it_and_bad_values_are_refused():
     plan = api.plan("tiny-llama", "dgx-h100", 8, global_batch=16, seq=128, stack=Stack(expandable_segments=True))
-    assert plan.train.expandable_segments is True and plan.config["expandable_segments"] is True
+    assert plan.train.stack.expandable_segments is True and plan.config["expandable_segments"] is True
     with pytest.raises(PlanError, match="expandable_segments='yes'"):
         Stack(expandable_segments="yes")

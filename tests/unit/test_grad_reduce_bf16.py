@@ -35,8 +35,8 @@ def test_gradient_reduction_bytes_halve(framework, zero):
 def test_megatron_keeps_a_bf16_gradient_buffer_and_fsdp2_fp32_shards():
     """Megatron: 2 bytes per gradient (state shrinks, the step allocates 4 bytes per owned parameter); FSDP2:
     the sharded gradients stay fp32, only the unit's reduce buffer halves; DeepSpeed: nothing changes."""
-    assert TrainConfig(global_batch=8, grad_reduce_bf16=True).grad_bytes == 2
-    assert TrainConfig(global_batch=8, framework="fsdp2", zero=3, grad_reduce_bf16=True).grad_bytes == 4
+    assert TrainConfig(global_batch=8, stack=Stack(grad_reduce_bf16=True)).grad_bytes == 2
+    assert TrainConfig(global_batch=8, framework="fsdp2", zero=3, stack=Stack(grad_reduce_bf16=True)).grad_bytes == 4
     on, off = _eval(zero=1, stack=BF16).report, _eval(zero=1).report
     assert on.memory["grads"] == pytest.approx(off.memory["grads"] / 2)
     assert on.memory["optimizer_transient"] > off.memory["optimizer_transient"] == 0.0
@@ -74,4 +74,5 @@ def test_engines_without_it_refuse():
     with pytest.raises(PlanError, match="grad_reduce_bf16='yes'"):
         Stack(grad_reduce_bf16="yes")
     # a search holds it where the engine runs it: FSDP2's ZeRO 0 (DDP) reduces as before
-    assert not TrainConfig(global_batch=8, framework="fsdp2", zero=0, grad_reduce_bf16=True).grad_reduce_bf16
+    ddp = TrainConfig(global_batch=8, framework="fsdp2", zero=0, stack=Stack(grad_reduce_bf16=True))
+    assert not ddp.stack.grad_reduce_bf16

@@ -95,11 +95,12 @@ def test_refusals():
         Stack(moe_dispatcher="hybrid")
     message = "moe_dispatcher='hybridep': framework deepspeed dispatches with alltoall only"
     with pytest.raises(PlanError, match=message):
-        TrainConfig(global_batch=8, framework="deepspeed", moe_dispatcher="hybridep")
+        TrainConfig(global_batch=8, framework="deepspeed", stack=Stack(moe_dispatcher="hybridep"))
     with pytest.raises(PlanError, match=message):
         evaluate("tiny-qwen3-moe", "dgx-h100", 8, ep=4, global_batch=8, seq=64, framework="deepspeed",
                  stack=Stack(moe_dispatcher="hybridep"))
-    assert TrainConfig(global_batch=8, framework="fsdp2", moe_dispatcher="hybridep").moe_dispatcher == "hybridep"
+    fsdp2 = TrainConfig(global_batch=8, framework="fsdp2", stack=Stack(moe_dispatcher="hybridep"))
+    assert fsdp2.stack.moe_dispatcher == "hybridep"
 
 
 def test_exports():
@@ -126,6 +127,6 @@ def test_cli_round_trip(capsys, tmp_path):
                  "--global-batch", "64", "--space", "megatron", "--no-baselines", "--moe-dispatcher", "hybridep",
                  "--out", str(path)]) == 0
     capsys.readouterr()
-    assert load_plan(path).train.moe_dispatcher == "hybridep"
+    assert load_plan(path).train.stack.moe_dispatcher == "hybridep"
     assert main(["export", str(path), "--to", "megatron"]) == 0
     assert "--moe-flex-dispatcher-backend hybridep" in capsys.readouterr().out

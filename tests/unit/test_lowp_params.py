@@ -173,7 +173,7 @@ def test_cli_round_trip(capsys, tmp_path):
     config = json.loads(capsys.readouterr().out)["config"]
     assert config["fp8_param_gather"] is True and config["bf16_layers"] == [1, 2]
     p = Parallelism.from_dict(config)
-    assert p.bf16_layers == (1, 2) and p.fp8_param_gather
+    assert p.stack.bf16_layers == (1, 2) and p.stack.fp8_param_gather
     assert main(base + ["--fp4-param-gather"]) == 0  # (the same fact, Megatron's FP4 spelling)
     assert json.loads(capsys.readouterr().out)["config"]["fp8_param_gather"] is True
     with pytest.raises(SystemExit):
@@ -183,7 +183,7 @@ def test_cli_round_trip(capsys, tmp_path):
                         fp8_recipe="tensorwise", stack=Stack(fp8_param_gather=True, bf16_layers=(1, 2)))
     save_plan(plan, tmp_path / "p.json")
     again = load_plan(tmp_path / "p.json")
-    assert again.train.bf16_layers == (1, 2) and again.train.lowp_params
+    assert again.train.stack.bf16_layers == (1, 2) and again.train.lowp_params
     assert again.report.step_time_s == pytest.approx(plan.report.step_time_s)
 
 

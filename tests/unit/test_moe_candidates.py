@@ -28,7 +28,7 @@ def placed():
 
 def test_candidate_op_costs_carry_the_load_factor(placed):
     cfg, ev, layouts = placed
-    base, aux = TrainConfig(global_batch=16), TrainConfig(global_batch=16, moe_routing="aux_loss")
+    base, aux = TrainConfig(global_batch=16), TrainConfig(global_batch=16, stack=Stack(moe_routing="aux_loss"))
     experts = [op for op in ev.graph.ops if moe.expert_op(op) and op.name in layouts]
     assert experts
     for op in experts:
@@ -45,7 +45,7 @@ def test_partition_edges_charge_the_dispatcher(placed):
     """A dispatch edge across the 2 nodes: DeepEP's time, not the all-to-all's; the partition's edge cost
     follows (``Problem._edge_cost``); other edges and the default options are untouched."""
     _, ev, layouts = placed
-    deepep = TrainConfig(global_batch=16, moe_dispatcher="deepep")
+    deepep = TrainConfig(global_batch=16, stack=Stack(moe_dispatcher="deepep"))
     base = TrainConfig(global_batch=16)
     moved = 0
     p_on, p_off = Problem(ev, deepep), Problem(ev, base)
@@ -72,5 +72,5 @@ def test_drec_baseline_runs_with_the_stack_facts():
     _, base = api.plan_with_baselines("tiny-qwen3-moe", "dgx-h100", 16, global_batch=64, seq=256,
                                       names=("drec",), stack=stack)
     drec = base["drec"]
-    assert drec.train.moe_routing == "aux_loss" and drec.train.moe_dispatcher == "deepep"
-    assert drec.train.grad_reduce_bf16
+    assert drec.train.stack.moe_routing == "aux_loss" and drec.train.stack.moe_dispatcher == "deepep"
+    assert drec.train.stack.grad_reduce_bf16

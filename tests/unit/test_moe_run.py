@@ -41,14 +41,14 @@ def test_distinct_destinations():
 def test_load_factor_grows_with_ep_and_shrinks_with_tokens():
     """E[max]/mean = 1 + z(n) sqrt(1/mu + cv^2/e): 1 when balanced or on one rank; larger over more
     ranks (same experts per rank), smaller with more tokens per rank; capped by the capacity."""
-    routed = TrainConfig(global_batch=8, moe_routing="aux_loss")
+    routed = TrainConfig(global_batch=8, stack=Stack(moe_routing="aux_loss"))
     assert moe.load_factor(TrainConfig(global_batch=8), 4, 16384, 32) == 1.0
     assert moe.load_factor(routed, 4, 16384, 1) == 1.0
     f8, f32 = moe.load_factor(routed, 4, 16384, 8), moe.load_factor(routed, 4, 16384, 32)
     assert 1.0 < f8 < f32
     assert f32 == pytest.approx(1 + moe.expected_max_normal(32) * math.sqrt(1 / 16384 + moe.AUX_LOSS_CV ** 2 / 4))
     assert moe.load_factor(routed, 4, 512, 32) > moe.load_factor(routed, 4, 65536, 32)
-    capped = routed.replace(moe_capacity_factor=1.1)
+    capped = routed.replace(stack=routed.stack.replace(moe_capacity_factor=1.1))
     assert moe.load_factor(capped, 4, 512, 32) == 1.1
     assert moe.expected_max_normal(1) == 0.0 and 2.0 < moe.expected_max_normal(32) < 2.1
 
@@ -120,7 +120,7 @@ def test_bad_moe_options(kw, message):
     with pytest.raises(PlanError, match=message.replace("(", r"\(").replace("[", r"\[")):
         evaluate("tiny-qwen3-moe", "dgx-h100", 8, ep=4, global_batch=8, seq=64, stack=Stack(**kw))
     with pytest.raises(PlanError, match="moe_"):
-        TrainConfig(global_batch=8, **kw)
+        TrainConfig(global_batch=8, stack=Stack(**kw))
 
 
 def test_expert_state_shards_over_expert_data_parallelism():
@@ -161,8 +161,8 @@ def test_plan_costs_the_moe_options_the_user_runs():
     run = dict(seq=512, global_batch=64, space="megatron")
     base = plan("tiny-qwen3-moe", "dgx-h100", 16, **run)
     p = plan("tiny-qwen3-moe", "dgx-h100", 16, stack=Stack(moe_dispatcher="deepep", moe_routing="aux_loss"), **run)
-    assert (p.train.moe_dispatcher, p.train.moe_routing) == ("deepep", "aux_loss")
-    assert (base.train.moe_dispatcher, base.train.moe_routing) == ("alltoall", "balanced")
+    assert (p.train.stack.moe_dispatcher, p.train.stack.moe_routing) == ("deepep", "aux_loss")
+    assert (base.train.stack.moe_dispatcher, base.train.stack.moe_routing) == ("alltoall", "balanced")
     assert p.config["moe_routing"] == "aux_loss" and "moe_routing" not in base.config
     assert "--moe-router-load-balancing-type aux_loss" in " ".join(megatron_args(p))
     # the plan's own configuration costed again with the options is what the search reported
@@ -184,9 +184,9 @@ def test_ep_overlap_hides_dispatch_behind_the_paired_micro_batch():
     assert over.report.breakdown["ep_comm"] < 0.5 * base.report.breakdown["ep_comm"]
     assert over.report.breakdown["compute"] == pytest.approx(base.report.breakdown["compute"])
     assert over.report.step_time_s < base.report.step_time_s
-    steady = TrainConfig(global_batch=2048, micro_steps=128, pp=8, vpp=4, moe_ep_overlap=True)
+    steady = TrainConfig(global_batch=2048, micro_steps=128, pp=8, vpp=4, stack=Stack(moe_ep_overlap=True))
     assert moe.ep_overlap_share(steady) == pytest.approx(1 - (1 + (7 * 2 + 3 * 8) / 4) / 128)
-    assert moe.ep_overlap_share(TrainConfig(global_batch=4, micro_steps=4, moe_ep_overlap=True)) == 0.75
+    assert moe.ep_overlap_share(TrainConfig(global_batch=4, micro_steps=4, stack=Stack(moe_ep_overlap=True))) == 0.75
     args = megatron_args(over)
     assert "--overlap-moe-expert-parallel-comm" in args and "--delay-wgrad-compute" in args
     grid, overlap = dict(tp=2, ep=32, pp=8, vpp=4), Stack(moe_ep_overlap=True)
@@ -201,10 +201,10 @@ def test_a_search_holds_ep_overlap_only_where_megatron_runs_it():
     """A search that holds --moe-ep-overlap keeps it on the points Megatron runs it on and drops it
     elsewhere (full recomputation, pp > 1 without virtual stages, another engine); a plan without expert
     parallelism does not state it."""
-    on = dict(global_batch=64, micro_steps=8, moe_ep_overlap=True)
-    assert TrainConfig(**on).moe_ep_overlap and TrainConfig(pp=2, vpp=2, **on).moe_ep_overlap
+    on = dict(global_batch=64, micro_steps=8, stack=Stack(moe_ep_overlap=True))
+    assert TrainConfig(**on).stack.moe_ep_overlap and TrainConfig(pp=2, vpp=2, **on).stack.moe_ep_overlap
     for kw in (dict(recompute="full"), dict(pp=2), dict(framework="fsdp2")):
-        assert not TrainConfig(**on, **kw).moe_ep_overlap
+        assert not TrainConfig(**on, **kw).stack.moe_ep_overlap
     from symtensor.api import plan
 
     dense = plan("tiny-llama", "dgx-h100", 8, seq=256, global_batch=32, space="megatron",
@@ -225,7 +225,7 @@ def test_ep_overlap_keeps_one_more_micro_batch_in_flight():
     assert on.memory["activations"] == pytest.approx(2 * off.memory["activations"])
     st = Stage()
     st.comm["ep_comm"] = 1.0
-    piped = TrainConfig(global_batch=2048, micro_steps=128, pp=8, vpp=4, moe_ep_overlap=True)
+    piped = TrainConfig(global_batch=2048, micro_steps=128, pp=8, vpp=4, stack=Stack(moe_ep_overlap=True))
     assert ep_overlap_inflight(st, piped, inflight(0, piped)) == 0.25
     assert ep_overlap_inflight(st, piped.replace(micro_steps=8), 8.0) == 0.0  # never beyond the step's
     assert ep_overlap_inflight(Stage(), piped, inflight(0, piped)) == 0.0  # no expert communication

@@ -207,7 +207,7 @@ class Engine:
     reduce_after_backward: bool = False
     zero_all_reduce: bool = False
     reduce_bytes: int = 0
-    # how the engine reduces gradients in bf16 when the stack says so (``TrainConfig.grad_reduce_bf16``, each
+    # how the engine reduces gradients in bf16 when the stack says so (``TrainConfig.stack.grad_reduce_bf16``, each
     # engine's source at ``GRAD_REDUCE_BF16``): ``buffer`` (the gradient buffer itself is bf16, so the reduction
     # and the kept gradients halve and the optimizer step copies its owned shard to fp32), ``comm`` (only the
     # reduction's dtype; the sharded gradients stay fp32), ``default`` (it already reduces in bf16: nothing
@@ -236,7 +236,7 @@ class Engine:
     # ``moe_combine``), 0 where the probabilities are applied inside the experts' activation and the unpermutation
     # keeps only its indices (Megatron-core), 2 where the weighting runs on an fp32 copy (torchtitan)
     moe_combine_keeps: float = 1.0
-    # the MoE token dispatchers the engine runs (``cost.moe.DISPATCHERS``, ``TrainConfig.moe_dispatcher``):
+    # the MoE token dispatchers the engine runs (``cost.moe.DISPATCHERS``, ``TrainConfig.stack.moe_dispatcher``):
     # Megatron-core's alltoall and flex dispatcher with its deepep and hybridep backends (NVIDIA/Megatron-LM@d98e8a64dd
     # moe/token_dispatcher.py ``MoEFlexTokenDispatcher``), torchtitan's comm_backend "standard", "deepep" and
     # "hybridep" (pytorch/torchtitan@b5bcd76c66d0 torchtitan/models/common/config_utils.py); DeepSpeed's MoE its own
@@ -422,7 +422,7 @@ def grad_reduce_refusal(framework: str, zero: int) -> str | None:
     return None
 
 
-# CPU activation offloading (``Engine.cpu_offload``, ``TrainConfig.cpu_offload_layers``), as Megatron-LM runs it
+# CPU activation offloading (``Engine.cpu_offload``, ``TrainConfig.stack.cpu_offload_layers``), as Megatron-LM runs it
 # (NVIDIA/Megatron-LM@d98e8a64ddf34856e74b24714e3bedb2f5a39553): --cpu-offloading-num-layers N (a TransformerConfig
 # field the CLI builds; ``--cpu-offloading`` has no flag of its own: megatron/training/arguments.py sets
 # args.cpu_offloading = True when N > 0) hands Transformer Engine's get_cpu_offload_context(enabled, N, num_layers,

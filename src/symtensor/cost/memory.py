@@ -159,15 +159,16 @@ def ep_overlap_inflight(st: Stage, train: TrainConfig, held: float) -> float:
     warm-up counted in model chunks: 1/vpp of the stage's layers; without a pipeline the combined 1F1B of
     combined_1f1b.py runs micro-batch i+1's forward beside i's backward: one more); never more than the
     micro-batches of the step. 0 where the stage has no expert-parallel communication to overlap."""
-    if not train.moe_ep_overlap or not st.comm.get("ep_comm"):
+    if not train.stack.moe_ep_overlap or not st.comm.get("ep_comm"):
         return 0.0
     return max(0.0, min(1.0 / train.vpp, train.micro_steps - held))
 
 
 def offloaded(st: Stage, train: TrainConfig) -> list[float]:
     """Saved activation bytes of each layer of stage ``st`` whose activations go to host memory: the first
-    ``train.cpu_offload_layers`` (Megatron-LM's CPU offloading, ``cost.engine.CPU_OFFLOAD``; none without it)."""
-    return st.layer_saved[:train.cpu_offload_layers]
+    ``train.stack.cpu_offload_layers`` (Megatron-LM's CPU offloading, ``cost.engine.CPU_OFFLOAD``; none without
+    it)."""
+    return st.layer_saved[:train.stack.cpu_offload_layers]
 
 
 def step_temp_bytes(train: TrainConfig) -> int:
@@ -175,7 +176,7 @@ def step_temp_bytes(train: TrainConfig) -> int:
     copy of its owned gradient shard when the gradient buffer is bf16 (``--grad-reduce-in-bf16``,
     ``cost.engine.GRAD_REDUCE_STEP_BYTES``)."""
     eng = engine_of(train)
-    bf16_buffer = train.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer"
+    bf16_buffer = train.stack.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer"
     return eng.step_temp_bytes + (GRAD_REDUCE_STEP_BYTES if bf16_buffer else 0)
 
 
@@ -216,7 +217,7 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
             layers_act, redo = st.layer_kept, st.rematerialised
         else:
             layers_act, redo = sum(st.layer_saved), 0.0
-            if train.cpu_offload_layers:  # the first N layers' saved activations live in host memory (at most
+            if train.stack.cpu_offload_layers:  # the first N layers' saved activations live in host memory (at most
                 # layers - N sets on the device at once: ``cost.engine.CPU_OFFLOAD``)
                 layers_act -= sum(offloaded(st, train))
         held = inflight(s, train) + ep_overlap_inflight(st, train, inflight(s, train))

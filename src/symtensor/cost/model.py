@@ -360,7 +360,7 @@ class _Accumulator:
         # what a segment's parameters depend on besides their layouts (see Params)
         self.waxes = weight_axes(ev.param_ops, layouts)
         self.pkey = (train.zero, train.micro_steps, train.param_bytes, train.grad_bytes, train.optim_bytes,
-                     train.framework, self.waxes, train.dp_replicate, train.grad_reduce_bf16)
+                     train.framework, self.waxes, train.dp_replicate, train.stack.grad_reduce_bf16)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
@@ -474,7 +474,7 @@ class _Accumulator:
             optimizer += flags * ev.coll_time("all_reduce", 1.0, tuple(range(len(ev.mesh))))  # over a stage's ranks
         breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s, optimizer=optimizer,
                          overhead=e2e.step_s + m * e2e.microbatch_s)
-        if train.cpu_offload_layers:  # (a key only with offloading: the default's breakdown is unchanged)
+        if train.stack.cpu_offload_layers:  # (a key only with offloading: the default's breakdown is unchanged)
             breakdown["cpu_offload"] = m * max(offload_seconds(st, train, ev.cluster.device) for st in self.stages)
         step = sum(breakdown.values())
         memory, allocated, reserved = memory_peak(self.stages, train, ev.cluster.device, self._communicators())

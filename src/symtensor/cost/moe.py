@@ -5,7 +5,7 @@ alltoall dispatcher: the permuted buffer carries top_k copies of each token); th
 what the engine does with it into seconds and bytes. ``cost.segment`` reads it for the edges into
 and out of the experts (``ep_comm``) and for the expert ops; ``TrainConfig`` carries the choices.
 
-Dispatchers (``TrainConfig.moe_dispatcher``):
+Dispatchers (``TrainConfig.stack.moe_dispatcher``):
     alltoall  Megatron's MoEAlltoAllTokenDispatcher (and torchtitan's all-to-all): the permuted
               buffer, top_k copies per token, through one NCCL all-to-all (``cost.collectives``).
     deepep    DeepEP's normal kernels (Megatron ``--moe-token-dispatcher-type flex
@@ -76,7 +76,7 @@ Dispatchers (``TrainConfig.moe_dispatcher``):
               states or exports, so ``refusal`` adds none; DeepSpeed's engines have neither kernel
               (``engine_refusal``, ``Engine.moe_dispatchers``).
 
-Routing imbalance (``TrainConfig.moe_routing``): ``balanced`` (Megatron's
+Routing imbalance (``TrainConfig.stack.moe_routing``): ``balanced`` (Megatron's
 ``--moe-router-force-load-balancing``, every rank the mean) or ``aux_loss`` (a router trained with
 the load-balancing auxiliary loss, dropless): the step waits for the most-loaded rank of the EP
 group, so the expert GEMMs, their saved buffers and the all-to-all that feeds them scale by the
@@ -94,16 +94,16 @@ Loss-Free 0.04 at both), so cv = 0.52 / z(64). Checked against two transcription
 public repositories (the paper's own page is not in the stored corpora): the value holds, the table is
 Table 2 (an earlier note said Table 1). The 64 experts per layer are not confirmed by what was found.
 
-Capacity (``TrainConfig.moe_capacity_factor``, Megatron ``--moe-expert-capacity-factor`` with
+Capacity (``TrainConfig.stack.moe_capacity_factor``, Megatron ``--moe-expert-capacity-factor`` with
 ``--moe-token-drop-policy probs``): an expert keeps at most F x its mean tokens and drops the rest,
 so the rank's load is at most F x the mean: min(load_factor, F). None: dropless.
 
-Shared experts (``TrainConfig.moe_shared_overlap``, Megatron ``--moe-shared-expert-overlap``): the
+Shared experts (``TrainConfig.stack.moe_shared_overlap``, Megatron ``--moe-shared-expert-overlap``): the
 shared expert's GEMMs run on their own stream while the dispatch and combine all-to-alls are in
 flight, so the ``ep_comm`` of a layer hides behind them (``engine.hidden``); otherwise both are
 serial.
 
-Expert-parallel overlap across micro-batches (``TrainConfig.moe_ep_overlap``, Megatron
+Expert-parallel overlap across micro-batches (``TrainConfig.stack.moe_ep_overlap``, Megatron
 ``--overlap-moe-expert-parallel-comm --delay-wgrad-compute``, the MoE model zoo's A2A_OVERLAP=1, "+1f1b
 overlap"): in the 1F1B steady state Megatron runs one micro-batch's forward and another's backward as one
 combined step, layer by layer, with the communication on its own stream, so the forward's dispatch and
@@ -214,7 +214,7 @@ def engine_refusal(dispatcher: str, framework: str) -> str | None:
 def overlap_refusal(p) -> str | None:
     """Megatron's TransformerConfig rules for --overlap-moe-expert-parallel-comm on configuration ``p``
     (``plan.Parallelism``), one line each, or None (the module docstring)."""
-    if not p.moe_ep_overlap:
+    if not p.stack.moe_ep_overlap:
         return None
     if p.framework != "megatron":
         return f"moe_ep_overlap is Megatron's --overlap-moe-expert-parallel-comm; framework {p.framework} has none"
@@ -222,7 +222,7 @@ def overlap_refusal(p) -> str | None:
         return "moe_ep_overlap overlaps the expert all-to-alls: it needs ep > 1"
     if p.recompute == "full":
         return "moe_ep_overlap does not run with full recomputation (Megatron refuses it); use --recompute selective"
-    if p.moe_shared_overlap:
+    if p.stack.moe_shared_overlap:
         return "moe_ep_overlap and moe_shared_overlap exclude each other (Megatron refuses both); keep one"
     if p.pp > 1 and p.vpp <= 1:
         return "moe_ep_overlap with pp > 1 needs the interleaved schedule (Megatron refuses it without); give --vpp"
@@ -244,8 +244,9 @@ def ep_overlap_share(train) -> float:
 def active(train) -> bool:
     """Whether ``train`` asks for anything beyond today's costing (alltoall, balanced, dropless,
     serial shared experts): the hooks leave every other step untouched, byte for byte."""
-    return (train.moe_dispatcher != "alltoall" or train.moe_routing != "balanced"
-            or train.moe_capacity_factor is not None or train.moe_shared_overlap or train.moe_ep_overlap)
+    s = train.stack
+    return (s.moe_dispatcher != "alltoall" or s.moe_routing != "balanced"
+            or s.moe_capacity_factor is not None or s.moe_shared_overlap or s.moe_ep_overlap)
 
 
 def load_factor(train, experts_local: float, copies_local: float, n_ranks: int) -> float:
@@ -253,11 +254,11 @@ def load_factor(train, experts_local: float, copies_local: float, n_ranks: int) 
     ``experts_local`` experts per rank, ``copies_local`` token copies a rank receives at the mean
     per micro-batch, ``n_ranks`` ranks holding distinct experts. 1 with balanced routing or one rank;
     capped at the capacity factor when tokens are dropped."""
-    if train.moe_routing == "balanced" or n_ranks <= 1 or copies_local <= 0:
+    if train.stack.moe_routing == "balanced" or n_ranks <= 1 or copies_local <= 0:
         f = 1.0
     else:
         f = 1.0 + expected_max_normal(n_ranks) * math.sqrt(1.0 / copies_local + AUX_LOSS_CV ** 2 / experts_local)
-    cap = train.moe_capacity_factor
+    cap = train.stack.moe_capacity_factor
     return f if cap is None else min(f, cap)
 
 
@@ -362,14 +363,14 @@ def edge_seconds(seconds: float, colls, ev, train, load: float) -> float:
     """The seconds of a dispatch or combine edge (the collectives ``colls`` the graph's
     redistribution charges ``seconds`` for) under ``train``'s dispatcher, times the ``load`` factor
     of the most-loaded rank (its all-to-all receives that many times the mean)."""
-    if train.moe_dispatcher == "alltoall" and load == 1.0:
+    if train.stack.moe_dispatcher == "alltoall" and load == 1.0:
         return seconds
     cfg = ev.graph.meta["config"]
     total = 0.0
     for c in colls:
         counts = level_counts(c.axes, ev.mesh, len(ev.levels))
-        if c.kind == "all_to_all" and train.moe_dispatcher in _TWO_LEVEL:
-            t = _TWO_LEVEL[train.moe_dispatcher](c.nbytes, counts, ev.levels, cfg.experts, cfg.top_k,
+        if c.kind == "all_to_all" and train.stack.moe_dispatcher in _TWO_LEVEL:
+            t = _TWO_LEVEL[train.stack.moe_dispatcher](c.nbytes, counts, ev.levels, cfg.experts, cfg.top_k,
                                                  ev.cluster.device)
         else:
             t = collective_time(c.kind, c.nbytes, counts, ev.levels, ev.eff.link_for(c.kind))
@@ -379,7 +380,8 @@ def edge_seconds(seconds: float, colls, ev, train, load: float) -> float:
 
 def check(train) -> None:
     """Raise the one-line PlanError of ``refusal`` for ``train``'s MoE options."""
-    why = refusal(train.moe_dispatcher, train.moe_capacity_factor, train.moe_routing, train.moe_shared_overlap,
-                  train.moe_ep_overlap) or engine_refusal(train.moe_dispatcher, train.framework)
+    s = train.stack
+    why = refusal(s.moe_dispatcher, s.moe_capacity_factor, s.moe_routing, s.moe_shared_overlap,
+                  s.moe_ep_overlap) or engine_refusal(s.moe_dispatcher, train.framework)
     if why is not None:
         raise PlanError(why)

@@ -58,7 +58,7 @@ layers in BF16 only under ``--first-last-layers-bf16`` (default off; Megatron-Br
 NVFP4 performance recipes leave it off, its GPT-OSS and Nemotron 3 Super ones keep the last 4 and 14 layers):
 a stack fact (``bf16_layers``, below).
 
-Two stack facts of low-precision training (``plan.stack.Stack``), both Megatron-LM's (NVIDIA/Megatron-LM@d98e8a64dd):
+Two stack facts of low-precision training (``cost.stack.Stack``), both Megatron-LM's (NVIDIA/Megatron-LM@d98e8a64dd):
 
     bf16_layers       ``--first-last-layers-bf16 --num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16 M``
                       (megatron/core/transformer/transformer_config.py; Megatron's counts default to 1 each under the

@@ -24,9 +24,9 @@ def activation_key(train: TrainConfig) -> tuple:
     """What a segment's cost depends on besides layouts: recomputation, the engine's semantics
     and the FP8 recipe (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
     schedule only enter the step)."""
+    s = train.stack
     return train.recompute, train.framework, tp_overlapped(train), train.fp8, \
-        (train.moe_dispatcher, train.moe_routing, train.moe_capacity_factor, train.moe_shared_overlap,
-         train.moe_ep_overlap)
+        (s.moe_dispatcher, s.moe_routing, s.moe_capacity_factor, s.moe_shared_overlap, s.moe_ep_overlap)
 
 
 def recomputed(op, recompute: str, layers: int, regions=None) -> bool:
@@ -155,7 +155,7 @@ class Segment:
             if share:
                 self.recompute += t.fwd_s * share
             hides = _HIDES.get(op.kind)
-            if self.moe and self.train.moe_shared_overlap and "shared_expert" in op.name:
+            if self.moe and self.train.stack.moe_shared_overlap and "shared_expert" in op.name:
                 hides = "ep_comm"  # Megatron --moe-shared-expert-overlap: beside the dispatch and combine
             if hides is not None:
                 busy = t.fwd_s * (1 + share) + t.bwd_s
@@ -233,7 +233,7 @@ class Segment:
         ep = self.comm.get("ep_comm", 0.0)
         if ep and self.overlap_compute.get("ep_comm"):
             self.comm["ep_comm"] = hidden(ep, self.overlap_compute["ep_comm"], share)
-        if ep and self.moe and self.train.moe_ep_overlap:  # beside the paired micro-batch's compute (cost.moe)
+        if ep and self.moe and self.train.stack.moe_ep_overlap:  # beside the paired micro-batch's compute (cost.moe)
             f = moe.ep_overlap_share(self.train)
             self.comm["ep_comm"] = f * hidden(ep, self.compute + self.recompute, share) + (1.0 - f) * ep
 

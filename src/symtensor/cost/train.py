@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 from symtensor.cost import moe as _moe, precision as _precision, recompute as _modules
 from symtensor.cost.engine import (
@@ -11,9 +11,9 @@ from symtensor.cost.engine import (
     cpu_offload_refusal,
     engine_of,
     grad_reduce_refusal,
-    offload_count_refusal,
     refusal as engine_refusal,
 )
+from symtensor.cost.stack import KEYS as STACK_KEYS, Stack
 from symtensor.errors import PlanError
 
 RECOMPUTE = ("none", "selective", "full")
@@ -132,34 +132,14 @@ class TrainConfig:
             without fp8 (with fp8: the
             caller's device default, ``precision.default_recipe``, else Megatron-LM's ``delayed``); or ``fp4``:
             the same GEMMs in NVFP4 on Blackwell, ``fp8_recipe`` then ``nvfp4`` (Megatron-LM's --fp4-recipe).
-        moe_dispatcher: the MoE token dispatcher, ``alltoall`` (Megatron's and torchtitan's NCCL
-            all-to-all), ``deepep`` (DeepEP's normal kernels) or ``hybridep`` (NVIDIA's HybridEP, Megatron's
-            flex dispatcher's hybridep backend; ``cost.moe``), where the engine runs it
-            (``Engine.moe_dispatchers``); ``moe_routing``: ``balanced`` (every
-            EP rank at the mean: Megatron's --moe-router-force-load-balancing, today's costing) or
-            ``aux_loss`` (the most-loaded rank paces the step); ``moe_capacity_factor``: experts
-            drop tokens beyond that many times their mean (None: dropless); ``moe_shared_overlap``:
-            the shared expert runs beside the dispatch (``cost.moe``); ``moe_ep_overlap``: Megatron's
-            --overlap-moe-expert-parallel-comm, one micro-batch's dispatch and combine beside another's
-            compute in the 1F1B steady state (``cost.moe.ep_overlap_share``).
-        grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16,
-            torchtitan's mixed_precision_reduce; ``cost.engine.Engine.grad_reduce_bf16``: under Megatron the
-            gradient buffer itself is bf16, ``grad_bytes`` 2); a fact of the stack, held only where the engine
-            runs it (FSDP2's ZeRO 0, plain DDP, reduces as before), refused by an engine without it.
-        expandable_segments: PyTorch's caching allocator with expandable segments (True), without (False), or
-            as the engine's stack launches it (None: ``Engine.expandable_segments``): ``cost.memory``'s
-            fragmentation; ``allocator_expandable`` is the one rule that reads it.
-        cpu_offload_layers: the first N transformer layers' saved activations offloaded to host memory
-            (Megatron-LM's --cpu-offloading-num-layers; ``cost.engine.CPU_OFFLOAD``): ``cost.memory`` leaves them
-            out, the evaluator charges the copies' excess over the layers' compute; 0: none.
-        fp8_param_gather: the layers' GEMM weights held as Transformer Engine quantized tensors and gathered so
-            (Megatron-LM's --fp8-param-gather, --fp4-param-gather under fp4; ``cost.precision``): read through
-            ``lowp_params``, which holds it where it applies (FP8 or FP4 with ZeRO >= 1, FP4 at ZeRO 1 only).
-        bf16_layers: (N, M): the first N and the last M transformer layers kept in BF16 under FP8 or FP4
-            (Megatron-LM's --first-last-layers-bf16 --num-layers-at-start-in-bf16 N --num-layers-at-end-in-bf16
-            M; ``cost.precision``): read through ``bf16_span``, (0, 0) in BF16. Both are refused by the engines
-            that do not run them; where Megatron refuses them on a stated configuration is
-            ``plan.parallelism.refusal``'s.
+        stack: the facts of the user's software stack (``cost.stack.Stack``: the MoE token dispatcher, routing,
+            capacity and overlaps, the gradient reduction's dtype, the allocator's expandable segments, CPU
+            activation offloading, quantized parameters and BF16 layers), each as this step holds it: a fact the
+            engine does not run at this point is cleared here (bf16 gradient reduction where FSDP2 runs DDP, the
+            expert overlap where Megatron does not run it, CPU offloading with pipeline stages or recomputation),
+            one it never runs refused. ``allocator_expandable``, ``reduced_bytes``, ``lowp_params`` and
+            ``bf16_span`` are the rules that read the facts for the cost model; where Megatron refuses them on a
+            stated configuration is ``plan.parallelism.refusal``'s.
     """
 
     global_batch: int
@@ -178,16 +158,7 @@ class TrainConfig:
     tp_overlap: bool | None = None
     precision: str = "bf16"
     fp8_recipe: str | None = None
-    moe_dispatcher: str = "alltoall"
-    moe_routing: str = "balanced"
-    moe_capacity_factor: float | None = None
-    moe_shared_overlap: bool = False
-    moe_ep_overlap: bool = False
-    grad_reduce_bf16: bool = False
-    expandable_segments: bool | None = None
-    cpu_offload_layers: int = 0
-    fp8_param_gather: bool = False
-    bf16_layers: tuple[int, int] = (0, 0)
+    stack: Stack = Stack()
 
     def __post_init__(self):
         for key in ("global_batch", "micro_steps", "pp", "vpp"):
@@ -212,12 +183,12 @@ class TrainConfig:
         if self.framework not in FRAMEWORKS:
             raise PlanError(f"framework={self.framework!r}; use one of {', '.join(FRAMEWORKS)}")
         eng = engine_of(self)
-        if self.grad_reduce_bf16:  # (a stack fact: where FSDP2 runs DDP it does not apply; no engine option refuses)
+        if self.stack.grad_reduce_bf16:  # (where FSDP2 runs DDP it does not apply; no engine option refuses)
             why = grad_reduce_refusal(self.framework, self.zero)
             if why is not None and not eng.grad_reduce_bf16:
                 raise PlanError(why)
-            object.__setattr__(self, "grad_reduce_bf16", why is None)
-        if self.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer" and self.grad_bytes is None:
+            object.__setattr__(self, "stack", self.stack.replace(grad_reduce_bf16=why is None))
+        if self.stack.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer" and self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", 2)  # Megatron's gradient buffer in the parameters' bf16
         for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"), eng.state_bytes):
             if getattr(self, key) is None:
@@ -233,21 +204,19 @@ class TrainConfig:
         if why is not None:
             raise PlanError(why)
         _moe.check(self)
-        if self.moe_ep_overlap and not _moe.ep_overlap_runs(self):  # where Megatron does not run it (a search's
-            object.__setattr__(self, "moe_ep_overlap", False)  # point; a stated configuration is refused before)
+        if self.stack.moe_ep_overlap and not _moe.ep_overlap_runs(self):
+            # where Megatron does not run it (a search's point; a stated configuration is refused before)
+            object.__setattr__(self, "stack", self.stack.replace(moe_ep_overlap=False))
         why = _modules.refusal(self.recompute, framework=self.framework, fp8_recipe=self.fp8,
-                               shared_overlap=self.moe_shared_overlap, ep_overlap=self.moe_ep_overlap)
+                               shared_overlap=self.stack.moe_shared_overlap, ep_overlap=self.stack.moe_ep_overlap)
         if why is not None:
             raise PlanError(why)
-        if self.cpu_offload_layers:
-            why = offload_count_refusal(self.cpu_offload_layers)
-            if why is not None:
-                raise PlanError(why)
+        if self.stack.cpu_offload_layers:
             why = cpu_offload_refusal(self.framework, self.pp, self.recompute)
             if why is not None and not eng.cpu_offload:  # (an engine without it: refused)
                 raise PlanError(why)
             if why is not None:  # where Megatron does not run it (a search's point; a stated one is refused before)
-                object.__setattr__(self, "cpu_offload_layers", 0)
+                object.__setattr__(self, "stack", self.stack.replace(cpu_offload_layers=0))
         self._check_lowp(eng)
         if self.layer_split is not None:
             split = tuple(self.layer_split)
@@ -256,29 +225,29 @@ class TrainConfig:
             object.__setattr__(self, "layer_split", split)
 
     def _check_lowp(self, eng) -> None:
-        """The low-precision facts (``fp8_param_gather``, ``bf16_layers``): well formed, refused by an engine
-        without them and where Megatron refuses them whatever the point (delayed scaling with BF16 layers)."""
-        why = _precision.lowp_fact_refusal(self.fp8_param_gather, self.bf16_layers)
-        if why is None and (self.fp8_param_gather or tuple(self.bf16_layers) != (0, 0)):
+        """The stack's low-precision facts (``fp8_param_gather``, ``bf16_layers``; well formed: ``Stack``): refused
+        by an engine without them and where Megatron refuses them whatever the point (delayed scaling with BF16
+        layers)."""
+        why = None
+        if self.stack.fp8_param_gather or self.stack.bf16_layers != (0, 0):
             why = engine_refusal(eng, lowp=True)
         if why is None and self.fp8 is not None:
-            why = _precision.lowp_refusal(self.precision, self.fp8_recipe, 1, False, self.bf16_layers)
+            why = _precision.lowp_refusal(self.precision, self.fp8_recipe, 1, False, self.stack.bf16_layers)
         if why is not None:
             raise PlanError(why)
-        object.__setattr__(self, "bf16_layers", tuple(self.bf16_layers))
 
     @property
     def lowp_params(self) -> bool:
         """Whether the layers' GEMM weights are held quantized (``fp8_param_gather``) at this point: FP8 or FP4
         GEMMs with a distributed optimizer or Megatron-FSDP (ZeRO >= 1; NVFP4 at ZeRO 1 only)."""
-        return self.fp8_param_gather and self.fp8 is not None and self.zero >= 1 and not (
+        return self.stack.fp8_param_gather and self.fp8 is not None and self.zero >= 1 and not (
             self.precision == "fp4" and self.zero >= 2)
 
     @property
     def bf16_span(self) -> tuple[int, int]:
         """The transformer layers kept in BF16 at this point, (first N, last M): ``bf16_layers`` under FP8 or FP4
         GEMMs, (0, 0) in BF16."""
-        return self.bf16_layers if self.fp8 is not None else (0, 0)
+        return self.stack.bf16_layers if self.fp8 is not None else (0, 0)
 
     def in_bf16(self, layer: int, layers: int) -> bool:
         """Whether transformer layer ``layer`` (of ``layers``) runs in BF16 under ``bf16_span`` (Megatron's
@@ -289,18 +258,20 @@ class TrainConfig:
     @property
     def bf16(self) -> TrainConfig:
         """This step as a BF16 layer runs it (``bf16_span``): its GEMMs in BF16, no casts, nothing quantized."""
-        return replace(self, precision="bf16", fp8_recipe=None, fp8_param_gather=False, bf16_layers=(0, 0))
+        return replace(self, precision="bf16", fp8_recipe=None,
+                       stack=self.stack.replace(fp8_param_gather=False, bf16_layers=(0, 0)))
 
     @property
     def allocator_expandable(self) -> bool:
         """Whether the caching allocator runs with expandable segments: as stated, else the engine's default."""
-        return engine_of(self).expandable_segments if self.expandable_segments is None else self.expandable_segments
+        stated = self.stack.expandable_segments
+        return engine_of(self).expandable_segments if stated is None else stated
 
     @property
     def reduced_bytes(self) -> int:
         """Bytes per element of the gradients the data-parallel collectives reduce: 2 under ``grad_reduce_bf16``,
         else the engine's reduction dtype (``Engine.reduce_bytes``) or the gradients' own."""
-        return 2 if self.grad_reduce_bf16 else engine_of(self).reduce_bytes or self.grad_bytes
+        return 2 if self.stack.grad_reduce_bf16 else engine_of(self).reduce_bytes or self.grad_bytes
 
     @property
     def graph_batch(self) -> int:
@@ -309,6 +280,18 @@ class TrainConfig:
 
     def replace(self, **kw) -> TrainConfig:
         return replace(self, **kw)
+
+    def as_dict(self) -> dict:
+        """The fields by name, the stack's facts (``Stack.as_dict``) in place of ``stack``: the flat record a plan
+        file's ``train`` section holds (``plan.io``)."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stack"}
+        return {**own, **self.stack.as_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict) -> TrainConfig:
+        """The training configuration of a flat record (``as_dict``'s keys, the stack's facts among them)."""
+        own = {k: v for k, v in data.items() if k not in STACK_KEYS}
+        return cls(**own, stack=Stack(**{k: v for k, v in data.items() if k in STACK_KEYS}))
 
     @property
     def fp8(self) -> str | None:

@@ -56,7 +56,7 @@ def fsdp_args(p: Parallelism) -> list[str]:
     Megatron-FSDP keeps and reduces gradients in ``--megatron-fsdp-main-grads-dtype`` (default ``auto``, the
     parameters' bf16) and no longer reads ``--grad-reduce-in-bf16`` alone, so fp32 unless the plan states bf16.
     Launch: CUDA_DEVICE_MAX_CONNECTIONS unset or above 1 (arguments.py asserts it is not 1)."""
-    dtype = "bf16" if p.grad_reduce_bf16 else "fp32"
+    dtype = "bf16" if p.stack.grad_reduce_bf16 else "fp32"
     strategy = "optim_grads_params" if p.zero == 3 else "optim_grads"
     return ["--use-megatron-fsdp", f"--data-parallel-sharding-strategy {strategy}",
             "--ckpt-format fsdp_dtensor", f"--megatron-fsdp-main-grads-dtype {dtype}"]
@@ -99,11 +99,11 @@ def lowp_args(p: Parallelism) -> list[str]:
     runs through the gradient buffer, as the cost model charges it; Megatron-FSDP turns the flag off itself); the
     BF16 layers, ``--first-last-layers-bf16`` with both counts stated (Megatron's defaults are 1 each)."""
     args = []
-    if p.fp8_param_gather:
+    if p.stack.fp8_param_gather:
         args.append("--fp4-param-gather" if p.precision == "fp4" else "--fp8-param-gather")
         if p.precision == "fp8" and RECIPES[p.fp8_recipe].needs_mx and p.zero == 1:
             args.append("--reuse-grad-buf-for-mxfp8-param-ag")
-    first, last = p.bf16_layers
+    first, last = p.stack.bf16_layers
     if (first, last) != (0, 0):
         args += ["--first-last-layers-bf16", f"--num-layers-at-start-in-bf16 {first}",
                  f"--num-layers-at-end-in-bf16 {last}"]
@@ -205,11 +205,11 @@ def megatron_args(plan) -> list[str]:
         args.append("--use-distributed-optimizer")
     if p.hsdp:  # hybrid sharding: optimizer instances (or FSDP's outer replicas) of dp_shard ranks each, replicated
         args.append(f"--num-distributed-optimizer-instances {p.dp_replicate}")
-    if p.grad_reduce_bf16:  # the gradient buffer and its reduction in bf16 (cost.engine.Engine.grad_reduce_bf16)
+    if p.stack.grad_reduce_bf16:  # the gradient buffer and its reduction in bf16 (cost.engine.Engine.grad_reduce_bf16)
         args.append("--grad-reduce-in-bf16")
-    if p.cpu_offload_layers:  # (Megatron sets cpu_offloading itself when N > 0: no --cpu-offloading flag exists;
+    if p.stack.cpu_offload_layers:  # (Megatron sets cpu_offloading itself when N > 0: no --cpu-offloading flag exists;
         # cost.engine.CPU_OFFLOAD)
-        args.append(f"--cpu-offloading-num-layers {p.cpu_offload_layers}")
+        args.append(f"--cpu-offloading-num-layers {p.stack.cpu_offload_layers}")
     if p.zero >= 2:
         args += fsdp_args(p)
     args += family_args(cfg, MEGATRON_LM)
@@ -249,7 +249,7 @@ def _moe_args(cfg, p: Parallelism) -> list[str]:
     if cfg.shared_ffn:
         args.append(f"--moe-shared-expert-intermediate-size {cfg.shared_ffn}")
         args += ["--moe-shared-expert-gate"] if cfg.shared_gate else []
-        args += ["--moe-shared-expert-overlap"] if p.moe_shared_overlap else []
+        args += ["--moe-shared-expert-overlap"] if p.stack.moe_shared_overlap else []
     moe = [int(cfg.is_moe_layer(i)) for i in range(cfg.layers)]
     if not all(moe):
         args.append(f"--moe-layer-freq '{layer_pattern(moe)}'")
@@ -268,12 +268,12 @@ def dispatcher_args(p: Parallelism) -> list[str]:
     ``--moe-router-force-load-balancing``)."""
     args = {"deepep": ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend deepep"],
             "hybridep": ["--moe-token-dispatcher-type flex", "--moe-flex-dispatcher-backend hybridep"]}.get(
-        p.moe_dispatcher, ["--moe-token-dispatcher-type alltoall"])
-    if p.moe_routing == "aux_loss":
+        p.stack.moe_dispatcher, ["--moe-token-dispatcher-type alltoall"])
+    if p.stack.moe_routing == "aux_loss":
         args.append("--moe-router-load-balancing-type aux_loss")
-    if p.moe_capacity_factor is not None:
-        args += [f"--moe-expert-capacity-factor {p.moe_capacity_factor:g}", "--moe-token-drop-policy probs"]
-    if p.moe_ep_overlap:  # the combined 1F1B schedule (cost.moe), as the MoE model zoo's A2A_OVERLAP=1 runs it
+    if p.stack.moe_capacity_factor is not None:
+        args += [f"--moe-expert-capacity-factor {p.stack.moe_capacity_factor:g}", "--moe-token-drop-policy probs"]
+    if p.stack.moe_ep_overlap:  # the combined 1F1B schedule (cost.moe), as the MoE model zoo's A2A_OVERLAP=1 runs it
         args += ["--overlap-moe-expert-parallel-comm", "--delay-wgrad-compute"]
     return args
 

@@ -151,7 +151,7 @@ def torchtitan_config(plan) -> dict:
         "activation_checkpoint": activation_checkpoint(p.recompute),
         "_devices": plan.cluster.n_devices,
     }
-    if p.grad_reduce_bf16:  # FSDP2's reduce_dtype (cost.engine.Engine.grad_reduce_bf16; default float32)
+    if p.stack.grad_reduce_bf16:  # FSDP2's reduce_dtype (cost.engine.Engine.grad_reduce_bf16; default float32)
         out["training"]["mixed_precision_reduce"] = "bfloat16"
     if p.precision == "fp8":
         out.update(float8_config(p, shard))
@@ -165,9 +165,10 @@ def torchtitan_config(plan) -> dict:
         out["_zero_note"] = zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
     if replicate > 1 and shard == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1):
         out["_ddp_note"] = _ddp_note(plan, p)
-    if p.moe_dispatcher != "alltoall":  # (cost.moe; torchtitan's "standard" backend is the all-to-all)
-        out["_dispatcher_note"] = (f"this plan is costed with the {p.moe_dispatcher} token dispatcher: torchtitan "
-                                   f"takes it in the model's config (comm_backend=\"{p.moe_dispatcher}\", "
+    dispatcher = p.stack.moe_dispatcher
+    if dispatcher != "alltoall":  # (cost.moe; torchtitan's "standard" backend is the all-to-all)
+        out["_dispatcher_note"] = (f"this plan is costed with the {dispatcher} token dispatcher: torchtitan "
+                                   f"takes it in the model's config (comm_backend=\"{dispatcher}\", "
                                    "torchtitan/models/common/config_utils.py), not in this job config")
     return out
 

@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 from symtensor.cost import Evaluator, TrainConfig
+from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS
 from symtensor.errors import PlanError
 from symtensor.hardware import Cluster, Device, Level
 from symtensor.layout import OpLayout, check_layout
@@ -29,8 +30,9 @@ from symtensor.validate import read_json
 
 FORMAT = "symtensor-plan/1"
 KEYS = {"format", "model", "cluster", "train", "seq", "mesh", "layouts", "config", "predicted"}
-# the training configuration's fields a plan file names only where they differ from the defaults (None, (0, 0))
+# the training configuration's keys a plan file names only where they differ from the defaults (None, (0, 0))
 _STATED_ONLY = ("dp_replicate", "fp8_param_gather", "bf16_layers")
+_DEFAULTS = {**{f.name: f.default for f in dataclasses.fields(TrainConfig)}, **STACK_DEFAULTS}
 
 
 def plan_to_dict(plan: Plan) -> dict:
@@ -47,8 +49,8 @@ def plan_to_dict(plan: Plan) -> dict:
                                for lv in cl.levels]},
         # (hybrid sharding's dp_replicate and the low-precision facts only where they are stated: other plan files
         # stay as they were)
-        "train": {f.name: getattr(plan.train, f.name) for f in dataclasses.fields(TrainConfig)
-                  if f.name not in _STATED_ONLY or getattr(plan.train, f.name) != f.default},
+        # (the flat record of ``TrainConfig.as_dict``: the stack's facts beside the other keys)
+        "train": {k: v for k, v in plan.train.as_dict().items() if k not in _STATED_ONLY or v != _DEFAULTS[k]},
         "seq": plan.seq,
         "mesh": [{"name": a.name, "size": a.size, "level": a.level} for a in plan.mesh],
         "layouts": {name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},

@@ -34,13 +34,12 @@ is this value's keys (``as_dict``), the grid's working record.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, fields, replace
+from dataclasses import dataclass, fields, replace
 
 from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
+from symtensor.cost.stack import KEYS as STACK_KEYS, Stack
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.plan import stack as _stack
-from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 from symtensor.plan.summary import config_summary
 
 _COUNTS = ("tp", "pp", "dp", "cp", "ep", "etp", "micro_batch", "global_batch", "seq", "vpp")
@@ -100,11 +99,9 @@ class Parallelism:
             NVFP4 on Blackwell), fp8_recipe then ``nvfp4``.
         layer_split: layers per virtual pipeline stage (``cost.train.TrainConfig.layer_split``:
             Megatron's --pipeline-model-parallel-layout order); None: the rule's split.
-        moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap, moe_ep_overlap, grad_reduce_bf16,
-        expandable_segments, cpu_offload_layers, fp8_param_gather,
-        bf16_layers: the facts of the user's stack (``plan.stack.Stack``, which says
-            what each is; its defaults, today's costing, are these); the configuration of a Stack is
-            ``Parallelism(..., **stack.as_dict())``.
+        stack: the facts of the user's stack the configuration runs with (``cost.stack.Stack``, which says what
+            each is; its defaults are today's costing): ``Parallelism(..., stack=stack)``. A flat record (``as_dict``,
+            ``from_dict``: the plan file's ``config``, the Megatron grid's dicts) holds them beside the degrees.
     """
 
     tp: int = 1
@@ -125,31 +122,25 @@ class Parallelism:
     precision: str = "bf16"
     fp8_recipe: str | None = None
     layer_split: tuple[int, ...] | None = None
-    moe_dispatcher: str = "alltoall"
-    moe_routing: str = "balanced"
-    moe_capacity_factor: float | None = None
-    moe_shared_overlap: bool = False
-    moe_ep_overlap: bool = False
-    grad_reduce_bf16: bool = False
-    expandable_segments: bool | None = None
-    cpu_offload_layers: int = 0
-    fp8_param_gather: bool = False
-    bf16_layers: tuple[int, int] = (0, 0)
+    stack: Stack = Stack()
 
     @classmethod
     def from_dict(cls, data) -> Parallelism:
-        """The configuration of a dict with (some of) its keys, e.g. a plan's JSON ``config``
-        (the summary's other keys, ``micro_steps``, ``heterogeneous``, ``differs``, are left out)."""
+        """The configuration of a flat dict with (some of) its keys (``KEYS``: the stack's facts among them), e.g.
+        a plan's JSON ``config`` (the summary's other keys, ``micro_steps``, ``heterogeneous``, ``differs``, are
+        left out) or a Megatron configuration of the grid."""
         given = {k: data[k] for k in KEYS if k in data}
         for key in ("layer_split", "bf16_layers"):  # (JSON lists)
             if given.get(key) is not None:
                 given[key] = tuple(given[key])
-        return cls(**given)
+        stack = Stack(**{k: given.pop(k) for k in STACK_KEYS if k in given})
+        return cls(**given, stack=stack)
 
     def as_dict(self) -> dict:
-        """The keys and values (``KEYS`` order): a Megatron configuration, as the grid and the
-        JSON's ``config`` write it."""
-        return asdict(self)
+        """The keys and values (``KEYS`` order), the stack's facts (``Stack.as_dict``) in place of ``stack``: a
+        Megatron configuration, as the grid and the JSON's ``config`` write it."""
+        own = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "stack"}
+        return {**own, **self.stack.as_dict()}
 
     def replace(self, **changed) -> Parallelism:
         return replace(self, **changed)
@@ -208,17 +199,15 @@ class Parallelism:
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
-                           **{k: getattr(self, k) for k in STACK_KEYS})
+                           stack=self.stack)
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
         return refusal(self, model, n_devices, device)
 
 
-KEYS = tuple(f.name for f in fields(Parallelism))
-# one set of defaults: the configuration's stack facts (and the cost model's, ``TrainConfig``) are the Stack's
-assert all({f.name: f.default for f in fields(cls) if f.name in STACK_DEFAULTS} == STACK_DEFAULTS
-           for cls in (Parallelism, TrainConfig))
+# a flat configuration's keys: the degrees and the rest, then the stack's facts (``as_dict``)
+KEYS = tuple(f.name for f in fields(Parallelism) if f.name != "stack") + STACK_KEYS
 DEFAULT_FRAMEWORK = Parallelism().framework  # the engine a configuration that names none runs
 
 
@@ -234,17 +223,18 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         v = getattr(p, key)
         if not isinstance(v, int) or v <= 0:
             return f"{key} must be a positive integer, got {v!r}"
-    why = _precision.refusal(p.precision, p.fp8_recipe, device, p.framework) or _stack.refusal(p)
+    why = _precision.refusal(p.precision, p.fp8_recipe, device, p.framework)
     if why is not None:
         return why
-    why = _modules.refusal(p.recompute, framework=p.framework, model=model, shared_overlap=p.moe_shared_overlap,
-                           fp8_recipe=p.fp8_recipe if p.precision == "fp8" else None, ep_overlap=p.moe_ep_overlap)
+    stack = p.stack
+    why = _modules.refusal(p.recompute, framework=p.framework, model=model, shared_overlap=stack.moe_shared_overlap,
+                           fp8_recipe=p.fp8_recipe if p.precision == "fp8" else None, ep_overlap=stack.moe_ep_overlap)
     if why is not None:
         return why
-    why = engine_refusal(p) or (_engine.grad_reduce_refusal(p.framework, p.zero) if p.grad_reduce_bf16 else None)
-    why = why or _precision.lowp_refusal(p.precision, p.fp8_recipe, p.zero, p.fp8_param_gather, p.bf16_layers,
+    why = engine_refusal(p) or (_engine.grad_reduce_refusal(p.framework, p.zero) if stack.grad_reduce_bf16 else None)
+    why = why or _precision.lowp_refusal(p.precision, p.fp8_recipe, p.zero, stack.fp8_param_gather, stack.bf16_layers,
                                          model.layers, p.pp)
-    if why is None and p.cpu_offload_layers:
+    if why is None and stack.cpu_offload_layers:
         why = _engine.cpu_offload_refusal(p.framework, p.pp, p.recompute)
     if why is not None:
         return why
@@ -258,7 +248,8 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
                         (model.shared_ffn, "shared expert width")):
         if width % tp:
             return f"tp={tp} must divide the {what} {width}"
-    why = _expert_refusal(p, model) or _moe.overlap_refusal(p) or _moe.engine_refusal(p.moe_dispatcher, p.framework)
+    why = _expert_refusal(p, model) or _moe.overlap_refusal(p) or \
+        _moe.engine_refusal(stack.moe_dispatcher, p.framework)
     if why is not None:
         return why
     why = _hybrid_refusal(p)
@@ -273,7 +264,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
         return f"seq={p.seq} does not split into 2cp = {2 * cp} load-balanced chunks"
     if pp > model.layers:
         return f"pp={pp} exceeds the {model.layers} layers"
-    why = _engine.offload_count_refusal(p.cpu_offload_layers, model.layers)
+    why = _engine.offload_count_refusal(stack.cpu_offload_layers, model.layers)
     if why is not None:
         return why
     if pp > 1 or p.layer_split is not None:
@@ -299,7 +290,7 @@ def engine_refusal(p: Parallelism) -> str | None:
     return _engine.refusal(eng, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8", hsdp=p.hsdp,
                            layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE and not modules,
                            fp16=p.precision == "fp16", fp4=p.precision == "fp4",
-                           lowp=p.fp8_param_gather or tuple(p.bf16_layers) != (0, 0))
+                           lowp=p.stack.fp8_param_gather or p.stack.bf16_layers != (0, 0))
 
 
 def _expert_refusal(p: Parallelism, model) -> str | None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 
 from symtensor.cost import TrainConfig
+from symtensor.cost.stack import Stack
 from symtensor.errors import PlanError
 from symtensor.models import ModelConfig
 from symtensor.validate import (
@@ -59,9 +60,18 @@ def _keys(data, where: str, required: tuple, optional: tuple = ()) -> dict:
     return keys(data, where, required, optional, _REPLAN)
 
 
-def _fields(data, cls, where: str, required=()) -> dict:
-    """A JSON object read as a dataclass's fields: known keys only, each of its field's type."""
-    types = {f.name: f.type for f in dataclasses.fields(cls)}
+def _types(cls) -> dict:
+    """A dataclass's field annotations by name."""
+    return {f.name: f.type for f in dataclasses.fields(cls)}
+
+
+# a plan file's ``train`` section: TrainConfig's keys, the stack's facts in place of its ``stack``
+# (``TrainConfig.as_dict``)
+_TRAIN_TYPES = {**{k: t for k, t in _types(TrainConfig).items() if k != "stack"}, **_types(Stack)}
+
+
+def _fields(data, types: dict, where: str, required=()) -> dict:
+    """A JSON object read as fields of the annotations ``types``: known keys only, each of its field's type."""
     _keys(data, where, tuple(required), tuple(k for k in types if k not in required))
     return {k: _typed(v, types[k], f"{where}.{k}") for k, v in data.items()}
 
@@ -102,8 +112,8 @@ def plan_file(data, path):
     then rebuilds the rest and re-costs it)."""
     where = f"plan file {path}"
     _keys(data, where, ("format", "model", "cluster", "train", "seq", "mesh", "layouts"), ("config", "predicted"))
-    model = _fields(data["model"], ModelConfig, f"{where}: model", required=PLAN_MODEL_DIMS)
-    train = _fields(data["train"], TrainConfig, f"{where}: train", required=("global_batch",))
+    model = _fields(data["model"], _types(ModelConfig), f"{where}: model", required=PLAN_MODEL_DIMS)
+    train = _fields(data["train"], _TRAIN_TYPES, f"{where}: train", required=("global_batch",))
     _plan_cluster(data["cluster"], f"{where}: cluster")
     integer(data["seq"], f"{where}: seq", hi=MAX_SEQ)
     mesh = data["mesh"]
@@ -126,6 +136,6 @@ def plan_file(data, path):
         if key in data and not isinstance(data[key], dict):
             raise PlanError(f"{where}: {key} must be an object")
     try:
-        return ModelConfig(**model), TrainConfig(**train)
+        return ModelConfig(**model), TrainConfig.from_dict(train)
     except PlanError as exc:
         raise PlanError(f"{where}: {exc}") from None

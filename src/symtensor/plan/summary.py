@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import math
 
-from symtensor.plan.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
+from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
 # the keys of a Megatron-LM configuration (``search.megatron.DEFAULTS``: megatron_plan's keywords)
@@ -128,11 +128,11 @@ def config_summary(plan) -> dict:
 
 
 def _stack(train, ep: int = 2) -> dict:
-    """The summary's stack facts (``plan.stack``): those that differ from the defaults (none by default); the expert
+    """The summary's stack facts (``cost.stack``): those that differ from the defaults (none by default); the expert
     all-to-all overlap only where there is expert parallelism (``ep``) to overlap, the low-precision facts only
     where they hold (``TrainConfig.lowp_params``, ``TrainConfig.bf16_span``: not on a BF16 point of a search);
     the BF16 layer counts as a list, as JSON writes them."""
-    held = {**{k: getattr(train, k) for k in STACK_DEFAULTS}, "fp8_param_gather": train.lowp_params,
+    held = {**train.stack.as_dict(), "fp8_param_gather": train.lowp_params,
             "bf16_layers": train.bf16_span}
     return {k: list(v) if isinstance(v, tuple) else v for k, v in held.items()
             if v != STACK_DEFAULTS[k] and not (k == "moe_ep_overlap" and ep <= 1)}

@@ -163,7 +163,7 @@ def configuration(run: Run, cfg) -> Parallelism:
     (``parallelism.evaluate_defaults``)."""
     c = dict(run.config)
     keys = {k: c[k] for k in ("tp", "pp", "cp", "dp", "sp", "seq", "global_batch") if k in c}
-    return Parallelism(**{**c, **evaluate_defaults(cfg, run.devices, **keys)})
+    return Parallelism.from_dict({**c, **evaluate_defaults(cfg, run.devices, **keys)})
 
 
 class _Rows:

@@ -27,11 +27,11 @@ import functools
 import math
 
 from symtensor.cost.recompute import refusal as modules_refusal
+from symtensor.cost.stack import Stack
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import Cluster, divisors
 from symtensor.models import ModelConfig, build_graph, params_active
 from symtensor.plan.plan import Plan
-from symtensor.plan.stack import Stack
 from symtensor.plan.summary import RECIPE_NOTE
 from symtensor.search import recipes
 from symtensor.search.grid import megatron_grid
@@ -183,7 +183,7 @@ def baseline_plans(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: i
     (``grid.megatron_grid``; not where torch may be loaded: ``search.parallel``). ``pool``: the
     caller's pool of this model, cluster, sequence and engine, to share its evaluators. ``precision``
     (``EvaluatorPool``): the baselines' precision; None: BF16 (the recipes' own). ``stack``: the stack facts
-    (``plan.stack.Stack``) the baselines run with, as the plan does (D-Rec's too: its layouts costed with them).
+    (``cost.stack.Stack``) the baselines run with, as the plan does (D-Rec's too: its layouts costed with them).
     ``beat``: the grid's (``grid.megatron_grid``: only a best faster than it is exact)."""
     from symtensor.search.drec import drec_plan
 

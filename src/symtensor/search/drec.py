@@ -7,10 +7,10 @@ from __future__ import annotations
 import time
 
 from symtensor.cost import TrainConfig, drec
+from symtensor.cost.stack import Stack
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
-from symtensor.plan.stack import Stack
 from symtensor.search.outer import OuterSearch, finish, rollback
 from symtensor.search.partition import Problem, partition
 from symtensor.search.pool import EvaluatorPool
@@ -44,7 +44,7 @@ def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, p
     """The D-Rec baseline: D-Rec's layouts (unitless costs, same recursion), pipeline depths by
     rollback, micro-batches / recomputation / ZeRO costed by the full model, in ``precision``
     (a baseline does not choose FP8 by itself: BF16 unless stated) and with the stack facts ``stack``
-    (``plan.stack.Stack``: the MoE options, the gradient reduction's dtype, ...) the plan is costed with; D-Rec's own
+    (``cost.stack.Stack``: the MoE options, the gradient reduction's dtype, ...) the plan is costed with; D-Rec's own
     unitless costs, which choose its layouts, have no notion of them."""
     t0 = time.perf_counter()
     pool = EvaluatorPool(cfg, cluster, seq, precision=precision, fp8_recipe=fp8_recipe, stack=stack)

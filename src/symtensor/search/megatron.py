@@ -68,14 +68,14 @@ def configuration(given: dict) -> dict:
 
 def train_config(c: dict) -> TrainConfig:
     """The training configuration the cost model reads, of the (complete) configuration ``c``."""
-    return Parallelism(**c).train
+    return Parallelism.from_dict(c).train
 
 
 def check_config(cfg: ModelConfig, n_devices: int, c: dict, device=None) -> None:
     """Refuse a configuration ``c`` (complete: ``configuration``) that does not run on model
     ``cfg`` and ``n_devices`` devices (of kind ``device``, when given), with one line naming the
     rule and the fix: the one configuration rule, ``plan.parallelism.refusal``."""
-    why = config_refusal(Parallelism(**c), cfg, n_devices, device)
+    why = config_refusal(Parallelism.from_dict(c), cfg, n_devices, device)
     if why is not None:
         raise PlanError(why)
 

@@ -344,9 +344,9 @@ def _fp8_variants(s: OuterSearch, base: Costed, recipe: str, zero_variants: bool
     for rc, zeros in fp8_trials(s.pool.recomputations(), base.train.recompute, base.train.zero, zero_variants):
         for zero in zeros:
             # (with the stack's low-precision facts, which a BF16 grid point leaves out: ``EvaluatorPool.lowp``)
-            train = base.train.replace(precision="fp8", fp8_recipe=recipe, recompute=rc, zero=zero,
-                                       fp8_param_gather=s.pool.stack.fp8_param_gather,
-                                       bf16_layers=s.pool.stack.bf16_layers)
+            stack = base.train.stack.replace(fp8_param_gather=s.pool.stack.fp8_param_gather,
+                                             bf16_layers=s.pool.stack.bf16_layers)
+            train = base.train.replace(precision="fp8", fp8_recipe=recipe, recompute=rc, zero=zero, stack=stack)
             variant = Costed(train, base.layouts, ev.evaluate(base.layouts, train, check=False))
             s.offer(variant)
             if variant.report.fits:

@@ -33,10 +33,10 @@ import gc
 import time
 from contextlib import ExitStack, contextmanager
 
+from symtensor.cost.stack import Stack
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
-from symtensor.plan.stack import Stack
 from symtensor.search.grid import megatron_grid
 from symtensor.search.outer import (
     FULL_MESH,
@@ -67,7 +67,7 @@ def search(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, micr
         graph_factory: graphs per micro-step batch for a captured model (``frontends``).
         precision: ``bf16`` or ``fp8`` (under ``fp8_recipe``) for every point; None: BF16, and FP8
             where it wins as a variant of the best point (step 6, ``outer.precision_variant``).
-        stack: the facts of the user's stack every point runs with (``plan.stack.Stack``: the MoE options,
+        stack: the facts of the user's stack every point runs with (``cost.stack.Stack``: the MoE options,
             the gradient reduction's dtype, the allocator); default: today's costing.
         pool: a pool of this model, cluster, sequence and engine to search in (``search.guarantee``
             shares its evaluators with the grid), when it costs as this search's would

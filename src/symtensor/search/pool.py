@@ -26,6 +26,7 @@ from symtensor.cost.engine import (
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import has_fp8, lowp_refusal, named_recipe, refusal as precision_refusal
+from symtensor.cost.stack import Stack
 from symtensor.cost.train import rule_split
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
@@ -34,7 +35,6 @@ from symtensor.memo import Memo
 from symtensor.models import ModelConfig, build_graph
 from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.plan import Plan
-from symtensor.plan.stack import Stack
 from symtensor.search.megatron import (
     check_config,
     configuration,
@@ -92,7 +92,7 @@ class EvaluatorPool:
         ``fp8_recipe``, default the device's) or ``fp4`` (NVFP4) for every configuration; None: BF16, and the
         search may choose FP8 under ``fp8_variant`` as a variant of its best point (``outer.finish``; never FP4,
         which changes the numerics more and is only costed where asked for).
-        ``stack``: the stated facts of the user's stack (``plan.stack.Stack``: how the MoE layers run, the
+        ``stack``: the stated facts of the user's stack (``cost.stack.Stack``: how the MoE layers run, the
         gradient reduction's dtype, the allocator) that every configuration carries; only the facts that differ
         from the defaults, so a search without them is today's."""
         self.cfg, self.cluster, self.seq = cfg, cluster, seq
@@ -114,9 +114,11 @@ class EvaluatorPool:
         why = lowp_search_refusal(self.stack, framework, self.fp8_recipe or self.fp8_variant)
         if why is not None:
             raise PlanError(why)
-        # what every configuration and training configuration of this search carries besides its degrees
-        self.train_keys = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe,
-                           **self.stack.differing()}
+        # what every configuration and training configuration of this search carries besides its degrees: as a
+        # Megatron configuration's keys (``held``) and as the training configuration's keywords
+        carried = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe}
+        self.config_keys = {**carried, **self.stack.differing()}
+        self.train_keys = {**carried, "stack": self.stack}
         self.graph_factory = graph_factory
         self._param_sums = None
         self._recomputations = None
@@ -177,10 +179,10 @@ class EvaluatorPool:
 
     def held(self, config: dict) -> dict:
         """Megatron configuration ``config`` with what this search carries besides its degrees
-        (``train_keys``); the expert all-to-all overlap only where Megatron runs it on ``config``
+        (``config_keys``); the expert all-to-all overlap only where Megatron runs it on ``config``
         (``cost.moe.overlap_refusal``): a stack fact holds where it applies, not a refusal of the point."""
-        out = {**config, **self.train_keys}
-        if out.get("moe_ep_overlap") and moe_overlap_refusal(Parallelism(**configuration(out))) is not None:
+        out = {**config, **self.config_keys}
+        if out.get("moe_ep_overlap") and moe_overlap_refusal(Parallelism.from_dict(configuration(out))) is not None:
             del out["moe_ep_overlap"]
         if out.get("grad_reduce_bf16") and grad_reduce_refusal(out.get("framework", "megatron"), out.get("zero", 0)):
             del out["grad_reduce_bf16"]  # (FSDP2's ZeRO 0, DDP, reduces as before)

@@ -49,10 +49,10 @@ import math
 from dataclasses import dataclass
 
 from symtensor.cost.pipeline import parse_layout
+from symtensor.cost.stack import Stack
 from symtensor.errors import PlanError
 from symtensor.models import PRESETS, ModelConfig
 from symtensor.plan.parallelism import Parallelism, refusal
-from symtensor.plan.stack import Stack
 
 # the repositories and the commits the rows were read at (the newest stored snapshots)
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b"
@@ -85,7 +85,7 @@ class Recipe:
         pp_layout: its stated pipeline layout, if any (``layout_split``; see the module docstring).
         default: the family's default (``<model>_pretrain_config`` is this function).
         notes: what the planner does not model of it.
-        stack: the stack facts its launch states (``plan.stack.Stack``): Megatron-Bridge's performance recipes
+        stack: the stack facts its launch states (``cost.stack.Stack``): Megatron-Bridge's performance recipes
             reduce gradients in bf16 and set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in their
             ``env_vars`` (all but one here: ``_PERF_STACK``), some turn on ``overlap_moe_expert_parallel_comm``;
             the library recipes state none. The recipe is costed with them on its own GPUs

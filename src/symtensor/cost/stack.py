@@ -1,0 +1,107 @@
+"""The facts of the user's software stack that a search holds fixed besides its parallel degrees.
+
+How the MoE layers run (the token dispatcher, the routing, the capacity, the two overlaps; ``cost.moe``),
+the gradient reduction's dtype, the allocator's expandable segments, CPU activation offloading and the low-precision
+parameter facts are not choices of the planner: the user's stack states them, and every point of a search, the
+Megatron grid and the baselines run with them (``search.pool.EvaluatorPool``). ``Stack`` is their one
+representation: the library's entry points take one (``api.evaluate``, ``api.plan``, ``api.sweep``, ...), the CLI
+builds one from its options (``cli.stack_of``), a configuration (``plan.parallelism.Parallelism``) and the training
+configuration the cost model reads (``cost.train.TrainConfig``) each hold one as their field ``stack``, and the
+plan's summary names the facts that differ from the defaults (``plan.summary``). It lives in the cost layer, which
+reads it; ``plan.stack`` names it for the library's users. Where a configuration is a flat record (the plan file's
+``config`` and ``train`` sections, the Megatron grid's dicts) the facts stand beside the degrees under their own
+names (``KEYS``).
+
+    >>> Stack(moe_routing="aux_loss").differing()
+    {'moe_routing': 'aux_loss'}
+    >>> Stack(moe_dispatcher="nccl")
+    Traceback (most recent call last):
+    ...
+    symtensor.errors.PlanError: moe_dispatcher='nccl'; use one of alltoall, deepep, hybridep
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields, replace
+
+from symtensor.cost import moe as _moe
+from symtensor.cost.engine import offload_count_refusal
+from symtensor.cost.precision import lowp_fact_refusal
+from symtensor.errors import PlanError
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Stack:
+    """The stack facts a search holds, each with its default: today's costing (``Parallelism.stack``,
+    ``TrainConfig.stack``, where the cost model reads them). Checked when built: a bad value is a one-line
+    PlanError.
+
+    Attributes:
+        moe_dispatcher, moe_routing, moe_capacity_factor, moe_shared_overlap: how the MoE layers run
+            (``cost.moe``): the token dispatcher (``alltoall``, NCCL's all-to-all, ``deepep`` or ``hybridep``),
+            ``balanced`` or auxiliary-loss (``aux_loss``: the most-loaded rank paces the step) routing, the
+            capacity factor beyond which experts drop tokens (None: dropless), the shared expert beside the
+            dispatch (Megatron's --moe-shared-expert-overlap); the defaults: all-to-all, balanced, dropless,
+            serial.
+        moe_ep_overlap: Megatron's --overlap-moe-expert-parallel-comm (with --delay-wgrad-compute): the
+            1F1B steady state runs one micro-batch's forward beside another's backward, layer by layer,
+            so each one's dispatch and combine hide behind the other's compute (``cost.moe``).
+        grad_reduce_bf16: gradients reduced in bf16 instead of fp32 (Megatron's --grad-reduce-in-bf16, torchtitan's
+            mixed_precision_reduce; ``cost.train.TrainConfig.reduced_bytes``).
+        expandable_segments: whether PyTorch's caching allocator runs with expandable segments
+            (PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True), None for the engine's default
+            (``cost.engine.Engine.expandable_segments``): the reserved memory's fragmentation.
+        cpu_offload_layers: Megatron-LM's CPU activation offloading (--cpu-offloading-num-layers N): the saved
+            activations of the first N transformer layers of a pipeline stage go to host memory in forward and
+            come back in backward, on a side stream (``cost.engine.CPU_OFFLOAD``); 0: none. Megatron only.
+        fp8_param_gather: Megatron-LM's --fp8-param-gather (--fp4-param-gather under fp4): the layers' GEMM weights
+            kept as Transformer Engine FP8 (NVFP4) tensors, no BF16 copy beside them, and gathered in those bytes
+            (``cost.precision``); held where the precision is FP8 or FP4 and ZeRO >= 1. Megatron only.
+        bf16_layers: (N, M): Megatron-LM's --first-last-layers-bf16 --num-layers-at-start-in-bf16 N
+            --num-layers-at-end-in-bf16 M, the first N and last M transformer layers kept in BF16 under FP8 or FP4
+            (``cost.precision``); (0, 0): none. Megatron only.
+    """
+
+    moe_dispatcher: str = "alltoall"
+    moe_routing: str = "balanced"
+    moe_capacity_factor: float | None = None
+    moe_shared_overlap: bool = False
+    moe_ep_overlap: bool = False
+    grad_reduce_bf16: bool = False
+    expandable_segments: bool | None = None
+    cpu_offload_layers: int = 0
+    fp8_param_gather: bool = False
+    bf16_layers: tuple[int, int] = (0, 0)
+
+    def __post_init__(self):
+        why = refusal(self)
+        if why is not None:
+            raise PlanError(why)
+        object.__setattr__(self, "bf16_layers", tuple(self.bf16_layers))
+
+    def as_dict(self) -> dict:
+        """The facts by name (``KEYS`` order): how a flat record (a plan file, the Megatron grid's dicts) holds them."""
+        return {k: getattr(self, k) for k in KEYS}
+
+    def replace(self, **changed) -> Stack:
+        return replace(self, **changed)
+
+    def differing(self) -> dict:
+        """The facts that differ from the defaults (``DEFAULTS``): none for today's costing."""
+        return {k: v for k, v in self.as_dict().items() if v != DEFAULTS[k]}
+
+
+def refusal(stack) -> str | None:
+    """One line naming the bad value of ``stack`` (the facts of a ``Stack`` being built) and the fix, or None."""
+    why = _moe.refusal(stack.moe_dispatcher, stack.moe_capacity_factor, stack.moe_routing, stack.moe_shared_overlap,
+                       stack.moe_ep_overlap)
+    if why is None and not isinstance(stack.grad_reduce_bf16, bool):
+        why = f"grad_reduce_bf16={stack.grad_reduce_bf16!r}; use True or False"
+    if why is None and stack.expandable_segments not in (None, True, False):
+        why = f"expandable_segments={stack.expandable_segments!r}; use True, False or None (the engine's default)"
+    return why or offload_count_refusal(stack.cpu_offload_layers) or \
+        lowp_fact_refusal(stack.fp8_param_gather, stack.bf16_layers)
+
+
+KEYS = tuple(f.name for f in fields(Stack))  # the facts' names, the one list of them
+DEFAULTS = {f.name: f.default for f in fields(Stack)}  # each fact's default: today's costing
