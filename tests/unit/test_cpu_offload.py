@@ -109,3 +109,20 @@ def test_a_search_holds_it_where_megatron_runs_it():
 def test_llama3_70b_gb200_recipe_states_it():
     row = next(r for r in RECIPES if r.name == "llama3_70b_pretrain_64gpu_gb200_bf16_config")
     assert row.stack.cpu_offload_layers == 20 and row.stack.grad_reduce_bf16
+
+
+def test_a_plan_file_keeps_the_host_link_it_offloads_over(tmp_path):
+    """A plan that offloads activations writes its device's host link into the plan file and loads back with the
+    same prediction; a plan that does not keeps the file as it was (no host_bandwidth key)."""
+    from symtensor.plan.io import load_plan, save_plan
+
+    for n in (4, 0):
+        plan = _plan(n)
+        path = tmp_path / f"off{n}.json"
+        save_plan(plan, path)
+        device = json.loads(path.read_text())["cluster"]["device"]
+        assert ("host_bandwidth" in device) == (n > 0)
+        again = load_plan(path)
+        assert again.train.stack.cpu_offload_layers == n
+        assert again.report.step_time_s == pytest.approx(plan.report.step_time_s)
+        assert again.report.memory_reserved == pytest.approx(plan.report.memory_reserved)

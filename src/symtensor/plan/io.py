@@ -43,7 +43,10 @@ def plan_to_dict(plan: Plan) -> dict:
         "model": {f.name: getattr(plan.model, f.name) for f in dataclasses.fields(ModelConfig)},
         "cluster": {"name": cl.name, "devices": cl.n_devices,
                     "device": {"name": cl.device.name, "peak_flops": cl.device.peak_flops,
-                               "hbm_bandwidth": cl.device.hbm_bandwidth, "memory": cl.device.memory},
+                               "hbm_bandwidth": cl.device.hbm_bandwidth, "memory": cl.device.memory,
+                               # the host link where the plan moves activations over it (other files unchanged)
+                               **({"host_bandwidth": cl.device.host_bandwidth}
+                                  if plan.train.stack.cpu_offload_layers else {})},
                     "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth,
                                 "latency": lv.latency, **({"partial": lv.partial} if lv.partial else {})}
                                for lv in cl.levels]},
@@ -87,7 +90,8 @@ def load_plan(path: str | Path) -> Plan:
     _need(cl, ("name", "devices", "device", "levels"), "cluster")
     device = cl["device"]
     dev = Device(name=device["name"], peak_flops=dict(device["peak_flops"]),
-                 hbm_bandwidth=float(device["hbm_bandwidth"]), memory=float(device["memory"]))
+                 hbm_bandwidth=float(device["hbm_bandwidth"]), memory=float(device["memory"]),
+                 host_bandwidth=float(device.get("host_bandwidth", 0.0)))
     levels = tuple(Level(name=lv["name"], fanout=int(lv["fanout"]), bandwidth=float(lv["bandwidth"]),
                          latency=float(lv["latency"]), partial=int(lv.get("partial", 0))) for lv in cl["levels"])
     cluster = Cluster(name=cl["name"], device=dev, levels=levels, n_devices=int(cl["devices"]))

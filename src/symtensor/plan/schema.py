@@ -85,7 +85,7 @@ def _plan_cluster(c, where: str) -> None:
     _keys(c, where, ("name", "devices", "device", "levels"))
     name(c["name"], f"{where}.name")
     integer(c["devices"], f"{where}.devices", hi=MAX_DEVICES)
-    dev = _keys(c["device"], f"{where}.device", ("name", "peak_flops", "hbm_bandwidth", "memory"))
+    dev = _keys(c["device"], f"{where}.device", ("name", "peak_flops", "hbm_bandwidth", "memory"), ("host_bandwidth",))
     name(dev["name"], f"{where}.device.name")
     peaks = dev["peak_flops"]
     if not isinstance(peaks, dict) or not peaks:
@@ -94,6 +94,8 @@ def _plan_cluster(c, where: str) -> None:
         number(flops, f"{where}.device.peak_flops.{dtype}", HARDWARE_MAX_SI["peak_flops"])
     for key in ("hbm_bandwidth", "memory"):
         number(dev[key], f"{where}.device.{key}", HARDWARE_MAX_SI[key])
+    if "host_bandwidth" in dev:  # written where the plan offloads activations to the host (plan.io)
+        number(dev["host_bandwidth"], f"{where}.device.host_bandwidth", HARDWARE_MAX_SI["bandwidth"])
     levels = c["levels"]
     if not isinstance(levels, list) or not 1 <= len(levels) <= MAX_LEVELS:
         raise PlanError(f"{where}.levels must be a list of 1 to {MAX_LEVELS} levels")
