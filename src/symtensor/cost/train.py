@@ -252,7 +252,9 @@ class TrainConfig:
     def in_bf16(self, layer: int, layers: int) -> bool:
         """Whether transformer layer ``layer`` (of ``layers``) runs in BF16 under ``bf16_span`` (Megatron's
         ``is_first_last_bf16_layer``: a global index below N or at least layers - M)."""
-        first, last = self.bf16_span
+        first, last = self.stack.bf16_layers
+        if not (first or last) or self.fp8 is None:  # (the common case first: a search asks it per layer)
+            return False
         return 0 <= layer < layers and (layer < first or layer >= layers - last)
 
     @property

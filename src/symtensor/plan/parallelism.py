@@ -34,6 +34,7 @@ is this value's keys (``as_dict``), the grid's working record.
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, fields, replace
 
 from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
@@ -133,7 +134,7 @@ class Parallelism:
         for key in ("layer_split", "bf16_layers"):  # (JSON lists)
             if given.get(key) is not None:
                 given[key] = tuple(given[key])
-        stack = Stack(**{k: given.pop(k) for k in STACK_KEYS if k in given})
+        stack = _stack(tuple((k, given.pop(k)) for k in STACK_KEYS if k in given))
         return cls(**given, stack=stack)
 
     def as_dict(self) -> dict:
@@ -207,6 +208,13 @@ class Parallelism:
 
 
 # a flat configuration's keys: the degrees and the rest, then the stack's facts (``as_dict``)
+@functools.cache
+def _stack(facts: tuple) -> Stack:
+    """The Stack of (key, value) facts, built (and validated) once per distinct set: the Megatron grid makes
+    thousands of configurations of one stack (``Parallelism.from_dict``)."""
+    return Stack(**dict(facts))
+
+
 KEYS = tuple(f.name for f in fields(Parallelism) if f.name != "stack") + STACK_KEYS
 DEFAULT_FRAMEWORK = Parallelism().framework  # the engine a configuration that names none runs
 
