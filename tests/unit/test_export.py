@@ -331,3 +331,28 @@ def test_megatron_exports_zero2_as_megatron_fsdp_optim_grads():
     assert "--data-parallel-sharding-strategy optim_grads" in args and "--use-megatron-fsdp" in args
     assert not _megatron_problems(zero2, args)
     assert any("run ZeRO 3, the plan is ZeRO 2" in p for p in _megatron_problems(zero2, megatron_args(plan)))
+
+
+@pytest.mark.parametrize("stack", [
+    dict(),
+    dict(moe_dispatcher="hybridep", moe_routing="aux_loss", moe_capacity_factor=1.25, moe_shared_overlap=True),
+    dict(moe_ep_overlap=True, grad_reduce_bf16=True, expandable_segments=False, cpu_offload_layers=3),
+    dict(fp8_param_gather=True, bf16_layers=(1, 2), expandable_segments=True)])
+def test_the_evaluate_command_an_export_suggests_states_the_whole_configuration(plan, stack):
+    """``export.common.evaluate_command`` (what a torchtitan refusal tells the user to evaluate instead) parses back,
+    through the CLI's own parser, to the configuration it was made from: degrees, the stated layer split and every
+    stack fact (``stack_flags``)."""
+    import shlex
+
+    from symtensor.cli import build_parser, stack_of
+    from symtensor.export.common import evaluate_command
+    from symtensor.plan import Parallelism, Stack
+
+    p = Parallelism(tp=2, pp=2, dp=16, micro_batch=1, global_batch=256, seq=4096, recompute="selective",
+                    layer_split=(3, 5), precision="fp8", fp8_recipe="tensorwise", stack=Stack(**stack))
+    argv = shlex.split(evaluate_command(plan, p))[1:]  # (the command without its program name)
+    args = build_parser().parse_args(argv)
+    assert stack_of(args) == p.stack
+    assert (args.tp, args.pp, args.dp, args.global_batch, args.recompute, args.fp8_recipe) == \
+        (2, 2, 16, 256, "selective", "tensorwise")
+    assert api.stated_split(args.pp_layout, plan.model, args.pp, args.vpp) == (1, (3, 5))

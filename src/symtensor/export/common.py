@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost.engine import ENGINES
+from symtensor.cost.pipeline import layout_string
 from symtensor.errors import PlanError
 from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Capabilities, Heterogeneous, Parallelism
 from symtensor.plan.summary import repeated_work
@@ -60,7 +61,30 @@ def evaluate_command(plan, p: Parallelism) -> str:
     flags += " --precision fp4" if p.precision == "fp4" else ""
     flags += " --precision fp16" if p.precision == "fp16" else ""
     flags += f" --dp-shard {p.dp_shard}" if p.hsdp else ""
+    flags += f" --pp-layout '{layout_string(p.layer_split)}'" if p.layer_split is not None else ""
+    flags += "".join(f" {flag}" for flag in stack_flags(p.stack))
     return f"symtensor evaluate {model_arg(plan.model)} --cluster {cl.name} --devices {cl.n_devices} {flags}"
+
+
+# the symtensor evaluate option of a stack fact whose option is not its own name (cli._moe_args)
+_STACK_FLAGS = {"grad_reduce_bf16": "--grad-reduce-in-bf16", "bf16_layers": "--first-last-layers-bf16"}
+
+
+def stack_flags(stack) -> list[str]:
+    """The ``symtensor evaluate`` options that state ``stack``'s facts (``cost.stack.Stack``) where they differ from
+    its defaults, in the CLI's spelling (tests/unit/test_export.py parses them back to the same Stack)."""
+    out = []
+    for key, value in stack.differing().items():
+        flag = _STACK_FLAGS.get(key, "--" + key.replace("_", "-"))
+        if key == "expandable_segments":
+            out.append(flag if value else "--no-expandable-segments")
+        elif isinstance(value, bool):
+            out.append(flag)
+        elif isinstance(value, tuple):
+            out.append(f"{flag} {','.join(str(v) for v in value)}")
+        else:
+            out.append(f"{flag} {value:g}" if isinstance(value, float) else f"{flag} {value}")
+    return out
 
 
 def nearest(plan) -> str:
