@@ -134,3 +134,24 @@ def test_a_plan_file_round_trips(tmp_path):
         assert again.train.stack.offload_modules == modules
         assert again.report.step_time_s == pytest.approx(plan.report.step_time_s)
         assert again.report.memory_reserved == pytest.approx(plan.report.memory_reserved)
+
+
+def test_recomputation_leaves_nothing_to_offload(tmp_path):
+    """Under full recomputation a layer's forward saves only its input: no module input to move, no copy to pay;
+    under selective recomputation the attention core's inputs (Q, K, V) are still kept, and offloaded."""
+    slow = _host_cluster(tmp_path, 0.05)
+    full, full_off = _plan((), recompute="full").report, _plan(("core_attn",), slow, recompute="full").report
+    assert full_off.memory["activations"] == full.memory["activations"] and full_off.breakdown["cpu_offload"] == 0.0
+    sel, sel_off = _plan((), recompute="selective").report, _plan(("core_attn",), recompute="selective").report
+    layers = load_model_config("llama2-7b").layers
+    assert sel_off.memory["activations"] == pytest.approx(sel.memory["activations"] - 3 * 8 * MIB * layers)
+
+
+def test_a_search_holds_it():
+    plan = api.plan("tiny-qwen3-moe", "dgx-h100", 8, global_batch=16, seq=128,
+                    stack=Stack(offload_modules=("expert_fc1",)))
+    assert plan.train.stack.offload_modules == ("expert_fc1",)
+    assert plan.config["offload_modules"] == ["expert_fc1"]
+    with pytest.raises(PlanError, match="use --framework megatron"):
+        api.plan("tiny-llama", "dgx-h100", 8, global_batch=16, seq=128, framework="fsdp2",
+                 stack=Stack(offload_modules=("core_attn",)))

@@ -21,8 +21,9 @@ inside the MoE layer when ``moe`` is recomputed). Every layer of every stage off
     expert_fc1  the routed experts' gate/up projections' input (the dispatched tokens)
     moe_act     the routed experts' activation's input
 
-A tensor backward does not keep (a recomputed region's, ``cost.recompute``) is not offloaded; one smaller than
-``MIN_OFFLOADED_ELEMENTS`` on the device stays.
+A tensor backward does not keep (a recomputed region's, ``cost.recompute``; every one under full recomputation,
+whose forward saves nothing but the layer's input) is not offloaded; one smaller than ``MIN_OFFLOADED_ELEMENTS`` on
+the device stays.
 """
 
 from __future__ import annotations

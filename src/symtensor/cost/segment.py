@@ -173,7 +173,9 @@ class Segment:
                 self.logits += ev.tensors[op.inputs[0]].numel / ev.in_layout(op, layout, 0).factor(ev.mesh)
         self.saved_total = sum(self.saved.values())
         # Megatron's fine-grained offloading (``cost.offload``): the saved bytes that go to host memory
-        self.offloaded = self._offloaded() if self.train.stack.offload_modules and self.in_layer else 0.0
+        # (none under full recomputation: the layer's forward runs without saving, its input alone is kept)
+        offloads = self.train.stack.offload_modules and self.in_layer and recompute != "full"
+        self.offloaded = self._offloaded() if offloads else 0.0
         self.largest = max(self.saved.values(), default=0.0)  # its largest saved activation
         self._kept(recompute, kept, kept_ops)
         self.bwd = self.compute - self.fwd + self.recompute
