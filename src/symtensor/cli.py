@@ -83,6 +83,12 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    "transformer layers' saved activations go to host memory in forward and come back in backward "
                    "over the device's host link (PCIe, NVLink-C2C); Megatron only, without pipeline parallelism or "
                    "recomputation; default 0 (none)")
+    p.add_argument("--offload-modules", dest="offload_modules", type=_module_list, default=(), metavar="M,M",
+                   help="Megatron-core's fine-grained activation offloading (--fine-grained-activation-offloading "
+                   "--offload-modules M ...): each named module's input activation goes to host memory in forward "
+                   "and comes back before its backward, in every layer; M of attn_norm, qkv_linear, core_attn, "
+                   "attn_proj, mlp_norm, expert_fc1, moe_act; Megatron only, not with --cpu-offload-layers; "
+                   "default: none")
     p.add_argument("--fp8-param-gather", "--fp4-param-gather", dest="fp8_param_gather", action="store_true",
                    help="Megatron-LM's --fp8-param-gather (--fp4-param-gather under --precision fp4): the layers' "
                    "GEMM weights kept as Transformer Engine FP8 (NVFP4) tensors, no BF16 copy, gathered in those "
@@ -120,6 +126,11 @@ def _bf16_layers(value: str) -> tuple[int, int]:
         raise argparse.ArgumentTypeError(f"--first-last-layers-bf16 takes N,M (the first N and last M layers kept in "
                                          f"BF16, counts >= 0), got {value!r}")
     return int(parts[0]), int(parts[1])
+
+
+def _module_list(value: str) -> tuple[str, ...]:
+    """M,M of --offload-modules: the names (checked by ``cost.stack.Stack``)."""
+    return tuple(m.strip() for m in value.split(",") if m.strip())
 
 
 def _micro(value: str):

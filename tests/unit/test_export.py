@@ -337,7 +337,8 @@ def test_megatron_exports_zero2_as_megatron_fsdp_optim_grads():
     dict(),
     dict(moe_dispatcher="hybridep", moe_routing="aux_loss", moe_capacity_factor=1.25, moe_shared_overlap=True),
     dict(moe_ep_overlap=True, grad_reduce_bf16=True, expandable_segments=False, cpu_offload_layers=3),
-    dict(fp8_param_gather=True, bf16_layers=(1, 2), expandable_segments=True)])
+    dict(fp8_param_gather=True, bf16_layers=(1, 2), expandable_segments=True),
+    dict(offload_modules=("core_attn", "attn_proj", "expert_fc1"))])
 def test_the_evaluate_command_an_export_suggests_states_the_whole_configuration(plan, stack):
     """``export.common.evaluate_command`` (what a torchtitan refusal tells the user to evaluate instead) parses back,
     through the CLI's own parser, to the configuration it was made from: degrees, the stated layer split and every

@@ -471,8 +471,8 @@ def host_link_refusal(device) -> str | None:
     """Why ``device`` cannot carry offloaded activations (no ``Device.host_bandwidth`` stated), or None."""
     if device.host_bandwidth:
         return None
-    return (f"--cpu-offload-layers: device {device.name} states no host link bandwidth; add host_gbps (GB/s each "
-            "way) to the cluster file's device, or leave --cpu-offload-layers out")
+    return (f"activation offloading: device {device.name} states no host link bandwidth; add host_gbps (GB/s each "
+            "way) to the cluster file's device, or leave --cpu-offload-layers and --offload-modules out")
 
 
 def engine_of(train) -> Engine:

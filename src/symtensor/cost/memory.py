@@ -165,9 +165,11 @@ def ep_overlap_inflight(st: Stage, train: TrainConfig, held: float) -> float:
 
 
 def offloaded(st: Stage, train: TrainConfig) -> list[float]:
-    """Saved activation bytes of each layer of stage ``st`` whose activations go to host memory: the first
-    ``train.stack.cpu_offload_layers`` (Megatron-LM's CPU offloading, ``cost.engine.CPU_OFFLOAD``; none without
-    it)."""
+    """Saved activation bytes of each layer of stage ``st`` that go to host memory: all of the first
+    ``train.stack.cpu_offload_layers`` (Megatron-LM's CPU offloading, ``cost.engine.CPU_OFFLOAD``), or in every
+    layer its ``train.stack.offload_modules``' inputs (fine-grained offloading, ``cost.offload``); none without."""
+    if train.stack.offload_modules:
+        return st.layer_offloaded
     return st.layer_saved[:train.stack.cpu_offload_layers]
 
 
@@ -217,8 +219,9 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
             layers_act, redo = st.layer_kept, st.rematerialised
         else:
             layers_act, redo = sum(st.layer_saved), 0.0
-            if train.stack.cpu_offload_layers:  # the first N layers' saved activations live in host memory (at most
-                # layers - N sets on the device at once: ``cost.engine.CPU_OFFLOAD``)
+            if train.stack.cpu_offload_layers or train.stack.offload_modules:  # the first N layers' saved
+                # activations live in host memory (at most layers - N sets on the device at once:
+                # ``cost.engine.CPU_OFFLOAD``), or the offloaded modules' inputs of every layer (``cost.offload``)
                 layers_act -= sum(offloaded(st, train))
         held = inflight(s, train) + ep_overlap_inflight(st, train, inflight(s, train))
         gathered = gathered_transient(st, train)

@@ -474,7 +474,8 @@ class _Accumulator:
             optimizer += flags * ev.coll_time("all_reduce", 1.0, tuple(range(len(ev.mesh))))  # over a stage's ranks
         breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s, optimizer=optimizer,
                          overhead=e2e.step_s + m * e2e.microbatch_s)
-        if train.stack.cpu_offload_layers:  # (a key only with offloading: the default's breakdown is unchanged)
+        if train.stack.cpu_offload_layers or train.stack.offload_modules:  # (a key only with offloading: the
+            # default's breakdown is unchanged)
             breakdown["cpu_offload"] = m * max(offload_seconds(st, train, ev.cluster.device) for st in self.stages)
         step = sum(breakdown.values())
         memory, allocated, reserved = memory_peak(self.stages, train, ev.cluster.device, self._communicators())
@@ -497,10 +498,11 @@ class _Accumulator:
 
 
 def offload_seconds(st: Stage, train: TrainConfig, device) -> float:
-    """Seconds per micro-batch CPU activation offloading adds to stage ``st`` (``cost.engine.CPU_OFFLOAD``): each
-    offloaded layer's saved activations cross the host link once each way, device to host beside the layer's
-    forward and back beside its backward, on a side stream whose copy engines hold no SMs: what a copy exceeds of
-    its layer's compute (``hidden`` with no share) is exposed."""
+    """Seconds per micro-batch CPU activation offloading adds to stage ``st`` (``cost.engine.CPU_OFFLOAD``; the
+    fine-grained modules' inputs alike, ``cost.offload``): each layer's offloaded activations (``offloaded``) cross
+    the host link once each way, device to host beside the layer's forward and back beside its backward, on a side
+    stream whose copy engines hold no SMs: what a copy exceeds of its layer's compute (``hidden`` with no share) is
+    exposed."""
     why = host_link_refusal(device)
     if why is not None:
         raise PlanError(why)

@@ -51,6 +51,7 @@ class Stage:
         self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
         self.layer_saved: list[float] = []
         self.layer_compute: list[tuple[float, float]] = []  # each layer's (forward, backward) compute seconds
+        self.layer_offloaded: list[float] = []  # each layer's saved bytes its offloaded modules send to the host
         self.layer_inputs = 0.0
         # under torchtitan's checkpointing (``Segment._kept``): what the layers keep from forward to backward,
         # and the most one layer's recomputation brings back at once
@@ -93,6 +94,7 @@ class Stage:
             self.layer_state += params.total * times
             self.layer_saved += [seg.saved_total] * times
             self.layer_compute += [(seg.fwd, seg.bwd)] * times
+            self.layer_offloaded += [seg.offloaded] * times
             self.layer_inputs += seg.layer_input * times
             self.layer_kept += seg.kept * times
             self.rematerialised = max(self.rematerialised, seg.rematerialised)

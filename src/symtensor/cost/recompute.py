@@ -114,13 +114,20 @@ def _lacks(module: str, model) -> str | None:
     return None
 
 
+def norm_is_module(short: str, moe_layer: bool, mla: bool) -> bool:
+    """Whether norm ``short`` (``attn_norm`` or ``mlp_norm``) is a module of its own under Megatron's Transformer
+    Engine layer spec (``layernorm`` above): the input norm under MLA, the pre-MLP norm in a MoE layer; otherwise
+    fused into the next linear (an IdentityOp). Read by the recomputation and the offloading (``cost.offload``)."""
+    return mla if short == "attn_norm" else moe_layer
+
+
 def _module(short: str, op, moe_layer: bool, mla: bool) -> list[tuple[str, str]]:
     """Every (module, region within the layer) that would checkpoint ``op`` (short name ``short``, in a MoE layer
     or not, of an MLA model or not); the caller keeps those named and the outermost of them."""
     hits = []
     if op.attr("core"):
         hits.append(("core_attn", "core"))
-    if short in ("attn_norm", "mlp_norm") and (mla if short == "attn_norm" else moe_layer):
+    if short in ("attn_norm", "mlp_norm") and norm_is_module(short, moe_layer, mla):
         hits.append(("layernorm", short))
     if mla and short in _MLA_UP:
         hits.append(("mla_up_proj", "up"))

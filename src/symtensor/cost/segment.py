@@ -4,7 +4,7 @@ its saved activations. The evaluator (``cost.model``) builds segments and sums t
 
 from __future__ import annotations
 
-from symtensor.cost import moe
+from symtensor.cost import moe, offload
 from symtensor.cost.engine import engine_of, hidden, tp_overlapped
 from symtensor.cost.opcost import OpTime, collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.precision import RECIPES, fp8_gemm
@@ -26,7 +26,8 @@ def activation_key(train: TrainConfig) -> tuple:
     schedule only enter the step)."""
     s = train.stack
     return train.recompute, train.framework, tp_overlapped(train), train.fp8, \
-        (s.moe_dispatcher, s.moe_routing, s.moe_capacity_factor, s.moe_shared_overlap, s.moe_ep_overlap)
+        (s.moe_dispatcher, s.moe_routing, s.moe_capacity_factor, s.moe_shared_overlap, s.moe_ep_overlap), \
+        s.offload_modules
 
 
 def recomputed(op, recompute: str, layers: int, regions=None) -> bool:
@@ -171,6 +172,10 @@ class Segment:
                 ev = self.ev
                 self.logits += ev.tensors[op.inputs[0]].numel / ev.in_layout(op, layout, 0).factor(ev.mesh)
         self.saved_total = sum(self.saved.values())
+        # Megatron's fine-grained offloading (``cost.offload``): the saved bytes that go to host memory
+        # (none under full recomputation: the layer's forward runs without saving, its input alone is kept)
+        offloads = self.train.stack.offload_modules and self.in_layer and recompute != "full"
+        self.offloaded = self._offloaded() if offloads else 0.0
         self.largest = max(self.saved.values(), default=0.0)  # its largest saved activation
         self._kept(recompute, kept, kept_ops)
         self.bwd = self.compute - self.fwd + self.recompute
@@ -183,6 +188,27 @@ class Segment:
         out = sum(ev.tensors[t].nbytes / ev.out_layout(op, layout, i, partial=False).factor(ev.mesh)
                   for i, t in enumerate(op.outputs))
         return out + extra_saved_bytes(op, layout, ev.mesh)
+
+    def _offloaded(self) -> float:
+        """Bytes of what the layer saves that its offloaded modules' inputs are (``Stack.offload_modules``,
+        ``cost.offload``): each saved tensor once (with its FP8 copy), none of fewer local elements than
+        ``offload.MIN_OFFLOADED_ELEMENTS``; a tensor backward does not keep (recomputed) is not offloaded."""
+        ev, named = self.ev, set(self.train.stack.offload_modules)
+        cfg, mla = ev.graph.meta["config"], bool(ev.graph.meta["config"].kv_latent)
+        out, seen = 0.0, set()
+        for op in self.ops:
+            short = op.name.split(".", 2)[2] if op.name.startswith("layers.") else op.name
+            if offload.module_of(short, op, cfg.is_moe_layer(op.layer), mla) not in named:
+                continue
+            for idx, tname in enumerate(op.inputs):
+                prod = self.producer(tname)
+                if (op.attr("core") and prod is not None and prod.attr("core")) or tname in seen:
+                    continue  # (the attention core's own intermediates are not its inputs)
+                seen.add(tname)
+                elements = ev.tensors[tname].numel / ev.in_layout(op, self.layout(op), idx).factor(ev.mesh)
+                if elements >= offload.MIN_OFFLOADED_ELEMENTS:
+                    out += self.saved.get(tname, 0.0) + self.saved.get(f"{tname}#fp8", 0.0)
+        return out
 
     def _kept(self, recompute: str, kept: float, kept_ops=()):
         """What a layer keeps from its forward to its backward (``kept``) and what its backward's recomputation

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from symtensor.cost import moe as _moe
+from symtensor.cost import moe as _moe, offload as _offload
 from symtensor.cost.engine import offload_count_refusal
 from symtensor.cost.precision import lowp_fact_refusal
 from symtensor.errors import PlanError
@@ -54,6 +54,10 @@ class Stack:
         cpu_offload_layers: Megatron-LM's CPU activation offloading (--cpu-offloading-num-layers N): the saved
             activations of the first N transformer layers of a pipeline stage go to host memory in forward and
             come back in backward, on a side stream (``cost.engine.CPU_OFFLOAD``); 0: none. Megatron only.
+        offload_modules: Megatron-core's fine-grained activation offloading (--fine-grained-activation-offloading
+            --offload-modules M ...): each named module's input activation goes to host memory in forward and comes
+            back before its backward, on a side stream, in every layer (``cost.offload``, names in its ``MODULES``
+            order); (): none. Megatron only, not beside cpu_offload_layers.
         fp8_param_gather: Megatron-LM's --fp8-param-gather (--fp4-param-gather under fp4): the layers' GEMM weights
             kept as Transformer Engine FP8 (NVFP4) tensors, no BF16 copy beside them, and gathered in those bytes
             (``cost.precision``); held where the precision is FP8 or FP4 and ZeRO >= 1. Megatron only.
@@ -70,6 +74,7 @@ class Stack:
     grad_reduce_bf16: bool = False
     expandable_segments: bool | None = None
     cpu_offload_layers: int = 0
+    offload_modules: tuple[str, ...] = ()
     fp8_param_gather: bool = False
     bf16_layers: tuple[int, int] = (0, 0)
 
@@ -78,6 +83,7 @@ class Stack:
         if why is not None:
             raise PlanError(why)
         object.__setattr__(self, "bf16_layers", tuple(self.bf16_layers))
+        object.__setattr__(self, "offload_modules", tuple(m for m in _offload.MODULES if m in self.offload_modules))
 
     def as_dict(self) -> dict:
         """The facts by name (``KEYS`` order): how a flat record (a plan file, the Megatron grid's dicts) holds them."""
@@ -99,8 +105,11 @@ def refusal(stack) -> str | None:
         why = f"grad_reduce_bf16={stack.grad_reduce_bf16!r}; use True or False"
     if why is None and stack.expandable_segments not in (None, True, False):
         why = f"expandable_segments={stack.expandable_segments!r}; use True, False or None (the engine's default)"
-    return why or offload_count_refusal(stack.cpu_offload_layers) or \
-        lowp_fact_refusal(stack.fp8_param_gather, stack.bf16_layers)
+    why = why or offload_count_refusal(stack.cpu_offload_layers) or _offload.refusal(stack.offload_modules)
+    if why is None and stack.offload_modules and stack.cpu_offload_layers:
+        why = ("offload_modules and cpu_offload_layers: Megatron runs one CPU offloading at a time (TransformerConfig "
+               "refuses fine_grained_activation_offloading with cpu_offloading); drop one of them")
+    return why or lowp_fact_refusal(stack.fp8_param_gather, stack.bf16_layers)
 
 
 KEYS = tuple(f.name for f in fields(Stack))  # the facts' names, the one list of them

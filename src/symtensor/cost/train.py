@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from symtensor.cost import moe as _moe, precision as _precision, recompute as _modules
+from symtensor.cost import moe as _moe, offload as _offload, precision as _precision, recompute as _modules
 from symtensor.cost.engine import (
     ALIASES,
     ENGINES,
@@ -217,6 +217,13 @@ class TrainConfig:
                 raise PlanError(why)
             if why is not None:  # where Megatron does not run it (a search's point; a stated one is refused before)
                 object.__setattr__(self, "stack", self.stack.replace(cpu_offload_layers=0))
+        if self.stack.offload_modules:
+            why = _offload.engine_refusal(self.framework)
+            if why is not None:
+                raise PlanError(why)
+            if _offload.combination_refusal(self.stack.offload_modules, self.recompute) is not None:
+                # where Megatron does not run it (a search's point; a stated configuration is refused before)
+                object.__setattr__(self, "stack", self.stack.replace(offload_modules=()))
         self._check_lowp(eng)
         if self.layer_split is not None:
             split = tuple(self.layer_split)

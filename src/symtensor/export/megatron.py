@@ -210,6 +210,9 @@ def megatron_args(plan) -> list[str]:
     if p.stack.cpu_offload_layers:  # (Megatron sets cpu_offloading itself when N > 0: no --cpu-offloading flag exists;
         # cost.engine.CPU_OFFLOAD)
         args.append(f"--cpu-offloading-num-layers {p.stack.cpu_offload_layers}")
+    if p.stack.offload_modules:  # (transformer_config.py fine_grained_activation_offloading, offload_modules: a
+        # list, nargs='+'; cost.offload)
+        args += ["--fine-grained-activation-offloading", f"--offload-modules {' '.join(p.stack.offload_modules)}"]
     if p.zero >= 2:
         args += fsdp_args(p)
     args += family_args(cfg, MEGATRON_LM)

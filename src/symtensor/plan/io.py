@@ -30,8 +30,8 @@ from symtensor.validate import read_json
 
 FORMAT = "symtensor-plan/1"
 KEYS = {"format", "model", "cluster", "train", "seq", "mesh", "layouts", "config", "predicted"}
-# the training configuration's keys a plan file names only where they differ from the defaults (None, (0, 0))
-_STATED_ONLY = ("dp_replicate", "fp8_param_gather", "bf16_layers")
+# the training configuration's keys a plan file names only where they differ from the defaults (None, (0, 0), ())
+_STATED_ONLY = ("dp_replicate", "fp8_param_gather", "bf16_layers", "offload_modules")
 _DEFAULTS = {**{f.name: f.default for f in dataclasses.fields(TrainConfig)}, **STACK_DEFAULTS}
 
 
@@ -46,7 +46,8 @@ def plan_to_dict(plan: Plan) -> dict:
                                "hbm_bandwidth": cl.device.hbm_bandwidth, "memory": cl.device.memory,
                                # the host link where the plan moves activations over it (other files unchanged)
                                **({"host_bandwidth": cl.device.host_bandwidth}
-                                  if plan.train.stack.cpu_offload_layers else {})},
+                                  if plan.train.stack.cpu_offload_layers or plan.train.stack.offload_modules
+                                  else {})},
                     "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth,
                                 "latency": lv.latency, **({"partial": lv.partial} if lv.partial else {})}
                                for lv in cl.levels]},

@@ -37,7 +37,13 @@ from __future__ import annotations
 import functools
 from dataclasses import dataclass, fields, replace
 
-from symtensor.cost import engine as _engine, moe as _moe, precision as _precision, recompute as _modules
+from symtensor.cost import (
+    engine as _engine,
+    moe as _moe,
+    offload as _offload,
+    precision as _precision,
+    recompute as _modules,
+)
 from symtensor.cost.stack import KEYS as STACK_KEYS, Stack
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 from symtensor.errors import PlanError
@@ -131,7 +137,7 @@ class Parallelism:
         a plan's JSON ``config`` (the summary's other keys, ``micro_steps``, ``heterogeneous``, ``differs``, are
         left out) or a Megatron configuration of the grid."""
         given = {k: data[k] for k in KEYS if k in data}
-        for key in ("layer_split", "bf16_layers"):  # (JSON lists)
+        for key in ("layer_split", "bf16_layers", "offload_modules"):  # (JSON lists)
             if given.get(key) is not None:
                 given[key] = tuple(given[key])
         stack = _stack(tuple((k, given.pop(k)) for k in STACK_KEYS if k in given))
@@ -244,6 +250,13 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
                                          model.layers, p.pp)
     if why is None and stack.cpu_offload_layers:
         why = _engine.cpu_offload_refusal(p.framework, p.pp, p.recompute)
+    if why is None and stack.offload_modules:
+        why = _offload.engine_refusal(p.framework) or _offload.combination_refusal(stack.offload_modules, p.recompute)
+        moe = any(model.is_moe_layer(i) for i in range(model.layers))
+        dense_only = [m for m in stack.offload_modules if m in ("expert_fc1", "moe_act")] if not moe else []
+        if why is None and dense_only:
+            why = (f"offload modules {','.join(dense_only)}: model {model.name} has no MoE layer (Megatron: MoE "
+                   "models only); drop them from --offload-modules")
     if why is not None:
         return why
     tp, pp, dp, cp = p.tp, p.pp, p.dp, p.cp

@@ -24,6 +24,7 @@ from symtensor.cost.engine import (
     refusal as engine_refusal,
 )
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
+from symtensor.cost.offload import engine_refusal as offload_engine_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
 from symtensor.cost.precision import has_fp8, lowp_refusal, named_recipe, refusal as precision_refusal
 from symtensor.cost.stack import Stack
@@ -109,6 +110,10 @@ class EvaluatorPool:
         if self.stack.cpu_offload_layers:  # (the points with pipeline stages or recomputation run without it)
             why = cpu_offload_refusal(framework, 1, "none") or \
                 offload_count_refusal(self.stack.cpu_offload_layers, cfg.layers) or host_link_refusal(cluster.device)
+            if why is not None:
+                raise PlanError(why)
+        if self.stack.offload_modules:  # (the points recomputing module moe run without it: ``TrainConfig``)
+            why = offload_engine_refusal(framework) or host_link_refusal(cluster.device)
             if why is not None:
                 raise PlanError(why)
         why = lowp_search_refusal(self.stack, framework, self.fp8_recipe or self.fp8_variant)
