@@ -19,6 +19,8 @@ from symtensor.models import load_model_config
 from symtensor.plan import Stack
 from symtensor.search.recipes import RECIPES
 
+from fixtures.host_links import host_cluster
+
 ARGS = dict(tp=2, zero=1, micro_batch=1, global_batch=64, seq=2048)
 
 
@@ -36,22 +38,14 @@ def test_memory_drops_by_the_offloaded_layers_activations():
     assert "cpu_offload" not in base.breakdown  # (the default's breakdown is today's)
 
 
-def _host_cluster(tmp_path, gbps):
-    doc = cluster_dict(load_cluster("dgx-a100-80g", devices=8))
-    doc["device"]["host_gbps"] = gbps
-    path = tmp_path / f"host{gbps}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
-
-
 def test_step_grows_only_by_what_the_copies_exceed_the_compute(tmp_path):
     base = _plan(0).report
-    fast = _plan(10, _host_cluster(tmp_path, 10000)).report  # a layer's activations cross within its compute
+    fast = _plan(10, host_cluster(tmp_path, 10000)).report  # a layer's activations cross within its compute
     assert fast.breakdown["cpu_offload"] == 0.0 and fast.step_time_s == pytest.approx(base.step_time_s)
-    slow = _plan(10, _host_cluster(tmp_path, 0.5)).report  # 0.5 GB/s: the copies exceed the compute
+    slow = _plan(10, host_cluster(tmp_path, 0.5)).report  # 0.5 GB/s: the copies exceed the compute
     assert slow.breakdown["cpu_offload"] > 0.0
     assert slow.step_time_s == pytest.approx(base.step_time_s + slow.breakdown["cpu_offload"])
-    assert _plan(5, _host_cluster(tmp_path, 0.5)).report.breakdown["cpu_offload"] < slow.breakdown["cpu_offload"]
+    assert _plan(5, host_cluster(tmp_path, 0.5)).report.breakdown["cpu_offload"] < slow.breakdown["cpu_offload"]
 
 
 def test_host_links_per_preset():

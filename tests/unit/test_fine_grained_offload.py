@@ -7,15 +7,15 @@ only; Megatron's combination rules refused in one line."""
 import json
 
 import pytest
-import yaml
 
 from symtensor import api
 from symtensor.cli import main
 from symtensor.errors import PlanError
 from symtensor.export.megatron import megatron_args
-from symtensor.hardware.cluster import cluster_dict, load_cluster
 from symtensor.models import load_model_config
 from symtensor.plan import Stack
+
+from fixtures.host_links import host_cluster
 
 ARGS = dict(tp=2, zero=1, micro_batch=1, global_batch=64, seq=2048)
 MOE = dict(tp=1, ep=8, zero=1, micro_batch=1, global_batch=64, seq=4096)
@@ -60,22 +60,14 @@ def test_tensors_under_the_minimum_size_stay():
     assert off.breakdown["cpu_offload"] == 0.0
 
 
-def _host_cluster(tmp_path, gbps):
-    doc = cluster_dict(load_cluster("dgx-a100-80g", devices=8))
-    doc["device"]["host_gbps"] = gbps
-    path = tmp_path / f"host{gbps}.yaml"
-    path.write_text(yaml.safe_dump(doc))
-    return str(path)
-
-
 def test_step_grows_only_by_what_the_copies_exceed_the_compute(tmp_path):
     base = _plan(()).report
-    fast = _plan(("core_attn",), _host_cluster(tmp_path, 10000)).report
+    fast = _plan(("core_attn",), host_cluster(tmp_path, 10000)).report
     assert fast.breakdown["cpu_offload"] == 0.0 and fast.step_time_s == pytest.approx(base.step_time_s)
-    slow = _plan(("core_attn",), _host_cluster(tmp_path, 0.05)).report  # 50 MB/s: the copies exceed the compute
+    slow = _plan(("core_attn",), host_cluster(tmp_path, 0.05)).report  # 50 MB/s: the copies exceed the compute
     assert slow.breakdown["cpu_offload"] > 0.0
     assert slow.step_time_s == pytest.approx(base.step_time_s + slow.breakdown["cpu_offload"])
-    more = _plan(("core_attn", "attn_proj"), _host_cluster(tmp_path, 0.05)).report
+    more = _plan(("core_attn", "attn_proj"), host_cluster(tmp_path, 0.05)).report
     assert more.breakdown["cpu_offload"] > slow.breakdown["cpu_offload"]
 
 
@@ -139,7 +131,7 @@ def test_a_plan_file_round_trips(tmp_path):
 def test_recomputation_leaves_nothing_to_offload(tmp_path):
     """Under full recomputation a layer's forward saves only its input: no module input to move, no copy to pay;
     under selective recomputation the attention core's inputs (Q, K, V) are still kept, and offloaded."""
-    slow = _host_cluster(tmp_path, 0.05)
+    slow = host_cluster(tmp_path, 0.05)
     full, full_off = _plan((), recompute="full").report, _plan(("core_attn",), slow, recompute="full").report
     assert full_off.memory["activations"] == full.memory["activations"] and full_off.breakdown["cpu_offload"] == 0.0
     sel, sel_off = _plan((), recompute="selective").report, _plan(("core_attn",), recompute="selective").report
