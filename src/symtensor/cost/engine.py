@@ -436,15 +436,25 @@ def grad_reduce_refusal(framework: str, zero: int) -> str | None:
 # num_layers) sets of activations are on GPU at any time", and a layer's reload completes before its backward. So
 # the N layers' saved activations leave the device (``cost.memory``), and a layer's copy costs the step only what it
 # exceeds of the layer's own compute (``hidden`` with no SM share: the copy engines, not the SMs, move the bytes).
+def offload_engine_refusal(framework: str, option: str, what: str) -> str | None:
+    """Why ``framework``'s engine has no activation offloading (``Engine.cpu_offload``: the layer-level one above,
+    and Megatron-core's fine-grained one, ``cost.offload``), stated by ``option`` (``what`` it is), in one line
+    naming the fix, or None (an unknown engine too: TrainConfig names it)."""
+    eng = ENGINES.get(ALIASES.get(framework, framework))
+    if eng is None or eng.cpu_offload:
+        return None
+    return f"{option}: {what}; {framework} has none modelled; use --framework megatron or leave it out"
+
+
 def cpu_offload_refusal(framework: str, pp: int, recompute: str) -> str | None:
     """Why ``framework``'s engine does not offload activations to the host at ``pp`` pipeline stages under
     ``recompute`` (``CPU_OFFLOAD`` above), in one line naming the fix, or None."""
-    eng = ENGINES.get(ALIASES.get(framework, framework))
-    if eng is None:
+    if ENGINES.get(ALIASES.get(framework, framework)) is None:
         return None  # (TrainConfig names an unknown engine)
-    if not eng.cpu_offload:
-        return (f"--cpu-offload-layers: CPU activation offloading is Megatron-LM's (--cpu-offloading-num-layers); "
-                f"{framework} has none modelled; use --framework megatron or leave it out")
+    why = offload_engine_refusal(framework, "--cpu-offload-layers",
+                                 "CPU activation offloading is Megatron-LM's (--cpu-offloading-num-layers)")
+    if why is not None:
+        return why
     if pp > 1:
         return ("--cpu-offload-layers: Megatron-LM has no CPU offloading with pipeline parallelism (TransformerConfig "
                 "refuses it); use --pp 1 or leave it out")

@@ -28,7 +28,7 @@ the device stays.
 
 from __future__ import annotations
 
-from symtensor.cost.engine import ALIASES, ENGINES
+from symtensor.cost.engine import offload_engine_refusal
 from symtensor.cost.recompute import modules_of, norm_is_module
 
 # Megatron's names that the graph can run, in its documented order (the canonical order of a stated list)
@@ -65,12 +65,8 @@ def refusal(modules) -> str | None:
 def engine_refusal(framework: str) -> str | None:
     """Why ``framework``'s engine has no fine-grained offloading (Megatron-core's, ``Engine.cpu_offload``), in one
     line naming the fix, or None."""
-    eng = ENGINES.get(ALIASES.get(framework, framework))
-    if eng is None or eng.cpu_offload:
-        return None
-    return (f"--offload-modules: fine-grained activation offloading is Megatron-core's "
-            f"(--fine-grained-activation-offloading); {framework} has none modelled; use --framework megatron or "
-            "leave it out")
+    return offload_engine_refusal(framework, "--offload-modules", "fine-grained activation offloading is "
+                                  "Megatron-core's (--fine-grained-activation-offloading)")
 
 
 def combination_refusal(modules, recompute: str) -> str | None:

@@ -114,6 +114,12 @@ def _lacks(module: str, model) -> str | None:
     return None
 
 
+def position(op) -> str:
+    """``op``'s name within its transformer layer (``layers.3.experts.act`` -> ``experts.act``), the names the
+    module rules read (here and ``cost.offload``); an op outside the layers keeps its name."""
+    return op.name.split(".", 2)[2] if op.name.startswith("layers.") else op.name
+
+
 def norm_is_module(short: str, moe_layer: bool, mla: bool) -> bool:
     """Whether norm ``short`` (``attn_norm`` or ``mlp_norm``) is a module of its own under Megatron's Transformer
     Engine layer spec (``layernorm`` above): the input norm under MLA, the pre-MLP norm in a MoE layer; otherwise
@@ -155,8 +161,7 @@ def regions(graph, recompute) -> dict:
     for op in graph.ops:
         if not 0 <= op.layer < layers:
             continue
-        short = op.name.split(".", 2)[2] if op.name.startswith("layers.") else op.name
-        hits = [h for h in _module(short, op, cfg.is_moe_layer(op.layer), mla) if h[0] in named]
+        hits = [h for h in _module(position(op), op, cfg.is_moe_layer(op.layer), mla) if h[0] in named]
         if hits:
             module, part = min(hits, key=lambda h: _OUTER.index(h[0]))
             out[op.name] = ((op.layer, module, part), module, module in DISCARDS)

@@ -8,7 +8,7 @@ from symtensor.cost import moe, offload
 from symtensor.cost.engine import engine_of, hidden, tp_overlapped
 from symtensor.cost.opcost import OpTime, collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.precision import RECIPES, fp8_gemm
-from symtensor.cost.recompute import MODULES_PREFIX
+from symtensor.cost.recompute import MODULES_PREFIX, position
 from symtensor.cost.train import SAC_OP, TrainConfig, layer_every
 from symtensor.layout import REPLICATED, OpLayout
 
@@ -197,8 +197,7 @@ class Segment:
         cfg, mla = ev.graph.meta["config"], bool(ev.graph.meta["config"].kv_latent)
         out, seen = 0.0, set()
         for op in self.ops:
-            short = op.name.split(".", 2)[2] if op.name.startswith("layers.") else op.name
-            if offload.module_of(short, op, cfg.is_moe_layer(op.layer), mla) not in named:
+            if offload.module_of(position(op), op, cfg.is_moe_layer(op.layer), mla) not in named:
                 continue
             for idx, tname in enumerate(op.inputs):
                 prod = self.producer(tname)
