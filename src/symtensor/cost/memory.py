@@ -218,11 +218,10 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         elif train.recompute not in RECOMPUTE:  # torchtitan's per-op or every-N-th-layer checkpointing
             layers_act, redo = st.layer_kept, st.rematerialised
         else:
-            layers_act, redo = sum(st.layer_saved), 0.0
-            if train.stack.cpu_offload_layers or train.stack.offload_modules:  # the first N layers' saved
-                # activations live in host memory (at most layers - N sets on the device at once:
-                # ``cost.engine.CPU_OFFLOAD``), or the offloaded modules' inputs of every layer (``cost.offload``)
-                layers_act -= sum(offloaded(st, train))
+            # less what lives in host memory: the first N layers' saved activations (at most layers - N sets on
+            # the device at once: ``cost.engine.CPU_OFFLOAD``) or the offloaded modules' inputs of every layer
+            # (``cost.offload``); nothing without offloading
+            layers_act, redo = sum(st.layer_saved) - sum(offloaded(st, train)), 0.0
         held = inflight(s, train) + ep_overlap_inflight(st, train, inflight(s, train))
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]

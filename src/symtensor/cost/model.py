@@ -474,8 +474,7 @@ class _Accumulator:
             optimizer += flags * ev.coll_time("all_reduce", 1.0, tuple(range(len(ev.mesh))))  # over a stage's ranks
         breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s, optimizer=optimizer,
                          overhead=e2e.step_s + m * e2e.microbatch_s)
-        if train.stack.cpu_offload_layers or train.stack.offload_modules:  # (a key only with offloading: the
-            # default's breakdown is unchanged)
+        if train.stack.offloads:  # (a key only with offloading: the default's breakdown is unchanged)
             breakdown["cpu_offload"] = m * max(offload_seconds(st, train, ev.cluster.device) for st in self.stages)
         step = sum(breakdown.values())
         memory, allocated, reserved = memory_peak(self.stages, train, ev.cluster.device, self._communicators())

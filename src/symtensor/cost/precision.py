@@ -130,6 +130,8 @@ from symtensor.hardware import PRESETS
 # engine's
 # fp4: the same GEMMs as FP8 in NVFP4 on Blackwell (the module docstring)
 PRECISIONS = ("bf16", "fp8", "fp16", "fp4")
+# the precisions whose linear GEMMs run quantized under a recipe (``RECIPES``): FP8 and NVFP4
+QUANTIZED = ("fp8", "fp4")
 
 # Transformer Engine's docs ("Using FP8 with Transformer Engine"): Hopper and newer
 TE_DOCS = "Transformer Engine docs, 'Using FP8 with Transformer Engine' (transformer_engine/common/recipe)"
@@ -420,12 +422,18 @@ def weight_copy_bytes(recipe: Recipe, caches_weights: bool) -> float:
     return 2.0 * (recipe.element_bytes + recipe.scale_bytes) if caches_weights else 0.0
 
 
+def _mxfp8(recipe: Recipe) -> bool:
+    """Whether ``recipe`` is MXFP8 (an FP8 recipe that needs microscaling Tensor Cores), whose quantized weights
+    Megatron gathers in BF16 (``param_gather_bytes``, ``param_cast_bytes``)."""
+    return recipe.needs_mx and recipe.precision == "fp8"
+
+
 def param_gather_bytes(recipe: Recipe) -> float:
     """Bytes per weight element the data-parallel parameter gather moves when the weights are held quantized
     (``fp8_param_gather``, the module docstring): the row-wise quantized data (FP8 1 B, NVFP4 0.5 B); MXFP8 2 B
     (in BF16 through the gradient buffer under the distributed optimizer; row-wise and column-wise buffers under
     Megatron-FSDP, ``fsdp``)."""
-    return 2.0 if recipe.needs_mx and recipe.precision == "fp8" else recipe.element_bytes
+    return 2.0 if _mxfp8(recipe) else recipe.element_bytes
 
 
 def param_cast_bytes(recipe: Recipe, fsdp: bool) -> float:
@@ -434,7 +442,7 @@ def param_cast_bytes(recipe: Recipe, fsdp: bool) -> float:
     its amax read (2 B, not under delayed scaling, whose cast takes the amax) and the quantized write (the gathered
     bytes with the recipe's scales); 0 for MXFP8 under the distributed optimizer (not ``fsdp``), which writes the
     BF16 copy and quantizes after the gather."""
-    if recipe.needs_mx and recipe.precision == "fp8" and not fsdp:
+    if _mxfp8(recipe) and not fsdp:
         return 0.0
     return 2.0 + (0.0 if recipe.history else 2.0) + param_gather_bytes(recipe) + recipe.scale_bytes
 
@@ -447,12 +455,19 @@ def lowp_weight_bytes(recipe: Recipe, fsdp_sharded: bool) -> float:
     return param_gather_bytes(recipe) if fsdp_sharded else 0.0
 
 
+def quantized_params(precision: str, zero: int) -> bool:
+    """Whether weights stated quantized (``fp8_param_gather``) are held so at ``precision`` and ZeRO ``zero``: FP8
+    or FP4 GEMMs with Megatron's distributed optimizer or Megatron-FSDP (ZeRO >= 1), NVFP4's at ZeRO 1 only
+    (``lowp_refusal`` refuses the rest of a stated configuration)."""
+    return precision in QUANTIZED and zero >= 1 and not (precision == "fp4" and zero >= 2)
+
+
 def lowp_refusal(precision: str, recipe: str | None, zero: int, fp8_param_gather: bool,
                  bf16_layers: tuple[int, int], layers: int | None = None, pp: int = 1) -> str | None:
     """Why a configuration in ``precision`` under ``recipe`` at ZeRO ``zero`` cannot hold the stated low-precision
     facts (the module docstring: Megatron-LM's refusals), in one line with the fix, or None. ``layers`` and ``pp``
     (when given) bound the BF16 layer counts."""
-    low = precision in ("fp8", "fp4")
+    low = precision in QUANTIZED
     flag = "--fp4-param-gather" if precision == "fp4" else "--fp8-param-gather"
     if fp8_param_gather and not low:
         return (f"{flag} keeps the layers' weights in FP8 or FP4, but precision is {precision} (Megatron: "

@@ -96,6 +96,16 @@ class Stack:
         """The facts that differ from the defaults (``DEFAULTS``): none for today's costing."""
         return {k: v for k, v in self.as_dict().items() if v != DEFAULTS[k]}
 
+    @property
+    def offloads(self) -> bool:
+        """Whether activations go to host memory: CPU offloading of whole layers or of modules' inputs."""
+        return bool(self.cpu_offload_layers or self.offload_modules)
+
+    @property
+    def low_precision(self) -> bool:
+        """Whether it states a low-precision fact: quantized parameters or layers kept in BF16."""
+        return self.fp8_param_gather or self.bf16_layers != (0, 0)
+
 
 def refusal(stack) -> str | None:
     """One line naming the bad value of ``stack`` (the facts of a ``Stack`` being built) and the fix, or None."""

@@ -236,7 +236,7 @@ class TrainConfig:
         by an engine without them and where Megatron refuses them whatever the point (delayed scaling with BF16
         layers)."""
         why = None
-        if self.stack.fp8_param_gather or self.stack.bf16_layers != (0, 0):
+        if self.stack.low_precision:
             why = engine_refusal(eng, lowp=True)
         if why is None and self.fp8 is not None:
             why = _precision.lowp_refusal(self.precision, self.fp8_recipe, 1, False, self.stack.bf16_layers)
@@ -247,8 +247,7 @@ class TrainConfig:
     def lowp_params(self) -> bool:
         """Whether the layers' GEMM weights are held quantized (``fp8_param_gather``) at this point: FP8 or FP4
         GEMMs with a distributed optimizer or Megatron-FSDP (ZeRO >= 1; NVFP4 at ZeRO 1 only)."""
-        return self.stack.fp8_param_gather and self.fp8 is not None and self.zero >= 1 and not (
-            self.precision == "fp4" and self.zero >= 2)
+        return self.stack.fp8_param_gather and _precision.quantized_params(self.precision, self.zero)
 
     @property
     def bf16_span(self) -> tuple[int, int]:
@@ -259,8 +258,8 @@ class TrainConfig:
     def in_bf16(self, layer: int, layers: int) -> bool:
         """Whether transformer layer ``layer`` (of ``layers``) runs in BF16 under ``bf16_span`` (Megatron's
         ``is_first_last_bf16_layer``: a global index below N or at least layers - M)."""
-        first, last = self.stack.bf16_layers
-        if not (first or last) or self.fp8 is None:  # (the common case first: a search asks it per layer)
+        first, last = self.bf16_span
+        if not (first or last):  # (the common case first: a search asks it per layer)
             return False
         return 0 <= layer < layers and (layer < first or layer >= layers - last)
 
@@ -305,7 +304,7 @@ class TrainConfig:
     @property
     def fp8(self) -> str | None:
         """The FP8 (or, under ``fp4``, NVFP4) recipe the linear GEMMs run under, or None in BF16."""
-        return self.fp8_recipe if self.precision in ("fp8", "fp4") else None
+        return self.fp8_recipe if self.precision in _precision.QUANTIZED else None
 
     def stage_layers(self, layers: int) -> tuple[int, ...]:
         """Layers per pipeline rank (the sums of its virtual stages, ``chunk_layers``)."""

@@ -42,7 +42,7 @@ def lowered(plan, caps: Capabilities) -> Parallelism:
     if p.stack.offload_modules and not ENGINES[caps.engine].cpu_offload:  # (Megatron-core's: cost.offload)
         raise PlanError(f"{caps.name} has no fine-grained activation offloading (Megatron-core's --offload-modules) "
                         "as this plan is costed; export it to megatron, or plan without --offload-modules")
-    if (p.stack.fp8_param_gather or p.stack.bf16_layers != (0, 0)) and ENGINES[caps.engine].refuses_feature("lowp"):
+    if p.stack.low_precision and ENGINES[caps.engine].refuses_feature("lowp"):
         raise PlanError(f"{caps.name} has no quantized parameters or BF16-kept layers as this plan is costed "
                         "(Megatron-LM's --fp8-param-gather, --first-last-layers-bf16); export it to megatron, or plan "
                         "without them")

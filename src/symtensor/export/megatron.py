@@ -9,7 +9,7 @@ recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), 
 from __future__ import annotations
 
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
-from symtensor.cost.precision import AMAX_HISTORY, RECIPES, shape_refusal
+from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, shape_refusal
 from symtensor.cost.recompute import modules_of
 from symtensor.errors import PlanError
 from symtensor.export.common import MEGATRON_LM, family_args, lowered, query_group_args, size_args
@@ -65,7 +65,7 @@ def fsdp_args(p: Parallelism) -> list[str]:
 def fp8_refusal(p: Parallelism, model) -> str | None:
     """Why Transformer Engine would refuse an FP8 (or NVFP4: the same ``assert_dim_for_fp8_exec``) plan's GEMM
     shapes at launch (``precision.shape_refusal``)."""
-    if p.precision not in ("fp8", "fp4"):
+    if p.precision not in QUANTIZED:
         return None
     why = shape_refusal(model, p.tp, p.cp, p.micro_batch * p.seq)
     what = "FP8" if p.precision == "fp8" else "NVFP4"

@@ -45,9 +45,7 @@ def plan_to_dict(plan: Plan) -> dict:
                     "device": {"name": cl.device.name, "peak_flops": cl.device.peak_flops,
                                "hbm_bandwidth": cl.device.hbm_bandwidth, "memory": cl.device.memory,
                                # the host link where the plan moves activations over it (other files unchanged)
-                               **({"host_bandwidth": cl.device.host_bandwidth}
-                                  if plan.train.stack.cpu_offload_layers or plan.train.stack.offload_modules
-                                  else {})},
+                               **({"host_bandwidth": cl.device.host_bandwidth} if plan.train.stack.offloads else {})},
                     "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth,
                                 "latency": lv.latency, **({"partial": lv.partial} if lv.partial else {})}
                                for lv in cl.levels]},

@@ -311,7 +311,7 @@ def engine_refusal(p: Parallelism) -> str | None:
     return _engine.refusal(eng, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8", hsdp=p.hsdp,
                            layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE and not modules,
                            fp16=p.precision == "fp16", fp4=p.precision == "fp4",
-                           lowp=p.stack.fp8_param_gather or p.stack.bf16_layers != (0, 0))
+                           lowp=p.stack.low_precision)
 
 
 def _expert_refusal(p: Parallelism, model) -> str | None:

@@ -37,12 +37,12 @@ def refusal(p: Parallelism, model, attention_only: bool = False) -> str | None:
     caps = CAPABILITIES
     if p.cp > 1 and not caps.context_parallel:
         return "the runtime has no context parallelism yet; plan with cp=1"
-    if p.stack.cpu_offload_layers or p.stack.offload_modules:
+    if p.stack.offloads:
         return ("the runtime does not offload activations to host memory; plan without --cpu-offload-layers and "
                 "--offload-modules")
     if p.recompute not in caps.recompute:
         return "the runtime does not recompute activations; plan with recompute=none"
-    if p.stack.fp8_param_gather or p.stack.bf16_layers != (0, 0):
+    if p.stack.low_precision:
         return ("the runtime has no quantized parameters or BF16-kept layers (Megatron-LM's); plan without "
                 "--fp8-param-gather and --first-last-layers-bf16")
     if p.precision not in caps.precision:

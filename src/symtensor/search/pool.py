@@ -26,7 +26,15 @@ from symtensor.cost.engine import (
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
 from symtensor.cost.offload import engine_refusal as offload_engine_refusal
 from symtensor.cost.pipeline import balanced_split, rank_seconds
-from symtensor.cost.precision import has_fp8, lowp_refusal, named_recipe, refusal as precision_refusal
+from symtensor.cost.precision import (
+    QUANTIZED,
+    RECIPES,
+    has_fp8,
+    lowp_refusal,
+    named_recipe,
+    quantized_params,
+    refusal as precision_refusal,
+)
 from symtensor.cost.stack import Stack
 from symtensor.cost.train import rule_split
 from symtensor.errors import PlanError
@@ -53,12 +61,11 @@ def lowp_search_refusal(stack: Stack, framework: str, recipe: str | None) -> str
     """Why a search under ``framework`` whose FP8 or FP4 points run ``recipe`` (None: it has none) cannot hold the
     stack's low-precision facts at all, or None: an engine without them, or BF16 layers under delayed scaling
     (``cost.precision.lowp_refusal``); the rest hold where they apply (``EvaluatorPool.lowp``)."""
-    if not stack.fp8_param_gather and stack.bf16_layers == (0, 0):
+    if not stack.low_precision:
         return None
     why = engine_refusal(engine_named(framework), lowp=True)
     if why is None and recipe is not None:
-        precision = "fp4" if recipe == "nvfp4" else "fp8"
-        why = lowp_refusal(precision, recipe, 1, False, stack.bf16_layers)
+        why = lowp_refusal(RECIPES[recipe].precision, recipe, 1, False, stack.bf16_layers)
     return why
 
 
@@ -104,7 +111,7 @@ class EvaluatorPool:
         # (an empty name names none; FP4, opt-in: never a variant the search chooses itself)
         recipe = named_recipe(fp8_recipe or None, cluster.device, framework, precision or "fp8")
         self.precision = precision or "bf16"
-        self.fp8_recipe = recipe if precision in ("fp8", "fp4") else None
+        self.fp8_recipe = recipe if precision in QUANTIZED else None
         self.fp8_variant = recipe if precision is None and has_fp8(cluster.device) else None
         self.stack = stack or Stack()  # the stack facts this search holds
         if self.stack.cpu_offload_layers:  # (the points with pipeline stages or recomputation run without it)
@@ -199,11 +206,10 @@ class EvaluatorPool:
         or FP4 GEMMs, quantized parameters at ZeRO >= 1 (NVFP4's at ZeRO 1); left out elsewhere (a BF16 point of a
         search, which an FP8 variant re-costs with them: ``outer.precision_variant``, ``guarantee.in_fp8``)."""
         out = {k: v for k, v in config.items() if k not in ("fp8_param_gather", "bf16_layers")}
-        low = out.get("precision") in ("fp8", "fp4")
-        zero = out.get("zero", 0)
-        if low and self.stack.fp8_param_gather and zero >= 1 and not (out["precision"] == "fp4" and zero >= 2):
+        precision = out.get("precision")
+        if self.stack.fp8_param_gather and quantized_params(precision, out.get("zero", 0)):
             out["fp8_param_gather"] = True
-        if low and self.stack.bf16_layers != (0, 0):
+        if precision in QUANTIZED and self.stack.bf16_layers != (0, 0):
             out["bf16_layers"] = self.stack.bf16_layers
         return out
 
