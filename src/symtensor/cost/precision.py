@@ -422,9 +422,9 @@ def weight_copy_bytes(recipe: Recipe, caches_weights: bool) -> float:
     return 2.0 * (recipe.element_bytes + recipe.scale_bytes) if caches_weights else 0.0
 
 
-def _mxfp8(recipe: Recipe) -> bool:
+def is_mxfp8(recipe: Recipe) -> bool:
     """Whether ``recipe`` is MXFP8 (an FP8 recipe that needs microscaling Tensor Cores), whose quantized weights
-    Megatron gathers in BF16 (``param_gather_bytes``, ``param_cast_bytes``)."""
+    Megatron gathers in BF16 (``param_gather_bytes``, ``param_cast_bytes``, ``export.megatron.lowp_args``)."""
     return recipe.needs_mx and recipe.precision == "fp8"
 
 
@@ -433,7 +433,7 @@ def param_gather_bytes(recipe: Recipe) -> float:
     (``fp8_param_gather``, the module docstring): the row-wise quantized data (FP8 1 B, NVFP4 0.5 B); MXFP8 2 B
     (in BF16 through the gradient buffer under the distributed optimizer; row-wise and column-wise buffers under
     Megatron-FSDP, ``fsdp``)."""
-    return 2.0 if _mxfp8(recipe) else recipe.element_bytes
+    return 2.0 if is_mxfp8(recipe) else recipe.element_bytes
 
 
 def param_cast_bytes(recipe: Recipe, fsdp: bool) -> float:
@@ -442,7 +442,7 @@ def param_cast_bytes(recipe: Recipe, fsdp: bool) -> float:
     its amax read (2 B, not under delayed scaling, whose cast takes the amax) and the quantized write (the gathered
     bytes with the recipe's scales); 0 for MXFP8 under the distributed optimizer (not ``fsdp``), which writes the
     BF16 copy and quantizes after the gather."""
-    if _mxfp8(recipe) and not fsdp:
+    if is_mxfp8(recipe) and not fsdp:
         return 0.0
     return 2.0 + (0.0 if recipe.history else 2.0) + param_gather_bytes(recipe) + recipe.scale_bytes
 

@@ -9,7 +9,7 @@ recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), 
 from __future__ import annotations
 
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
-from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, shape_refusal
+from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, is_mxfp8, shape_refusal
 from symtensor.cost.recompute import modules_of
 from symtensor.errors import PlanError
 from symtensor.export.common import MEGATRON_LM, family_args, lowered, query_group_args, size_args
@@ -101,7 +101,7 @@ def lowp_args(p: Parallelism) -> list[str]:
     args = []
     if p.stack.fp8_param_gather:
         args.append("--fp4-param-gather" if p.precision == "fp4" else "--fp8-param-gather")
-        if p.precision == "fp8" and RECIPES[p.fp8_recipe].needs_mx and p.zero == 1:
+        if p.precision == "fp8" and is_mxfp8(RECIPES[p.fp8_recipe]) and p.zero == 1:
             args.append("--reuse-grad-buf-for-mxfp8-param-ag")
     first, last = p.stack.bf16_layers
     if (first, last) != (0, 0):
