@@ -29,7 +29,7 @@ from importlib import resources
 
 from symtensor.cost import GIB, Evaluator
 from symtensor.cost.efficiency import efficiency_for
-from symtensor.graph import model_flops
+from symtensor.graph import full_attention_ratio
 from symtensor.hardware import load_cluster
 from symtensor.hardware.efficiency import END_TO_END_RANGES, EndToEnd
 from symtensor.models import ModelConfig, build_graph
@@ -167,8 +167,7 @@ def _korthikanti(row: Row, cache: _Cache) -> float:
     if metric == "MFU (%)":  # Korthikanti et al. count attention in full, not causally halved
         rep = cache.report(cfg, config)
         ev = cache.evs[cache.key(cfg, config)]
-        full = model_flops(ev.graph, ev.grad_operands, causal_halved=False) / ev.model_flops_per_microstep
-        return 100 * rep.mfu * full
+        return 100 * rep.mfu * full_attention_ratio(ev.graph, ev.grad_operands)
     if metric.startswith("weights+grads+optimizer"):
         rep = cache.report(cfg, config)
         return rep.memory["layer_state"] / GIB

@@ -274,8 +274,8 @@ def test_every_prediction_names_engine_and_band():
 
 
 def test_mfu_counts_causal_attention_halved_and_stays_below_one():
-    """Megatron and torchtitan count causal attention at half its square: at 128K tokens the full
-    count would exceed the FLOPs the kernels run and push MFU above 100%."""
+    """Megatron counts causal attention at half its square (the MFU the tool prints): at 128K tokens the
+    full count would exceed the FLOPs the kernels run and push MFU above 100%."""
     out = _step("llama3-8b", 64, tp=2, cp=8, seq=131072, global_batch=32)
     assert 0 < out["mfu"] < 1
 

@@ -3,6 +3,12 @@ and on 64 H100s (``api.evaluate`` with tp=1 and dp = devices, the fastest of no 
 fits, micro-batch chosen by the evaluator), is predicted within the MFU range published for its device and
 size class (issue 22, "must show").
 
+MFU is compared in the convention the ranges were published in: causal attention counted in full, 12 L H Q T
+per token (llm-foundry's ``attn_flops_per_seq``, torchtitan's "we follow the convention and do not account for
+sparsity in causal attention": ``graph.analysis.full_attention_ratio``), not the halved count the tool prints
+(Megatron-LM's). Until the sixth session this test compared the halved prediction with the full-count ranges,
+which flattered the prediction by 4% (GPT-3 6.7B, 2,048 tokens) to 12.5% (Llama 3 8B, 8,192 tokens).
+
 Published ranges (MFU = model FLOPs / (time x devices x dense BF16 peak), per device and size class):
   A100 80GB
     < 2B     42-61%  llm-foundry's MPT-125M..1B throughput table on A100-80GB (mosaicml/llm-foundry
@@ -14,29 +20,29 @@ Published ranges (MFU = model FLOPs / (time x devices x dense BF16 peak), per de
     70B      48-56%  torchtitan Llama 2 70B 50.5-50.8%, Llama 3 70B 51.7%; llm-foundry MPT-70B 48.6-53.3%
   H100 80GB
     < 2B     26-45%  llm-foundry MPT-760M, 1B on H100-80GB: 26.3-43.2%
-    2.7-8B   27-60%  llm-foundry MPT-3B/7B 26.8-46.4%; NVIDIA dgxc-benchmarking (NeMo 25.02) Llama 3.1 8B: 12.27 s
-                     per 128 x 8,192 tokens on 8 H100s (calibration_h100.csv), 59% MFU
+    2.7-8B   27-63%  llm-foundry MPT-3B/7B 26.8-46.4%; NVIDIA dgxc-benchmarking (NeMo 25.02) Llama 3.1 8B: 12.27 s
+                     per 128 x 8,192 tokens on 8 H100s (calibration_h100.csv), 62.6% counted in full (55.6% halved)
     13-22B   30-57%  llm-foundry MPT-13B 31.7-44.3%, MPT-30B 29.9-43.9%; dgxc-benchmarking Nemotron-4 15B 56.7%
-    70B      36-52%  llm-foundry MPT-70B 36.1-42.6%; dgxc-benchmarking Llama 3.1 70B (calibration_h100.csv:
-                     14.66 s per 128 x 8,192 tokens on 64 H100s) 51%
+                     (its convention unstated: taken as published)
+    70B      36-55%  llm-foundry MPT-70B 36.1-42.6%; dgxc-benchmarking Llama 3.1 70B (calibration_h100.csv:
+                     14.66 s per 128 x 8,192 tokens on 64 H100s) 54.4% counted in full (50.8% halved)
 
 KNOWN_OUTSIDE lists the (device, model, engine) the cost model v3 predicts above its range, as strict expected
 failures. A100: the kernel tables (measured GEMMs at 0.77-0.84 of the A100's peak at these shapes, at its MAMF
 burst ceiling: no sustained A100 figure is published, and the tensor-parallel calibration rows, 52-56% MFU,
-are matched at it) bound a data-parallel step of a 0.76-22B model at 61-70% MFU. The data-parallel mechanisms
-the model already costs are small there (GPT-3 6.7B, 64 A100s, ZeRO 1, 16 micro-batches of 2 x 2,048:
-exposed gradient reduction with its last bucket 0.3%, the memory-bound Adam step over the local shard 0.01%,
-host time per micro-batch 0.7% (fitted, calibration.select_constants), the loss over the logits 0.06% fused
-in Megatron and about 0.6% as FSDP2's eager fp32 cross-entropy, 36 B per logit), and no other
-documented one the shipped rows can identify closes the 5-10% left (leave-one-source-out on rows that are all
-tensor-parallel Megatron runs). What the published data-parallel runs pay beyond that is for a user's own runs
-to calibrate (``calibrate --runs``, issue 22 point 4). H100: the GEMMs run at the GH100's sustained ceiling
-(MSMF, cost/kernels.py), which brought the 760M FSDP2 case inside; H100's own measured GEMM table (XLA's sm_90
-rows, the lower of it and the training-stack transfer) moved the small models by 0.1-1.6 points (760M Megatron
-48.7 -> 48.6%); the 0.76-1.3B cases remain 1-6 points above llm-foundry's 26-45%. The refit that came with the
-sustained ceiling dropped the per-op gap (20 us, which had stood in for H100 GEMMs costed at the boost clock),
-raising every prediction slightly: A100 760M FSDP2 (61.1%) and Llama 2 13B FSDP2 (62.3%) left their ranges by
-under half a point. Strict: a change that brings one inside fails here until it is taken off the list.
+are matched at it: a sustained ceiling like GH100's, 0.85 of the burst, would leave them 10-20% pessimistic)
+bound a data-parallel step of a 0.35-22B model at 61-74% MFU counted in full; the 70B cases (full
+recomputation, FSDP traffic) are inside. Torchtitan's own Llama 3 8B on A100 (56.8-58.2%) is predicted at 67%
+under the fsdp2 engine: 15% optimistic on the engine's own stack. The data-parallel mechanisms the model
+already costs are small there (GPT-3 6.7B, 64 A100s, ZeRO 1, 16 micro-batches of 2 x 2,048: exposed gradient
+reduction with its last bucket 0.3%, the memory-bound Adam step over the local shard 0.01%, host time per
+micro-batch 0.7% (fitted, calibration.select_constants), the loss over the logits 0.06% fused in Megatron and
+about 0.6% as FSDP2's eager fp32 cross-entropy, 36 B per logit), and no other documented one the shipped rows
+can identify closes the 8-20% left (leave-one-source-out on rows that are all tensor-parallel Megatron runs).
+What the published data-parallel runs pay beyond that is for a user's own runs to calibrate (``calibrate
+--runs``, issue 22 point 4). H100: the GEMMs run at the GH100's sustained
+ceiling (MSMF, cost/kernels.py); the 0.35-1.3B cases are 2-10 points above llm-foundry's 26-45%. Strict: a
+change that brings one inside fails here until it is taken off the list.
 """
 
 import functools
@@ -45,20 +51,25 @@ import pytest
 
 from symtensor import api
 from symtensor.errors import PlanError
+from symtensor.graph import full_attention_ratio
 
 MODELS = ("gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt-22b",
           "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "qwen2-7b", "qwen2-72b")
 ENGINES = (("megatron", 1), ("fsdp2", 3))
 RANGES = {"dgx-a100-80g": {"small": (42, 61), "7b": (45, 65), "13b": (39, 62), "70b": (48, 56)},
-          "dgx-h100": {"small": (26, 45), "7b": (27, 60), "13b": (30, 57), "70b": (36, 52)}}
+          "dgx-h100": {"small": (26, 45), "7b": (27, 63), "13b": (30, 57), "70b": (36, 55)}}
 KNOWN_OUTSIDE = {
-    ("dgx-a100-80g", "gpt3-760m", "megatron"), ("dgx-a100-80g", "gpt3-1.3b", "megatron"),
-    ("dgx-a100-80g", "gpt3-2.7b", "megatron"), ("dgx-a100-80g", "gpt3-6.7b", "megatron"),
-    ("dgx-a100-80g", "llama2-7b", "megatron"), ("dgx-a100-80g", "gpt3-1.3b", "fsdp2"),
-    ("dgx-a100-80g", "gpt3-2.7b", "fsdp2"), ("dgx-a100-80g", "gpt3-6.7b", "fsdp2"),
-    ("dgx-a100-80g", "gpt3-13b", "fsdp2"), ("dgx-a100-80g", "gpt-22b", "fsdp2"),
-    ("dgx-a100-80g", "gpt3-760m", "fsdp2"), ("dgx-a100-80g", "llama2-13b", "fsdp2"),
-    ("dgx-h100", "gpt3-760m", "megatron"), ("dgx-h100", "gpt3-1.3b", "megatron"), ("dgx-h100", "gpt3-1.3b", "fsdp2"),
+    ("dgx-a100-80g", "gpt3-125m", "megatron"), ("dgx-a100-80g", "gpt3-350m", "megatron"),
+    ("dgx-a100-80g", "gpt3-350m", "fsdp2"), ("dgx-a100-80g", "gpt3-760m", "megatron"),
+    ("dgx-a100-80g", "gpt3-760m", "fsdp2"), ("dgx-a100-80g", "gpt3-1.3b", "megatron"),
+    ("dgx-a100-80g", "gpt3-1.3b", "fsdp2"), ("dgx-a100-80g", "gpt3-2.7b", "megatron"),
+    ("dgx-a100-80g", "gpt3-2.7b", "fsdp2"), ("dgx-a100-80g", "gpt3-6.7b", "megatron"),
+    ("dgx-a100-80g", "gpt3-6.7b", "fsdp2"), ("dgx-a100-80g", "gpt3-13b", "fsdp2"),
+    ("dgx-a100-80g", "gpt-22b", "fsdp2"), ("dgx-a100-80g", "llama2-7b", "megatron"),
+    ("dgx-a100-80g", "llama2-13b", "fsdp2"), ("dgx-a100-80g", "llama3-8b", "fsdp2"),
+    ("dgx-a100-80g", "qwen2-7b", "fsdp2"), ("dgx-h100", "gpt3-350m", "megatron"),
+    ("dgx-h100", "gpt3-760m", "megatron"), ("dgx-h100", "gpt3-760m", "fsdp2"), ("dgx-h100", "gpt3-1.3b", "megatron"),
+    ("dgx-h100", "gpt3-1.3b", "fsdp2"),
 }
 
 
@@ -70,7 +81,8 @@ def size_class(model: str) -> str:
 
 @functools.cache
 def planned_mfu(cluster: str, model: str, framework: str, zero: int) -> float | None:
-    """MFU (%) of the fastest fitting of no and full recomputation, or None when neither fits."""
+    """MFU (%, causal attention counted in full as the ranges are) of the fastest fitting of no and full
+    recomputation, or None when neither fits."""
     best = None
     for recompute in ("none", "full"):
         try:
@@ -79,7 +91,7 @@ def planned_mfu(cluster: str, model: str, framework: str, zero: int) -> float | 
             continue
         if plan.report.fits and (best is None or plan.report.step_time_s < best.report.step_time_s):
             best = plan
-    return None if best is None else 100 * best.report.mfu
+    return None if best is None else 100 * best.report.mfu * full_attention_ratio(best.graph)
 
 
 def _cases():
@@ -101,8 +113,3 @@ def test_data_parallel_mfu_within_the_published_range(cluster, model, framework,
     lo, hi = RANGES[cluster][size_class(model)]
     assert lo <= mfu <= hi, f"{model} on {cluster} ({framework}): {mfu:.1f}% outside {lo}-{hi}%"
 
-
-def test_the_planned_7b_on_a100_sits_in_the_published_band():
-    """The 7B class on A100 under FSDP2 (torchtitan's and llm-foundry's engine) is inside its range."""
-    for model in ("llama2-7b", "llama3-8b", "qwen2-7b"):
-        assert 45 <= planned_mfu("dgx-a100-80g", model, "fsdp2", 3) <= 65

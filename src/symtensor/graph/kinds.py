@@ -183,8 +183,9 @@ def op_fwd_flops(op, sizes=None):
 def op_model_flops(op, grad_operands: int, causal_halved: bool = True) -> float:
     """Forward + backward FLOPs in the MFU convention: no recomputation; attention's two matmuls
     with a backward of twice the forward, causal attention halved as the kernels run it (the
-    Megatron-LM and torchtitan convention). ``causal_halved=False``: attention in full (the
-    PaLM / Korthikanti et al. 2022 convention, 12*L*H*Q*T per token)."""
+    Megatron-LM convention). ``causal_halved=False``: attention in full (the PaLM / Korthikanti et
+    al. 2022 / torchtitan / llm-foundry convention, 12*L*H*Q*T per token: ``graph.analysis.
+    full_attention_ratio``)."""
     kind = kind_of(op.kind)
     attrs = dict(op.attrs)
     fwd = (kind.model_flops or kind.fwd_flops)(op.dim_sizes, attrs)
