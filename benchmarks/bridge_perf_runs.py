@@ -422,7 +422,7 @@ def evaluate(r: dict, systems: dict) -> dict:
         return {**out, "status": "refused", "why": str(e).splitlines()[0]}
     rep = plan.report
     band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=kw["zero"], seq=kw["seq"],
-                       framework=kw["framework"], precision=kw["precision"])
+                       framework=kw["framework"], precision=kw["precision"], tp=kw["tp"])
     return {**out, "status": "fits" if rep.fits else "does not fit", "why": "" if rep.fits else rep.overflow,
             "step_s": rep.step_time_s, "reserved_gib": rep.memory_reserved / GIB, "band": band,
             "predicted": kw["global_batch"] * kw["seq"] / rep.step_time_s / kw["devices"]}

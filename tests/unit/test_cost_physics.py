@@ -291,3 +291,28 @@ def test_h100_calibration_meets_its_bounds():
     assert max(map(abs, errors)) <= 0.05
     assert sum(map(abs, errors)) / len(errors) <= 0.03
     assert abs(sum(errors)) / len(errors) <= 0.01
+
+
+def test_tensor_parallel_domain_is_the_calibration_rows():
+    """``bands.TENSOR_PARALLEL`` is the range of tensor-parallel degrees of each device's time rows, as the
+    calibration files hold them (A100: Korthikanti et al. 2022, all TP 8; H100: NeMo, TP 1 to 8)."""
+    rows = [r for r in calibration.load_rows() if r.metric in calibration.TIME_METRICS]
+    for device, (lo, hi) in bands.TENSOR_PARALLEL.items():
+        tps = [int(r.fields["tp"]) for r in rows if r.device == device]
+        assert tps and (min(tps), max(tps)) == (lo, hi)
+
+
+def test_a_plan_outside_the_rows_tensor_parallel_degree_is_widened():
+    """A data-parallel A100 plan is not what A100's base range was measured on (every A100 row runs TP 8):
+    its band widens along ``parallelism`` and says so; a TP-8 A100 plan and a TP-1 H100 plan (H100 rows run
+    TP 1 to 8) keep the calibrated band."""
+    a100 = {tp: evaluation_json(api.evaluate("gpt3-6.7b", "dgx-a100-80g", 64, tp=tp, zero=1, global_batch=512))
+            for tp in (1, 8)}
+    assert a100[1]["band_widened"] == ["parallelism"] and not a100[1]["band_calibrated"]
+    assert a100[8]["band_widened"] == [] and a100[8]["band_calibrated"]
+    lo, hi = bands.RESIDUALS[("A100", "dense 3D")]
+    w = bands.WIDEN["parallelism"]
+    step = a100[1]["step_time_s"]
+    assert a100[1]["step_time_band_s"] == pytest.approx([step / (1 + hi + w), step / (1 + lo - w)])
+    h100 = _step("llama3-8b", 64, tp=1, zero=1)
+    assert h100["band_calibrated"] and h100["band_widened"] == []

@@ -40,7 +40,8 @@ micro-batch 0.7% (fitted, calibration.select_constants), the loss over the logit
 about 0.6% as FSDP2's eager fp32 cross-entropy, 36 B per logit), and no other documented one the shipped rows
 can identify closes the 8-20% left (leave-one-source-out on rows that are all tensor-parallel Megatron runs).
 What the published data-parallel runs pay beyond that is for a user's own runs to calibrate (``calibrate
---runs``, issue 22 point 4). H100: the GEMMs run at the GH100's sustained
+--runs``, issue 22 point 4); the error band says so (``cost.bands``: an A100 plan below the calibration
+rows' tensor-parallel degree, 8, is widened along ``parallelism``). H100: the GEMMs run at the GH100's sustained
 ceiling (MSMF, cost/kernels.py); the 0.35-1.3B cases are 2-10 points above llm-foundry's 26-45%. Strict: a
 change that brings one inside fails here until it is taken off the list.
 """

@@ -120,7 +120,7 @@ def compare_plans(a, b, label_a=("A", "plan"), label_b=("B", "plan")) -> dict:
 def _band(p):
     """The error band of plan ``p``'s predicted step (``cost.bands``)."""
     return config_band(p.model, p.cluster, p.report.step_time_s, zero=p.train.zero, seq=p.seq, framework=p.engine,
-                       precision=p.train.precision)
+                       precision=p.train.precision, tp=p.config["tp"])
 
 
 def op_differences(a, b) -> list[dict]:

@@ -16,17 +16,18 @@ MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
 
 
 def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str, graph,
-                     precision: str = "bf16") -> dict:
+                     precision: str = "bf16", tp: int | None = None) -> dict:
     """What every prediction states besides its numbers: the engine, the efficiency table and its
     source, the attention kernel the graph was costed with, and the error band of its regime
     (``cost.bands``)."""
     from symtensor.cost.efficiency import device_table, efficiency_for
 
-    b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework, precision=precision)
+    b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework, precision=precision, tp=tp)
     table = "measured (cluster file)" if cluster.efficiency else device_table(cluster.device.name)
     return {"framework": framework, "efficiency_table": table,
             "efficiency_source": efficiency_for(cluster).source, "attention_kernel": attention_kernel(graph),
-            "regime": b.regime, "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated}
+            "regime": b.regime, "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated,
+            "band_widened": list(b.widened)}
 
 
 def attention_kernel(graph) -> str:
@@ -39,12 +40,13 @@ def attention_kernel(graph) -> str:
     return ",".join(kernels) or "none"
 
 
-def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str, precision: str = "bf16"):
+def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str, precision: str = "bf16",
+                tp: int | None = None):
     """The error band (``cost.bands.Band``) of a prediction for ``cfg`` on ``cluster``: the
     residuals of the user's own runs where the cluster file was calibrated on them (``symtensor
     calibrate --runs``), else the shipped calibration's for its device and regime, widened along
     each dimension the prediction leaves the calibrated domain (precision, scale, network
-    bandwidth per device: the outermost level's)."""
+    bandwidth per device: the outermost level's, the tensor-parallel degree ``tp``)."""
     from symtensor.cost.bands import band_of, from_residuals
 
     if cluster.band is not None:
@@ -52,7 +54,7 @@ def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: 
     network = cluster.levels[-1].bandwidth / 1e9 if cluster.nodes > 1 else None
     return band_of(step_s, cluster.device.name, zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe,
                    framework=framework, precision=precision, devices=cluster.n_devices,
-                   network_gbps_per_device=network)
+                   network_gbps_per_device=network, tp=tp)
 
 
 def evaluation_json(plan: Plan) -> dict:
@@ -61,7 +63,8 @@ def evaluation_json(plan: Plan) -> dict:
     out.update(model=plan.model.name, cluster=plan.cluster.name, devices=plan.cluster.n_devices,
                config=megatron_summary(plan))
     out.update(prediction_terms(plan.model, plan.cluster, plan.report.step_time_s, zero=plan.train.zero,
-                                seq=plan.seq, framework=plan.engine, graph=plan.graph, precision=plan.train.precision))
+                                seq=plan.seq, framework=plan.engine, graph=plan.graph, precision=plan.train.precision,
+                                tp=out["config"]["tp"]))
     if plan.notes:  # (the pipeline split evaluate chose, when it is not Megatron's own)
         out["notes"] = list(plan.notes)
     return out
@@ -81,7 +84,8 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
                   layouts={name: {d: list(axes) for d, axes in cuts.items()} for name, cuts in plan.layouts.items()},
                   layer_types=layer_types(plan))
     result.update(prediction_terms(plan.model, cl, plan.report.step_time_s, zero=plan.train.zero, seq=plan.seq,
-                                   framework=plan.engine, graph=plan.graph, precision=plan.train.precision))
+                                   framework=plan.engine, graph=plan.graph, precision=plan.train.precision,
+                                   tp=result["config"]["tp"]))
     if baselines is not None:
         result["baselines"] = baselines_json(plan, baselines, _band(result), detail)
     return result
@@ -109,7 +113,7 @@ def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False)
                  "memory_gib_per_device": rep.memory_peak / GIB}
         entry["speedup_of_plan"] = rep.step_time_s / ref if rep.fits else None
         band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=b.train.zero, seq=plan.seq,
-                           framework=b.engine, precision=b.train.precision)
+                           framework=b.engine, precision=b.train.precision, tp=b.config["tp"])
         entry["step_time_band_s"] = band.as_list()
         entry["verdict_of_plan"] = verdict(plan_band, band, ref, rep.step_time_s) if rep.fits else \
             "baseline does not fit"
@@ -126,4 +130,5 @@ def _band(result: dict):
     """The band a plan's JSON states (``prediction_terms``), as a ``cost.bands.Band``."""
     from symtensor.cost.bands import Band
 
-    return Band(*result["step_time_band_s"], result["regime"], result["band_calibrated"])
+    return Band(*result["step_time_band_s"], result["regime"], result["band_calibrated"],
+                tuple(result.get("band_widened", ())))
