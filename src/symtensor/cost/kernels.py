@@ -337,9 +337,19 @@ MAMF_H100_SXM = 792.1 / 989
 # sustained load: its GEMMs run at the power-saturated clock (1,405-1,527 MHz there), not at the burst's boost
 # clock, so this, not the MAMF, is what a GEMM of a training step may reach on the GH100 die at 700 W. H100 SXM
 # is the same die, SM count and 700 W TDP (MAMF table: "H200 is the same"), only its HBM differs: it takes
-# H200's sustained ceiling. No MSMF is published for A100 (its ceiling stays the MAMF burst: an A100 step is
-# costed at least as fast as it may really run) and B200 keeps its own measured rows (SimuMax; best row 0.655
+# H200's sustained ceiling. No MSMF is published for A100; its ceiling stays the MAMF burst (an A100 step is
+# costed at least as fast as it may really run). Its sustained clock was measured once: "A100 frequency drop due
+# to the power limit (peak 1410MHZ --> ~1200 MHZ)" under FlashAttention-2 (nvidia-smi, liangan1/GPU_travel
+# @bc68a95 performance/flash-attn/README.md), 0.851 of the burst, the GH100's MSMF / MAMF (0.848) again. Not
+# taken: A100's calibration rows (Korthikanti et al. 2022, all TP 8) ran at the burst rates. At 0.851 on GEMMs
+# and attention their 8 time rows come out 9-21% slow (mean +15.4%, from -4..+7%), and no reading of the power
+# limit as a duty cycle reconciles them (compute fills 79-83% of their steps; the clock could rise at most
+# (1/0.8)^(1/3) = 1.08x above the sustained one, not the 1.18x to the burst). The published data-parallel A100
+# runs (tests/unit/test_published_mfu.py) match the sustained clock instead (20 of 24 cases inside their range
+# at 0.851, 7 of 24 at the burst): a plan unlike the TP-8 rows gets that clock's spread in its error band
+# (``cost.bands.WIDEN["parallelism"]``). B200 keeps its own measured rows (SimuMax; best row 0.655
 # of 2,250 TFLOP/s against an MSMF of 1,426.4 = 0.634: the rows are already at the sustained level).
+A100_SUSTAINED_CLOCK = 1200 / 1410
 MSMF_H200 = 698.6 / 989
 # The same runs' sustained over burst ratio (MSMF / MAMF, 698.6 / 823.9): what a burst-timed GH100 table keeps
 # under a training step's sustained load. XLA's BF16 rows (``H100_BF16``) were timed as bursts: they take it.
