@@ -343,8 +343,10 @@ MAMF_H100_SXM = 792.1 / 989
 # @bc68a95 performance/flash-attn/README.md), 0.851 of the burst, the GH100's MSMF / MAMF (0.848) again. Not
 # taken: A100's calibration rows (Korthikanti et al. 2022, all TP 8) ran at the burst rates. At 0.851 on GEMMs
 # and attention their 8 time rows come out 9-21% slow (mean +15.4%, from -4..+7%), and no reading of the power
-# limit as a duty cycle reconciles them (compute fills 79-83% of their steps; the clock could rise at most
-# (1/0.8)^(1/3) = 1.08x above the sustained one, not the 1.18x to the burst). The published data-parallel A100
+# limit as a duty cycle reconciles them (compute fills 79-83% of their steps; with dynamic power C V^2 f and the
+# voltage rising with the clock, power grows about as f^3, so the clock could rise at most (1/0.8)^(1/3) = 1.08x
+# above the sustained one, less with any power drawn while communicating, not the 1.18x to the burst; it would
+# take power growing no faster than f^1.4 and none while communicating). The published data-parallel A100
 # runs (tests/unit/test_published_mfu.py) match the sustained clock instead (20 of 24 cases inside their range
 # at 0.851, 7 of 24 at the burst): a plan unlike the TP-8 rows gets that clock's spread in its error band
 # (``cost.bands.WIDEN["parallelism"]``). B200 keeps its own measured rows (SimuMax; best row 0.655
