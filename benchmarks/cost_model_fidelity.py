@@ -170,8 +170,9 @@ def _band_lines(results, loso) -> list[str]:
              "in-sample and leave-one-source-out together), widened on each side per dimension it leaves the "
              "calibrated domain along (`symtensor.cost.bands`): " +
              ", ".join(f"{k} +-{100 * v:.0f}%" for k, v in bands.WIDEN.items()) +
-             f"; domain: {bands.DOMAIN}. A device without rows takes the union of the calibrated ranges, widened "
-             "by the device width.", "",
+             f"; domain: {bands.DOMAIN}, and per device table the tensor-parallel degrees of its time rows "
+             f"{bands.TENSOR_PARALLEL} (parallelism). A device without rows takes the union of the calibrated ranges, "
+             "widened by the device width.", "",
              "| device | regime | stored residual range | band of a 1 s prediction | calibrated |",
              "|---|---|---|---|:---:|"]
     for device in calibration.CALIBRATION_FILES:
