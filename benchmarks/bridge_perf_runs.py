@@ -34,9 +34,7 @@ A row is inside its band when the measured step lies in the band the evaluation 
 from __future__ import annotations
 
 import csv
-import hashlib
 import re
-import statistics
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -48,6 +46,7 @@ from symtensor.hardware import GIB
 from symtensor.plan.document import config_band
 from symtensor.plan.stack import Stack
 
+from frozen_runs import pct as _pct, read_rows as _read_rows, sha256 as _sha256, summary as _summary
 from results_files import write_results
 
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b"
@@ -431,17 +430,11 @@ def evaluate(r: dict, systems: dict) -> dict:
 # -- files -----------------------------------------------------------------------------------------------------
 
 def read_rows(rnd: Round, with_measured: bool) -> list[dict]:
-    with rnd.runs.open() as f:
-        rows = list(csv.DictReader(f))
-    if not with_measured:
-        for r in rows:
-            for k in MEASURED:
-                r.pop(k)
-    return rows
+    return _read_rows(rnd.runs, MEASURED, with_measured)
 
 
 def sha256(rnd: Round) -> str:
-    return hashlib.sha256(rnd.runs.read_bytes()).hexdigest()
+    return _sha256(rnd.runs)
 
 
 def write_parsed(rnd: Round, rows: list[dict]) -> None:
@@ -462,17 +455,6 @@ def check(rnd: Round) -> int:
               f"{r.get('precision', ''):8} {e['status']}{extra}: {e['why'] or e['described_as']}")
     print(counts)
     return 0
-
-
-def _pct(v: float) -> str:
-    return f"{100 * v:+.1f}%"
-
-
-def _summary(label: str, errs: list[float], inside: list[bool]) -> str:
-    if not errs:
-        return f"| {label} | 0 | - | - | - |"
-    return (f"| {label} | {len(errs)} | {100 * statistics.mean(abs(e) for e in errs):.1f}% | "
-            f"{_pct(statistics.mean(errs))} | {sum(inside)} of {len(inside)} |")
 
 
 def compare(rnd: Round) -> int:
