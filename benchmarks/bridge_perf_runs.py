@@ -40,13 +40,19 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-from symtensor import api
 from symtensor.errors import PlanError
-from symtensor.hardware import GIB
-from symtensor.plan.document import config_band
 from symtensor.plan.stack import Stack
 
-from frozen_runs import pct as _pct, read_rows as _read_rows, sha256 as _sha256, summary as _summary
+from frozen_runs import (
+    check_rows,
+    evaluated,
+    nofit_line,
+    read_rows as _read_rows,
+    row_table,
+    sha256 as _sha256,
+    status_line,
+    summary as _summary,
+)
 from results_files import write_results
 
 BRIDGE = "NVIDIA-NeMo/Megatron-Bridge@067f987df03b"
@@ -412,19 +418,10 @@ def describe(r: dict, systems: dict) -> tuple[dict | None, str, str]:
 def evaluate(r: dict, systems: dict) -> dict:
     """The row's evaluation: predicted step, fits, reserved memory, band; or why it is skipped or refused."""
     kw, skip, said = describe(r, systems)
-    out = {"status": "skipped" if kw is None else "", "why": skip, "described_as": said}
-    if kw is None:
-        return out
-    try:
-        plan = api.evaluate(**kw)
-    except PlanError as e:
-        return {**out, "status": "refused", "why": str(e).splitlines()[0]}
-    rep = plan.report
-    band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=kw["zero"], seq=kw["seq"],
-                       framework=kw["framework"], precision=kw["precision"], tp=kw["tp"])
-    return {**out, "status": "fits" if rep.fits else "does not fit", "why": "" if rep.fits else rep.overflow,
-            "step_s": rep.step_time_s, "reserved_gib": rep.memory_reserved / GIB, "band": band,
-            "predicted": kw["global_batch"] * kw["seq"] / rep.step_time_s / kw["devices"]}
+    out = evaluated(kw, skip, said)
+    if "step_s" in out:  # as tokens/s/GPU, the tables' measure
+        out["predicted"] = kw["global_batch"] * kw["seq"] / out["step_s"] / kw["devices"]
+    return out
 
 
 # -- files -----------------------------------------------------------------------------------------------------
@@ -446,15 +443,9 @@ def write_parsed(rnd: Round, rows: list[dict]) -> None:
 
 def check(rnd: Round) -> int:
     """Every row described and evaluated with the measured columns dropped: status counts and reasons."""
-    counts: dict[str, int] = {}
-    for r in read_rows(rnd, with_measured=False):
-        e = evaluate(r, rnd.systems)
-        counts[e["status"]] = counts.get(e["status"], 0) + 1
-        extra = f" {e['reserved_gib']:.1f} GiB" if "reserved_gib" in e else ""
-        print(f"{r['doc_line']:>4} {r['container'][:8]:8} {r['system']:10} {r['model_name'][:22]:22} "
-              f"{r.get('precision', ''):8} {e['status']}{extra}: {e['why'] or e['described_as']}")
-    print(counts)
-    return 0
+    return check_rows(read_rows(rnd, with_measured=False), lambda r: evaluate(r, rnd.systems),
+                      lambda r: f"{r['doc_line']:>4} {r['container'][:8]:8} {r['system']:10} "
+                                f"{r['model_name'][:22]:22} {r.get('precision', ''):8}")
 
 
 def compare(rnd: Round) -> int:
@@ -493,10 +484,7 @@ def report(rnd: Round, out: list[dict], done: list[tuple[dict, dict]]) -> list[s
              "the cost model was changed for it. Predicted tokens/s/GPU = global batch x sequence / predicted step "
              "/ GPUs; error = predicted / measured - 1 (+: optimistic). `inside band`: the measured step lies in "
              "the evaluation's error band (`cost.bands`; `band` as tokens/s/GPU).", ""]
-    statuses: dict[str, int] = {}
-    for x in out:
-        statuses[x["status"]] = statuses.get(x["status"], 0) + 1
-    lines += ["Rows: " + ", ".join(f"{v} {k}" for k, v in statuses.items()) + ".", "",
+    lines += [status_line(out), "",
               "## Summary (rows that fit)", "",
               "| group | rows | MAPE | mean signed error | inside band |", "|---|---:|---:|---:|---:|"]
     errs = [x["error"] for _, x in fits]
@@ -512,21 +500,11 @@ def report(rnd: Round, out: list[dict], done: list[tuple[dict, dict]]) -> list[s
         lines.append(_summary(key, [x["error"] for x in g], [x["inside_band"] for x in g]))
     nofit = [x for _, x in done if x["status"] != "fits"]
     if nofit:
-        lines += ["", "Rows that do not fit (not in the summary; their error is still listed): "
-                  + _summary("does not fit", [x["error"] for x in nofit], [x["inside_band"] for x in nofit])[2:-2]
-                  .replace(" | ", ", "), ""]
+        lines += ["", nofit_line(nofit, "; their error is still listed"), ""]
     cols = ["container", "section", "model", "system", "gpus", "precision", "degrees", "gbs", "mbs", "seq",
             "measured", "predicted", "error", "status", "reserved_gib", "inside_band", "band_tokens", "why",
             "described_as"]
-    lines += ["", "## Every row", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for x in out:
-        cell = {**x, "measured": "" if x["measured"] is None else f"{x['measured']:.0f}",
-                "predicted": "" if x["predicted"] is None else f"{x['predicted']:.0f}",
-                "error": "" if x["error"] is None else _pct(x["error"]),
-                "reserved_gib": "" if x["reserved_gib"] is None else f"{x['reserved_gib']:.1f}",
-                "inside_band": "" if x["inside_band"] is None else ("yes" if x["inside_band"] else "no")}
-        lines.append("| " + " | ".join(str(cell[c]).replace("|", "\\|") for c in cols) + " |")
-    return lines
+    return lines + row_table(out, cols, {"measured": lambda v: f"{v:.0f}", "predicted": lambda v: f"{v:.0f}"})
 
 
 def main(argv: list[str]) -> int:

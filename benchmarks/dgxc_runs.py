@@ -43,14 +43,11 @@ import subprocess
 import sys
 from pathlib import Path
 
-from symtensor import api
 from symtensor.errors import PlanError
-from symtensor.hardware import GIB
 from symtensor.models.config import PRESETS
-from symtensor.plan.document import config_band
 from symtensor.plan.stack import Stack
 
-from frozen_runs import pct, read_rows, sha256, summary
+from frozen_runs import check_rows, evaluated, nofit_line, read_rows, row_table, sha256, status_line, summary
 from results_files import write_results
 
 REPO = "NVIDIA/dgxc-benchmarking"
@@ -506,34 +503,16 @@ def describe(r: dict) -> tuple[dict | None, str, str]:
 
 def evaluate(r: dict) -> dict:
     """The row's evaluation: predicted step, fits, reserved memory, band; or why it is skipped or refused."""
-    kw, skip, said = describe(r)
-    out = {"status": "skipped" if kw is None else "", "why": skip, "described_as": said}
-    if kw is None:
-        return out
-    try:
-        plan = api.evaluate(**kw)
-    except PlanError as e:
-        return {**out, "status": "refused", "why": str(e).splitlines()[0]}
-    rep = plan.report
-    band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=kw["zero"], seq=kw["seq"],
-                       framework=kw["framework"], precision=kw["precision"], tp=kw["tp"])
-    return {**out, "status": "fits" if rep.fits else "does not fit", "why": "" if rep.fits else rep.overflow,
-            "step_s": rep.step_time_s, "reserved_gib": rep.memory_reserved / GIB, "band": band}
+    return evaluated(*describe(r))
 
 
 # -- modes -----------------------------------------------------------------------------------------------------
 
 def check() -> int:
     """Every row described and evaluated with the measured columns dropped: status counts and reasons."""
-    counts: dict[str, int] = {}
-    for r in read_rows(RUNS, MEASURED, with_measured=False):
-        e = evaluate(r)
-        counts[e["status"]] = counts.get(e["status"], 0) + 1
-        extra = f" {e['reserved_gib']:.1f} GiB" if "reserved_gib" in e else ""
-        print(f"{r['source'][-7:]} {r['workload'][:13]:13} {r['size']:5} {r['system']:5} {r['gpus']:>5} "
-              f"{r['precision']:4} {e['status']}{extra}: {e['why'] or e['described_as']}")
-    print(counts)
-    return 0
+    return check_rows(read_rows(RUNS, MEASURED, with_measured=False), evaluate,
+                      lambda r: f"{r['source'][-7:]} {r['workload'][:13]:13} {r['size']:5} {r['system']:5} "
+                                f"{r['gpus']:>5} {r['precision']:4}")
 
 
 def compare() -> int:
@@ -563,10 +542,7 @@ def report(out: list[dict], done: list[tuple[dict, dict]]) -> list[str]:
              f"The rows of `benchmarks/dgxc_runs.csv` (sha256 `{sha256(RUNS)}`; `benchmarks/dgxc_runs.md`), described "
              "by `python benchmarks/dgxc_runs.py` and compared once. Error = measured step / predicted step - 1 "
              "(+: optimistic); `inside band`: the measured step lies in the evaluation's band.", ""]
-    statuses: dict[str, int] = {}
-    for x in out:
-        statuses[x["status"]] = statuses.get(x["status"], 0) + 1
-    lines += ["Rows: " + ", ".join(f"{v} {k}" for k, v in statuses.items()) + ".", "",
+    lines += [status_line(out), "",
               "## Summary (rows that fit)", "",
               "| group | rows | MAPE | mean signed error | inside band |", "|---|---:|---:|---:|---:|",
               summary("all", [x["error"] for x in fits], [x["inside_band"] for x in fits])]
@@ -581,20 +557,11 @@ def report(out: list[dict], done: list[tuple[dict, dict]]) -> list[str]:
         lines.append(summary(key, [x["error"] for x in g], [x["inside_band"] for x in g]))
     nofit = [x for _, x in done if x["status"] != "fits"]
     if nofit:
-        lines += ["", "Rows that do not fit (not in the summary): " + summary(
-            "does not fit", [x["error"] for x in nofit], [x["inside_band"] for x in nofit])[2:-2].replace(" | ", ", ")]
+        lines += ["", nofit_line(nofit)]
     cols = ["source", "workload", "size", "system", "gpus", "precision", "degrees", "gbs", "mbs", "seq",
             "measured_s", "predicted_s", "error", "status", "reserved_gib", "inside_band", "same_config_as", "why",
             "described_as"]
-    lines += ["", "## Every row", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
-    for x in out:
-        cell = {**x, "measured_s": "" if x["measured_s"] is None else f"{x['measured_s']:.3f}",
-                "predicted_s": "" if x["predicted_s"] is None else f"{x['predicted_s']:.3f}",
-                "error": "" if x["error"] is None else pct(x["error"]),
-                "reserved_gib": "" if x["reserved_gib"] is None else f"{x['reserved_gib']:.1f}",
-                "inside_band": "" if x["inside_band"] is None else ("yes" if x["inside_band"] else "no")}
-        lines.append("| " + " | ".join(str(cell[c]).replace("|", "\\|") for c in cols) + " |")
-    return lines
+    return lines + row_table(out, cols, {"measured_s": lambda v: f"{v:.3f}", "predicted_s": lambda v: f"{v:.3f}"})
 
 
 def main(argv: list[str]) -> int:

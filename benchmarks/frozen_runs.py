@@ -12,6 +12,11 @@ import hashlib
 import statistics
 from pathlib import Path
 
+from symtensor import api
+from symtensor.errors import PlanError
+from symtensor.hardware import GIB
+from symtensor.plan.document import config_band
+
 
 def sha256(path: Path) -> str:
     """The sha256 of a frozen test file's bytes."""
@@ -40,3 +45,62 @@ def summary(label: str, errs: list[float], inside: list[bool]) -> str:
         return f"| {label} | 0 | - | - | - |"
     return (f"| {label} | {len(errs)} | {100 * statistics.mean(abs(e) for e in errs):.1f}% | "
             f"{pct(statistics.mean(errs))} | {sum(inside)} of {len(inside)} |")
+
+
+def status_line(out: list[dict]) -> str:
+    """How many rows ended in each status (fits, does not fit, skipped, refused), in order of first appearance."""
+    statuses: dict[str, int] = {}
+    for x in out:
+        statuses[x["status"]] = statuses.get(x["status"], 0) + 1
+    return "Rows: " + ", ".join(f"{v} {k}" for k, v in statuses.items()) + "."
+
+
+def nofit_line(nofit: list[dict], note: str = "") -> str:
+    """The rows that do not fit, in one sentence (they stay out of the summary table)."""
+    row = summary("does not fit", [x["error"] for x in nofit], [x["inside_band"] for x in nofit])
+    return f"Rows that do not fit (not in the summary{note}): " + row[2:-2].replace(" | ", ", ")
+
+
+# how the table of every row writes a comparison's cells (an empty cell where the value is None)
+CELLS = {"error": pct, "reserved_gib": lambda v: f"{v:.1f}", "inside_band": lambda v: "yes" if v else "no"}
+
+
+def row_table(out: list[dict], cols: list[str], cells: dict) -> list[str]:
+    """The "Every row" section: one markdown row per result, ``cells`` (column -> format) added to ``CELLS``."""
+    fmt = {**CELLS, **cells}
+    lines = ["", "## Every row", "", "| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    for x in out:
+        cell = {**x, **{c: "" if x[c] is None else f(x[c]) for c, f in fmt.items()}}
+        lines.append("| " + " | ".join(str(cell[c]).replace("|", "\\|") for c in cols) + " |")
+    return lines
+
+
+def evaluated(kw: dict | None, skip: str, said: str) -> dict:
+    """A described row's evaluation (``kw``: ``api.evaluate``'s keywords, None where the row is skipped for
+    ``skip``; ``said``: the description): status (fits, does not fit, refused, skipped), why, the predicted step,
+    the reserved peak and the error band the evaluation prints (``plan.document.config_band``)."""
+    out = {"status": "skipped" if kw is None else "", "why": skip, "described_as": said}
+    if kw is None:
+        return out
+    try:
+        plan = api.evaluate(**kw)
+    except PlanError as e:
+        return {**out, "status": "refused", "why": str(e).splitlines()[0]}
+    rep = plan.report
+    band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=kw["zero"], seq=kw["seq"],
+                       framework=kw["framework"], precision=kw["precision"], tp=kw["tp"])
+    return {**out, "status": "fits" if rep.fits else "does not fit", "why": "" if rep.fits else rep.overflow,
+            "step_s": rep.step_time_s, "reserved_gib": rep.memory_reserved / GIB, "band": band}
+
+
+def check_rows(rows: list[dict], evaluate, prefix) -> int:
+    """``--check``: every row (read without its measured columns) described and evaluated, one line each
+    (``prefix(row)``, the status, the reserved peak, the reason or the description), then the status counts."""
+    counts: dict[str, int] = {}
+    for r in rows:
+        e = evaluate(r)
+        counts[e["status"]] = counts.get(e["status"], 0) + 1
+        extra = f" {e['reserved_gib']:.1f} GiB" if "reserved_gib" in e else ""
+        print(f"{prefix(r)} {e['status']}{extra}: {e['why'] or e['described_as']}")
+    print(counts)
+    return 0
