@@ -22,7 +22,8 @@ expected in [step / (1 + hi), step / (1 + lo)]. It is built by one documented ru
 
 The widths are stated guesses of how much each unmodelled difference moves a step, sized from what was
 seen: issue 22 measured a signed bias of 20-36% on three stacks the model was not calibrated for
-(``engine`` 0.15 on each side, with ``device`` 0.10 and the rest 0.05-0.15); the band's coverage of the
+(``engine`` 0.15 on each side, with ``device`` 0.10 and the rest 0.05-0.15), except ``parallelism``'s, a
+measurement (the A100's sustained clock against its burst, ``WIDEN``); the band's coverage of the
 calibration rows, each judged without its own source (a held-out source's device is then uncalibrated),
 is measured by ``coverage`` and printed by ``symtensor calibrate`` and benchmarks/cost_model_fidelity.py.
 A band that never contains the truth is worse than none.
