@@ -347,8 +347,9 @@ MAMF_H100_SXM = 792.1 / 989
 # voltage rising with the clock, power grows about as f^3, so the clock could rise at most (1/0.8)^(1/3) = 1.08x
 # above the sustained one, less with any power drawn while communicating, not the 1.18x to the burst; it would
 # take power growing no faster than f^1.4 and none while communicating). The published data-parallel A100
-# runs (tests/unit/test_published_mfu.py) match the sustained clock instead (20 of 24 cases inside their range
-# at 0.851, 7 of 24 at the burst): a plan unlike the TP-8 rows gets that clock's spread in its error band
+# runs (tests/unit/test_published_mfu.py) are nearer the sustained clock (21 of 24 cases inside their range at
+# 0.851, the 70B ones 0.4-1.7 points below; 17 of 24 at the burst): a plan unlike the TP-8 rows gets that clock's
+# spread in its error band
 # (``cost.bands.WIDEN["parallelism"]``). B200 keeps its own measured rows (SimuMax; best row 0.655
 # of 2,250 TFLOP/s against an MSMF of 1,426.4 = 0.634: the rows are already at the sustained level).
 A100_SUSTAINED_CLOCK = 1200 / 1410
