@@ -240,7 +240,8 @@ def test_performance_recipes_carry_the_stack_their_launch_states():
     """Megatron-Bridge's performance recipes reduce gradients in bf16 (``_benchmark_common``) and run the allocator
     with expandable segments (their ``env_vars``; not the Megatron-FSDP row with CPU offloading), Qwen3-235B on H100
     also overlaps the expert-parallel communication, the Qwen3 MoE recipes that set the flex dispatcher's HybridEP
-    backend run it; the library recipes state no stack fact but that dispatcher."""
+    backend run it; the library recipes state no stack fact but that dispatcher. NeMo 2's Nemotron-4 performance
+    rows state what its launch does: bf16 gradient reduction, expandable segments on every GPU but B200."""
     from symtensor.plan.stack import Stack
 
     perf = [r for r in recipes.RECIPES if r.kind == "performance" and r.repo == recipes.BRIDGE]
@@ -253,3 +254,7 @@ def test_performance_recipes_carry_the_stack_their_launch_states():
                       "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", "qwen3_30b_a3b_pretrain_8gpu_b200_bf16_config",
                       "qwen3_30b_a3b_pretrain_8gpu_gb200_bf16_config"]
     assert all(r.stack in (Stack(), Stack(moe_dispatcher="hybridep")) for r in recipes.RECIPES if r.kind == "pretrain")
+    # NeMo 2's performance launch of Nemotron-4: bf16 gradient reduction, expandable segments but on B200
+    nemo = [r for r in recipes.RECIPES if r.kind == "performance" and r.model.startswith("nemotron4")]
+    assert len(nemo) == 6 and all(r.stack.grad_reduce_bf16 for r in nemo)
+    assert all(r.stack.expandable_segments is (None if r.gpu == "b200" else True) for r in nemo)

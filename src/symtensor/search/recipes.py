@@ -94,7 +94,8 @@ class Recipe:
         stack: the stack facts its launch states (``cost.stack.Stack``): Megatron-Bridge's performance recipes
             reduce gradients in bf16 and set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in their
             ``env_vars`` (all but one here: ``_PERF_STACK``), some turn on ``overlap_moe_expert_parallel_comm``;
-            the library recipes state none. The recipe is costed with them on its own GPUs
+            NeMo 2's performance launch of Nemotron-4 states the first two, the allocator setting but on B200
+            (``_NEMO_PERF_STACK``); the library recipes state none. The recipe is costed with them on its own GPUs
             (``benchmarks/recipes_table.py``); as a baseline it runs the plan's stack, as every point of a search
             does.
     """
@@ -164,6 +165,15 @@ _PERF_EP_OVERLAP = Stack(expandable_segments=True, grad_reduce_bf16=True, moe_ep
 # 8 GB200, Qwen3-235B-A22B on 256 GB200): NVIDIA's HybridEP dispatcher (``cost.moe``). Recipes that inherit the
 # dispatcher from a library recipe keep all-to-all unless that recipe states otherwise.
 _PERF_HYBRIDEP = Stack(expandable_segments=True, grad_reduce_bf16=True, moe_dispatcher="hybridep")
+
+# What NeMo 2's performance launch states of its stack (NVIDIA/NeMo@8cfedd720346 scripts/performance/): each
+# llm/pretrain_<model>.py builds the library recipe with performance_mode=True, whose pretrain_performance_optimizations
+# sets trainer.plugins.grad_reduce_in_fp32 = False, as helpers.py set_precision_configs does for any compute dtype
+# (gradients reduced in bf16); executors.py slurm_executor sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on
+# every GPU but B200 ("it causes an unexpected error"), where the allocator keeps its default. Stated on the
+# Nemotron-4 rows; the Mixtral rows of the same CSVs state none yet.
+_NEMO_PERF_STACK = Stack(expandable_segments=True, grad_reduce_bf16=True)
+_NEMO_PERF_STACK_B200 = Stack(grad_reduce_bf16=True)
 
 
 def _bridge(model, name, path, gpu, devices, seq, tp, pp, **kw) -> Recipe:
@@ -309,22 +319,22 @@ RECIPES: tuple[Recipe, ...] = (
     # as scripts/performance/helpers.py set_primary_perf_configs sets it) --
     Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
            kind="performance", gpu="h100", devices=64, seq=4096, tp=2, pp=1, sp=True, micro_batch=2, global_batch=256,
-           notes="FP8 row: same degrees"),
+           stack=_NEMO_PERF_STACK, notes="FP8 row: same degrees"),
     Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
            kind="performance", gpu="b200", devices=64, seq=4096, tp=1, pp=1, micro_batch=2, global_batch=256,
-           notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+           stack=_NEMO_PERF_STACK_B200, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
     Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b gb200 bf16", repo=NEMO, path=_NEMO_CSV.format("gb200"),
            kind="performance", gpu="gb200", devices=64, seq=4096, tp=1, pp=1, micro_batch=2, global_batch=256,
-           notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+           stack=_NEMO_PERF_STACK, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
     Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
            kind="performance", gpu="h100", devices=256, seq=4096, tp=8, pp=8, vpp=12, sp=True, global_batch=64,
-           notes="FP8 row: same degrees"),
+           stack=_NEMO_PERF_STACK, notes="FP8 row: same degrees"),
     Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
            kind="performance", gpu="b200", devices=128, seq=4096, tp=8, pp=4, vpp=12, sp=True, global_batch=32,
-           notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+           stack=_NEMO_PERF_STACK_B200, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
     Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b gb200 bf16", repo=NEMO,
            path=_NEMO_CSV.format("gb200"), kind="performance", gpu="gb200", devices=128, seq=4096, tp=4, pp=8, vpp=12,
-           sp=True, global_batch=32, notes="FP8 row: tp8 pp4 vpp12 with CUDA graphs"),
+           sp=True, global_batch=32, stack=_NEMO_PERF_STACK, notes="FP8 row: tp8 pp4 vpp12 with CUDA graphs"),
 )
 
 
