@@ -46,10 +46,15 @@ PRESET_OF_ROW = {
 # rows whose cells carry text ("768 per expert", "MLA", "128 (+64 rope)"): judged in test_moe_models.py
 MOE_PRESET_OF_ROW = {"Qwen3-30B-A3B": "qwen3-30b-a3b", "Qwen3-235B-A22B": "qwen3-235b-a22b",
                      "DeepSeek-V3": "deepseek-v3", "GPT-OSS-120B": "gpt-oss-120b"}
+# rows whose parameter-count cells are empty: their dimensions are judged against the row, their counts
+# against the technical report (test_nemotron4_params_match_the_technical_reports)
+DIMS_ONLY_ROWS = {"Nemotron-4 340B": "nemotron4-340b"}
 # presets with no row in model_configs.csv: Korthikanti et al. 2022 Table 3 models (checked against
-# their names and the closed form below), Kimi K2 (its config.json, below) and the debug models
+# their names and the closed form below), Kimi K2 (its config.json, below), Nemotron-4 15B (its technical
+# report, below) and the debug models
 NOT_IN_CSV = {"gpt-22b": 22e9, "gpt-530b": 530e9, "gpt-1t": 1e12, "tiny-llama": None, "tiny-mixtral": None,
-              "tiny-qwen3-moe": None, "kimi-k2": None}  # (Kimi K2: test_kimi_k2_preset_and_config_json_agree)
+              "tiny-qwen3-moe": None, "kimi-k2": None,  # (Kimi K2: test_kimi_k2_preset_and_config_json_agree)
+              "nemotron4-15b": None}
 
 # GPT-3 Table 2.1 names two models by a rounded size: "350M" is 355.9M parameters and "2.7B" is
 # 2.65B (1.7% and 1.8% off, beyond the 1% tolerance). Their architecture is unambiguous, so they
@@ -86,8 +91,9 @@ def _drop_full_graphs():
 
 def test_every_preset_is_judged():
     """A new preset must get a published count (a CSV row) or an explicit exemption here."""
-    assert set(PRESET_OF_ROW.values()) | set(MOE_PRESET_OF_ROW.values()) | set(NOT_IN_CSV) == set(PRESETS)
-    assert set(PRESET_OF_ROW) | set(MOE_PRESET_OF_ROW) <= set(ROWS)
+    judged = set(PRESET_OF_ROW.values()) | set(MOE_PRESET_OF_ROW.values()) | set(DIMS_ONLY_ROWS.values())
+    assert judged | set(NOT_IN_CSV) == set(PRESETS)
+    assert set(PRESET_OF_ROW) | set(MOE_PRESET_OF_ROW) | set(DIMS_ONLY_ROWS) <= set(ROWS)
 
 
 # Deliberate departures from the CSV, each with its reason: GPT-3 Table 2.1 lists 24 heads of 128
@@ -96,9 +102,12 @@ def test_every_preset_is_judged():
 DEPARTURES = {("gpt3-1.3b", "heads"): 16, ("gpt3-1.3b", "kv_heads"): 16}
 
 
-@pytest.mark.parametrize("row", sorted(PRESET_OF_ROW), ids=lambda r: PRESET_OF_ROW[r])
+_DIM_ROWS = PRESET_OF_ROW | DIMS_ONLY_ROWS
+
+
+@pytest.mark.parametrize("row", sorted(_DIM_ROWS), ids=lambda r: _DIM_ROWS[r])
 def test_preset_matches_csv_dimensions(row):
-    name = PRESET_OF_ROW[row]
+    name = _DIM_ROWS[row]
     r, cfg = ROWS[row], PRESETS[name]
     for key, field in (("layers", "layers"), ("hidden", "hidden"), ("heads", "heads"), ("kv_heads", "kv_heads"),
                        ("head_dim", "head_dim"), ("ffn", "ffn"), ("vocab", "vocab"), ("experts", "experts"),
@@ -172,6 +181,34 @@ def test_flagship_total_params(name, published, rel):
     total = _full_graph(name).params_total()
     assert total == llama_closed_form(PRESETS[name])
     assert total == pytest.approx(published, rel=rel)
+
+
+def nemotron4_closed_form(cfg: ModelConfig) -> int:
+    """Nemotron-4: per layer Q and O h*n*d, K and V h*g*d, the squared-ReLU MLP 2 h f, two LayerNorms (weight
+    and bias) 4h; untied embedding and LM head 2 V h; final LayerNorm 2h. No linear biases."""
+    h, n, g, d = cfg.hidden, cfg.heads, cfg.kv_heads, cfg.head_dim
+    return cfg.layers * (2 * h * n * d + 2 * h * g * d + 2 * h * cfg.ffn + 4 * h) + 2 * cfg.vocab * h + 2 * h
+
+
+# (embedding, non-embedding) parameters as published: Nemotron-4 15B Technical Report (Parmar et al. 2024,
+# arXiv:2402.16819) section 2: 3.2B embedding and 12.5B non-embedding; Nemotron-4 340B Technical Report (NVIDIA
+# 2024, arXiv:2406.11704) section 2.1: 9.4B embedding and 331.6B non-embedding
+NEMOTRON4_PUBLISHED = {"nemotron4-15b": (3.2e9, 12.5e9), "nemotron4-340b": (9.4e9, 331.6e9)}
+
+
+@pytest.mark.parametrize("name", sorted(NEMOTRON4_PUBLISHED))
+def test_nemotron4_params_match_the_technical_reports(name):
+    """15.63B and 341.03B: the reports' embedding and non-embedding counts, each within 2% (the embedding table
+    and the LM head are V h each, V = 256,000 already a multiple of Megatron's padding)."""
+    cfg, (embedding, rest) = PRESETS[name], NEMOTRON4_PUBLISHED[name]
+    total = _full_graph(name).params_total()
+    assert total == nemotron4_closed_form(cfg) and padded_vocab(cfg.vocab) == cfg.vocab
+    assert params_active(cfg, _full_graph(name)) == total  # dense
+    assert 2 * cfg.vocab * cfg.hidden == pytest.approx(embedding, rel=0.02)
+    assert total - 2 * cfg.vocab * cfg.hidden == pytest.approx(rest, rel=0.02)
+    assert total == pytest.approx(embedding + rest, rel=0.02)
+    assert (cfg.mlp, cfg.norm, cfg.tied, cfg.bias, cfg.kv_heads, cfg.max_context) == ("relu2", "layernorm", False,
+                                                                                     False, 8, 4096)
 
 
 def test_known_exact_counts():

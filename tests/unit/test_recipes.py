@@ -45,7 +45,8 @@ def test_every_row_cites_its_source_and_runs_on_its_own_model():
                                                                                    r.micro_batch), r
     models = {r.model for r in recipes.RECIPES}
     assert {"llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "llama3-405b", "deepseek-v3",
-            "qwen2-72b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b", "gpt-oss-120b"} <= models
+            "qwen2-72b", "qwen3-30b-a3b", "qwen3-235b-a22b", "mixtral-8x7b", "mixtral-8x22b", "gpt-oss-120b",
+            "nemotron4-15b", "nemotron4-340b"} <= models
     assert all(any(r.model == m and r.default for r in recipes.RECIPES) for m in models)
 
 
@@ -63,6 +64,32 @@ def test_a_recipe_model_on_its_recipe_devices_gets_exactly_the_recipe():
     assert name == r.name == "mixtral_8x7b.pretrain_recipe" and r.source in note
     entry = baselines_json(base, {"megatron_recipe": base}, _band())["megatron_recipe"]
     assert entry["recipe"] == r.name and r.source in entry["recipe_note"]
+
+
+@pytest.mark.parametrize("model, devices, global_batch, want", [
+    ("nemotron4-15b", 64, 1024, "nemotron4_15b.pretrain_recipe"),        # NeMo 2's tp4 sp, 8 H100 in the recipe
+    ("nemotron4-340b", 768, 2304, "nemotron4_340b.pretrain_recipe"),     # tp8 pp12 vpp8 cp2: 192 divides 768
+    ("nemotron4-340b", 512, 1024, "pre_train nemotron4 340b h100 bf16"),  # ... not 512: NeMo's H100 CSV row
+])
+def test_nemotron4_gets_nvidias_recipe_and_evaluate_agrees(model, devices, global_batch, want):
+    """Nemotron-4 on H100: the baseline is NeMo 2's recipe (its pretrain_recipe defaults, or the BF16 row of
+    its H100 performance CSV where the library recipe's model-parallel degrees do not divide the devices), with
+    its degrees, sequence parallelism and micro batch and dp scaled to the devices; the note names it with
+    its source, and ``evaluate`` of the same configuration (Megatron's even split) costs it the same."""
+    from symtensor import api
+
+    r = next(r for r in recipes.RECIPES if r.model == model and r.name == want and r.gpu == "h100")
+    base = _recipe_baseline(model, "dgx-h100", devices, global_batch, r.seq)
+    c = megatron_summary(base)
+    assert (c["tp"], c["pp"], c["vpp"], c["cp"], c["sp"], c["micro_batch"], c["recompute"]) == (
+        r.tp, r.pp, r.vpp, r.cp, r.sp, r.micro_batch, r.recompute)
+    assert c["dp"] == devices // (r.tp * r.pp * r.cp) and c["zero"] == r.zero and base.report.fits
+    name, note = recipe_of(base)
+    assert name == want and r.source in note
+    ev = api.evaluate(model, "dgx-h100", devices, tp=r.tp, pp=r.pp, cp=r.cp, sp=r.sp, zero=r.zero, vpp=r.vpp,
+                      micro_batch=r.micro_batch, global_batch=global_batch, seq=r.seq,
+                      pp_layout="even" if r.pp > 1 else None)
+    assert ev.config["dp"] == c["dp"] and ev.report.step_time_s == base.report.step_time_s
 
 
 def _band():
@@ -143,6 +170,11 @@ def test_qwen3_moe_on_64_h100_no_longer_folds_ep_64_across_infiniband():
     ("mixtral-8x22b", "H100-SXM5-80GB", 4096, 1024, "mixtral_8x22b.pretrain_recipe"),
     ("mixtral-8x22b", "H100-SXM5-80GB", 8192, 256, "mixtral_8x22b.pretrain_recipe"),
     ("mixtral-8x22b", "H100-SXM5-80GB", 65536, 256, "pre_train mixtral 8x22b h100 bf16"),
+    ("nemotron4-15b", "H100-SXM5-80GB", 4096, 64, "nemotron4_15b.pretrain_recipe"),
+    ("nemotron4-15b", "H100-SXM5-80GB", 16384, 64, "nemotron4_15b_16k.pretrain_recipe"),
+    ("nemotron4-15b", "B200-SXM-180GB", 4096, 64, "pre_train nemotron4 15b b200 bf16"),
+    ("nemotron4-340b", "H100-SXM5-80GB", 4096, 512, "nemotron4_340b.pretrain_recipe"),
+    ("nemotron4-340b", "GB200-B200-186GB", 4096, 128, "pre_train nemotron4 340b gb200 bf16"),
 ])
 def test_the_recipe_written_for_the_gpu_and_sequence_comes_first(model, device, seq, n, want):
     """The library recipes and the cluster's GPU's benchmark configurations, in the order of
@@ -156,15 +188,19 @@ def test_the_recipe_written_for_the_gpu_and_sequence_comes_first(model, device, 
     assert set(got) == {r for r in recipes.RECIPES if r.model == model and (r.kind == "pretrain" or r.gpu == gpu)}
 
 
-def test_the_plan_is_never_slower_than_the_recipe_it_is_compared_with():
+@pytest.mark.parametrize("model, devices", [("llama3-70b", 64), ("nemotron4-15b", 64), ("nemotron4-15b", 512),
+                                             ("nemotron4-340b", 512)])
+def test_the_plan_is_never_slower_than_the_recipe_it_is_compared_with(model, devices):
     """LLaMA-3-70B's recipe on 64 H100 runs a virtual pipeline depth the grid does not try (it
-    was 1.0006x faster than the searched plan): the guarantee costs the recipe and adopts it."""
+    was 1.0006x faster than the searched plan): the guarantee costs the recipe and adopts it. Nemotron-4's
+    baselines are NeMo's recipes, and the plans fit and are no slower."""
     from symtensor import api
 
-    plan, base = api.plan_with_baselines("llama3-70b", "dgx-h100", 64, names=("megatron_recipe",))
+    plan, base = api.plan_with_baselines(model, "dgx-h100", devices, names=("megatron_recipe",))
     recipe = base["megatron_recipe"]
-    assert recipe is not None and recipe.report.fits
+    assert recipe is not None and recipe.report.fits and plan.report.fits
     assert plan.report.step_time_s <= recipe.report.step_time_s
+    assert recipe_of(recipe)[0] != recipes.RULE
 
 
 def test_a_recipe_without_a_layout_runs_megatrons_own_split():
@@ -204,7 +240,8 @@ def test_performance_recipes_carry_the_stack_their_launch_states():
     """Megatron-Bridge's performance recipes reduce gradients in bf16 (``_benchmark_common``) and run the allocator
     with expandable segments (their ``env_vars``; not the Megatron-FSDP row with CPU offloading), Qwen3-235B on H100
     also overlaps the expert-parallel communication, the Qwen3 MoE recipes that set the flex dispatcher's HybridEP
-    backend run it; the library recipes state no stack fact but that dispatcher."""
+    backend run it; the library recipes state no stack fact but that dispatcher. NeMo 2's Nemotron-4 performance
+    rows state what its launch does: bf16 gradient reduction, expandable segments on every GPU but B200."""
     from symtensor.plan.stack import Stack
 
     perf = [r for r in recipes.RECIPES if r.kind == "performance" and r.repo == recipes.BRIDGE]
@@ -217,3 +254,7 @@ def test_performance_recipes_carry_the_stack_their_launch_states():
                       "qwen3_30b_a3b_pretrain_16gpu_h100_bf16_config", "qwen3_30b_a3b_pretrain_8gpu_b200_bf16_config",
                       "qwen3_30b_a3b_pretrain_8gpu_gb200_bf16_config"]
     assert all(r.stack in (Stack(), Stack(moe_dispatcher="hybridep")) for r in recipes.RECIPES if r.kind == "pretrain")
+    # NeMo 2's performance launch of Nemotron-4: bf16 gradient reduction, expandable segments but on B200
+    nemo = [r for r in recipes.RECIPES if r.kind == "performance" and r.model.startswith("nemotron4")]
+    assert len(nemo) == 6 and all(r.stack.grad_reduce_bf16 for r in nemo)
+    assert all(r.stack.expandable_segments is (None if r.gpu == "b200" else True) for r in nemo)

@@ -227,6 +227,19 @@ _NEMO = "NVIDIA NeMo llama.py configs mirroring HF config.json (shared/data/mode
 _GPT3 = "GPT-3 paper (Brown et al. 2020) Table 2.1 (shared/data/model_configs.csv)"
 _KORTH = "Korthikanti et al. 2022 (arXiv:2205.05198) Table 3 (shared/data/calibration.csv)"
 _QWEN3 = "Qwen3-MoE HF config.json (shared/data/model_configs.csv)"
+_NEMO2 = "NVIDIA/NeMo@8cfedd720346"
+
+
+def _nemotron4(size: str, cls: str, **dims) -> ModelConfig:
+    """Nemotron-4 as NeMo 2 states it (the comment above its presets says what is costed how)."""
+    source = (f"{_NEMO2}:nemo/collections/llm/gpt/model/nemotron.py {cls} (NemotronConfig: LayerNorm, squared_relu, "
+              "add_bias_linear False, untied, rotary_percent 0.5, costed on the whole head); vocabulary 256000 as "
+              f"{_NEMO2}:scripts/performance/llm/pretrain_nemotron4_{size}.py states (NullTokenizer vocab_size); "
+              f"the same dimensions in NVIDIA/dgxc-benchmarking@35a9aec:nemotron/nemotron4-{size}-synth.yaml")
+    return ModelConfig(name=f"nemotron4-{size}", vocab=256000, mlp="relu2", norm="layernorm", max_context=4096,
+                       source=source, **dims)
+
+
 _GPT = dict(family="gpt", mlp="gelu", norm="layernorm", tied=True, learned_pos=True, bias=True, max_context=2048,
             vocab=50257)
 
@@ -297,6 +310,17 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
                 vocab=201088, experts=128, top_k=4, bias=True, sinks=True, window=128,
                 window_layers=tuple(range(0, 36, 2)), max_context=131072, active_with_embedding=False,
                 source="gpt-oss HF config.json; OpenAI gpt-oss model card (shared/data/model_configs.csv)"),
+    # Nemotron-4: squared-ReLU MLP (2 matrices), LayerNorm with weight and bias (layernorm1p: a zero-centred
+    # gamma, the same cost), no linear biases, untied embeddings, 8 query groups, vocabulary 256,000, sequence 4096;
+    # 340B's head_dim 18432 / 96 = 192, as the Nemotron-4 340B row of shared/data/model_configs.csv states.
+    # RoPE turns only half of each head (rotary_percent 0.5), which ModelConfig does not state: the rotation is
+    # costed over the whole head (q_rope/k_rope, memory-bound elementwise ops). Megatron rotates the first half
+    # and concatenates the rest back (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/models/common/embeddings/
+    # rope_utils.py), the fused kernel NeMo runs (apply_rope_fusion) copies it ("copy the rest":
+    # NVIDIA/TransformerEngine@d0067d0da transformer_engine/common/fused_rope/fused_rope.cu): the whole head is read
+    # and written either way, only the elementwise FLOPs on the unrotated half are counted in excess
+    _nemotron4("15b", "Nemotron4Config15B", layers=32, hidden=6144, heads=48, kv_heads=8, ffn=24576),
+    _nemotron4("340b", "Nemotron4Config340B", layers=96, hidden=18432, heads=96, kv_heads=8, ffn=73728),
     ModelConfig(name="tiny-llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, max_context=128,
                 source="debug model for end-to-end runs on CPU"),
     ModelConfig(name="tiny-mixtral", layers=2, hidden=64, heads=4, kv_heads=2, ffn=96, vocab=256, experts=4, top_k=2,

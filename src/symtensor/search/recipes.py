@@ -10,12 +10,15 @@ at; ``python benchmarks/recipes_table.py`` writes the table as ``benchmarks/resu
 Two kinds of rows, both NVIDIA's:
 - ``pretrain``: the library recipes users start from (Megatron-Bridge
   ``src/megatron/bridge/recipes/<family>/h100/*.py``, each family's default ``<model>_pretrain_config``
-  aliased to one of them; NeMo 2 ``nemo/collections/llm/recipes/*.py`` for Mixtral and the NeMo
+  aliased to one of them; NeMo 2 ``nemo/collections/llm/recipes/*.py`` for Mixtral and Nemotron-4
+  (``pretrain_recipe``'s defaults; the GPU count is its num_nodes x num_gpus_per_node) and the NeMo
   Framework Launcher's ``launcher_scripts/conf/training/llama/*.yaml`` for Llama 2 13B and 70B,
   which Megatron-Bridge does not ship). Written for H100 (the GPU count in the name).
 - ``performance``: the benchmark configurations NVIDIA publishes throughput for, per GPU
   (Megatron-Bridge ``src/megatron/bridge/perf_recipes/<family>/<gpu>/*.py``; NeMo 2
-  ``scripts/performance/recommended_model_configs/model_configs_<gpu>.csv`` for Mixtral). Only
+  ``scripts/performance/recommended_model_configs/model_configs_<gpu>.csv`` for Mixtral and
+  Nemotron-4, whose launch sets sequence parallelism where tp > 1: ``scripts/performance/helpers.py``
+  ``set_primary_perf_configs``). Only
   those whose degrees differ from the library recipe's, or that are written for another GPU or
   sequence length, are rows.
 
@@ -62,6 +65,9 @@ _LIB = "src/megatron/bridge/recipes/"
 _PERF = "src/megatron/bridge/perf_recipes/"
 _NEMO_CSV = "scripts/performance/recommended_model_configs/model_configs_{}.csv"
 
+# NeMo 2's performance CSVs turn CUDA graphs on for some rows (column cuda_graphs 1); the cost model does not tell
+# them apart (its host time per micro-batch, cost.efficiency.END_TO_END, is the same with or without)
+_CUDA_GRAPHS = "CUDA graphs on (cuda_graphs 1; not modelled)"
 RULE = "sizing rule"  # what the baseline names when no recipe is used
 MTP_NOTE = "its multi-token-prediction layer (m) not modelled: that stage costed without it"
 
@@ -88,7 +94,8 @@ class Recipe:
         stack: the stack facts its launch states (``cost.stack.Stack``): Megatron-Bridge's performance recipes
             reduce gradients in bf16 and set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in their
             ``env_vars`` (all but one here: ``_PERF_STACK``), some turn on ``overlap_moe_expert_parallel_comm``;
-            the library recipes state none. The recipe is costed with them on its own GPUs
+            NeMo 2's performance launch of Nemotron-4 states the first two, the allocator setting but on B200
+            (``_NEMO_PERF_STACK``); the library recipes state none. The recipe is costed with them on its own GPUs
             (``benchmarks/recipes_table.py``); as a baseline it runs the plan's stack, as every point of a search
             does.
     """
@@ -159,6 +166,15 @@ _PERF_EP_OVERLAP = Stack(expandable_segments=True, grad_reduce_bf16=True, moe_ep
 # dispatcher from a library recipe keep all-to-all unless that recipe states otherwise.
 _PERF_HYBRIDEP = Stack(expandable_segments=True, grad_reduce_bf16=True, moe_dispatcher="hybridep")
 
+# What NeMo 2's performance launch states of its stack (NVIDIA/NeMo@8cfedd720346 scripts/performance/): each
+# llm/pretrain_<model>.py builds the library recipe with performance_mode=True, whose pretrain_performance_optimizations
+# sets trainer.plugins.grad_reduce_in_fp32 = False, as helpers.py set_precision_configs does for any compute dtype
+# (gradients reduced in bf16); executors.py slurm_executor sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on
+# every GPU but B200 ("it causes an unexpected error"), where the allocator keeps its default. Stated on the
+# Nemotron-4 rows; the Mixtral rows of the same CSVs state none yet.
+_NEMO_PERF_STACK = Stack(expandable_segments=True, grad_reduce_bf16=True)
+_NEMO_PERF_STACK_B200 = Stack(grad_reduce_bf16=True)
+
 
 def _bridge(model, name, path, gpu, devices, seq, tp, pp, **kw) -> Recipe:
     kind = "performance" if path.startswith(_PERF) else "pretrain"
@@ -228,6 +244,19 @@ RECIPES: tuple[Recipe, ...] = (
            path="nemo/collections/llm/recipes/mixtral_8x22b.py", kind="pretrain", gpu="h100", devices=128, seq=4096,
            tp=2, pp=4, vpp=14, cp=2, ep=8, etp=2, sp=True, default=True,
            notes="expert TP unset: Megatron-core's initialize_model_parallel defaults it to tp"),
+    # -- NeMo 2 library recipes of Nemotron-4 (Megatron-Bridge has none: only its model bridge) --
+    Recipe(model="nemotron4-15b", name="nemotron4_15b.pretrain_recipe", repo=NEMO,
+           path="nemo/collections/llm/recipes/nemotron4_15b.py", kind="pretrain", gpu="h100", devices=8, seq=4096,
+           tp=4, pp=1, sp=True, micro_batch=2, global_batch=32, default=True),
+    Recipe(model="nemotron4-15b", name="nemotron4_15b_16k.pretrain_recipe", repo=NEMO,
+           path="nemo/collections/llm/recipes/nemotron4_15b_16k.py", kind="pretrain", gpu="h100", devices=8,
+           seq=16384, tp=2, pp=2, cp=2, sp=True, micro_batch=2, global_batch=32),
+    Recipe(model="nemotron4-15b", name="nemotron4_15b_64k.pretrain_recipe", repo=NEMO,
+           path="nemo/collections/llm/recipes/nemotron4_15b_64k.py", kind="pretrain", gpu="h100", devices=32,
+           seq=65536, tp=4, pp=2, cp=4, sp=True, micro_batch=2, global_batch=32),
+    Recipe(model="nemotron4-340b", name="nemotron4_340b.pretrain_recipe", repo=NEMO,
+           path="nemo/collections/llm/recipes/nemotron4_340b.py", kind="pretrain", gpu="h100", devices=6144,
+           seq=4096, tp=8, pp=12, vpp=8, cp=2, sp=True, global_batch=2304, default=True),
     # -- Megatron-Bridge performance recipes (BF16) whose degrees differ from the library's --
     _bridge("llama3-405b", "llama31_405b_pretrain_1024gpu_h100_bf16_config", _PERF + "llama/h100/llama31.py", "h100",
             1024, 8192, 8, 8, vpp=8, cp=2, sp=True, pp_layout=_SLOTS, global_batch=1536),
@@ -286,6 +315,26 @@ RECIPES: tuple[Recipe, ...] = (
     Recipe(model="mixtral-8x22b", name="pre_train mixtral 8x22b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
            kind="performance", gpu="b200", devices=256, seq=65536, tp=2, pp=4, vpp=14, cp=8, ep=8, sp=True,
            global_batch=64),
+    # -- NeMo 2 performance configurations of Nemotron-4 (BF16 rows of the CSVs; sequence parallelism where tp > 1,
+    # as scripts/performance/helpers.py set_primary_perf_configs sets it) --
+    Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
+           kind="performance", gpu="h100", devices=64, seq=4096, tp=2, pp=1, sp=True, micro_batch=2, global_batch=256,
+           stack=_NEMO_PERF_STACK, notes="FP8 row: same degrees"),
+    Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
+           kind="performance", gpu="b200", devices=64, seq=4096, tp=1, pp=1, micro_batch=2, global_batch=256,
+           stack=_NEMO_PERF_STACK_B200, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+    Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b gb200 bf16", repo=NEMO, path=_NEMO_CSV.format("gb200"),
+           kind="performance", gpu="gb200", devices=64, seq=4096, tp=1, pp=1, micro_batch=2, global_batch=256,
+           stack=_NEMO_PERF_STACK, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+    Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
+           kind="performance", gpu="h100", devices=256, seq=4096, tp=8, pp=8, vpp=12, sp=True, global_batch=64,
+           stack=_NEMO_PERF_STACK, notes="FP8 row: same degrees"),
+    Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
+           kind="performance", gpu="b200", devices=128, seq=4096, tp=8, pp=4, vpp=12, sp=True, global_batch=32,
+           stack=_NEMO_PERF_STACK_B200, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+    Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b gb200 bf16", repo=NEMO,
+           path=_NEMO_CSV.format("gb200"), kind="performance", gpu="gb200", devices=128, seq=4096, tp=4, pp=8, vpp=12,
+           sp=True, global_batch=32, stack=_NEMO_PERF_STACK, notes="FP8 row: tp8 pp4 vpp12 with CUDA graphs"),
 )
 
 
