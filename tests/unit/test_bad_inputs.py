@@ -295,6 +295,9 @@ CASES = [
     ("set-attention-kernel", EVAL + ["--set", "attention=triton"],
      ["attention='triton'", "flash, flash2, flash1, unfused"]),
     ("set-dense-layers", PLAN + ["--set", "dense_layers=9"], ["dense_layers=9"]),
+    ("set-rotary-percent", PLAN + ["--set", "rotary_percent=1.5"], ["rotary_percent", "(0, 1]"]),
+    ("set-rotary-percent-zero", PLAN + ["--set", "rotary_percent=0"], ["rotary_percent", "positive"]),
+    ("set-norm", PLAN + ["--set", "norm=batchnorm"], ["norm='batchnorm'", "rmsnorm, layernorm, layernorm1p"]),
     # -- evaluate ----------------------------------------------------------------------------------
     ("evaluate-tp-0", EVAL[:-1] + ["0"], ["--tp", "positive integer"]),
     ("evaluate-pp-0", EVAL + ["--pp", "0"], ["--pp", "positive integer"]),

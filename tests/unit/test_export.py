@@ -357,3 +357,22 @@ def test_the_evaluate_command_an_export_suggests_states_the_whole_configuration(
     assert (args.tp, args.pp, args.dp, args.global_batch, args.recompute, args.fp8_recipe) == \
         (2, 2, 16, 256, "selective", "tensorwise")
     assert api.stated_split(args.pp_layout, plan.model, args.pp, args.vpp) == (1, (3, 5))
+
+
+def test_megatron_builds_nemotron_as_it_is_not_as_llama():
+    """Nemotron-4 (NeMo 2's Nemotron4Config: LayerNorm with a zero-centred gamma, squared ReLU, RoPE over half of each
+    head) exports with Megatron-LM's flag for each part (NVIDIA/Megatron-LM@d98e8a64dd arguments.py --normalization,
+    --squared-relu, --rotary-percent; transformer_config.py --apply-layernorm-1p), not LLaMA's RMSNorm and SwiGLU;
+    Megatron-DeepSpeed, whose LLaMA path has none of them, refuses in one line; a LLaMA export keeps its flags."""
+    nemotron = api.evaluate("nemotron4-15b", "dgx-h100", 64, tp=2)
+    args = megatron_args(nemotron)
+    for flag in ("--normalization LayerNorm", "--apply-layernorm-1p", "--squared-relu", "--rotary-percent 0.5",
+                 "--position-embedding-type rope", "--disable-bias-linear"):
+        assert flag in args
+    assert "--swiglu" not in args and "--normalization RMSNorm" not in args
+    with pytest.raises(PlanError, match="Megatron-DeepSpeed cannot build nemotron4-15b .*squared-ReLU") as e:
+        export(nemotron, "megatron-deepspeed")
+    assert "\n" not in str(e.value)
+    llama = megatron_args(api.evaluate("llama3-8b", "dgx-h100", 8))
+    assert "--normalization RMSNorm" in llama and "--swiglu" in llama
+    assert not any(a.startswith(("--rotary-percent", "--apply-layernorm-1p", "--squared-relu")) for a in llama)

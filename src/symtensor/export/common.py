@@ -144,20 +144,30 @@ def model_arg(cfg) -> str:
 @dataclass(frozen=True)
 class ModelFlags:
     """How a Megatron-lineage launcher spells the model's architecture (its megatron/training/arguments.py):
-    the RMSNorm value of ``--normalization``, the rotary position embedding flag, the grouped-query
-    attention flags (formatted with the KV head count) and whether it takes ``--add-qkv-bias``."""
+    the values of ``--normalization`` per ``ModelConfig.norm``, the rotary position embedding flag, the
+    grouped-query attention flags (formatted with the KV head count), whether it takes ``--add-qkv-bias``, and the
+    flags of a squared-ReLU MLP, a zero-centred LayerNorm gamma and a partial rotation ("": the launcher has none)."""
 
-    rmsnorm: str
+    norms: dict
     rope: str
     query_groups: tuple[str, ...]
     qkv_bias: bool
+    squared_relu: str = ""
+    layernorm_1p: str = ""
+    rotary_percent: str = ""
 
 
 # NVIDIA/Megatron-LM (``--normalization``'s choices, ``--position-embedding-type``, ``--group-query-attention``)
-MEGATRON_LM = ModelFlags(rmsnorm="RMSNorm", rope="--position-embedding-type rope",
-                         query_groups=("--group-query-attention", "--num-query-groups {}"), qkv_bias=True)
-# microsoft/Megatron-DeepSpeed@f4157be megatron/arguments.py (``--num-key-value-heads``; no --add-qkv-bias)
-MEGATRON_DEEPSPEED = ModelFlags(rmsnorm="rmsnorm", rope="--use-rotary-position-embeddings",
+# (NVIDIA/Megatron-LM@d98e8a64dd: ``--normalization`` LayerNorm | RMSNorm, ``--squared-relu``, ``--rotary-percent``
+# in megatron/training/arguments.py; ``--apply-layernorm-1p``, TransformerConfig.layernorm_zero_centered_gamma)
+MEGATRON_LM = ModelFlags(norms={"rmsnorm": "RMSNorm", "layernorm": "LayerNorm", "layernorm1p": "LayerNorm"},
+                         rope="--position-embedding-type rope",
+                         query_groups=("--group-query-attention", "--num-query-groups {}"), qkv_bias=True,
+                         squared_relu="--squared-relu", layernorm_1p="--apply-layernorm-1p",
+                         rotary_percent="--rotary-percent {}")
+# microsoft/Megatron-DeepSpeed@f4157be megatron/arguments.py (``--num-key-value-heads``; no --add-qkv-bias; its
+# LLaMA path is RMSNorm and SwiGLU only)
+MEGATRON_DEEPSPEED = ModelFlags(norms={"rmsnorm": "rmsnorm"}, rope="--use-rotary-position-embeddings",
                                 query_groups=("--num-key-value-heads {}",), qkv_bias=False)
 
 
@@ -172,11 +182,25 @@ def query_group_args(cfg, flags: ModelFlags) -> list[str]:
     return [f.format(cfg.kv_heads) for f in flags.query_groups] if cfg.kv_heads != cfg.heads else []
 
 
-def family_args(cfg, flags: ModelFlags) -> list[str]:
-    """The LLaMA family's architecture (RMSNorm, SwiGLU, rotary embeddings, untied output, biases)."""
+def family_args(cfg, flags: ModelFlags, launcher: str) -> list[str]:
+    """The LLaMA family's architecture as the model states it (its norm and MLP: RMSNorm and SwiGLU for LLaMA,
+    LayerNorm-1p and squared ReLU for Nemotron; rotary embeddings, partial where it says so; untied output;
+    biases), or a one-line refusal where ``launcher`` has no flag for a part of it."""
     if cfg.family != "llama":
         return []
-    args = [f"--normalization {flags.rmsnorm}", "--swiglu", flags.rope, "--untie-embeddings-and-output-weights"]
+    mlp = {"swiglu": "--swiglu", "relu2": flags.squared_relu, "gelu": None}[cfg.mlp]
+    missing = [what for what, flag in (
+        (f"a {cfg.norm} norm", flags.norms.get(cfg.norm, "")), ("a squared-ReLU MLP", mlp),
+        ("a zero-centred LayerNorm gamma", flags.layernorm_1p if cfg.norm == "layernorm1p" and cfg.norm in flags.norms
+                                           else True),
+        (f"RoPE over {cfg.rotary_percent:g} of each head", flags.rotary_percent if cfg.rotary_percent != 1 else True))
+        if flag == ""]
+    if missing:
+        raise PlanError(f"{launcher} cannot build {cfg.name} ({', '.join(missing)}): export it with --to megatron")
+    args = [f"--normalization {flags.norms[cfg.norm]}", *([mlp] if mlp else []), flags.rope,
+            "--untie-embeddings-and-output-weights"]
+    args += [flags.layernorm_1p] if cfg.norm == "layernorm1p" else []
+    args += [flags.rotary_percent.format(f"{cfg.rotary_percent:g}")] if cfg.rotary_percent != 1 else []
     args += ["--add-qkv-bias"] if flags.qkv_bias and cfg.qkv_bias and not cfg.bias else []
     return args + ([] if cfg.bias else ["--disable-bias-linear"])
 

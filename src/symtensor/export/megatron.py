@@ -215,7 +215,7 @@ def megatron_args(plan) -> list[str]:
         args += ["--fine-grained-activation-offloading", f"--offload-modules {' '.join(p.stack.offload_modules)}"]
     if p.zero >= 2:
         args += fsdp_args(p)
-    args += family_args(cfg, MEGATRON_LM)
+    args += family_args(cfg, MEGATRON_LM, "Megatron-LM")
     args += ["--use-flash-attn", *precision_args(p)]
     return args
 

@@ -49,7 +49,7 @@ def megatron_deepspeed_config(plan) -> dict:
             *size_args(cfg), *query_group_args(cfg, MEGATRON_DEEPSPEED)]
     if p.sp:
         args.append("--sequence-parallel")
-    args += family_args(cfg, MEGATRON_DEEPSPEED)
+    args += family_args(cfg, MEGATRON_DEEPSPEED, "Megatron-DeepSpeed")
     if p.recompute == "full":
         args += ["--checkpoint-activations", "--checkpoint-num-layers 1"]
     elif p.recompute == "selective":

@@ -112,7 +112,7 @@ class _Builder:
         """The model's norm over ``axis`` of ``x`` (``dims``), with a weight (and a bias for LayerNorm)."""
         cfg = self.cfg
         inputs, in_dims = [x, self.param(f"{name}.weight", (sizes[axis],), (axis,))], [dims, (axis,)]
-        if cfg.norm == "layernorm":
+        if cfg.norm in ("layernorm", "layernorm1p"):
             inputs.append(self.param(f"{name}.bias", (sizes[axis],), (axis,)))
             in_dims.append((axis,))
         y = self.act(name, tuple(sizes[d] for d in dims), dims)

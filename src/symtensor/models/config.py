@@ -49,9 +49,14 @@ class ModelConfig:
             (DeepSeek: n_shared_experts * moe_ffn; Qwen2-MoE); 0: none.
         shared_gate: the shared expert's output is scaled by a learned sigmoid gate (Qwen2-MoE).
         mlp: ``swiglu`` (3 matrices), ``gelu`` or ``relu2`` (2 matrices).
-        norm: ``rmsnorm`` or ``layernorm``.
+        norm: ``rmsnorm``, ``layernorm`` or ``layernorm1p`` (LayerNorm with a zero-centred gamma, weight + 1:
+            Megatron's --apply-layernorm-1p, Nemotron; the same bytes and FLOPs as ``layernorm``).
         tied: input embedding and LM head share one table.
         learned_pos: learned position embeddings (GPT) instead of RoPE.
+        rotary_percent: the fraction of each head RoPE rotates (Megatron's --rotary-percent; Nemotron-4: 0.5).
+            Costed over the whole head: Megatron and Transformer Engine's fused RoPE read and write the whole
+            head and copy the unrotated part (Megatron-LM@d98e8a64dd rope_utils.py, TransformerEngine@d0067d0da
+            fused_rope.cu), so only the rotation's few FLOPs on that part are overcounted.
         bias: biases on every attention and MLP linear (GPT; GPT-OSS's attention, router and
             experts); ``qkv_bias`` only on Q/K/V (Qwen2).
         qk_norm: RMSNorm over the head dim of Q and K (Qwen3).
@@ -99,6 +104,7 @@ class ModelConfig:
     norm: str = "rmsnorm"
     tied: bool = False
     learned_pos: bool = False
+    rotary_percent: float = 1.0
     bias: bool = False
     qkv_bias: bool = False
     qk_norm: bool = False
@@ -149,8 +155,12 @@ class ModelConfig:
             raise PlanError(f"model {self.name}: dense_layers={self.dense_layers} must be in [0, layers]")
         if self.capacity_factor <= 0:
             raise PlanError(f"model {self.name}: capacity_factor must be positive, got {self.capacity_factor}")
-        choices = {"family": ("gpt", "llama"), "mlp": ("swiglu", "gelu", "relu2"), "norm": ("rmsnorm", "layernorm"),
-                   "attention": tuple(ATTENTION)}
+        if not (isinstance(self.rotary_percent, (int, float)) and 0 < self.rotary_percent <= 1):
+            raise PlanError(f"model {self.name}: rotary_percent must be in (0, 1], got {self.rotary_percent!r}")
+        if self.learned_pos and self.rotary_percent != 1:
+            raise PlanError(f"model {self.name}: rotary_percent applies to RoPE; a model with learned_pos has none")
+        choices = {"family": ("gpt", "llama"), "mlp": ("swiglu", "gelu", "relu2"),
+                   "norm": ("rmsnorm", "layernorm", "layernorm1p"), "attention": tuple(ATTENTION)}
         for key, valid in choices.items():
             if getattr(self, key) not in valid:
                 raise PlanError(f"model {self.name}: {key}={getattr(self, key)!r}; use one of {', '.join(valid)}")
@@ -233,11 +243,11 @@ _NEMO2 = "NVIDIA/NeMo@8cfedd720346"
 def _nemotron4(size: str, cls: str, **dims) -> ModelConfig:
     """Nemotron-4 as NeMo 2 states it (the comment above its presets says what is costed how)."""
     source = (f"{_NEMO2}:nemo/collections/llm/gpt/model/nemotron.py {cls} (NemotronConfig: LayerNorm, squared_relu, "
-              "add_bias_linear False, untied, rotary_percent 0.5, costed on the whole head); vocabulary 256000 as "
+              "add_bias_linear False, untied, rotary_percent 0.5, zero-centred gamma); vocabulary 256000 as "
               f"{_NEMO2}:scripts/performance/llm/pretrain_nemotron4_{size}.py states (NullTokenizer vocab_size); "
               f"the same dimensions in NVIDIA/dgxc-benchmarking@35a9aec:nemotron/nemotron4-{size}-synth.yaml")
-    return ModelConfig(name=f"nemotron4-{size}", vocab=256000, mlp="relu2", norm="layernorm", max_context=4096,
-                       source=source, **dims)
+    return ModelConfig(name=f"nemotron4-{size}", vocab=256000, mlp="relu2", norm="layernorm1p", rotary_percent=0.5,
+                       max_context=4096, source=source, **dims)
 
 
 _GPT = dict(family="gpt", mlp="gelu", norm="layernorm", tied=True, learned_pos=True, bias=True, max_context=2048,
@@ -310,15 +320,15 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
                 vocab=201088, experts=128, top_k=4, bias=True, sinks=True, window=128,
                 window_layers=tuple(range(0, 36, 2)), max_context=131072, active_with_embedding=False,
                 source="gpt-oss HF config.json; OpenAI gpt-oss model card (shared/data/model_configs.csv)"),
-    # Nemotron-4: squared-ReLU MLP (2 matrices), LayerNorm with weight and bias (layernorm1p: a zero-centred
-    # gamma, the same cost), no linear biases, untied embeddings, 8 query groups, vocabulary 256,000, sequence 4096;
-    # 340B's head_dim 18432 / 96 = 192, as the Nemotron-4 340B row of shared/data/model_configs.csv states.
-    # RoPE turns only half of each head (rotary_percent 0.5), which ModelConfig does not state: the rotation is
-    # costed over the whole head (q_rope/k_rope, memory-bound elementwise ops). Megatron rotates the first half
-    # and concatenates the rest back (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/models/common/embeddings/
-    # rope_utils.py), the fused kernel NeMo runs (apply_rope_fusion) copies it ("copy the rest":
-    # NVIDIA/TransformerEngine@d0067d0da transformer_engine/common/fused_rope/fused_rope.cu): the whole head is read
-    # and written either way, only the elementwise FLOPs on the unrotated half are counted in excess
+    # Nemotron-4: squared-ReLU MLP (2 matrices), LayerNorm with weight and bias and a zero-centred gamma
+    # (layernorm1p, the same cost), no linear biases, untied embeddings, 8 query groups, vocabulary 256,000, sequence
+    # 4096; 340B's head_dim 18432 / 96 = 192, as the Nemotron-4 340B row of shared/data/model_configs.csv states.
+    # RoPE turns half of each head (rotary_percent 0.5), costed over the whole head (q_rope/k_rope, memory-bound
+    # elementwise ops): Megatron rotates the first half and concatenates the rest back (NVIDIA/Megatron-LM@d98e8a64dd
+    # megatron/core/models/common/embeddings/rope_utils.py), the fused kernel NeMo runs (apply_rope_fusion) copies it
+    # ("copy the rest": NVIDIA/TransformerEngine@d0067d0da transformer_engine/common/fused_rope/fused_rope.cu): the
+    # whole head is read and written either way, only the elementwise FLOPs on the unrotated half are counted in
+    # excess
     _nemotron4("15b", "Nemotron4Config15B", layers=32, hidden=6144, heads=48, kv_heads=8, ffn=24576),
     _nemotron4("340b", "Nemotron4Config340B", layers=96, hidden=18432, heads=96, kv_heads=8, ffn=73728),
     ModelConfig(name="tiny-llama", layers=2, hidden=64, heads=4, kv_heads=2, ffn=128, vocab=256, max_context=128,
