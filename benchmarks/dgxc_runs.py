@@ -392,10 +392,11 @@ def _model(r: dict) -> tuple[str, dict, list[str]]:
     w, size, notes = r["workload"], r["size"], []
     over: dict = {}
     if w == "nemotron":
-        dims = dict(NEMOTRON4[size])
-        notes.append(f"Nemotron-4 {size} as {dims.pop('source')} (squared ReLU, LayerNorm, RoPE, untied)")
-        base = "llama3-8b"
-        over = dict(name=f"nemotron4-{size}", vocab=256000, mlp="relu2", norm="layernorm", max_context=4096, **dims)
+        # the zoo preset (NeMo 2's Nemotron4Config, the same dimensions as this repository's NeMo 1 configs); the
+        # reading built the same model as llama3-8b's preset with these dimensions (head_dim following them): every
+        # prediction is unchanged, only the description names the preset
+        notes.append(f"Nemotron-4 {size} as the nemotron4-{size} preset (= {NEMOTRON4[size]['source']})")
+        base = f"nemotron4-{size}"
     elif w == "grok1":
         dims = dict(GROK1)
         notes.append(f"Grok-1 as {dims.pop('source')} (GeGLU costed as SwiGLU)")
