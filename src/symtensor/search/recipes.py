@@ -94,7 +94,7 @@ class Recipe:
         stack: the stack facts its launch states (``cost.stack.Stack``): Megatron-Bridge's performance recipes
             reduce gradients in bf16 and set ``PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True`` in their
             ``env_vars`` (all but one here: ``_PERF_STACK``), some turn on ``overlap_moe_expert_parallel_comm``;
-            NeMo 2's performance launch of Nemotron-4 states the first two, the allocator setting but on B200
+            NeMo 2's performance launch (Mixtral, Nemotron-4) states the first two, the allocator setting but on B200
             (``_NEMO_PERF_STACK``); the library recipes state none. The recipe is costed with them on its own GPUs
             (``benchmarks/recipes_table.py``); as a baseline it runs the plan's stack, as every point of a search
             does.
@@ -170,8 +170,8 @@ _PERF_HYBRIDEP = Stack(expandable_segments=True, grad_reduce_bf16=True, moe_disp
 # llm/pretrain_<model>.py builds the library recipe with performance_mode=True, whose pretrain_performance_optimizations
 # sets trainer.plugins.grad_reduce_in_fp32 = False, as helpers.py set_precision_configs does for any compute dtype
 # (gradients reduced in bf16); executors.py slurm_executor sets PYTORCH_CUDA_ALLOC_CONF=expandable_segments:True on
-# every GPU but B200 ("it causes an unexpected error"), where the allocator keeps its default. Stated on the
-# Nemotron-4 rows; the Mixtral rows of the same CSVs state none yet.
+# every GPU but B200 ("it causes an unexpected error"), where the allocator keeps its default. Stated on every
+# row of those CSVs (Mixtral and Nemotron-4).
 _NEMO_PERF_STACK = Stack(expandable_segments=True, grad_reduce_bf16=True)
 _NEMO_PERF_STACK_B200 = Stack(grad_reduce_bf16=True)
 
@@ -306,15 +306,17 @@ RECIPES: tuple[Recipe, ...] = (
             stack=_PERF_EP_OVERLAP),
     # -- NeMo 2 performance configurations of Mixtral (BF16 rows of the CSVs) --
     Recipe(model="mixtral-8x7b", name="pre_train mixtral 8x7b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
-           kind="performance", gpu="b200", devices=64, seq=4096, tp=1, pp=1, ep=8, micro_batch=2, global_batch=256),
+           kind="performance", gpu="b200", devices=64, seq=4096, tp=1, pp=1, ep=8, micro_batch=2, global_batch=256,
+           stack=_NEMO_PERF_STACK_B200),
     Recipe(model="mixtral-8x7b", name="pre_train mixtral 8x7b gb200 bf16", repo=NEMO, path=_NEMO_CSV.format("gb200"),
-           kind="performance", gpu="gb200", devices=64, seq=4096, tp=1, pp=1, ep=8, micro_batch=2, global_batch=256),
+           kind="performance", gpu="gb200", devices=64, seq=4096, tp=1, pp=1, ep=8, micro_batch=2, global_batch=256,
+           stack=_NEMO_PERF_STACK),
     Recipe(model="mixtral-8x22b", name="pre_train mixtral 8x22b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
            kind="performance", gpu="h100", devices=256, seq=65536, tp=4, pp=4, vpp=14, cp=8, ep=8, sp=True,
-           global_batch=256),
+           global_batch=256, stack=_NEMO_PERF_STACK),
     Recipe(model="mixtral-8x22b", name="pre_train mixtral 8x22b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
            kind="performance", gpu="b200", devices=256, seq=65536, tp=2, pp=4, vpp=14, cp=8, ep=8, sp=True,
-           global_batch=64),
+           global_batch=64, stack=_NEMO_PERF_STACK_B200),
     # -- NeMo 2 performance configurations of Nemotron-4 (BF16 rows of the CSVs; sequence parallelism where tp > 1,
     # as scripts/performance/helpers.py set_primary_perf_configs sets it) --
     Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
