@@ -207,8 +207,8 @@ def test_nemotron4_params_match_the_technical_reports(name):
     assert 2 * cfg.vocab * cfg.hidden == pytest.approx(embedding, rel=0.02)
     assert total - 2 * cfg.vocab * cfg.hidden == pytest.approx(rest, rel=0.02)
     assert total == pytest.approx(embedding + rest, rel=0.02)
-    assert (cfg.mlp, cfg.norm, cfg.tied, cfg.bias, cfg.kv_heads, cfg.max_context) == ("relu2", "layernorm", False,
-                                                                                     False, 8, 4096)
+    assert (cfg.mlp, cfg.norm, cfg.rotary_percent, cfg.tied, cfg.bias, cfg.kv_heads, cfg.max_context) == (
+        "relu2", "layernorm1p", 0.5, False, False, 8, 4096)
 
 
 def test_known_exact_counts():

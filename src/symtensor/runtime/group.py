@@ -189,8 +189,12 @@ class WorkerGroup:
         for rank, beat in beats.items():
             if beat is None and now - self.started > startup:
                 self._fail(rank, f"did not start within {startup:.0f} s (no heartbeat)")
-            if beat is not None and now - beat[0] > self.stall_s:
-                self._fail(rank, f"stalled: no heartbeat for {now - beat[0]:.0f} s, last at {beat[2]}")
+        # the rank that went silent first: a peer blocked in a collective with it may go silent too, later
+        stalled = sorted((beat[0], rank) for rank, beat in beats.items() if beat is not None
+                         and now - beat[0] > self.stall_s)
+        if stalled:
+            last, rank = stalled[0]
+            self._fail(rank, f"stalled: no heartbeat for {now - last:.0f} s, last at {beats[rank][2]}")
         for rank, beat in beats.items():
             limit = startup if beat and beat[2].startswith("startup") else self.timeout_s
             if beat is not None and now - beat[1] > limit:
