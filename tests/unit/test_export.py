@@ -376,3 +376,22 @@ def test_megatron_builds_nemotron_as_it_is_not_as_llama():
     llama = megatron_args(api.evaluate("llama3-8b", "dgx-h100", 8))
     assert "--normalization RMSNorm" in llama and "--swiglu" in llama
     assert not any(a.startswith(("--rotary-percent", "--apply-layernorm-1p", "--squared-relu")) for a in llama)
+
+
+@pytest.mark.parametrize("model, native", [("llama3-8b", "llama3"), ("qwen3-30b-a3b", "qwen3"),
+                                           ("deepseek-v3", "deepseek_v3"), ("gpt-oss-120b", "gpt_oss"),
+                                           ("mixtral-8x7b", None), ("gpt3-1.3b", None), ("nemotron4-15b", None),
+                                           ("qwen2-7b", None)])
+def test_torchtitan_says_when_it_has_no_model_of_the_architecture(model, native):
+    """torchtitan's own models (pytorch/torchtitan@b5bcd76 torchtitan/models/) build LLaMA, Qwen3, DeepSeek-V3 and
+    GPT-OSS; a Mixtral, GPT-3, Nemotron-4 or Qwen2 (QKV biases) job goes through its Hugging Face backend, and the
+    export says so instead of handing over a parallelism config as if torchtitan built the model it costs."""
+    from symtensor.export.torchtitan import native_model
+
+    assert native_model(PRESETS[model]) == native
+    devices = 64 if PRESETS[model].is_moe or model == "nemotron4-15b" else 8
+    cfg = torchtitan_config(api.evaluate(model, "dgx-h100", devices, zero=3, framework="fsdp2",
+                                         ep=8 if PRESETS[model].is_moe else 1))
+    assert ("_model_note" in cfg) == (native is None)
+    if native is None:
+        assert "transformers_modeling_backend" in cfg["_model_note"] and model in cfg["_model_note"]

@@ -4,7 +4,8 @@ sections).
 The plan's configuration (``Plan.parallelism``) lowered to torchtitan's ``Parallelism`` degrees
 (torchtitan/config/job_config.py). torchtitan runs the fsdp2 engine's semantics (``CAPABILITIES``);
 the rules it adds to the configuration rule are ``_cp_fsdp``, ``_hybrid``, ``_expert_grid`` and
-``_attention_core``, which ``torchtitan_config`` applies in that order.
+``_attention_core``, which ``torchtitan_config`` applies in that order; a model torchtitan has no native
+architecture for (``native_model``) gets a note.
 """
 
 from __future__ import annotations
@@ -18,6 +19,22 @@ from symtensor.plan.parallelism import Capabilities, Parallelism
 # torchtitan applies FSDP2 whenever cp > 1 (cp_needs_fsdp, ``_cp_fsdp``); its expert grid takes
 # expert TP 1 or tp and borrows ranks (``_expert_grid``); ZeRO 1 runs as ZeRO 2 (a note)
 CAPABILITIES = Capabilities(name="torchtitan", engine="fsdp2", cp_needs_fsdp=True)
+
+
+def native_model(cfg) -> str | None:
+    """The torchtitan model that builds ``cfg``'s architecture, or None (pytorch/torchtitan@b5bcd76c66d0
+    torchtitan/models/: llama3, a dense decoder with RMSNorm, SwiGLU, RoPE and no biases; qwen3, the same with
+    QK-norm, dense or MoE; deepseek_v3, multi-head latent attention and MoE (Kimi K2's architecture too); gpt_oss,
+    attention sinks and sliding windows). Mixtral, GPT-3, Qwen2 (QKV biases) and Nemotron-4 have none there."""
+    if cfg.kv_latent:
+        return "deepseek_v3"
+    if cfg.sinks:
+        return "gpt_oss"
+    llama = (cfg.family == "llama" and cfg.mlp == "swiglu" and cfg.norm == "rmsnorm" and cfg.rotary_percent == 1
+             and not (cfg.bias or cfg.qkv_bias or cfg.learned_pos))
+    if llama and cfg.qk_norm:
+        return "qwen3"
+    return "llama3" if llama and not cfg.is_moe else None
 
 
 def _hybrid(p: Parallelism) -> str | None:
@@ -165,6 +182,11 @@ def torchtitan_config(plan) -> dict:
         out["_zero_note"] = zero1_note("torchtitan", "fsdp_reshard_after_forward 'never'")
     if replicate > 1 and shard == 1 and (p.tp > 1 or p.pp > 1 or p.ep > 1):
         out["_ddp_note"] = _ddp_note(plan, p)
+    if native_model(plan.model) is None:
+        out["_model_note"] = (f"torchtitan has no model of {plan.model.name}'s architecture (torchtitan/models/: "
+                              "llama3, qwen3, deepseek_v3, gpt_oss); its experiments/transformers_modeling_backend "
+                              "trains the Hugging Face model, whose attention and elementwise kernels may differ from "
+                              "what the fsdp2 engine costs")
     dispatcher = p.stack.moe_dispatcher
     if dispatcher != "alltoall":  # (cost.moe; torchtitan's "standard" backend is the all-to-all)
         out["_dispatcher_note"] = (f"this plan is costed with the {dispatcher} token dispatcher: torchtitan "
