@@ -183,6 +183,15 @@ def _bridge(model, name, path, gpu, devices, seq, tp, pp, **kw) -> Recipe:
                   pp=pp, **kw)
 
 
+def _nemo_csv(model, gpu, devices, seq, tp, pp, **kw) -> Recipe:
+    """A BF16 row of NeMo 2's performance CSV for ``gpu`` (``_NEMO_CSV``), with the stack its launch states on that GPU
+    (``_NEMO_PERF_STACK``; B200 without expandable segments)."""
+    return Recipe(model=model, name=f"pre_train {model.replace('-', ' ', 1)} {gpu} bf16", repo=NEMO,
+                  path=_NEMO_CSV.format(gpu),
+                  kind="performance", gpu=gpu, devices=devices, seq=seq, tp=tp, pp=pp,
+                  stack=_NEMO_PERF_STACK_B200 if gpu == "b200" else _NEMO_PERF_STACK, **kw)
+
+
 _LLAMA = _LIB + "llama/h100/llama3.py"
 _QWEN3 = _LIB + "qwen/h100/qwen3_moe.py"
 _DSV3 = _LIB + "deepseek/h100/deepseek_v3.py"
@@ -305,38 +314,24 @@ RECIPES: tuple[Recipe, ...] = (
             recompute_detail="selective: layernorm, moe_act", micro_batch=4, global_batch=1280,
             stack=_PERF_EP_OVERLAP),
     # -- NeMo 2 performance configurations of Mixtral (BF16 rows of the CSVs) --
-    Recipe(model="mixtral-8x7b", name="pre_train mixtral 8x7b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
-           kind="performance", gpu="b200", devices=64, seq=4096, tp=1, pp=1, ep=8, micro_batch=2, global_batch=256,
-           stack=_NEMO_PERF_STACK_B200),
-    Recipe(model="mixtral-8x7b", name="pre_train mixtral 8x7b gb200 bf16", repo=NEMO, path=_NEMO_CSV.format("gb200"),
-           kind="performance", gpu="gb200", devices=64, seq=4096, tp=1, pp=1, ep=8, micro_batch=2, global_batch=256,
-           stack=_NEMO_PERF_STACK),
-    Recipe(model="mixtral-8x22b", name="pre_train mixtral 8x22b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
-           kind="performance", gpu="h100", devices=256, seq=65536, tp=4, pp=4, vpp=14, cp=8, ep=8, sp=True,
-           global_batch=256, stack=_NEMO_PERF_STACK),
-    Recipe(model="mixtral-8x22b", name="pre_train mixtral 8x22b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
-           kind="performance", gpu="b200", devices=256, seq=65536, tp=2, pp=4, vpp=14, cp=8, ep=8, sp=True,
-           global_batch=64, stack=_NEMO_PERF_STACK_B200),
+    _nemo_csv("mixtral-8x7b", "b200", 64, 4096, 1, 1, ep=8, micro_batch=2, global_batch=256),
+    _nemo_csv("mixtral-8x7b", "gb200", 64, 4096, 1, 1, ep=8, micro_batch=2, global_batch=256),
+    _nemo_csv("mixtral-8x22b", "h100", 256, 65536, 4, 4, vpp=14, cp=8, ep=8, sp=True, global_batch=256),
+    _nemo_csv("mixtral-8x22b", "b200", 256, 65536, 2, 4, vpp=14, cp=8, ep=8, sp=True, global_batch=64),
     # -- NeMo 2 performance configurations of Nemotron-4 (BF16 rows of the CSVs; sequence parallelism where tp > 1,
     # as scripts/performance/helpers.py set_primary_perf_configs sets it) --
-    Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
-           kind="performance", gpu="h100", devices=64, seq=4096, tp=2, pp=1, sp=True, micro_batch=2, global_batch=256,
-           stack=_NEMO_PERF_STACK, notes="FP8 row: same degrees"),
-    Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
-           kind="performance", gpu="b200", devices=64, seq=4096, tp=1, pp=1, micro_batch=2, global_batch=256,
-           stack=_NEMO_PERF_STACK_B200, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
-    Recipe(model="nemotron4-15b", name="pre_train nemotron4 15b gb200 bf16", repo=NEMO, path=_NEMO_CSV.format("gb200"),
-           kind="performance", gpu="gb200", devices=64, seq=4096, tp=1, pp=1, micro_batch=2, global_batch=256,
-           stack=_NEMO_PERF_STACK, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
-    Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b h100 bf16", repo=NEMO, path=_NEMO_CSV.format("h100"),
-           kind="performance", gpu="h100", devices=256, seq=4096, tp=8, pp=8, vpp=12, sp=True, global_batch=64,
-           stack=_NEMO_PERF_STACK, notes="FP8 row: same degrees"),
-    Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b b200 bf16", repo=NEMO, path=_NEMO_CSV.format("b200"),
-           kind="performance", gpu="b200", devices=128, seq=4096, tp=8, pp=4, vpp=12, sp=True, global_batch=32,
-           stack=_NEMO_PERF_STACK_B200, notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
-    Recipe(model="nemotron4-340b", name="pre_train nemotron4 340b gb200 bf16", repo=NEMO,
-           path=_NEMO_CSV.format("gb200"), kind="performance", gpu="gb200", devices=128, seq=4096, tp=4, pp=8, vpp=12,
-           sp=True, global_batch=32, stack=_NEMO_PERF_STACK, notes="FP8 row: tp8 pp4 vpp12 with CUDA graphs"),
+    _nemo_csv("nemotron4-15b", "h100", 64, 4096, 2, 1, sp=True, micro_batch=2, global_batch=256,
+              notes="FP8 row: same degrees"),
+    _nemo_csv("nemotron4-15b", "b200", 64, 4096, 1, 1, micro_batch=2, global_batch=256,
+              notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+    _nemo_csv("nemotron4-15b", "gb200", 64, 4096, 1, 1, micro_batch=2, global_batch=256,
+              notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+    _nemo_csv("nemotron4-340b", "h100", 256, 4096, 8, 8, vpp=12, sp=True, global_batch=64,
+              notes="FP8 row: same degrees"),
+    _nemo_csv("nemotron4-340b", "b200", 128, 4096, 8, 4, vpp=12, sp=True, global_batch=32,
+              notes=_CUDA_GRAPHS + "; FP8 row: same degrees"),
+    _nemo_csv("nemotron4-340b", "gb200", 128, 4096, 4, 8, vpp=12, sp=True, global_batch=32,
+              notes="FP8 row: tp8 pp4 vpp12 with CUDA graphs"),
 )
 
 
