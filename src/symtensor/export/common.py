@@ -189,12 +189,15 @@ def family_args(cfg, flags: ModelFlags, launcher: str) -> list[str]:
     if cfg.family != "llama":
         return []
     mlp = {"swiglu": "--swiglu", "relu2": flags.squared_relu, "gelu": None}[cfg.mlp]
-    missing = [what for what, flag in (
-        (f"a {cfg.norm} norm", flags.norms.get(cfg.norm, "")), ("a squared-ReLU MLP", mlp),
-        ("a zero-centred LayerNorm gamma", flags.layernorm_1p if cfg.norm == "layernorm1p" and cfg.norm in flags.norms
-                                           else True),
-        (f"RoPE over {cfg.rotary_percent:g} of each head", flags.rotary_percent if cfg.rotary_percent != 1 else True))
-        if flag == ""]
+    missing = []
+    if cfg.norm not in flags.norms:
+        missing.append(f"a {cfg.norm} norm")
+    elif cfg.norm == "layernorm1p" and not flags.layernorm_1p:
+        missing.append("a zero-centred LayerNorm gamma")
+    if mlp == "":
+        missing.append("a squared-ReLU MLP")
+    if cfg.rotary_percent != 1 and not flags.rotary_percent:
+        missing.append(f"RoPE over {cfg.rotary_percent:g} of each head")
     if missing:
         raise PlanError(f"{launcher} cannot build {cfg.name} ({', '.join(missing)}): export it with --to megatron")
     args = [f"--normalization {flags.norms[cfg.norm]}", *([mlp] if mlp else []), flags.rope,

@@ -113,7 +113,7 @@ def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False)
                  "memory_gib_per_device": rep.memory_peak / GIB}
         entry["speedup_of_plan"] = rep.step_time_s / ref if rep.fits else None
         band = config_band(plan.model, plan.cluster, rep.step_time_s, zero=b.train.zero, seq=plan.seq,
-                           framework=b.engine, precision=b.train.precision, tp=b.config["tp"])
+                           framework=b.engine, precision=b.train.precision, tp=config["tp"])
         entry["step_time_band_s"] = band.as_list()
         entry["verdict_of_plan"] = verdict(plan_band, band, ref, rep.step_time_s) if rep.fits else \
             "baseline does not fit"

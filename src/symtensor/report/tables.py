@@ -22,10 +22,13 @@ def breakdown_table(title: str, breakdown: dict, total: float) -> Table:
 def prediction_line(out: dict) -> str:
     """The engine, the efficiency table and the error band of a prediction, in one line."""
     lo, hi = out["step_time_band_s"]
-    widened = out.get("band_widened") or ()
-    how = "calibrated" if out["band_calibrated"] else \
-        f"extrapolated along {', '.join(widened)}: no calibration runs there" if widened else \
-        "extrapolated: no calibration runs of this regime"
+    widened = out.get("band_widened")
+    if out["band_calibrated"]:
+        how = "calibrated"
+    elif widened:
+        how = f"extrapolated along {', '.join(widened)}: no calibration runs there"
+    else:
+        how = "extrapolated: no calibration runs of this regime"
     return (f"engine {out['framework']}, {out['efficiency_table']} efficiencies; band {lo:.3f}-{hi:.3f} s "
             f"({out['regime']}, {how})")
 
