@@ -395,3 +395,29 @@ def test_torchtitan_says_when_it_has_no_model_of_the_architecture(model, native)
     assert ("_model_note" in cfg) == (native is None)
     if native is None:
         assert "transformers_modeling_backend" in cfg["_model_note"] and model in cfg["_model_note"]
+
+
+@pytest.mark.parametrize("pp", [1, 2])
+def test_torchtitan_runs_a_pipeline_plan_as_one_schedule_of_its_micro_batches(pp):
+    """torchtitan runs global / (local_batch_size x dp) accumulation steps, under pipeline parallelism each one
+    whole schedule of local_batch_size / pipeline_parallel_microbatch_size micro-batches (default size 1;
+    torchtitan@238fa99 train.py, distributed/pipeline_parallel.py). The export wrote local_batch_size = the
+    micro-batch for every plan, so a pipeline plan costed as one schedule of m micro-batches launched as m
+    schedules, a pipeline bubble each, of micro-batches of one sequence. Without a pipeline the micro-batches
+    are accumulation steps, as costed."""
+    from fixtures.fuzzing import _torchtitan_problems
+
+    plan = _zero(3, pp)
+    c = config_summary(plan)
+    out = torchtitan_config(plan)
+    t, p = out["training"], out["parallelism"]
+    steps = t["global_batch_size"] // (t["local_batch_size"] * c["dp"])
+    if pp == 1:
+        assert t["local_batch_size"] == c["micro_batch"] and "pipeline_parallel_microbatch_size" not in p
+    else:
+        assert steps == 1 and p["pipeline_parallel_microbatch_size"] == c["micro_batch"]
+        assert t["local_batch_size"] // c["micro_batch"] == c["global_batch"] // (c["dp"] * c["micro_batch"]) > 1
+        assert _torchtitan_problems(plan, out) == []
+        old = {**out, "training": {**t, "local_batch_size": c["micro_batch"]},
+               "parallelism": {k: v for k, v in p.items() if k != "pipeline_parallel_microbatch_size"}}
+        assert any("pipeline schedules" in b for b in _torchtitan_problems(plan, old))

@@ -168,6 +168,13 @@ def torchtitan_config(plan) -> dict:
         "activation_checkpoint": activation_checkpoint(p.recompute),
         "_devices": plan.cluster.n_devices,
     }
+    # torchtitan runs global / (local_batch_size x dp) accumulation steps, each one forward-backward or, under
+    # pipeline parallelism, one whole schedule of local_batch_size / pipeline_parallel_microbatch_size (default 1)
+    # micro-batches (pytorch/torchtitan@238fa99 torchtitan/train.py, distributed/pipeline_parallel.py). The plan
+    # costs its global / (dp x micro_batch) micro-batches as one schedule: the rank's whole batch in it.
+    if p.pp > 1:
+        out["training"]["local_batch_size"] = p.global_batch // p.dp
+        out["parallelism"]["pipeline_parallel_microbatch_size"] = p.micro_batch
     if p.stack.grad_reduce_bf16:  # FSDP2's reduce_dtype (cost.engine.Engine.grad_reduce_bf16; default float32)
         out["training"]["mixed_precision_reduce"] = "bfloat16"
     if p.precision == "fp8":
