@@ -62,6 +62,25 @@ def fsdp_args(p: Parallelism) -> list[str]:
             "--ckpt-format fsdp_dtensor", f"--megatron-fsdp-main-grads-dtype {dtype}"]
 
 
+def overlap_args(p: Parallelism) -> list[str]:
+    """What the megatron engine costs and Megatron-LM leaves off by default (megatron/training/arguments.py,
+    megatron/core/model_parallel_config.py at ``FSDP_SOURCE``'s commit: each flag default False): the gradient
+    reduction overlapped with backward (``--overlap-grad-reduce``, ``cost.engine``'s ``overlap_grad_reduce``) and the
+    parameter all-gather with the next forward (``--overlap-param-gather``: the distributed optimizer's or
+    Megatron-FSDP's; arguments.py asserts it beside --overlap-grad-reduce) wherever there is data parallelism;
+    Transformer Engine's tensor-parallel communication overlap (``--tp-comm-overlap``, ``engine.tp_overlapped``;
+    arguments.py asserts sequence parallelism with it); the fused cross-entropy (``--cross-entropy-loss-fusion``:
+    without it Megatron-core runs ``vocab_parallel_cross_entropy``, an unfused fp32 softmax over the logits, which the
+    engine does not cost)."""
+    args = []
+    if p.dp * p.cp > 1:
+        args.append("--overlap-grad-reduce")
+        args += ["--overlap-param-gather"] if p.zero >= 1 else []
+    if p.tp > 1 and p.sp:
+        args.append("--tp-comm-overlap")
+    return args + ["--cross-entropy-loss-fusion"]
+
+
 def fp8_refusal(p: Parallelism, model) -> str | None:
     """Why Transformer Engine would refuse an FP8 (or NVFP4: the same ``assert_dim_for_fp8_exec``) plan's GEMM
     shapes at launch (``precision.shape_refusal``)."""
@@ -215,6 +234,7 @@ def megatron_args(plan) -> list[str]:
         args += ["--fine-grained-activation-offloading", f"--offload-modules {' '.join(p.stack.offload_modules)}"]
     if p.zero >= 2:
         args += fsdp_args(p)
+    args += overlap_args(p)
     args += family_args(cfg, MEGATRON_LM, "Megatron-LM")
     args += ["--use-flash-attn", *precision_args(p)]
     return args

@@ -201,12 +201,14 @@ class Parallelism:
 
     @property
     def train(self) -> TrainConfig:
-        """The training configuration the cost model reads."""
+        """The training configuration the cost model reads. Tensor-parallel communication overlaps the GEMMs only
+        beside sequence parallelism (Transformer Engine's userbuffers: Megatron-LM's arguments.py asserts
+        ``--tp-comm-overlap`` with ``--sequence-parallel``), where the engine overlaps it at all."""
         return TrainConfig(global_batch=self.global_batch, micro_steps=self.micro_steps, pp=self.pp, vpp=self.vpp,
                            recompute=self.recompute, zero=self.zero, framework=self.framework,
                            precision=self.precision, fp8_recipe=self.fp8_recipe,
                            dp_replicate=self.dp_replicate if self.hsdp else None, layer_split=self.layer_split,
-                           stack=self.stack)
+                           tp_overlap=False if self.tp > 1 and not self.sp else None, stack=self.stack)
 
     def refusal(self, model, n_devices: int, device=None) -> str | None:
         """``refusal(self, model, n_devices, device)``."""
