@@ -47,7 +47,7 @@ from symtensor.errors import PlanError
 from symtensor.models.config import PRESETS
 from symtensor.plan.stack import Stack
 
-from frozen_runs import check_rows, evaluated, nofit_line, read_rows, row_table, sha256, status_line, summary
+from frozen_runs import check_rows, compared, evaluated, read_rows, row_table, sha256, step_report
 from results_files import write_results
 
 REPO = "NVIDIA/dgxc-benchmarking"
@@ -529,36 +529,19 @@ def compare() -> int:
                "measured_s": measured, "predicted_s": e.get("step_s"), "error": None, "inside_band": None,
                "status": e["status"], "reserved_gib": e.get("reserved_gib"), "why": e["why"],
                "described_as": e["described_as"]}
-        if "step_s" in e and measured:
-            res.update(error=measured / e["step_s"] - 1, inside_band=e["band"].contains(measured))
-            done.append((r, res))
+        if compared(res, e, measured):
+            done.append(res)
         out.append(res)
     write_results("dgxc_runs", report(out, done), out)
     return 0
 
 
-def report(out: list[dict], done: list[tuple[dict, dict]]) -> list[str]:
-    fits = [x for _, x in done if x["status"] == "fits"]
-    lines = ["# Held-out test: dgxc-benchmarking's NeMo training step times", "",
-             f"The rows of `benchmarks/dgxc_runs.csv` (sha256 `{sha256(RUNS)}`; `benchmarks/dgxc_runs.md`), described "
-             "by `python benchmarks/dgxc_runs.py` and compared once. Error = measured step / predicted step - 1 "
-             "(+: optimistic); `inside band`: the measured step lies in the evaluation's band.", ""]
-    lines += [status_line(out), "",
-              "## Summary (rows that fit)", "",
-              "| group | rows | MAPE | mean signed error | inside band |", "|---|---:|---:|---:|---:|",
-              summary("all", [x["error"] for x in fits], [x["inside_band"] for x in fits])]
-    groups: dict[str, list] = {}
-    for x in fits:
-        for key in (x["precision"] + (f"/{x['fp8_recipe']}" if x["fp8_recipe"] else ""),
-                    f"{x['workload']} {x['size']}", x["system"],
-                    "same configuration as a project row" if x["same_config_as"] else "new configuration"):
-            groups.setdefault(key, []).append(x)
-    for key in sorted(groups):
-        g = groups[key]
-        lines.append(summary(key, [x["error"] for x in g], [x["inside_band"] for x in g]))
-    nofit = [x for _, x in done if x["status"] != "fits"]
-    if nofit:
-        lines += ["", nofit_line(nofit)]
+def report(out: list[dict], done: list[dict]) -> list[str]:
+    def keys(x: dict) -> tuple:
+        return (x["precision"] + (f"/{x['fp8_recipe']}" if x["fp8_recipe"] else ""), f"{x['workload']} {x['size']}",
+                x["system"], "same configuration as a project row" if x["same_config_as"] else "new configuration")
+
+    lines = step_report("Held-out test: dgxc-benchmarking's NeMo training step times", "dgxc_runs", out, done, keys)
     cols = ["source", "workload", "size", "system", "gpus", "precision", "degrees", "gbs", "mbs", "seq",
             "measured_s", "predicted_s", "error", "status", "reserved_gib", "inside_band", "same_config_as", "why",
             "described_as"]

@@ -104,3 +104,36 @@ def check_rows(rows: list[dict], evaluate, prefix) -> int:
         print(f"{prefix(r)} {e['status']}{extra}: {e['why'] or e['described_as']}")
     print(counts)
     return 0
+
+
+def compared(res: dict, e: dict, measured: float | None) -> bool:
+    """Whether row ``res`` of a step-time comparison has both a prediction (``e``, ``evaluated``'s) and a measured
+    step; if so it gains its error (measured / predicted - 1, +: optimistic) and whether the measured step lies in
+    the evaluation's band."""
+    if "step_s" not in e or not measured:
+        return False
+    res.update(error=measured / e["step_s"] - 1, inside_band=e["band"].contains(measured))
+    return True
+
+
+def step_report(title: str, name: str, out: list[dict], done: list[dict], keys) -> list[str]:
+    """The head of the report of a step-time comparison of ``benchmarks/<name>.csv``: what it compares, the status
+    counts, the summary of the compared rows that fit, in all and by each group ``keys(row)`` names, and the compared
+    rows that do not fit (``done``: the rows ``compared`` filled)."""
+    fits = [x for x in done if x["status"] == "fits"]
+    runs = Path(__file__).parent / f"{name}.csv"
+    lines = [f"# {title}", "",
+             f"The rows of `benchmarks/{name}.csv` (sha256 `{sha256(runs)}`; `benchmarks/{name}.md`), described by "
+             f"`python benchmarks/{name}.py` and compared once. Error = measured step / predicted step - 1 "
+             "(+: optimistic); `inside band`: the measured step lies in the evaluation's band.", "",
+             status_line(out), "", "## Summary (rows that fit)", "",
+             "| group | rows | MAPE | mean signed error | inside band |", "|---|---:|---:|---:|---:|",
+             summary("all", [x["error"] for x in fits], [x["inside_band"] for x in fits])]
+    groups: dict[str, list] = {}
+    for x in fits:
+        for key in keys(x):
+            groups.setdefault(key, []).append(x)
+    for key in sorted(groups):
+        lines.append(summary(key, [x["error"] for x in groups[key]], [x["inside_band"] for x in groups[key]]))
+    nofit = [x for x in done if x["status"] != "fits"]
+    return lines + (["", nofit_line(nofit)] if nofit else [])

@@ -49,13 +49,14 @@ from symtensor.models import ModelConfig
 from symtensor.plan.document import config_band
 from symtensor.plan.parallelism import Parallelism
 
-from frozen_runs import check_rows, read_rows, row_table, sha256, status_line, summary
+from frozen_runs import check_rows, compared, read_rows, row_table, sha256, step_report
 from results_files import write_results
 
 RUNS = Path(__file__).parent / "megatron_readme_runs.csv"
 MEASURED = ("tflops_per_gpu", "pct_of_peak", "step_time_s")
 SC21_SOURCE = "NVIDIA/Megatron-LM@937571cfd4^ images/cases_april2021.png (SC21 PTD-P, Table 1)"
 MCORE_SOURCE = "NVIDIA/Megatron-LM@f2e5db402c images/model_table.png (Megatron-Core r0.8.0, weak scaling)"
+TABLES = {"SC21": "SC21 PTD-P, A100", "MCORE": "Megatron-Core r0.8.0, H100"}
 # (size, hidden, layers, heads, model-parallel size, GPUs, batch, teraFLOP/s per GPU, % of peak)
 SC21 = (("1.7B", 2304, 24, 24, 1, 32, 512, 137, 44), ("3.6B", 3072, 30, 32, 2, 64, 512, 138, 44),
         ("7.5B", 4096, 36, 32, 4, 128, 512, 142, 46), ("18B", 6144, 40, 48, 8, 256, 1024, 135, 43),
@@ -149,31 +150,19 @@ def write_parsed(rows: list[dict]) -> None:
 
 
 def compare() -> int:
-    out, cache = [], _Cache()
+    out, done, cache = [], [], _Cache()
     for r in read_rows(RUNS, MEASURED, with_measured=True):
-        e, measured = evaluate(r, cache), float(r["step_time_s"])
+        e = evaluate(r, cache)
         res = {"table": r["table"], "size": r["size"], "system": r["system"], "gpus": r["gpus"],
                "degrees": f"tp{r['tp']} pp{r['pp']} dp{r['dp']}", "batch": r["global_batch"],
-               "measured_s": measured, "predicted_s": e.get("step_s"), "error": None, "inside_band": None,
-               "status": e["status"], "reserved_gib": e.get("reserved_gib"), "why": e["why"],
+               "measured_s": float(r["step_time_s"]), "predicted_s": e.get("step_s"), "error": None,
+               "inside_band": None, "status": e["status"], "reserved_gib": e.get("reserved_gib"), "why": e["why"],
                "described_as": e["described_as"]}
-        if "step_s" in e:
-            res.update(error=measured / e["step_s"] - 1, inside_band=e["band"].contains(measured))
+        if compared(res, e, res["measured_s"]):
+            done.append(res)
         out.append(res)
-    fits = [x for x in out if x["error"] is not None]
-    lines = ["# Held-out test round 5: the scaling tables of Megatron-LM's README", "",
-             f"The rows of `benchmarks/megatron_readme_runs.csv` (sha256 `{sha256(RUNS)}`), described by "
-             "`python benchmarks/megatron_readme_runs.py` (module docstring) and compared once. Error = measured "
-             "step / predicted step - 1 (+: optimistic); `inside band`: the measured step lies in the evaluation's "
-             "band.", "",
-             status_line(out), "", "| group | rows | MAPE | mean signed error | inside band |",
-             "|---|---:|---:|---:|---:|", summary("all", [x["error"] for x in fits], [x["inside_band"] for x in fits])]
-    for table, label in (("SC21", "SC21 PTD-P, A100"), ("MCORE", "Megatron-Core r0.8.0, H100")):
-        g = [x for x in fits if x["table"] == table]
-        lines.append(summary(label, [x["error"] for x in g], [x["inside_band"] for x in g]))
-    nofit = [f"{x['table']} {x['size']}" for x in out if x["status"] != "fits"]
-    if nofit:
-        lines += ["", f"Rows no described configuration fits (not in the summary): {', '.join(nofit)}."]
+    lines = step_report("Held-out test round 5: the scaling tables of Megatron-LM's README", "megatron_readme_runs",
+                        out, done, lambda x: (TABLES[x["table"]],))
     cols = ["table", "size", "system", "gpus", "degrees", "batch", "measured_s", "predicted_s", "error", "status",
             "reserved_gib", "inside_band", "why", "described_as"]
     lines += row_table(out, cols, {"measured_s": lambda v: f"{v:.3f}", "predicted_s": lambda v: f"{v:.3f}"})
