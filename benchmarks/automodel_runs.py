@@ -42,8 +42,8 @@ from __future__ import annotations
 import csv
 import math
 import re
-import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
 from symtensor.cost.pipeline import layout_string
@@ -51,7 +51,17 @@ from symtensor.errors import PlanError
 from symtensor.models.config import PRESETS
 from symtensor.plan.stack import Stack
 
-from frozen_runs import check_rows, compared, evaluated, read_rows, row_table, sha256, step_report
+from frozen_runs import (
+    check_rows,
+    compared,
+    evaluated,
+    git as frozen_git,
+    read_rows,
+    row_table,
+    sha256,
+    show as frozen_show,
+    step_report,
+)
 from results_files import write_results
 
 REPO = "NVIDIA-NeMo/Automodel"
@@ -72,17 +82,8 @@ SYSTEMS = {"DGX-H100": "dgx-h100", "DGX-H200": "dgx-h200", "DGX-B200": "dgx-b200
            "GB200-NVL72": "gb200-nvl72", "DGX-GB200": "gb200-nvl72", "DGX-B300": "dgx-b300"}
 
 
-def git(*args: str) -> str:
-    if not MIRROR.exists():
-        raise PlanError(f"no NeMo AutoModel mirror at {MIRROR}; --parse reads it (comparisons read the frozen file)")
-    return subprocess.run(["git", "-C", str(MIRROR), *args], check=True, capture_output=True, text=True).stdout
-
-
-def show(commit: str, path: str) -> str:
-    try:
-        return git("show", f"{commit}:{path}")
-    except subprocess.CalledProcessError:
-        return ""
+git = partial(frozen_git, MIRROR, "NeMo AutoModel")
+show = partial(frozen_show, MIRROR, "NeMo AutoModel")
 
 
 def commits() -> list[tuple[str, str]]:

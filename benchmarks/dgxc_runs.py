@@ -39,15 +39,24 @@ from __future__ import annotations
 
 import csv
 import re
-import subprocess
 import sys
+from functools import partial
 from pathlib import Path
 
-from symtensor.errors import PlanError
 from symtensor.models.config import PRESETS
 from symtensor.plan.stack import Stack
 
-from frozen_runs import check_rows, compared, evaluated, read_rows, row_table, sha256, step_report
+from frozen_runs import (
+    check_rows,
+    compared,
+    evaluated,
+    git as frozen_git,
+    read_rows,
+    row_table,
+    sha256,
+    show as frozen_show,
+    step_report,
+)
 from results_files import write_results
 
 REPO = "NVIDIA/dgxc-benchmarking"
@@ -68,17 +77,8 @@ EXCLUDED = (("llama3.1/README.md", "741c886", "H100", "bf16", None, None, "calib
 CONFIG = ("tp", "pp", "cp", "vp", "ep", "etp", "dp", "fsdp", "mbs", "gbs", "ga", "seq", "layers")
 
 
-def git(*args: str) -> str:
-    if not MIRROR.exists():
-        raise PlanError(f"no dgxc-benchmarking mirror at {MIRROR}; --parse reads it (comparisons read the frozen file)")
-    return subprocess.run(["git", "-C", str(MIRROR), *args], check=True, capture_output=True, text=True).stdout
-
-
-def show(commit: str, path: str) -> str:
-    try:
-        return git("show", f"{commit}:{path}")
-    except subprocess.CalledProcessError:
-        return ""
+git = partial(frozen_git, MIRROR, "dgxc-benchmarking")
+show = partial(frozen_show, MIRROR, "dgxc-benchmarking")
 
 
 def commits() -> list[str]:

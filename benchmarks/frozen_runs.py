@@ -10,6 +10,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import statistics
+import subprocess
 from pathlib import Path
 
 from symtensor import api
@@ -21,6 +22,22 @@ from symtensor.plan.document import config_band
 def sha256(path: Path) -> str:
     """The sha256 of a frozen test file's bytes."""
     return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def git(mirror: Path, name: str, *args: str) -> str:
+    """The output of ``git -C mirror args`` (a local mirror of ``name``'s repository, which only ``--parse`` reads);
+    a one-line error where the mirror is absent."""
+    if not mirror.exists():
+        raise PlanError(f"no {name} mirror at {mirror}; --parse reads it (comparisons read the frozen file)")
+    return subprocess.run(["git", "-C", str(mirror), *args], check=True, capture_output=True, text=True).stdout
+
+
+def show(mirror: Path, name: str, commit: str, path: str) -> str:
+    """The file ``path`` at ``commit`` of the mirror (``git``), or "" where that commit has none."""
+    try:
+        return git(mirror, name, "show", f"{commit}:{path}")
+    except subprocess.CalledProcessError:
+        return ""
 
 
 def read_rows(path: Path, measured: tuple[str, ...], with_measured: bool) -> list[dict]:
