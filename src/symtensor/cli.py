@@ -97,6 +97,12 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    help="Megatron-LM's --first-last-layers-bf16 --num-layers-at-start-in-bf16 N "
                    "--num-layers-at-end-in-bf16 M: the first N and last M transformer layers' GEMMs in BF16 under "
                    "--precision fp8 (not delayed scaling) or fp4; Megatron only; default 0,0 (none)")
+    p.add_argument("--loss", default=None, metavar="KERNEL",
+                   help="the loss kernel your stack runs over the vocabulary: fused (one kernel each way, Transformer "
+                   "Engine's parallel cross-entropy), vocab-parallel (Megatron-LM without "
+                   "--cross-entropy-loss-fusion), "
+                   "fp32 (PyTorch's cross-entropy on an fp32 copy: torchtitan), bf16 (on the bf16 logits: NeMo "
+                   "AutoModel's fp32_upcast false); default: the engine's own")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:

@@ -34,6 +34,7 @@ extrapolates it to other batches from below (``search.outer``).
 from __future__ import annotations
 
 from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, GRADIENTS, WEIGHTS, engine_of
+from symtensor.cost.loss import LOSSES
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.train import RECOMPUTE, TrainConfig
@@ -89,7 +90,7 @@ TERMS = {
                        "gradients; FSDP2 and Megatron-FSDP (ZeRO 2, 3): the largest unit's gradients in the "
                        "reduce dtype; Megatron ZeRO 1: none (buckets are views of the contiguous gradient buffer)",
                        "engine_buffers (cost/memory.py)"),
-    "loss_transient": ("seq x micro_batch x vocab/tp x Engine.loss_grad_bytes",
+    "loss_transient": ("seq x micro_batch x vocab/tp x Engine.loss_grad_bytes (a stated loss kernel's: cost.loss)",
                        "megatron/core/tensor_parallel/cross_entropy.py; torch log_softmax backward"),
     "backward_transient": ("recomputed layer + 2 x its largest saved tensor (gradients of an op's output "
                            "and input)", "autograd: an op's input gradient is allocated while its output's lives"),
@@ -237,7 +238,8 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
                 mem["fp8_weights"] = st.copies + (2 * st.unit_copies if gathered else 0.0)
             mem["static"] += mem["fp8_weights"]
         mem["engine_buffers"] = engine_buffers(st, train)
-        mem["loss_transient"] = st.logits * eng.loss_grad_bytes
+        mem["loss_transient"] = st.logits * (eng.loss_grad_bytes if train.stack.loss is None
+                                             else LOSSES[train.stack.loss].grad)
         mem["backward_transient"] = redo + 2 * st.largest
         mem["optimizer_transient"] = st.static["optimizer"] / train.optim_bytes * step_temp_bytes(train) \
             if train.optim_bytes else 0.0

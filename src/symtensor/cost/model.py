@@ -131,15 +131,17 @@ class Evaluator:
         return self._op_sig[op.name]
 
     # -- memoised pieces ----------------------------------------------------------------------
-    def op_time(self, op, layout: OpLayout, fp8: str | None = None):
+    def op_time(self, op, layout: OpLayout, fp8: str | None = None, loss: str | None = None):
         """``opcost.op_time``, memoised per equal ops (signature and gradient operands) and layout;
-        ``fp8``: the FP8 recipe the linear GEMMs run under (``TrainConfig.fp8``), None in BF16."""
+        ``fp8``: the FP8 recipe the linear GEMMs run under (``TrainConfig.fp8``), None in BF16; ``loss``: the
+        loss kernel the stack states (``Stack.loss``), None for the engine's own."""
         sig = self._op_sig[op.name]
-        key = (sig, layout.uid) if fp8 is None else (sig, layout.uid, fp8)
+        loss = loss if op.kind == "cross_entropy" else None
+        key = (sig, layout.uid) if fp8 is None and loss is None else (sig, layout.uid, fp8, loss)
         hit = self._op_cache.get(key)
         if hit is None:
             hit = self._op_cache[key] = op_time(op, layout, self.mesh, self.cluster.device, self.eff, self.tensors,
-                                                self.grad_operands[op.name], self.dtype, self._fp8(fp8))
+                                                self.grad_operands[op.name], self.dtype, self._fp8(fp8), loss)
         return hit
 
     def _fp8(self, recipe: str | None):

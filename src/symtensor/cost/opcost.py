@@ -16,6 +16,7 @@ from symtensor.cost import kernels
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import ATTENTION_KERNELS, attention_fractions
 from symtensor.cost.kernels import gemm_dims as gemm_shape
+from symtensor.cost.loss import LOSSES, multiples
 from symtensor.cost.precision import cast_bytes, floor_speedup, fp8_gemm, gemm_speedup
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
@@ -43,16 +44,17 @@ def _tensor_local_bytes(dims, sizes, dtype):
 
 
 def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int, dtype="bf16",
-            fp8=None) -> OpTime:
+            fp8=None, loss: str | None = None) -> OpTime:
     """Roofline time of the op's local piece, forward and backward, plus the idle gap before each of
     its kernels (``EndToEnd.kernel_gap_s``). ``fp8``: (recipe, weights cast every micro-batch) when
     the linear GEMMs run in FP8 (``cost.precision``): an FP8 GEMM runs at its measured speedup and
-    pays its casts as memory-bound time."""
+    pays its casts as memory-bound time. ``loss``: the loss kernel the stack states (``cost.loss``), None for
+    the engine's own."""
     sizes = local_sizes(op, layout, mesh)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
     knee = 0.0 if eff.tabled("gemm") else eff.gemm_knee
-    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee, floor=False, fp8=fp8)
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee, floor=False, fp8=fp8, loss=loss)
     if fp8 is not None and fp8_gemm(op):
         fwd_bytes, bwd_bytes = cast_bytes(op, sizes, *fp8)
         hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
@@ -75,7 +77,8 @@ def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=Non
     written by some device), so the roofline's larger term is at least each term's share. (Weights are
     left out: what they add depends on the micro-batch count, and this bound must not; FLOPs and
     activations scale with the batch.) In FP8 (FP4) a GEMM is charged at its largest speedup over any piece
-    (``precision.floor_speedup``) and no casts."""
+    (``precision.floor_speedup``) and no casts; the loss at a fused kernel's bytes, the fewest any loss kernel
+    moves (``cost.loss``)."""
     sizes = op.dim_sizes
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims) if not tensors[t].param)
@@ -84,7 +87,7 @@ def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=Non
 
 
 def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float,
-              floor: bool = False, fp8=None) -> OpTime:
+              floor: bool = False, fp8=None, loss: str | None = None) -> OpTime:
     """The larger of compute and memory time of an op of these sizes moving ``nbytes``. An FP8 (FP4)
     GEMM's FLOPs run ``speed`` times faster (``precision.gemm_speedup`` under ``fp8``'s recipe;
     ``floor_speedup`` for ``op_floor``); its knee (idle time, not FLOPs) does not."""
@@ -96,7 +99,10 @@ def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, 
         speed = floor_speedup(op, sizes, device, recipe) if floor else gemm_speedup(op, sizes, device, recipe)
     hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
     if kind.memory_bound:
-        eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
+        if op.kind == "cross_entropy" and (loss is not None or floor):  # a stated loss kernel; the floor's fused
+            eager = multiples("fused" if floor else loss)
+        else:
+            eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
         if eager is not None:  # an eager PyTorch composite: its kernels' own reads and writes
             fwd_bytes, bwd_bytes = eager[0] * nbytes, eager[1] * nbytes
         else:  # one fused kernel each way
@@ -149,7 +155,7 @@ def stream_fraction(eff, pattern: str) -> float:
 #     down 6 = 22 B; fused: the bf16 logits, 2 B.
 # LayerNorm, GeLU, dropout and residual adds are single ATen kernels: fused already.
 EAGER_BYTES = {("norm", "rmsnorm"): (36 / 4, 68 / 4), ("elementwise", "rope"): (20 / 4, 20 / 4),
-               ("elementwise", "swiglu"): (10 / 6, 18 / 6), ("cross_entropy", None): (14 / 2, 22 / 2)}
+               ("elementwise", "swiglu"): (10 / 6, 18 / 6), ("cross_entropy", None): multiples("fp32")}
 
 
 # Fused attention's efficiency falls at short key sequences and small head dims (FlashAttention-2,
@@ -339,11 +345,16 @@ def output_layout(op, layout: OpLayout, slot: int = 0, partial: bool = True) -> 
     return tensor_layout(full, op.out_dims[slot], op.dims, partial_for_missing=partial)
 
 
-def extra_saved_bytes(op, layout: OpLayout, mesh) -> float:
+def extra_saved_bytes(op, layout: OpLayout, mesh, loss: str | None = None) -> float:
+    """Bytes ``op`` keeps for backward beyond its saved inputs: its kind's, or a stated loss kernel's
+    (``cost.loss``)."""
     kind = kind_of(op.kind)
     if kind.extra_saved_bytes is None:
         return 0.0
-    return kind.extra_saved_bytes(local_sizes(op, layout, mesh), dict(op.attrs))
+    sizes = local_sizes(op, layout, mesh)
+    if loss is not None and op.kind == "cross_entropy":
+        return LOSSES[loss].saved * math.prod(sizes.values())
+    return kind.extra_saved_bytes(sizes, dict(op.attrs))
 
 
 def intra_collectives(op, layout: OpLayout, mesh) -> tuple[Collective, ...]:

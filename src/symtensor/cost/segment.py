@@ -21,13 +21,13 @@ TP_OVERLAP_SPLITS = 4
 
 
 def activation_key(train: TrainConfig) -> tuple:
-    """What a segment's cost depends on besides layouts: recomputation, the engine's semantics
+    """What a segment's cost depends on besides layouts: recomputation, the engine's semantics, the loss kernel
     and the FP8 recipe (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
     schedule only enter the step)."""
     s = train.stack
     return train.recompute, train.framework, tp_overlapped(train), train.fp8, \
         (s.moe_dispatcher, s.moe_routing, s.moe_capacity_factor, s.moe_shared_overlap, s.moe_ep_overlap), \
-        s.offload_modules
+        s.offload_modules, s.loss
 
 
 def recomputed(op, recompute: str, layers: int, regions=None) -> bool:
@@ -146,7 +146,7 @@ class Segment:
         kept, kept_ops = 0.0, []  # per-op checkpointing: the outputs of the ops it keeps, and those ops
         for op, inputs, saves in wiring:
             layout = self.layout(op)
-            t = self.ev.op_time(op, layout, self.train.fp8)
+            t = self.ev.op_time(op, layout, self.train.fp8, self.train.stack.loss)
             if self.moe and moe.expert_op(op):  # the most-loaded expert rank paces the step
                 f = self._load(op, layout)
                 t = OpTime(t.fwd_s * f, t.bwd_s * f, t.fwd_flops)
@@ -187,7 +187,7 @@ class Segment:
         ev = self.ev
         out = sum(ev.tensors[t].nbytes / ev.out_layout(op, layout, i, partial=False).factor(ev.mesh)
                   for i, t in enumerate(op.outputs))
-        return out + extra_saved_bytes(op, layout, ev.mesh)
+        return out + extra_saved_bytes(op, layout, ev.mesh, self.train.stack.loss)
 
     def _offloaded(self) -> float:
         """Bytes of what the layer saves that its offloaded modules' inputs are (``Stack.offload_modules``,
@@ -379,7 +379,8 @@ class Segment:
             prev = self.saved.get(tname)
             if prev is None or nbytes < prev:
                 self.saved[tname] = nbytes
-        extra = 0.0 if selective or region is not None else extra_saved_bytes(op, layout, ev.mesh)
+        extra = 0.0 if selective or region is not None else \
+            extra_saved_bytes(op, layout, ev.mesh, self.train.stack.loss)
         if extra:
             self.saved[f"{op.name}#extra"] = extra
         if engine.unfused_swiglu and op.attr("fn") == "swiglu" and not selective and region is None:

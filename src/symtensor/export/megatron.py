@@ -8,6 +8,7 @@ recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), 
 
 from __future__ import annotations
 
+from symtensor.cost.loss import engine_refusal
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, is_mxfp8, shape_refusal
 from symtensor.cost.recompute import modules_of
@@ -41,7 +42,7 @@ def refusal(p: Parallelism) -> str | None:
     if p.recompute not in CAPABILITIES.recompute and not modules_of(p.recompute):
         return (f"Megatron-LM has no {p.recompute} recomputation (torchtitan's selective checkpointing): use "
                 "--recompute selective or full, or export to torchtitan")
-    return None
+    return engine_refusal(p.stack.loss, "megatron")
 
 
 def fsdp_args(p: Parallelism) -> list[str]:
@@ -69,16 +70,15 @@ def overlap_args(p: Parallelism) -> list[str]:
     parameter all-gather with the next forward (``--overlap-param-gather``: the distributed optimizer's or
     Megatron-FSDP's; arguments.py asserts it beside --overlap-grad-reduce) wherever there is data parallelism;
     Transformer Engine's tensor-parallel communication overlap (``--tp-comm-overlap``, ``engine.tp_overlapped``;
-    arguments.py asserts sequence parallelism with it); the fused cross-entropy (``--cross-entropy-loss-fusion``:
-    without it Megatron-core runs ``vocab_parallel_cross_entropy``, an unfused fp32 softmax over the logits, which the
-    engine does not cost)."""
+    arguments.py asserts sequence parallelism with it); the fused cross-entropy (``--cross-entropy-loss-fusion``)
+    unless the plan states the vocab-parallel loss (``cost.loss``: what Megatron-core runs without it)."""
     args = []
     if p.dp * p.cp > 1:
         args.append("--overlap-grad-reduce")
         args += ["--overlap-param-gather"] if p.zero >= 1 else []
     if p.tp > 1 and p.sp:
         args.append("--tp-comm-overlap")
-    return args + ["--cross-entropy-loss-fusion"]
+    return args + ([] if p.stack.loss == "vocab-parallel" else ["--cross-entropy-loss-fusion"])
 
 
 def fp8_refusal(p: Parallelism, model) -> str | None:

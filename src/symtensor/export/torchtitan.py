@@ -151,6 +151,9 @@ def torchtitan_config(plan) -> dict:
     if why is not None:
         raise PlanError(f"torchtitan would refuse this plan at launch: {why}; the nearest exportable "
                         f"configuration: {evaluate_command(plan, p.replace(zero=3))} (or export this one to megatron)")
+    if p.stack.loss not in (None, "fp32"):  # torchtitan/components/loss.py: cross_entropy(pred.float(), ...)
+        raise PlanError(f"torchtitan's loss is PyTorch's cross-entropy on an fp32 copy of the logits, not "
+                        f"{p.stack.loss}: plan with --loss fp32 (or leave it out), or export this one to megatron")
     why = _attention_core(plan, p)
     if why is not None:
         raise PlanError(f"torchtitan would not run this plan as it is costed: {why}; plan with --set attention=flash "

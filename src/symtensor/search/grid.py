@@ -181,11 +181,11 @@ def _compute(pool: EvaluatorPool, base: dict) -> float:
     batch = c["micro_batch"] * c["dp"]
     ev = pool.get(batch, c["pp"])
     of_role = role_layouts(ev.mesh, c, pool.family)
-    fp8, total = train_config(c).fp8, 0.0
+    train, total = train_config(c), 0.0
     for runs, ops in pool.op_runs(ev):
         seconds = 0.0
         for op, role in ops:
-            t = ev.op_time(op, of_role(role), fp8)
+            t = ev.op_time(op, of_role(role), train.fp8, train.stack.loss)
             seconds += t.fwd_s + t.bwd_s
         total += runs * seconds
     return total
