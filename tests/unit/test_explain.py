@@ -79,17 +79,30 @@ def test_terms_split_the_search_objective(plan):
         assert all(getattr(t, k) >= 0 for k in TIME_TERMS)
 
 
-def test_formulas_evaluate_to_the_cost_models_numbers(plan):
-    ev = plan.evaluator()
+def _fsdp2_plan():
+    """torchtitan's engine (eager norms, RoPE and SwiGLU composites) with a stated loss kernel."""
+    from symtensor import api
+    from symtensor.plan.stack import Stack
+
+    return api.evaluate("llama3-8b", "dgx-h100", 8, zero=3, micro_batch=1, global_batch=8, seq=2048,
+                        framework="fsdp2", overrides={"layers": 2}, stack=Stack(loss="bf16"))
+
+
+@pytest.mark.parametrize("which", ["searched", "fsdp2 with a stated loss"])
+def test_formulas_evaluate_to_the_cost_models_numbers(plan, which):
+    """The formulas explain --formula prints evaluate to the cost model's own numbers, op by op: the memory-bound
+    ops at the bytes their kernels move (eager composites, a stated loss kernel: ``opcost.memory_multiples``)."""
+    plan = plan if which == "searched" else _fsdp2_plan()
+    ev, train = plan.evaluator(), plan.train
     layouts = plan.op_layouts()
     for op in plan.graph.ops:
         lay = layouts[op.name]
-        f = compute_formula(ev, op, lay, plan.train.fp8)
-        t = ev.op_time(op, lay, plan.train.fp8)
+        f = compute_formula(ev, op, lay, train.fp8, train.stack.loss)
+        t = ev.op_time(op, lay, train.fp8, train.stack.loss)
         assert f["value_fwd_s"] == pytest.approx(t.fwd_s, rel=1e-9), op.name
         assert f["value_bwd_s"] == pytest.approx(t.bwd_s, rel=1e-9), op.name
         assert f["value_fwd_flops"] == pytest.approx(t.fwd_flops, rel=1e-9)
-        mem = memory_formula(ev, op, lay, plan.train.fp8)
+        mem = memory_formula(ev, op, lay, train.fp8, train.framework, train.stack.loss)
         assert mem["value_bytes"] == pytest.approx(saved_bytes(problem_of(plan), op, lay), rel=1e-9)
     for kind in ("all_reduce", "all_gather", "reduce_scatter", "all_to_all"):
         axes = tuple(range(len(ev.mesh)))

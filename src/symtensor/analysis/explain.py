@@ -213,7 +213,7 @@ def explain_op(problem, plan, layouts, op, ops=None, spans=None, formulas: bool 
            "terms": terms.as_dict(), "transfers": _transfers(terms, mesh),
            "levels": [_level(problem, plan, layouts, op, final, k) for k in range(len(mesh))]}
     if formulas:
-        out["formulas"] = op_formulas(problem.ev, op, final, terms, problem.train.fp8, problem.train.framework)
+        out["formulas"] = op_formulas(problem.ev, op, final, terms, problem.train)
     return out
 
 
@@ -276,9 +276,9 @@ def _transfers(terms: OpTerms, mesh) -> list[dict]:
              "why": t.why} for t in terms.transfers]
 
 
-def op_formulas(ev, op, layout: OpLayout, terms: OpTerms, fp8: str | None = None, framework: str | None = None) -> dict:
-    """Sympy formulas of the op's compute, saved activations and each distinct collective it pays
-    (``fp8``: the plan's FP8 recipe, ``TrainConfig.fp8``; ``framework``: its engine)."""
+def op_formulas(ev, op, layout: OpLayout, terms: OpTerms, train) -> dict:
+    """Sympy formulas of the op's compute, saved activations and each distinct collective it pays under the plan's
+    training configuration ``train`` (its FP8 recipe, engine and loss kernel)."""
     colls, seen = [], set()
     for t in terms.transfers:
         key = (t.kind, t.nbytes, t.axes)
@@ -287,5 +287,6 @@ def op_formulas(ev, op, layout: OpLayout, terms: OpTerms, fp8: str | None = None
         seen.add(key)
         colls.append({"why": t.why, "axes": [ev.mesh[a].name for a in t.axes],
                       **collective_formula(ev, t.kind, t.nbytes, t.axes)})
-    return {"compute": compute_formula(ev, op, layout, fp8), "memory": memory_formula(ev, op, layout, fp8, framework),
-            "collectives": colls}
+    loss = train.stack.loss
+    return {"compute": compute_formula(ev, op, layout, train.fp8, loss),
+            "memory": memory_formula(ev, op, layout, train.fp8, train.framework, loss), "collectives": colls}

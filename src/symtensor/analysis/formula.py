@@ -29,7 +29,7 @@ import sympy as sp
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.engine import ENGINES
-from symtensor.cost.opcost import hbm_fraction, local_sizes, op_rates
+from symtensor.cost.opcost import hbm_fraction, local_sizes, loss_saved_bytes, memory_multiples, op_rates
 from symtensor.cost.precision import RECIPES, cast_bytes, fp8_gemm, gemm_speedup
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
@@ -76,9 +76,10 @@ def _local_sizes(op, layout: OpLayout, mesh, values: dict) -> dict:
     return sizes
 
 
-def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
+def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None, loss: str | None = None) -> dict:
     """Forward FLOPs and forward / backward seconds of the op's local piece (opcost.op_time's roofline);
-    ``fp8``: the plan's FP8 recipe (``TrainConfig.fp8``), None in BF16."""
+    ``fp8``: the plan's FP8 recipe (``TrainConfig.fp8``), None in BF16; ``loss``: the stated loss kernel
+    (``Stack.loss``)."""
     kind = kind_of(op.kind)
     values: dict = {}
     sizes = _local_sizes(op, layout, ev.mesh, values)
@@ -100,9 +101,10 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None) -> dict:
     if casts:  # an FP8 GEMM: its measured speedup, and its casts as memory-bound time (cost.precision)
         values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device, RECIPES[fp8])
         values["C_fwd"], values["C_bwd"] = cast_bytes(op, local, RECIPES[fp8], ENGINES[ev.framework].pytorch_kernels)
-    if kind.memory_bound:
-        fwd = _Roofline(hbm_time, add=g)
-        bwd = _Roofline(kind.bwd_fixed * 2 * hbm_time, add=g) if kind.bwd_fixed else _Roofline(sp.Integer(0))
+    if kind.memory_bound:  # the bytes its kernels move (opcost.memory_multiples)
+        fwd_times, bwd_times = (sp.nsimplify(m) for m in memory_multiples(op, ev.eff, loss))
+        fwd = _Roofline(fwd_times * hbm_time, add=g)
+        bwd = _Roofline(bwd_times * hbm_time, add=g) if kind.bwd_fixed else _Roofline(sp.Integer(0))
         bwd_flops = sp.Integer(0)
     else:
         grads = ev.grad_operands[op.name]
@@ -138,7 +140,8 @@ def collective_formula(ev, kind: str, nbytes: float, axes) -> dict:
             "symbols": values}
 
 
-def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None, framework: str | None = None) -> dict:
+def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None, framework: str | None = None,
+                   loss: str | None = None) -> dict:
     """Bytes of the op's saved activations per micro-batch on one device (before recomputation);
     under ``fp8`` an FP8 GEMM keeps its inputs' FP8 copies (``Recipe.saved_fraction`` of the bytes); under
     ``framework`` (an engine name) the MoE combine keeps what that engine keeps (``cost.moe.saved_scale``)."""
@@ -160,7 +163,6 @@ def memory_formula(ev, op, layout: OpLayout, fp8: str | None = None, framework: 
         for d in dims:
             term = term * sizes[d]
         expr = expr + term
-    kind = kind_of(op.kind)
-    if kind.extra_saved_bytes is not None:
-        expr = expr + kind.extra_saved_bytes(sizes, dict(op.attrs))
+    if kind_of(op.kind).extra_saved_bytes is not None:
+        expr = expr + loss_saved_bytes(op, sizes, loss)
     return {"saved_bytes": str(expr), "value_bytes": _value(expr, values), "symbols": values}

@@ -99,20 +99,25 @@ def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, 
         speed = floor_speedup(op, sizes, device, recipe) if floor else gemm_speedup(op, sizes, device, recipe)
     hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
     if kind.memory_bound:
-        if op.kind == "cross_entropy" and (loss is not None or floor):  # a stated loss kernel; the floor's fused
-            eager = multiples("fused" if floor else loss)
-        else:
-            eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
-        if eager is not None:  # an eager PyTorch composite: its kernels' own reads and writes
-            fwd_bytes, bwd_bytes = eager[0] * nbytes, eager[1] * nbytes
-        else:  # one fused kernel each way
-            fwd_bytes, bwd_bytes = nbytes, kind.bwd_fixed * 2 * nbytes
+        fwd_times, bwd_times = memory_multiples(op, eff, loss, floor)
+        fwd_bytes, bwd_bytes = fwd_times * nbytes, bwd_times * nbytes
         return OpTime(fwd_bytes / hbm, bwd_bytes / hbm if kind.bwd_fixed else 0.0, flops)
     # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
     fwd = max((flops / speed + knee) / rate, nbytes / hbm)
     bwd = max((bwd_flops / speed + knee * (bwd_flops / flops if flops else 0)) / bwd_rate, 2 * nbytes / hbm) \
         if bwd_flops else 0.0
     return OpTime(fwd, bwd, flops)
+
+
+def memory_multiples(op, eff, loss: str | None = None, floor: bool = False) -> tuple[float, float]:
+    """The bytes a memory-bound op moves forward and backward, as multiples of its inputs' and outputs' bytes: a
+    stated loss kernel's (``cost.loss``; a floor charges the fused one, the fewest any loss moves), an eager PyTorch
+    composite's where the engine runs them (``EAGER_BYTES``), else one fused kernel each way (its backward
+    ``2 x bwd_fixed``)."""
+    if op.kind == "cross_entropy" and (loss is not None or floor):
+        return multiples("fused" if floor else loss)
+    eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
+    return eager if eager is not None else (1.0, kind_of(op.kind).bwd_fixed * 2)
 
 
 def hbm_fraction(op, eff) -> float:
@@ -352,9 +357,15 @@ def extra_saved_bytes(op, layout: OpLayout, mesh, loss: str | None = None) -> fl
     if kind.extra_saved_bytes is None:
         return 0.0
     sizes = local_sizes(op, layout, mesh)
+    return loss_saved_bytes(op, sizes, loss)
+
+
+def loss_saved_bytes(op, sizes: dict, loss: str | None):
+    """What ``op`` of local ``sizes`` keeps for backward beyond its saved inputs (numbers or sympy symbols): a stated
+    loss kernel's bytes per logit (``cost.loss``), else its kind's."""
     if loss is not None and op.kind == "cross_entropy":
         return LOSSES[loss].saved * math.prod(sizes.values())
-    return kind.extra_saved_bytes(sizes, dict(op.attrs))
+    return kind_of(op.kind).extra_saved_bytes(sizes, dict(op.attrs))
 
 
 def intra_collectives(op, layout: OpLayout, mesh) -> tuple[Collective, ...]:
