@@ -54,7 +54,8 @@ DIMS_ONLY_ROWS = {"Nemotron-4 340B": "nemotron4-340b"}
 # report, below) and the debug models
 NOT_IN_CSV = {"gpt-22b": 22e9, "gpt-530b": 530e9, "gpt-1t": 1e12, "tiny-llama": None, "tiny-mixtral": None,
               "tiny-qwen3-moe": None, "kimi-k2": None,  # (Kimi K2: test_kimi_k2_preset_and_config_json_agree)
-              "nemotron4-15b": None}
+              "nemotron4-15b": None,
+              "gpt-oss-20b": 20.91e9}  # (OpenAI's gpt-oss model card, Table 1: 20.91B total, 3.61B active)
 
 # GPT-3 Table 2.1 names two models by a rounded size: "350M" is 355.9M parameters and "2.7B" is
 # 2.65B (1.7% and 1.8% off, beyond the 1% tolerance). Their architecture is unambiguous, so they
@@ -577,3 +578,11 @@ def test_kimi_k2_preset_and_config_json_agree(tmp_path, capsys):
     out = json.loads(capsys.readouterr().out)
     assert (out["config"]["pp"], out["config"]["vpp"], out["config"]["ep"]) == (8, 4, 32) and out["step_time_s"] > 0
     assert main(["graph", "kimi-k2", "--json"]) == 0
+
+
+def test_gpt_oss_20b_matches_its_model_card():
+    """GPT-OSS's architecture at 24 layers and 32 experts (NVIDIA/NeMo's GPTOSSConfig20B) has the parameters OpenAI's
+    model card publishes: 20.91B in all, 3.61B active (the input embedding left out, as for the 120B)."""
+    g = _full_graph("gpt-oss-20b")
+    assert g.params_total() == pytest.approx(NOT_IN_CSV["gpt-oss-20b"], rel=0.01)
+    assert params_active(PRESETS["gpt-oss-20b"], g) == pytest.approx(3.61e9, rel=0.01)

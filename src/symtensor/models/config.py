@@ -320,6 +320,12 @@ PRESETS: dict[str, ModelConfig] = {c.name: c for c in [
                 vocab=201088, experts=128, top_k=4, bias=True, sinks=True, window=128,
                 window_layers=tuple(range(0, 36, 2)), max_context=131072, active_with_embedding=False,
                 source="gpt-oss HF config.json; OpenAI gpt-oss model card (shared/data/model_configs.csv)"),
+    # the same architecture at 24 layers and 32 experts (OpenAI's "21B total, 3.6B active")
+    ModelConfig(name="gpt-oss-20b", layers=24, hidden=2880, heads=64, kv_heads=8, head_dim=64, ffn=2880,
+                vocab=201088, experts=32, top_k=4, bias=True, sinks=True, window=128,
+                window_layers=tuple(range(0, 24, 2)), max_context=131072, active_with_embedding=False,
+                source="NVIDIA/NeMo nemo/collections/llm/gpt/model/gpt_oss.py GPTOSSConfig20B (GPTOSSConfig with "
+                       "num_layers 24, num_moe_experts 32)"),
     # Nemotron-4: squared-ReLU MLP (2 matrices), LayerNorm with weight and bias and a zero-centred gamma
     # (layernorm1p, the same cost), no linear biases, untied embeddings, 8 query groups, vocabulary 256,000, sequence
     # 4096; 340B's head_dim 18432 / 96 = 192, as the Nemotron-4 340B row of shared/data/model_configs.csv states.
