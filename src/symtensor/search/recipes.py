@@ -236,6 +236,8 @@ RECIPES: tuple[Recipe, ...] = (
             global_batch=4096),
     _bridge("gpt-oss-120b", "gpt_oss_120b_pretrain_64gpu_h100_bf16_config", _LIB + "gpt_oss/h100/gpt_oss.py", "h100",
             64, 4096, 2, 4, ep=16, sp=True, default=True),
+    _bridge("gpt-oss-20b", "gpt_oss_20b_pretrain_16gpu_h100_bf16_config", _LIB + "gpt_oss/h100/gpt_oss.py", "h100",
+            16, 4096, 2, 4, ep=4, sp=True, default=True),
     _bridge("gpt3-175b", "gpt3_175b_pretrain_32gpu_h100_bf16_config", _LIB + "gpt/h100/gpt3_175b.py", "h100", 32,
             2048, 4, 8, vpp=6, sp=True, micro_batch=2, global_batch=2048, default=True),
     # -- NeMo Framework Launcher (NeMo 1) recipes of Llama 2 13B and 70B (Megatron-Bridge has only 7B) --
