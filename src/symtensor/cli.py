@@ -103,6 +103,10 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    "--cross-entropy-loss-fusion), "
                    "fp32 (PyTorch's cross-entropy on an fp32 copy: torchtitan), bf16 (on the bf16 logits: NeMo "
                    "AutoModel's fp32_upcast false); default: the engine's own")
+    p.add_argument("--elementwise", default=None, metavar="KERNELS",
+                   help="the norms', RoPE's and SwiGLU's kernels your stack runs: eager (PyTorch composites, "
+                   "torchtitan without torch.compile) or fused (Transformer Engine's modules, torch.compile); "
+                   "default: the engine's own")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:

@@ -79,26 +79,26 @@ def test_terms_split_the_search_objective(plan):
         assert all(getattr(t, k) >= 0 for k in TIME_TERMS)
 
 
-def _fsdp2_plan():
-    """torchtitan's engine (eager norms, RoPE and SwiGLU composites) with a stated loss kernel."""
+def _fsdp2_plan(elementwise: str | None):
+    """torchtitan's engine (its eager norms, RoPE and SwiGLU composites, or the stated kernels) with a stated loss."""
     from symtensor import api
     from symtensor.plan.stack import Stack
 
     return api.evaluate("llama3-8b", "dgx-h100", 8, zero=3, micro_batch=1, global_batch=8, seq=2048,
-                        framework="fsdp2", overrides={"layers": 2}, stack=Stack(loss="bf16"))
+                        framework="fsdp2", overrides={"layers": 2}, stack=Stack(loss="bf16", elementwise=elementwise))
 
 
-@pytest.mark.parametrize("which", ["searched", "fsdp2 with a stated loss"])
+@pytest.mark.parametrize("which", ["searched", "fsdp2, eager", "fsdp2, fused"])
 def test_formulas_evaluate_to_the_cost_models_numbers(plan, which):
     """The formulas explain --formula prints evaluate to the cost model's own numbers, op by op: the memory-bound
-    ops at the bytes their kernels move (eager composites, a stated loss kernel: ``opcost.memory_multiples``)."""
-    plan = plan if which == "searched" else _fsdp2_plan()
+    ops at the bytes their kernels move (eager composites, stated kernels: ``opcost.memory_multiples``)."""
+    plan = plan if which == "searched" else _fsdp2_plan(None if which.endswith("eager") else "fused")
     ev, train = plan.evaluator(), plan.train
     layouts = plan.op_layouts()
     for op in plan.graph.ops:
         lay = layouts[op.name]
-        f = compute_formula(ev, op, lay, train.fp8, train.stack.loss)
-        t = ev.op_time(op, lay, train.fp8, train.stack.loss)
+        f = compute_formula(ev, op, lay, train.fp8, train.stack)
+        t = ev.op_time(op, lay, train.fp8, train.stack)
         assert f["value_fwd_s"] == pytest.approx(t.fwd_s, rel=1e-9), op.name
         assert f["value_bwd_s"] == pytest.approx(t.bwd_s, rel=1e-9), op.name
         assert f["value_fwd_flops"] == pytest.approx(t.fwd_flops, rel=1e-9)

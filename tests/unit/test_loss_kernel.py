@@ -56,3 +56,36 @@ def test_megatron_runs_its_own_losses_and_the_exports_launch_the_stated_one():
         torchtitan_config(_plan("fsdp2", "bf16"))
     with pytest.raises(PlanError, match="loss='fp16'; use one of"):
         Stack(loss="fp16")
+
+
+@pytest.mark.parametrize("framework, own", [("megatron", "fused"), ("fsdp2", "eager")])
+def test_unstated_elementwise_kernels_are_the_engines_own(framework, own):
+    """Megatron runs Transformer Engine's fused norms, RoPE and SwiGLU, torchtitan's FSDP2 eager PyTorch composites:
+    stating them changes nothing."""
+    default = _plan(framework, None).report
+    stated = api.evaluate("llama3-8b", "dgx-h100", framework=framework, zero=3 if framework == "fsdp2" else 1,
+                          stack=Stack(elementwise=own), **RUN).report
+    assert (stated.step_time_s, stated.memory) == (default.step_time_s, default.memory)
+
+
+def test_fused_elementwise_kernels_under_fsdp2():
+    """FSDP2 with fused elementwise kernels (NeMo AutoModel's Transformer Engine backends, torch.compile): fewer bytes
+    per norm, RoPE and SwiGLU than the eager composites, and SwiGLU no longer keeps the silu's output; the loss stays
+    the engine's own unless stated. Megatron refuses eager composites."""
+    eager = _plan("fsdp2", None).report
+    fused = api.evaluate("llama3-8b", "dgx-h100", framework="fsdp2", zero=3, stack=Stack(elementwise="fused"),
+                         **RUN).report
+    assert fused.step_time_s < eager.step_time_s and fused.memory["activations"] < eager.memory["activations"]
+    assert fused.memory["loss_transient"] == eager.memory["loss_transient"]
+    with pytest.raises(PlanError, match="megatron runs Transformer Engine's fused norms"):
+        api.evaluate("llama3-8b", "dgx-h100", framework="megatron", zero=1, stack=Stack(elementwise="eager"), **RUN)
+    with pytest.raises(PlanError, match="elementwise='te'; use eager or fused"):
+        Stack(elementwise="te")
+
+
+def test_torchtitan_compiles_the_model_where_the_plan_states_fused_elementwise_kernels():
+    """torchtitan's blocks run eager composites unless torch.compile fuses them: a plan costed with fused
+    elementwise kernels exports [compile] over the model (its loss left eager, as the fsdp2 engine costs it)."""
+    fused = api.evaluate("llama3-8b", "dgx-h100", framework="fsdp2", zero=3, stack=Stack(elementwise="fused"), **RUN)
+    assert torchtitan_config(fused)["compile"] == {"enable": True, "components": ["model"]}
+    assert "compile" not in torchtitan_config(_plan("fsdp2", None))

@@ -287,6 +287,6 @@ def op_formulas(ev, op, layout: OpLayout, terms: OpTerms, train) -> dict:
         seen.add(key)
         colls.append({"why": t.why, "axes": [ev.mesh[a].name for a in t.axes],
                       **collective_formula(ev, t.kind, t.nbytes, t.axes)})
-    loss = train.stack.loss
-    return {"compute": compute_formula(ev, op, layout, train.fp8, loss),
-            "memory": memory_formula(ev, op, layout, train.fp8, train.framework, loss), "collectives": colls}
+    return {"compute": compute_formula(ev, op, layout, train.fp8, train.stack),
+            "memory": memory_formula(ev, op, layout, train.fp8, train.framework, train.stack.loss),
+            "collectives": colls}

@@ -76,10 +76,10 @@ def _local_sizes(op, layout: OpLayout, mesh, values: dict) -> dict:
     return sizes
 
 
-def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None, loss: str | None = None) -> dict:
+def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None, stack=None) -> dict:
     """Forward FLOPs and forward / backward seconds of the op's local piece (opcost.op_time's roofline);
-    ``fp8``: the plan's FP8 recipe (``TrainConfig.fp8``), None in BF16; ``loss``: the stated loss kernel
-    (``Stack.loss``)."""
+    ``fp8``: the plan's FP8 recipe (``TrainConfig.fp8``), None in BF16; ``stack``: its stack's facts (the loss
+    and elementwise kernels, ``Stack``)."""
     kind = kind_of(op.kind)
     values: dict = {}
     sizes = _local_sizes(op, layout, ev.mesh, values)
@@ -102,7 +102,8 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None, loss: str 
         values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device, RECIPES[fp8])
         values["C_fwd"], values["C_bwd"] = cast_bytes(op, local, RECIPES[fp8], ENGINES[ev.framework].pytorch_kernels)
     if kind.memory_bound:  # the bytes its kernels move (opcost.memory_multiples)
-        fwd_times, bwd_times = (sp.nsimplify(m) for m in memory_multiples(op, ev.eff, loss))
+        loss, elementwise = (None, None) if stack is None else (stack.loss, stack.elementwise)
+        fwd_times, bwd_times = (sp.nsimplify(m) for m in memory_multiples(op, ev.eff, loss, elementwise))
         fwd = _Roofline(fwd_times * hbm_time, add=g)
         bwd = _Roofline(bwd_times * hbm_time, add=g) if kind.bwd_fixed else _Roofline(sp.Integer(0))
         bwd_flops = sp.Integer(0)

@@ -1,4 +1,11 @@
-"""The loss kernel: how a stack computes the cross-entropy over the vocabulary (``Stack.loss``).
+"""The loss kernel and the elementwise kernels a stack runs (``Stack.loss``, ``Stack.elementwise``).
+
+Elementwise kernels (``ELEMENTWISE``): ``eager``, the PyTorch composites of RMSNorm, RoPE and SwiGLU kernel by kernel
+(``opcost.EAGER_BYTES``; eager SwiGLU keeps the silu's output too, ``Engine.unfused_swiglu``), what torchtitan's
+FSDP2 runs without torch.compile; ``fused``, one kernel each way (Transformer Engine's modules, NeMo AutoModel's
+``TE`` backends, torch.compile's fusions), what Megatron runs. Unstated, the engine's own.
+
+The loss kernel: how a stack computes the cross-entropy over the vocabulary.
 
 Each engine costs its own by default (``None``: the megatron engine one fused kernel each way over the bf16 logits,
 the fsdp2 and deepspeed engines PyTorch's cross-entropy on an fp32 copy, ``opcost.EAGER_BYTES``, with the loss
@@ -43,11 +50,16 @@ LOSSES = {"fused": Loss(2, 4, 4, 2), "vocab-parallel": Loss(38, 14, 4, 2), "fp32
 FUSED_BYTES = 2  # what a fused kernel reads per logit forward: the multiples ``opcost`` charges are of it
 
 
-def refusal(loss) -> str | None:
-    """One line naming a loss no stack runs here, or None."""
-    if loss is None or loss in LOSSES:
-        return None
-    return f"loss={loss!r}; use one of {', '.join(LOSSES)} (or leave it out: the engine's own)"
+ELEMENTWISE = ("eager", "fused")
+
+
+def refusal(loss, elementwise=None) -> str | None:
+    """One line naming a loss or elementwise kernel no stack runs here, or None."""
+    if loss is not None and loss not in LOSSES:
+        return f"loss={loss!r}; use one of {', '.join(LOSSES)} (or leave it out: the engine's own)"
+    if elementwise is not None and elementwise not in ELEMENTWISE:
+        return f"elementwise={elementwise!r}; use eager or fused (or leave it out: the engine's own)"
+    return None
 
 
 # the loss kernels each engine's stack runs, where it does not run them all: Megatron-core's loss is its fused
@@ -56,13 +68,17 @@ def refusal(loss) -> str | None:
 ENGINE_LOSSES = {"megatron": (None, "fused", "vocab-parallel")}
 
 
-def engine_refusal(loss, framework: str) -> str | None:
-    """One line where engine ``framework``'s stack does not run loss kernel ``loss``, or None."""
+def engine_refusal(loss, framework: str, elementwise=None) -> str | None:
+    """One line where engine ``framework``'s stack does not run loss kernel ``loss`` or the ``elementwise``
+    kernels, or None: Megatron's are Transformer Engine's fused ones."""
     allowed = ENGINE_LOSSES.get(framework)
-    if allowed is None or loss in allowed:
-        return None
-    return (f"{framework}'s loss is fused (--cross-entropy-loss-fusion) or vocab-parallel, not {loss}: use --loss "
-            "fused or vocab-parallel (or leave it out), or another --framework")
+    if allowed is not None and loss not in allowed:
+        return (f"{framework}'s loss is fused (--cross-entropy-loss-fusion) or vocab-parallel, not {loss}: use --loss "
+                "fused or vocab-parallel (or leave it out), or another --framework")
+    if framework == "megatron" and elementwise == "eager":
+        return ("megatron runs Transformer Engine's fused norms, RoPE and SwiGLU, not eager PyTorch composites: leave "
+                "--elementwise out, or use --framework fsdp2")
+    return None
 
 
 def multiples(name: str) -> tuple[float, float]:

@@ -40,7 +40,15 @@ from symtensor.cost.report import CostReport
 from symtensor.cost.segment import Segment, activation_key, out_slot, recompute_share, sac_mm_index
 from symtensor.cost.train import SAC_OP, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.graph import Graph, grad_operands, layer_repeat, model_flops, op_saved_activations, requires_grad
+from symtensor.graph import (
+    Graph,
+    grad_operands,
+    kind_of,
+    layer_repeat,
+    model_flops,
+    op_saved_activations,
+    requires_grad,
+)
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.layout import REPLICATED, OpLayout, check_layout
 
@@ -131,17 +139,21 @@ class Evaluator:
         return self._op_sig[op.name]
 
     # -- memoised pieces ----------------------------------------------------------------------
-    def op_time(self, op, layout: OpLayout, fp8: str | None = None, loss: str | None = None):
+    def op_time(self, op, layout: OpLayout, fp8: str | None = None, stack=None):
         """``opcost.op_time``, memoised per equal ops (signature and gradient operands) and layout;
-        ``fp8``: the FP8 recipe the linear GEMMs run under (``TrainConfig.fp8``), None in BF16; ``loss``: the
-        loss kernel the stack states (``Stack.loss``), None for the engine's own."""
+        ``fp8``: the FP8 recipe the linear GEMMs run under (``TrainConfig.fp8``), None in BF16; ``stack``: the
+        stack's facts (``Stack``), of which its loss and elementwise kernels price the memory-bound ops."""
         sig = self._op_sig[op.name]
-        loss = loss if op.kind == "cross_entropy" else None
-        key = (sig, layout.uid) if fp8 is None and loss is None else (sig, layout.uid, fp8, loss)
+        loss = stack.loss if stack is not None and op.kind == "cross_entropy" else None
+        elementwise = stack.elementwise if stack is not None and kind_of(op.kind).memory_bound \
+            and op.kind != "cross_entropy" else None
+        key = (sig, layout.uid) if fp8 is None and loss is None and elementwise is None else \
+            (sig, layout.uid, fp8, loss, elementwise)
         hit = self._op_cache.get(key)
         if hit is None:
             hit = self._op_cache[key] = op_time(op, layout, self.mesh, self.cluster.device, self.eff, self.tensors,
-                                                self.grad_operands[op.name], self.dtype, self._fp8(fp8), loss)
+                                                self.grad_operands[op.name], self.dtype, self._fp8(fp8), loss,
+                                                elementwise)
         return hit
 
     def _fp8(self, recipe: str | None):

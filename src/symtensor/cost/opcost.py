@@ -44,17 +44,18 @@ def _tensor_local_bytes(dims, sizes, dtype):
 
 
 def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int, dtype="bf16",
-            fp8=None, loss: str | None = None) -> OpTime:
+            fp8=None, loss: str | None = None, elementwise: str | None = None) -> OpTime:
     """Roofline time of the op's local piece, forward and backward, plus the idle gap before each of
     its kernels (``EndToEnd.kernel_gap_s``). ``fp8``: (recipe, weights cast every micro-batch) when
     the linear GEMMs run in FP8 (``cost.precision``): an FP8 GEMM runs at its measured speedup and
-    pays its casts as memory-bound time. ``loss``: the loss kernel the stack states (``cost.loss``), None for
-    the engine's own."""
+    pays its casts as memory-bound time. ``loss``, ``elementwise``: the loss kernel and the elementwise kernels the
+    stack states (``cost.loss``), None for the engine's own."""
     sizes = local_sizes(op, layout, mesh)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
     knee = 0.0 if eff.tabled("gemm") else eff.gemm_knee
-    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee, floor=False, fp8=fp8, loss=loss)
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee, floor=False, fp8=fp8, loss=loss,
+                  elementwise=elementwise)
     if fp8 is not None and fp8_gemm(op):
         fwd_bytes, bwd_bytes = cast_bytes(op, sizes, *fp8)
         hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
@@ -77,8 +78,8 @@ def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=Non
     written by some device), so the roofline's larger term is at least each term's share. (Weights are
     left out: what they add depends on the micro-batch count, and this bound must not; FLOPs and
     activations scale with the batch.) In FP8 (FP4) a GEMM is charged at its largest speedup over any piece
-    (``precision.floor_speedup``) and no casts; the loss at a fused kernel's bytes, the fewest any loss kernel
-    moves (``cost.loss``)."""
+    (``precision.floor_speedup``) and no casts; a memory-bound op (the loss too) at one fused kernel's bytes, the
+    fewest any stack moves (``memory_multiples``)."""
     sizes = op.dim_sizes
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims) if not tensors[t].param)
@@ -87,7 +88,7 @@ def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=Non
 
 
 def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float,
-              floor: bool = False, fp8=None, loss: str | None = None) -> OpTime:
+              floor: bool = False, fp8=None, loss: str | None = None, elementwise: str | None = None) -> OpTime:
     """The larger of compute and memory time of an op of these sizes moving ``nbytes``. An FP8 (FP4)
     GEMM's FLOPs run ``speed`` times faster (``precision.gemm_speedup`` under ``fp8``'s recipe;
     ``floor_speedup`` for ``op_floor``); its knee (idle time, not FLOPs) does not."""
@@ -99,7 +100,7 @@ def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, 
         speed = floor_speedup(op, sizes, device, recipe) if floor else gemm_speedup(op, sizes, device, recipe)
     hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
     if kind.memory_bound:
-        fwd_times, bwd_times = memory_multiples(op, eff, loss, floor)
+        fwd_times, bwd_times = memory_multiples(op, eff, loss, elementwise, floor)
         fwd_bytes, bwd_bytes = fwd_times * nbytes, bwd_times * nbytes
         return OpTime(fwd_bytes / hbm, bwd_bytes / hbm if kind.bwd_fixed else 0.0, flops)
     # a kernel of F FLOPs runs at frac * F / (F + knee): it pays knee FLOPs of idle time
@@ -109,15 +110,18 @@ def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, 
     return OpTime(fwd, bwd, flops)
 
 
-def memory_multiples(op, eff, loss: str | None = None, floor: bool = False) -> tuple[float, float]:
+def memory_multiples(op, eff, loss: str | None = None, elementwise: str | None = None,
+                     floor: bool = False) -> tuple[float, float]:
     """The bytes a memory-bound op moves forward and backward, as multiples of its inputs' and outputs' bytes: a
-    stated loss kernel's (``cost.loss``; a floor charges the fused one, the fewest any loss moves), an eager PyTorch
-    composite's where the engine runs them (``EAGER_BYTES``), else one fused kernel each way (its backward
-    ``2 x bwd_fixed``)."""
+    stated loss kernel's (``cost.loss``), an eager PyTorch composite's where the stack runs them (``EAGER_BYTES``:
+    the engine's kernels, or the stated ``elementwise``, ``cost.loss.ELEMENTWISE``), else one fused kernel each way
+    (its backward ``2 x bwd_fixed``). A floor charges one fused kernel, the fewest bytes any stack moves."""
     if op.kind == "cross_entropy" and (loss is not None or floor):
         return multiples("fused" if floor else loss)
-    eager = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eff.eager_elementwise else None
-    return eager if eager is not None else (1.0, kind_of(op.kind).bwd_fixed * 2)
+    # the loss unstated is the engine's own; the other ops follow a stated elementwise
+    eager = eff.eager_elementwise if elementwise is None or op.kind == "cross_entropy" else elementwise == "eager"
+    composite = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eager and not floor else None
+    return composite if composite is not None else (1.0, kind_of(op.kind).bwd_fixed * 2)
 
 
 def hbm_fraction(op, eff) -> float:

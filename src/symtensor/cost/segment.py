@@ -27,7 +27,13 @@ def activation_key(train: TrainConfig) -> tuple:
     s = train.stack
     return train.recompute, train.framework, tp_overlapped(train), train.fp8, \
         (s.moe_dispatcher, s.moe_routing, s.moe_capacity_factor, s.moe_shared_overlap, s.moe_ep_overlap), \
-        s.offload_modules, s.loss
+        s.offload_modules, s.loss, s.elementwise
+
+
+def unfused_swiglu(engine, stack) -> bool:
+    """Whether SwiGLU runs as eager PyTorch, keeping the silu's output besides its inputs: the engine's
+    (``Engine.unfused_swiglu``) unless the stack states its elementwise kernels (``Stack.elementwise``)."""
+    return engine.unfused_swiglu if stack.elementwise is None else stack.elementwise == "eager"
 
 
 def recomputed(op, recompute: str, layers: int, regions=None) -> bool:
@@ -146,7 +152,7 @@ class Segment:
         kept, kept_ops = 0.0, []  # per-op checkpointing: the outputs of the ops it keeps, and those ops
         for op, inputs, saves in wiring:
             layout = self.layout(op)
-            t = self.ev.op_time(op, layout, self.train.fp8, self.train.stack.loss)
+            t = self.ev.op_time(op, layout, self.train.fp8, self.train.stack)
             if self.moe and moe.expert_op(op):  # the most-loaded expert rank paces the step
                 f = self._load(op, layout)
                 t = OpTime(t.fwd_s * f, t.bwd_s * f, t.fwd_flops)
@@ -383,7 +389,7 @@ class Segment:
             extra_saved_bytes(op, layout, ev.mesh, self.train.stack.loss)
         if extra:
             self.saved[f"{op.name}#extra"] = extra
-        if engine.unfused_swiglu and op.attr("fn") == "swiglu" and not selective and region is None:
+        if unfused_swiglu(engine, self.train.stack) and op.attr("fn") == "swiglu" and not selective and region is None:
             # eager PyTorch keeps the silu's output as well, an output-sized tensor (``Engine.unfused_swiglu``)
             view = ev.out_layout(op, layout, 0, partial=False)
             self.saved[f"{op.name}#silu"] = ev.tensors[op.outputs[0]].nbytes / view.factor(mesh) * load

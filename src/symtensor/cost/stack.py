@@ -66,6 +66,8 @@ class Stack:
             (``cost.precision``); (0, 0): none. Megatron only.
         loss: the loss kernel over the vocabulary (``cost.loss``: ``fused``, ``vocab-parallel``, ``fp32``,
             ``bf16``), what it moves, keeps and allocates per logit; None: the engine's own.
+        elementwise: the norms', RoPE's and SwiGLU's kernels (``cost.loss.ELEMENTWISE``: ``eager`` PyTorch
+            composites, ``fused`` kernels: Transformer Engine's, torch.compile's); None: the engine's own.
     """
 
     moe_dispatcher: str = "alltoall"
@@ -80,6 +82,7 @@ class Stack:
     fp8_param_gather: bool = False
     bf16_layers: tuple[int, int] = (0, 0)
     loss: str | None = None
+    elementwise: str | None = None
 
     def __post_init__(self):
         why = refusal(self)
@@ -122,7 +125,8 @@ def refusal(stack) -> str | None:
     if why is None and stack.offload_modules and stack.cpu_offload_layers:
         why = ("offload_modules and cpu_offload_layers: Megatron runs one CPU offloading at a time (TransformerConfig "
                "refuses fine_grained_activation_offloading with cpu_offloading); drop one of them")
-    return why or lowp_fact_refusal(stack.fp8_param_gather, stack.bf16_layers) or _loss.refusal(stack.loss)
+    why = why or lowp_fact_refusal(stack.fp8_param_gather, stack.bf16_layers)
+    return why or _loss.refusal(stack.loss, stack.elementwise)
 
 
 KEYS = tuple(f.name for f in fields(Stack))  # the facts' names, the one list of them

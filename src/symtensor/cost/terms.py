@@ -51,7 +51,7 @@ def param_terms(ev, op, layout: OpLayout, train: TrainConfig) -> ParamTerms:
     slots = [slot for slot, tname in enumerate(op.inputs) if ev.tensors[tname].param]
     if not slots:
         return ParamTerms(0.0, 0.0, 0.0, ())
-    t = ev.op_time(op, layout, train.fp8, train.stack.loss)
+    t = ev.op_time(op, layout, train.fp8, train.stack)
     bwd = t.bwd_s + t.fwd_s * (forward_runs(op, train.recompute, ev.graph.meta["layers"],
                                             ev.recompute_regions(train.recompute)) - 1)
     data = data_axes(layout, weight_axes((op,), {op.name: layout}))
@@ -104,7 +104,7 @@ def op_cost(ev, op, layout: OpLayout, train) -> OpCost:
     rank's pace under the MoE options, ``load``, as the evaluator charges it)."""
     # (the in-op collectives run as often)
     calls = forward_runs(op, train.recompute, ev.graph.meta["layers"], ev.recompute_regions(train.recompute))
-    t = ev.op_time(op, layout, train.fp8, train.stack.loss)
+    t = ev.op_time(op, layout, train.fp8, train.stack)
     compute = (t.fwd_s + t.bwd_s + t.fwd_s * (calls - 1)) * load(ev, op, layout, train)
     intra = intra_collectives(op, layout, ev.mesh)
     intra_s = collectives_time(intra, ev.mesh, ev.levels, ev.eff) * calls if intra else 0.0

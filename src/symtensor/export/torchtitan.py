@@ -178,6 +178,9 @@ def torchtitan_config(plan) -> dict:
     if p.pp > 1:
         out["training"]["local_batch_size"] = p.global_batch // p.dp
         out["parallelism"]["pipeline_parallel_microbatch_size"] = p.micro_batch
+    if p.stack.elementwise == "fused":  # torch.compile fuses the blocks' norms, RoPE and SwiGLU (Stack.elementwise);
+        # the loss stays eager, as costed (torchtitan@238fa99 job_config.py Compile: components default model, loss)
+        out["compile"] = {"enable": True, "components": ["model"]}
     if p.stack.grad_reduce_bf16:  # FSDP2's reduce_dtype (cost.engine.Engine.grad_reduce_bf16; default float32)
         out["training"]["mixed_precision_reduce"] = "bfloat16"
     if p.precision == "fp8":

@@ -185,7 +185,7 @@ def _compute(pool: EvaluatorPool, base: dict) -> float:
     for runs, ops in pool.op_runs(ev):
         seconds = 0.0
         for op, role in ops:
-            t = ev.op_time(op, of_role(role), train.fp8, train.stack.loss)
+            t = ev.op_time(op, of_role(role), train.fp8, train.stack)
             seconds += t.fwd_s + t.bwd_s
         total += runs * seconds
     return total
