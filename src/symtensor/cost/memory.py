@@ -34,9 +34,9 @@ extrapolates it to other batches from below (``search.outer``).
 from __future__ import annotations
 
 from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, GRADIENTS, WEIGHTS, engine_of
-from symtensor.cost.loss import LOSSES
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
+from symtensor.cost.stack_kernels import LOSSES
 from symtensor.cost.train import RECOMPUTE, TrainConfig
 
 MIB = 2**20
@@ -90,7 +90,8 @@ TERMS = {
                        "gradients; FSDP2 and Megatron-FSDP (ZeRO 2, 3): the largest unit's gradients in the "
                        "reduce dtype; Megatron ZeRO 1: none (buckets are views of the contiguous gradient buffer)",
                        "engine_buffers (cost/memory.py)"),
-    "loss_transient": ("seq x micro_batch x vocab/tp x Engine.loss_grad_bytes (a stated loss kernel's: cost.loss)",
+    "loss_transient": ("seq x micro_batch x vocab/tp x Engine.loss_grad_bytes (a stated loss kernel's: "
+                       "cost.stack_kernels)",
                        "megatron/core/tensor_parallel/cross_entropy.py; torch log_softmax backward"),
     "backward_transient": ("recomputed layer + 2 x its largest saved tensor (gradients of an op's output "
                            "and input)", "autograd: an op's input gradient is allocated while its output's lives"),

@@ -16,8 +16,8 @@ from symtensor.cost import kernels
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import ATTENTION_KERNELS, attention_fractions
 from symtensor.cost.kernels import gemm_dims as gemm_shape
-from symtensor.cost.loss import LOSSES, multiples
 from symtensor.cost.precision import cast_bytes, floor_speedup, fp8_gemm, gemm_speedup
+from symtensor.cost.stack_kernels import LOSSES, multiples
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
 
@@ -49,7 +49,7 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
     its kernels (``EndToEnd.kernel_gap_s``). ``fp8``: (recipe, weights cast every micro-batch) when
     the linear GEMMs run in FP8 (``cost.precision``): an FP8 GEMM runs at its measured speedup and
     pays its casts as memory-bound time. ``loss``, ``elementwise``: the loss kernel and the elementwise kernels the
-    stack states (``cost.loss``), None for the engine's own."""
+    stack states (``cost.stack_kernels``), None for the engine's own."""
     sizes = local_sizes(op, layout, mesh)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
@@ -113,9 +113,10 @@ def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, 
 def memory_multiples(op, eff, loss: str | None = None, elementwise: str | None = None,
                      floor: bool = False) -> tuple[float, float]:
     """The bytes a memory-bound op moves forward and backward, as multiples of its inputs' and outputs' bytes: a
-    stated loss kernel's (``cost.loss``), an eager PyTorch composite's where the stack runs them (``EAGER_BYTES``:
-    the engine's kernels, or the stated ``elementwise``, ``cost.loss.ELEMENTWISE``), else one fused kernel each way
-    (its backward ``2 x bwd_fixed``). A floor charges one fused kernel, the fewest bytes any stack moves."""
+    stated loss kernel's (``cost.stack_kernels``), an eager PyTorch composite's where the stack runs them
+    (``EAGER_BYTES``: the engine's kernels, or the stated ``elementwise``, ``cost.stack_kernels.ELEMENTWISE``), else
+    one fused kernel each way (its backward ``2 x bwd_fixed``). A floor charges one fused kernel, the fewest bytes
+    any stack moves."""
     if op.kind == "cross_entropy" and (loss is not None or floor):
         return multiples("fused" if floor else loss)
     # the loss unstated is the engine's own; the other ops follow a stated elementwise
@@ -356,7 +357,7 @@ def output_layout(op, layout: OpLayout, slot: int = 0, partial: bool = True) -> 
 
 def extra_saved_bytes(op, layout: OpLayout, mesh, loss: str | None = None) -> float:
     """Bytes ``op`` keeps for backward beyond its saved inputs: its kind's, or a stated loss kernel's
-    (``cost.loss``)."""
+    (``cost.stack_kernels``)."""
     kind = kind_of(op.kind)
     if kind.extra_saved_bytes is None:
         return 0.0
@@ -366,7 +367,7 @@ def extra_saved_bytes(op, layout: OpLayout, mesh, loss: str | None = None) -> fl
 
 def loss_saved_bytes(op, sizes: dict, loss: str | None):
     """What ``op`` of local ``sizes`` keeps for backward beyond its saved inputs (numbers or sympy symbols): a stated
-    loss kernel's bytes per logit (``cost.loss``), else its kind's."""
+    loss kernel's bytes per logit (``cost.stack_kernels``), else its kind's."""
     if loss is not None and op.kind == "cross_entropy":
         return LOSSES[loss].saved * math.prod(sizes.values())
     return kind_of(op.kind).extra_saved_bytes(sizes, dict(op.attrs))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from symtensor.cost import loss as _loss, moe as _moe, offload as _offload
+from symtensor.cost import moe as _moe, offload as _offload, stack_kernels as _kernels
 from symtensor.cost.engine import offload_count_refusal
 from symtensor.cost.precision import lowp_fact_refusal
 from symtensor.errors import PlanError
@@ -64,9 +64,9 @@ class Stack:
         bf16_layers: (N, M): Megatron-LM's --first-last-layers-bf16 --num-layers-at-start-in-bf16 N
             --num-layers-at-end-in-bf16 M, the first N and last M transformer layers kept in BF16 under FP8 or FP4
             (``cost.precision``); (0, 0): none. Megatron only.
-        loss: the loss kernel over the vocabulary (``cost.loss``: ``fused``, ``vocab-parallel``, ``fp32``,
+        loss: the loss kernel over the vocabulary (``cost.stack_kernels``: ``fused``, ``vocab-parallel``, ``fp32``,
             ``bf16``), what it moves, keeps and allocates per logit; None: the engine's own.
-        elementwise: the norms', RoPE's and SwiGLU's kernels (``cost.loss.ELEMENTWISE``: ``eager`` PyTorch
+        elementwise: the norms', RoPE's and SwiGLU's kernels (``cost.stack_kernels.ELEMENTWISE``: ``eager`` PyTorch
             composites, ``fused`` kernels: Transformer Engine's, torch.compile's); None: the engine's own.
     """
 
@@ -126,7 +126,7 @@ def refusal(stack) -> str | None:
         why = ("offload_modules and cpu_offload_layers: Megatron runs one CPU offloading at a time (TransformerConfig "
                "refuses fine_grained_activation_offloading with cpu_offloading); drop one of them")
     why = why or lowp_fact_refusal(stack.fp8_param_gather, stack.bf16_layers)
-    return why or _loss.refusal(stack.loss, stack.elementwise)
+    return why or _kernels.refusal(stack.loss, stack.elementwise)
 
 
 KEYS = tuple(f.name for f in fields(Stack))  # the facts' names, the one list of them

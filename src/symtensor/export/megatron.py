@@ -8,10 +8,10 @@ recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), 
 
 from __future__ import annotations
 
-from symtensor.cost.loss import engine_refusal
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, is_mxfp8, shape_refusal
 from symtensor.cost.recompute import modules_of
+from symtensor.cost.stack_kernels import engine_refusal
 from symtensor.errors import PlanError
 from symtensor.export.common import MEGATRON_LM, family_args, lowered, query_group_args, size_args
 from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
@@ -71,7 +71,7 @@ def overlap_args(p: Parallelism) -> list[str]:
     Megatron-FSDP's; arguments.py asserts it beside --overlap-grad-reduce) wherever there is data parallelism;
     Transformer Engine's tensor-parallel communication overlap (``--tp-comm-overlap``, ``engine.tp_overlapped``;
     arguments.py asserts sequence parallelism with it); the fused cross-entropy (``--cross-entropy-loss-fusion``)
-    unless the plan states the vocab-parallel loss (``cost.loss``: what Megatron-core runs without it)."""
+    unless the plan states the vocab-parallel loss (``cost.stack_kernels``: what Megatron-core runs without it)."""
     args = []
     if p.dp * p.cp > 1:
         args.append("--overlap-grad-reduce")

@@ -1,12 +1,13 @@
-"""The loss kernel a stack states (``Stack.loss``, ``cost.loss``): each engine's own by default, and what a stated one
-moves, keeps and allocates per logit, in the step, the memory and the exports."""
+"""The loss and elementwise kernels a stack states (``Stack.loss``, ``Stack.elementwise``, ``cost.stack_kernels``):
+each engine's own by default, and what a stated one moves, keeps and allocates, in the step, the memory and the
+exports."""
 
 from __future__ import annotations
 
 import pytest
 
 from symtensor import api
-from symtensor.cost.loss import LOSSES
+from symtensor.cost.stack_kernels import LOSSES
 from symtensor.errors import PlanError
 from symtensor.export import megatron_args, torchtitan_config
 from symtensor.plan.stack import Stack

@@ -1,4 +1,4 @@
-"""The loss kernel and the elementwise kernels a stack runs (``Stack.loss``, ``Stack.elementwise``).
+"""The loss and elementwise kernels a stack runs (``Stack.loss``, ``Stack.elementwise``).
 
 Elementwise kernels (``ELEMENTWISE``): ``eager``, the PyTorch composites of RMSNorm, RoPE and SwiGLU kernel by kernel
 (``opcost.EAGER_BYTES``; eager SwiGLU keeps the silu's output too, ``Engine.unfused_swiglu``), what torchtitan's
