@@ -31,6 +31,7 @@ from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.engine import ENGINES
 from symtensor.cost.opcost import hbm_fraction, local_sizes, loss_saved_bytes, memory_multiples, op_rates
 from symtensor.cost.precision import RECIPES, cast_bytes, fp8_gemm, gemm_speedup
+from symtensor.cost.stack_kernels import op_facts
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, cut_factor, linked_layout
 
@@ -102,7 +103,7 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None, stack=None
         values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device, RECIPES[fp8])
         values["C_fwd"], values["C_bwd"] = cast_bytes(op, local, RECIPES[fp8], ENGINES[ev.framework].pytorch_kernels)
     if kind.memory_bound:  # the bytes its kernels move (opcost.memory_multiples)
-        loss, elementwise = (None, None) if stack is None else (stack.loss, stack.elementwise)
+        loss, elementwise = op_facts(op.kind, True, stack)
         fwd_times, bwd_times = (sp.nsimplify(m) for m in memory_multiples(op, ev.eff, loss, elementwise))
         fwd = _Roofline(fwd_times * hbm_time, add=g)
         bwd = _Roofline(bwd_times * hbm_time, add=g) if kind.bwd_fixed else _Roofline(sp.Integer(0))

@@ -38,6 +38,7 @@ from symtensor.cost.precision import RECIPES
 from symtensor.cost.recompute import MODULES_PREFIX, regions as module_regions
 from symtensor.cost.report import CostReport
 from symtensor.cost.segment import Segment, activation_key, out_slot, recompute_share, sac_mm_index
+from symtensor.cost.stack_kernels import op_facts
 from symtensor.cost.train import SAC_OP, TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import (
@@ -144,9 +145,7 @@ class Evaluator:
         ``fp8``: the FP8 recipe the linear GEMMs run under (``TrainConfig.fp8``), None in BF16; ``stack``: the
         stack's facts (``Stack``), of which its loss and elementwise kernels price the memory-bound ops."""
         sig = self._op_sig[op.name]
-        loss = stack.loss if stack is not None and op.kind == "cross_entropy" else None
-        elementwise = stack.elementwise if stack is not None and kind_of(op.kind).memory_bound \
-            and op.kind != "cross_entropy" else None
+        loss, elementwise = op_facts(op.kind, kind_of(op.kind).memory_bound, stack)
         key = (sig, layout.uid) if fp8 is None and loss is None and elementwise is None else \
             (sig, layout.uid, fp8, loss, elementwise)
         hit = self._op_cache.get(key)

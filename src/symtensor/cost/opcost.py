@@ -119,8 +119,7 @@ def memory_multiples(op, eff, loss: str | None = None, elementwise: str | None =
     any stack moves."""
     if op.kind == "cross_entropy" and (loss is not None or floor):
         return multiples("fused" if floor else loss)
-    # the loss unstated is the engine's own; the other ops follow a stated elementwise
-    eager = eff.eager_elementwise if elementwise is None or op.kind == "cross_entropy" else elementwise == "eager"
+    eager = eff.eager_elementwise if elementwise is None else elementwise == "eager"  # (the loss: op_facts gives None)
     composite = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eager and not floor else None
     return composite if composite is not None else (1.0, kind_of(op.kind).bwd_fixed * 2)
 

@@ -81,6 +81,14 @@ def engine_refusal(loss, framework: str, elementwise=None) -> str | None:
     return None
 
 
+def op_facts(kind: str, memory_bound: bool, stack) -> tuple[str | None, str | None]:
+    """The stated facts of ``stack`` that price an op of ``kind`` (its loss kernel, its elementwise kernels): the
+    loss kernel for the loss, the elementwise kernels for the other memory-bound ops; None where unstated."""
+    if stack is None or not memory_bound:
+        return None, None
+    return (stack.loss, None) if kind == "cross_entropy" else (None, stack.elementwise)
+
+
 def multiples(name: str) -> tuple[float, float]:
     """Forward and backward bytes of loss ``name`` as multiples of a fused kernel's forward reads."""
     loss = LOSSES[name]
