@@ -17,7 +17,7 @@ from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import ATTENTION_KERNELS, attention_fractions
 from symtensor.cost.kernels import gemm_dims as gemm_shape
 from symtensor.cost.precision import cast_bytes, floor_speedup, fp8_gemm, gemm_speedup
-from symtensor.cost.stack_kernels import LOSSES, multiples
+from symtensor.cost.stack_kernels import LOSSES, multiples, runs_eager
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
 
@@ -119,7 +119,7 @@ def memory_multiples(op, eff, loss: str | None = None, elementwise: str | None =
     any stack moves."""
     if op.kind == "cross_entropy" and (loss is not None or floor):
         return multiples("fused" if floor else loss)
-    eager = eff.eager_elementwise if elementwise is None else elementwise == "eager"  # (the loss: op_facts gives None)
+    eager = runs_eager(elementwise, eff.eager_elementwise)  # (the loss: op_facts gives it no elementwise)
     composite = EAGER_BYTES.get((op.kind, op.attr("fn"))) if eager and not floor else None
     return composite if composite is not None else (1.0, kind_of(op.kind).bwd_fixed * 2)
 

@@ -9,6 +9,7 @@ from symtensor.cost.engine import engine_of, hidden, tp_overlapped
 from symtensor.cost.opcost import OpTime, collectives_time, extra_saved_bytes, intra_collectives, local_sizes
 from symtensor.cost.precision import RECIPES, fp8_gemm
 from symtensor.cost.recompute import MODULES_PREFIX, position
+from symtensor.cost.stack_kernels import runs_eager
 from symtensor.cost.train import SAC_OP, TrainConfig, layer_every
 from symtensor.layout import REPLICATED, OpLayout
 
@@ -28,12 +29,6 @@ def activation_key(train: TrainConfig) -> tuple:
     return train.recompute, train.framework, tp_overlapped(train), train.fp8, \
         (s.moe_dispatcher, s.moe_routing, s.moe_capacity_factor, s.moe_shared_overlap, s.moe_ep_overlap), \
         s.offload_modules, s.loss, s.elementwise
-
-
-def unfused_swiglu(engine, stack) -> bool:
-    """Whether SwiGLU runs as eager PyTorch, keeping the silu's output besides its inputs: the engine's
-    (``Engine.unfused_swiglu``) unless the stack states its elementwise kernels (``Stack.elementwise``)."""
-    return engine.unfused_swiglu if stack.elementwise is None else stack.elementwise == "eager"
 
 
 def recomputed(op, recompute: str, layers: int, regions=None) -> bool:
@@ -389,7 +384,8 @@ class Segment:
             extra_saved_bytes(op, layout, ev.mesh, self.train.stack.loss)
         if extra:
             self.saved[f"{op.name}#extra"] = extra
-        if unfused_swiglu(engine, self.train.stack) and op.attr("fn") == "swiglu" and not selective and region is None:
+        eager_swiglu = runs_eager(self.train.stack.elementwise, engine.unfused_swiglu)
+        if eager_swiglu and op.attr("fn") == "swiglu" and not selective and region is None:
             # eager PyTorch keeps the silu's output as well, an output-sized tensor (``Engine.unfused_swiglu``)
             view = ev.out_layout(op, layout, 0, partial=False)
             self.saved[f"{op.name}#silu"] = ev.tensors[op.outputs[0]].nbytes / view.factor(mesh) * load

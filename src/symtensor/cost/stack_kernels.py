@@ -89,6 +89,12 @@ def op_facts(kind: str, memory_bound: bool, stack) -> tuple[str | None, str | No
     return (stack.loss, None) if kind == "cross_entropy" else (None, stack.elementwise)
 
 
+def runs_eager(elementwise: str | None, engine_eager: bool) -> bool:
+    """Whether the norms, RoPE and SwiGLU run as eager PyTorch composites: as stated (``elementwise``), else as the
+    engine runs them (``engine_eager``: its efficiency's ``eager_elementwise``, its ``unfused_swiglu``)."""
+    return engine_eager if elementwise is None else elementwise == "eager"
+
+
 def multiples(name: str) -> tuple[float, float]:
     """Forward and backward bytes of loss ``name`` as multiples of a fused kernel's forward reads."""
     loss = LOSSES[name]
