@@ -107,6 +107,14 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    help="the norms', RoPE's and SwiGLU's kernels your stack runs: eager (PyTorch composites, "
                    "torchtitan without torch.compile) or fused (Transformer Engine's modules, torch.compile); "
                    "default: the engine's own")
+    p.add_argument("--attention", default=None, metavar="KERNEL",
+                   help="the attention kernel your stack runs: te (Transformer Engine's: cuDNN on Hopper; NeMo "
+                   "AutoModel's attn te), sdpa (PyTorch's flash backend, FlashAttention-2: torchtitan), fa3 "
+                   "(FlashAttention-3, Hopper); default: the engine's own")
+    p.add_argument("--param-dtype", dest="param_dtype", default=None, metavar="DTYPE",
+                   help="the dtype your parameters are kept and updated in: fp32 (a master copy: Megatron, "
+                   "torchtitan) or bf16 (no fp32 copy, bf16 gradients and Adam moments: NeMo AutoModel's MoE models; "
+                   "fsdp2 only); default: the engine's own")
 
 
 def _precision_args(p: argparse.ArgumentParser, auto: bool = True) -> None:

@@ -1,15 +1,19 @@
-"""The loss and elementwise kernels a stack states (``Stack.loss``, ``Stack.elementwise``, ``cost.stack_kernels``):
-each engine's own by default, and what a stated one moves, keeps and allocates, in the step, the memory and the
-exports."""
+"""The loss, elementwise and attention kernels and the parameter dtype a stack states (``Stack.loss``,
+``Stack.elementwise``, ``Stack.attention``, ``Stack.param_dtype``, ``cost.stack_kernels``): each engine's own by
+default, and what a stated one moves, keeps and allocates, in the step, the memory and the exports."""
 
 from __future__ import annotations
 
 import pytest
 
 from symtensor import api
-from symtensor.cost.stack_kernels import LOSSES
+from symtensor.cost import Evaluator
+from symtensor.cost.efficiency import efficiency_for
+from symtensor.cost.opcost import table_attention_kernel
+from symtensor.cost.stack_kernels import LOSSES, runnable
 from symtensor.errors import PlanError
 from symtensor.export import megatron_args, torchtitan_config
+from symtensor.hardware import load_cluster
 from symtensor.plan.stack import Stack
 
 RUN = dict(devices=8, micro_batch=2, global_batch=16, seq=4096)  # Llama 3 8B: a 128,256-token vocabulary
@@ -90,3 +94,76 @@ def test_torchtitan_compiles_the_model_where_the_plan_states_fused_elementwise_k
     fused = api.evaluate("llama3-8b", "dgx-h100", framework="fsdp2", zero=3, stack=Stack(elementwise="fused"), **RUN)
     assert torchtitan_config(fused)["compile"] == {"enable": True, "components": ["model"]}
     assert "compile" not in torchtitan_config(_plan("fsdp2", None))
+
+
+def _evaluate(framework: str, cluster: str = "dgx-h100", **stack):
+    return api.evaluate("llama3-8b", cluster, framework=framework, zero=3 if framework == "fsdp2" else 1,
+                        stack=Stack(**stack), **RUN)
+
+
+@pytest.mark.parametrize("framework, own", [("megatron", "te"), ("fsdp2", "sdpa")])
+def test_an_unstated_attention_kernel_is_the_engines_own(framework, own):
+    """Megatron runs Transformer Engine's attention (cuDNN's on Hopper), torchtitan's FSDP2 PyTorch's SDPA flash
+    backend (FlashAttention-2): stating that kernel changes nothing."""
+    default, stated = _evaluate(framework).report, _evaluate(framework, attention=own).report
+    assert (stated.step_time_s, stated.memory) == (default.step_time_s, default.memory)
+
+
+def test_a_stated_attention_kernel_runs_at_its_own_table():
+    """Each stated kernel prices attention at its measured table on the device (``stack_kernels.ATTENTION``): TE's is
+    cuDNN's on H100 and FlashAttention-2 on A100, SDPA's FlashAttention-2, FA3 Hopper's only. On H100 FSDP2 with TE's
+    attention (NeMo AutoModel's ``attn: te``) runs a faster step than with SDPA's, and the search's floor under the
+    stated kernel stays below the step it charges."""
+    h100, a100 = (efficiency_for(load_cluster(c, devices=8), "fsdp2") for c in ("dgx-h100", "dgx-a100-80g"))
+    assert table_attention_kernel(h100, None, "te") == ("cudnn", 1.0)
+    assert table_attention_kernel(h100, None, "fa3") == ("fa3", 1.0)
+    assert table_attention_kernel(a100, None, "te") == ("fa2", 1.0)
+    assert table_attention_kernel(h100, None, None) == ("fa2", 1.0)
+    te = _evaluate("fsdp2", attention="te")
+    assert te.report.step_time_s < _evaluate("fsdp2").report.step_time_s
+    cluster = load_cluster("dgx-h100", devices=8)
+    ev = Evaluator(te.graph, cluster, eff=efficiency_for(cluster, "fsdp2"))
+    assert ev.step_floor(te.train) <= te.report.step_time_s
+
+
+def test_attention_kernels_a_stack_or_device_does_not_run_are_refused():
+    """One line each: a kernel without a measured table on the device (FlashAttention-3 on A100), a kernel Megatron
+    does not run, a name no stack uses, and torchtitan's export of a kernel other than its SDPA."""
+    with pytest.raises(PlanError, match="attention fa3 has no measured kernel table on A100"):
+        _evaluate("fsdp2", "dgx-a100-80g", attention="fa3")
+    with pytest.raises(PlanError, match="megatron runs Transformer Engine's attention, not sdpa"):
+        _evaluate("megatron", attention="sdpa")
+    with pytest.raises(PlanError, match="attention='flex'; use one of te, sdpa, fa3"):
+        Stack(attention="flex")
+    torchtitan_config(_evaluate("fsdp2", attention="sdpa"))
+    with pytest.raises(PlanError, match="torchtitan's attention is PyTorch's scaled_dot_product_attention"):
+        torchtitan_config(_evaluate("fsdp2", attention="te"))
+    megatron_args(_evaluate("megatron", attention="te"))
+
+
+def test_parameters_kept_in_bf16_halve_the_state_not_the_reduction():
+    """NeMo AutoModel's MoE models train in bf16 under FSDP2 (no fp32 master copy; bf16 gradients and Adam moments:
+    2 + 2 + 4 bytes per parameter against torchtitan's 4 + 4 + 8), the reduce-scatter still in FSDP2's fp32
+    reduce_dtype. Stating fp32 is the engine's own; the engines with an fp32 master copy and torchtitan's export
+    refuse bf16 in one line."""
+    fp32, bf16 = _evaluate("fsdp2").report, _evaluate("fsdp2", param_dtype="bf16").report
+    assert _evaluate("fsdp2", param_dtype="fp32").report.memory == fp32.memory
+    for key in ("params", "grads", "optimizer"):
+        assert bf16.memory[key] == pytest.approx(fp32.memory[key] / 2)
+    assert bf16.comm_bytes["reduce_scatter"] == fp32.comm_bytes["reduce_scatter"]
+    assert bf16.memory_reserved < fp32.memory_reserved
+    for framework in ("megatron", "deepspeed"):
+        with pytest.raises(PlanError, match=f"{framework} keeps fp32 main weights"):
+            _evaluate(framework, param_dtype="bf16")
+    with pytest.raises(PlanError, match="torchtitan keeps fp32 parameters"):
+        torchtitan_config(_evaluate("fsdp2", param_dtype="bf16"))
+    with pytest.raises(PlanError, match="param_dtype='fp16'; use fp32 or bf16"):
+        Stack(param_dtype="fp16")
+
+
+def test_a_plan_of_another_engines_stack_keeps_its_megatron_baselines():
+    """D-Rec's layouts are costed under Megatron: beside an FSDP2 plan stating kernels Megatron does not run, they
+    run with Megatron's own (``stack_kernels.runnable``) instead of refusing the plan."""
+    stated = Stack(loss="fp32", attention="sdpa", param_dtype="bf16", moe_routing="aux_loss")
+    assert runnable(stated, "fsdp2") is stated
+    assert runnable(stated, "megatron") == Stack(moe_routing="aux_loss")

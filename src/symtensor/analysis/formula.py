@@ -102,8 +102,8 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None, stack=None
     if casts:  # an FP8 GEMM: its measured speedup, and its casts as memory-bound time (cost.precision)
         values["S_fp8"] = gemm_speedup(op, local, ev.cluster.device, RECIPES[fp8])
         values["C_fwd"], values["C_bwd"] = cast_bytes(op, local, RECIPES[fp8], ENGINES[ev.framework].pytorch_kernels)
+    loss, elementwise, attention = op_facts(op.kind, kind.memory_bound, stack)
     if kind.memory_bound:  # the bytes its kernels move (opcost.memory_multiples)
-        loss, elementwise = op_facts(op.kind, True, stack)
         fwd_times, bwd_times = (sp.nsimplify(m) for m in memory_multiples(op, ev.eff, loss, elementwise))
         fwd = _Roofline(fwd_times * hbm_time, add=g)
         bwd = _Roofline(bwd_times * hbm_time, add=g) if kind.bwd_fixed else _Roofline(sp.Integer(0))
@@ -112,7 +112,8 @@ def compute_formula(ev, op, layout: OpLayout, fp8: str | None = None, stack=None
         grads = ev.grad_operands[op.name]
         ratio = sp.nsimplify(kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grads)
         bwd_flops = flops * ratio
-        fwd_eta, bwd_eta = op_rates(op, local, ev.eff, grads, ev.dtype, kind.fwd_flops(local, dict(op.attrs)), False)
+        fwd_eta, bwd_eta = op_rates(op, local, ev.eff, grads, ev.dtype, kind.fwd_flops(local, dict(op.attrs)), False,
+                                    attention)
         values.update({eta: fwd_eta, f"{eta}_bwd": bwd_eta})
         bwd_kernels = grads if kind.bwd_ratio is not None else (1 if kind.bwd_fixed else 0)
         run, run_bwd = (flops / _sym("S_fp8"), bwd_flops / _sym("S_fp8")) if casts else (flops, bwd_flops)

@@ -305,6 +305,9 @@ SDPA_ATTENTION = (("", "fa2"),)
 # a device without the engine's kernel's tables runs the first of these it has
 ATTENTION_FALLBACK = ("fa2", "cudnn", "fa3", "te")
 
+# fsdp2's reduce_bytes: FSDP2's MixedPrecisionPolicy reduce-scatters in its reduce_dtype, float32 under torchtitan
+# (job_config mixed_precision_reduce, default "float32") and NeMo AutoModel (nemo_automodel/components/moe/
+# parallelizer.py: reduce_dtype=torch.float32), whatever the parameters' dtype (``Stack.param_dtype``).
 # fsdp2's loss_grad_bytes: torchtitan's loss is ``F.cross_entropy(pred.flatten(0, 1).float(), ...)``
 # (pytorch/torchtitan@238fa9953e4aec2a62582121564273d7cbb1e9f1 torchtitan/components/loss.py), i.e. log_softmax of an
 # fp32 copy of the logits, whose fp32 output is saved (the graph's loss extra), then nll_loss. Its backward:
@@ -324,7 +327,7 @@ ENGINES = {
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
                     ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=8, expandable_segments=True,
-                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0,
+                    attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0, reduce_bytes=4,
                     unfused_swiglu=True, timed_peak=True, moe_dispatchers=_EP_DISPATCHERS, refuses=(_FP4, _LOWP)),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,

@@ -38,7 +38,7 @@ from symtensor.cost.precision import RECIPES
 from symtensor.cost.recompute import MODULES_PREFIX, regions as module_regions
 from symtensor.cost.report import CostReport
 from symtensor.cost.segment import Segment, activation_key, out_slot, recompute_share, sac_mm_index
-from symtensor.cost.stack_kernels import op_facts
+from symtensor.cost.stack_kernels import UNSTATED as _UNSTATED, op_facts
 from symtensor.cost.train import SAC_OP, TrainConfig
 from symtensor.errors import PlanError
 from symtensor.graph import (
@@ -143,16 +143,15 @@ class Evaluator:
     def op_time(self, op, layout: OpLayout, fp8: str | None = None, stack=None):
         """``opcost.op_time``, memoised per equal ops (signature and gradient operands) and layout;
         ``fp8``: the FP8 recipe the linear GEMMs run under (``TrainConfig.fp8``), None in BF16; ``stack``: the
-        stack's facts (``Stack``), of which its loss and elementwise kernels price the memory-bound ops."""
+        stack's facts (``Stack``), of which its loss and elementwise kernels price the memory-bound ops and its
+        attention kernel the attention (``stack_kernels.op_facts``)."""
         sig = self._op_sig[op.name]
-        loss, elementwise = op_facts(op.kind, kind_of(op.kind).memory_bound, stack)
-        key = (sig, layout.uid) if fp8 is None and loss is None and elementwise is None else \
-            (sig, layout.uid, fp8, loss, elementwise)
+        facts = op_facts(op.kind, kind_of(op.kind).memory_bound, stack)
+        key = (sig, layout.uid) if fp8 is None and facts == _UNSTATED else (sig, layout.uid, fp8, facts)
         hit = self._op_cache.get(key)
         if hit is None:
             hit = self._op_cache[key] = op_time(op, layout, self.mesh, self.cluster.device, self.eff, self.tensors,
-                                                self.grad_operands[op.name], self.dtype, self._fp8(fp8), loss,
-                                                elementwise)
+                                                self.grad_operands[op.name], self.dtype, self._fp8(fp8), *facts)
         return hit
 
     def _fp8(self, recipe: str | None):
@@ -278,7 +277,8 @@ class Evaluator:
         devices, with no knee, communication or bubble. (A stage's time per micro-batch is at
         least its ops' share over its devices, the critical stage's at least the mean, and a step
         at least micro-batches times the critical stage.)"""
-        key = train.recompute if train.fp8 is None else (train.recompute, train.fp8)
+        attention = train.stack.attention
+        key = train.recompute if train.fp8 is None and attention is None else (train.recompute, train.fp8, attention)
         per_mb = self._floor_cache.get(key)
         if per_mb is None:
             layers = self.graph.meta["layers"]
@@ -287,7 +287,7 @@ class Evaluator:
             regions = self.recompute_regions(train.recompute)
             for op in self.graph.ops:
                 fwd, bwd = op_floor(op, self.cluster.device, self.eff, self.tensors, self.grad_operands[op.name],
-                                    self.dtype, self._fp8(train.fp8))
+                                    self.dtype, self._fp8(train.fp8), attention)
                 share = recompute_share(op, train.recompute, layers, mms.get(op.name), regions)
                 per_mb += (fwd * (1 + share) + bwd) * layer_repeat(self.graph, op.layer)
             self._floor_cache[key] = per_mb

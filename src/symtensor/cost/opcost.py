@@ -17,7 +17,8 @@ from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import ATTENTION_KERNELS, attention_fractions
 from symtensor.cost.kernels import gemm_dims as gemm_shape
 from symtensor.cost.precision import cast_bytes, floor_speedup, fp8_gemm, gemm_speedup
-from symtensor.cost.stack_kernels import LOSSES, multiples, runs_eager
+from symtensor.cost.stack_kernels import LOSSES, attention_table, multiples, runs_eager
+from symtensor.errors import PlanError
 from symtensor.graph import DTYPE_BYTES, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
 
@@ -44,18 +45,19 @@ def _tensor_local_bytes(dims, sizes, dtype):
 
 
 def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int, dtype="bf16",
-            fp8=None, loss: str | None = None, elementwise: str | None = None) -> OpTime:
+            fp8=None, loss: str | None = None, elementwise: str | None = None, attention: str | None = None
+            ) -> OpTime:
     """Roofline time of the op's local piece, forward and backward, plus the idle gap before each of
     its kernels (``EndToEnd.kernel_gap_s``). ``fp8``: (recipe, weights cast every micro-batch) when
     the linear GEMMs run in FP8 (``cost.precision``): an FP8 GEMM runs at its measured speedup and
-    pays its casts as memory-bound time. ``loss``, ``elementwise``: the loss kernel and the elementwise kernels the
-    stack states (``cost.stack_kernels``), None for the engine's own."""
+    pays its casts as memory-bound time. ``loss``, ``elementwise``, ``attention``: the loss kernel, the elementwise
+    kernels and the attention kernel the stack states (``cost.stack_kernels``), None for the engine's own."""
     sizes = local_sizes(op, layout, mesh)
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims))
     knee = 0.0 if eff.tabled("gemm") else eff.gemm_knee
     t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee, floor=False, fp8=fp8, loss=loss,
-                  elementwise=elementwise)
+                  elementwise=elementwise, attention=attention)
     if fp8 is not None and fp8_gemm(op):
         fwd_bytes, bwd_bytes = cast_bytes(op, sizes, *fp8)
         hbm = device.hbm_bandwidth * hbm_fraction(op, eff)
@@ -68,7 +70,8 @@ def op_time(op, layout: OpLayout, mesh, device, eff, tensors, grad_operands: int
     return t
 
 
-def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=None) -> tuple[float, float]:
+def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=None, attention: str | None = None
+             ) -> tuple[float, float]:
     """Seconds of the whole op on one device, forward and backward, with no knee, no kernel gap and
     only its activations' bytes: ``op_time`` of any layout, summed over the devices that share the op,
     is at least this. A device's piece runs at most at the rates this charges the whole op (``op_rates``
@@ -79,21 +82,24 @@ def op_floor(op, device, eff, tensors, grad_operands: int, dtype="bf16", fp8=Non
     left out: what they add depends on the micro-batch count, and this bound must not; FLOPs and
     activations scale with the batch.) In FP8 (FP4) a GEMM is charged at its largest speedup over any piece
     (``precision.floor_speedup``) and no casts; a memory-bound op (the loss too) at one fused kernel's bytes, the
-    fewest any stack moves (``memory_multiples``)."""
+    fewest any stack moves (``memory_multiples``). Attention at its kernel's ceiling: the stated ``attention``
+    kernel's where the stack states one (the kernel ``op_time`` then charges), else the engine's."""
     sizes = op.dim_sizes
     nbytes = sum(_tensor_local_bytes(dims, sizes, tensors[t].dtype)
                  for t, dims in zip(op.inputs + op.outputs, op.in_dims + op.out_dims) if not tensors[t].param)
-    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee=0.0, floor=True, fp8=fp8)
+    t = _roofline(op, sizes, nbytes, device, eff, grad_operands, dtype, knee=0.0, floor=True, fp8=fp8,
+                  attention=attention)
     return t.fwd_s, t.bwd_s
 
 
 def _roofline(op, sizes, nbytes: float, device, eff, grad_operands: int, dtype, knee: float,
-              floor: bool = False, fp8=None, loss: str | None = None, elementwise: str | None = None) -> OpTime:
+              floor: bool = False, fp8=None, loss: str | None = None, elementwise: str | None = None,
+              attention: str | None = None) -> OpTime:
     """The larger of compute and memory time of an op of these sizes moving ``nbytes``. An FP8 (FP4)
     GEMM's FLOPs run ``speed`` times faster (``precision.gemm_speedup`` under ``fp8``'s recipe;
     ``floor_speedup`` for ``op_floor``); its knee (idle time, not FLOPs) does not."""
     kind = kind_of(op.kind)
-    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype, floor)
+    flops, bwd_flops, rate, bwd_rate = _compute(op, kind, sizes, device, eff, grad_operands, dtype, floor, attention)
     speed = 1.0
     if fp8 is not None and fp8_gemm(op):
         recipe = fp8[0]
@@ -186,18 +192,19 @@ def attention_shape_factor(sizes, eff, window=None) -> float:
     return seq * (d / (d + ATTENTION_HEAD_DIM_KNEE)) / ref
 
 
-def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype, floor: bool = False
-             ) -> tuple[float, float, float, float]:
+def _compute(op, kind, sizes, device, eff, grad_operands: int, dtype, floor: bool = False,
+             attention: str | None = None) -> tuple[float, float, float, float]:
     """Forward and backward FLOPs of the op at these (local) sizes, and the FLOP/s its forward
     and backward kernels reach at best (peak times the fraction of ``op_rates``)."""
     flops = kind.fwd_flops(sizes, dict(op.attrs))
     bwd_flops = flops * (kind.bwd_fixed if kind.bwd_ratio is None else kind.bwd_ratio * grad_operands)
     peak = device.flops(dtype)
-    fwd_eff, bwd_eff = op_rates(op, sizes, eff, grad_operands, dtype, flops, floor)
+    fwd_eff, bwd_eff = op_rates(op, sizes, eff, grad_operands, dtype, flops, floor, attention)
     return flops, bwd_flops, peak * fwd_eff, peak * bwd_eff
 
 
-def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: bool) -> tuple[float, float]:
+def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: bool, attention: str | None = None
+             ) -> tuple[float, float]:
     """Forward and backward fractions of peak of a compute op (the one rule: the evaluator, the search,
     explain's formulas and the kernel-table test read it).
 
@@ -207,15 +214,19 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
     two gradient GEMMs' together (with one gradient operand, the slower of the two). A grouped expert
     GEMM at its tokens per expert, each direction at its own curve (``kernels.grouped_direction``), its
     backward as the dense one's, times its tile fill (``grouped_tile_factor``). Attention at the
-    engine's kernel (``eff.attention_kernel``, or the op's ``kernel`` attr) for its keys per query,
+    engine's kernel (``eff.attention_kernel``; the stack's stated ``attention``, ``cost.stack_kernels.ATTENTION``;
+    or the op's ``kernel`` attr) for its keys per query,
     head dim and causality. With ``floor``, the upper bounds no piece of the op exceeds (``op_floor``).
     Without tables: the scalar fractions of ``eff``."""
     if op.kind == "attention":
         if not eff.tabled("attention"):  # the op's kernel (``efficiency.attention_fractions``) at its shape
+            if attention is not None:
+                raise PlanError(f"attention {attention} is priced at its measured kernel table, and this device's "
+                                "efficiency has none: leave --attention out")
             shape = attention_shape_factor(sizes, eff, op.attr("window"))
             fwd_eff, bwd_eff = attention_fractions(eff, op.attr("kernel"))
             return fwd_eff * shape, bwd_eff * shape
-        kernel, scale = table_attention_kernel(eff, op.attr("kernel"))
+        kernel, scale = table_attention_kernel(eff, op.attr("kernel"), attention)
         if floor:
             return (scale * kernels.attention_ceiling(eff.kernels, kernel, False),
                     scale * kernels.attention_ceiling(eff.kernels, kernel, True))
@@ -250,9 +261,12 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
 # engine's own (``None`` or ``flash``: ``eff.attention_kernel``), and its share of that table:
 # FlashAttention-2 (``flash2``) at its table; FlashAttention v1 and its Triton port (``flash1``) at half of
 # FlashAttention-2 (``ATTENTION_KERNELS``: "around 2x speedup compared to FlashAttention", Dao 2023).
-def table_attention_kernel(eff, kernel: str | None) -> tuple[str, float]:
-    """(table kernel, share of its table) of an attention op's ``kernel`` attr under ``eff``."""
+def table_attention_kernel(eff, kernel: str | None, attention: str | None = None) -> tuple[str, float]:
+    """(table kernel, share of its table) of an attention op's ``kernel`` attr under ``eff``, the engine's own fused
+    kernel being the stack's stated ``attention`` kernel where it states one (``stack_kernels.attention_table``)."""
     if kernel is None or kernel == "flash":
+        if attention is not None:  # (a device without its table is refused before: ``stack_kernels.device_refusal``)
+            return attention_table(attention, eff.kernels), 1.0
         return eff.attention_kernel, 1.0
     if kernel not in ATTENTION_KERNELS:
         raise ValueError(f"attention kernel {kernel!r}; use one of flash, {', '.join(ATTENTION_KERNELS)}")

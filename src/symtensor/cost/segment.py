@@ -22,13 +22,13 @@ TP_OVERLAP_SPLITS = 4
 
 
 def activation_key(train: TrainConfig) -> tuple:
-    """What a segment's cost depends on besides layouts: recomputation, the engine's semantics, the loss kernel
+    """What a segment's cost depends on besides layouts: recomputation, the engine's semantics, the stated kernels
     and the FP8 recipe (the parameters' part: ``_Accumulator.pkey``; data-parallel overlap and the
     schedule only enter the step)."""
     s = train.stack
     return train.recompute, train.framework, tp_overlapped(train), train.fp8, \
         (s.moe_dispatcher, s.moe_routing, s.moe_capacity_factor, s.moe_shared_overlap, s.moe_ep_overlap), \
-        s.offload_modules, s.loss, s.elementwise
+        s.offload_modules, s.loss, s.elementwise, s.attention
 
 
 def recomputed(op, recompute: str, layers: int, regions=None) -> bool:

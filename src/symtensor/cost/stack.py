@@ -68,6 +68,12 @@ class Stack:
             ``bf16``), what it moves, keeps and allocates per logit; None: the engine's own.
         elementwise: the norms', RoPE's and SwiGLU's kernels (``cost.stack_kernels.ELEMENTWISE``: ``eager`` PyTorch
             composites, ``fused`` kernels: Transformer Engine's, torch.compile's); None: the engine's own.
+        attention: the attention kernel (``cost.stack_kernels.ATTENTION``: ``te``, Transformer Engine's; ``sdpa``,
+            PyTorch's flash backend; ``fa3``, FlashAttention-3), priced at its measured table on the device;
+            None: the engine's own.
+        param_dtype: the dtype the parameters are kept and updated in (``cost.stack_kernels.PARAM_DTYPES``: ``fp32``,
+            ``bf16``: no fp32 master copy, bf16 gradients and Adam moments, as NeMo AutoModel's MoE models train
+            under FSDP2); None: the engine's own (fp32 master weights).
     """
 
     moe_dispatcher: str = "alltoall"
@@ -83,6 +89,8 @@ class Stack:
     bf16_layers: tuple[int, int] = (0, 0)
     loss: str | None = None
     elementwise: str | None = None
+    attention: str | None = None
+    param_dtype: str | None = None
 
     def __post_init__(self):
         why = refusal(self)
@@ -126,7 +134,7 @@ def refusal(stack) -> str | None:
         why = ("offload_modules and cpu_offload_layers: Megatron runs one CPU offloading at a time (TransformerConfig "
                "refuses fine_grained_activation_offloading with cpu_offloading); drop one of them")
     why = why or lowp_fact_refusal(stack.fp8_param_gather, stack.bf16_layers)
-    return why or _kernels.refusal(stack.loss, stack.elementwise)
+    return why or _kernels.refusal(stack.loss, stack.elementwise, stack.attention, stack.param_dtype)
 
 
 KEYS = tuple(f.name for f in fields(Stack))  # the facts' names, the one list of them

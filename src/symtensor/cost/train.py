@@ -4,7 +4,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields, replace
 
-from symtensor.cost import moe as _moe, offload as _offload, precision as _precision, recompute as _modules
+from symtensor.cost import (
+    moe as _moe,
+    offload as _offload,
+    precision as _precision,
+    recompute as _modules,
+    stack_kernels as _kernels,
+)
 from symtensor.cost.engine import (
     ALIASES,
     ENGINES,
@@ -112,7 +118,8 @@ class TrainConfig:
             shards are all-reduced across the replicas (``cost.params.shard_axes``). Both engines
             fix the replicas for every parameter, experts included. None: ZeRO over the whole group.
         param_bytes / grad_bytes / optim_bytes: per parameter; None: the engine's
-            (``cost.engine.Engine.state_bytes``: Megatron 2 + 4 + 12, FSDP2 4 + 4 + 8,
+            (``cost.engine.Engine.state_bytes``: Megatron 2 + 4 + 12, FSDP2 4 + 4 + 8, or 2 + 2 + 4 with the
+            stack's bf16 ``param_dtype``,
             DeepSpeed 2 + 2 + 12).
         framework: the engine whose semantics the step follows (``symtensor.cost.engine``):
             ``megatron`` (Megatron-core + Transformer Engine: distributed optimizer with bucketed
@@ -190,7 +197,11 @@ class TrainConfig:
             object.__setattr__(self, "stack", self.stack.replace(grad_reduce_bf16=why is None))
         if self.stack.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer" and self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", 2)  # Megatron's gradient buffer in the parameters' bf16
-        for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"), eng.state_bytes):
+        why = _kernels.param_dtype_refusal(self.stack.param_dtype, self.framework)
+        if why is not None:
+            raise PlanError(why)
+        for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"),
+                                _kernels.state_bytes(self.stack.param_dtype, eng.state_bytes)):
             if getattr(self, key) is None:
                 object.__setattr__(self, key, default)
         if self.vpp > 1 and self.pp == 1:

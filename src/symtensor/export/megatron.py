@@ -42,7 +42,7 @@ def refusal(p: Parallelism) -> str | None:
     if p.recompute not in CAPABILITIES.recompute and not modules_of(p.recompute):
         return (f"Megatron-LM has no {p.recompute} recomputation (torchtitan's selective checkpointing): use "
                 "--recompute selective or full, or export to torchtitan")
-    return engine_refusal(p.stack.loss, "megatron")
+    return engine_refusal(p.stack, "megatron")
 
 
 def fsdp_args(p: Parallelism) -> list[str]:

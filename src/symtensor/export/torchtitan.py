@@ -154,6 +154,13 @@ def torchtitan_config(plan) -> dict:
     if p.stack.loss not in (None, "fp32"):  # torchtitan/components/loss.py: cross_entropy(pred.float(), ...)
         raise PlanError(f"torchtitan's loss is PyTorch's cross-entropy on an fp32 copy of the logits, not "
                         f"{p.stack.loss}: plan with --loss fp32 (or leave it out), or export this one to megatron")
+    if p.stack.attention not in (None, "sdpa"):  # torchtitan/models/attention.py: scaled_dot_product_attention
+        raise PlanError(f"torchtitan's attention is PyTorch's scaled_dot_product_attention (FlashAttention-2), not "
+                        f"{p.stack.attention}: plan with --attention sdpa (or leave it out), or export this one to "
+                        "megatron")
+    if p.stack.param_dtype == "bf16":  # its model in fp32, FSDP2 MixedPrecisionPolicy(param_dtype=bf16) gathers bf16
+        raise PlanError("torchtitan keeps fp32 parameters (FSDP2 gathers bf16 copies for compute), not bf16 ones: "
+                        "plan without --param-dtype bf16 to export to torchtitan")
     why = _attention_core(plan, p)
     if why is not None:
         raise PlanError(f"torchtitan would not run this plan as it is costed: {why}; plan with --set attention=flash "

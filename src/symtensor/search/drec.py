@@ -8,6 +8,7 @@ import time
 
 from symtensor.cost import TrainConfig, drec
 from symtensor.cost.stack import Stack
+from symtensor.cost.stack_kernels import runnable
 from symtensor.hardware import Cluster
 from symtensor.models import ModelConfig
 from symtensor.plan.plan import Plan
@@ -44,10 +45,12 @@ def drec_plan(cfg: ModelConfig, cluster: Cluster, global_batch: int, seq: int, p
     """The D-Rec baseline: D-Rec's layouts (unitless costs, same recursion), pipeline depths by
     rollback, micro-batches / recomputation / ZeRO costed by the full model, in ``precision``
     (a baseline does not choose FP8 by itself: BF16 unless stated) and with the stack facts ``stack``
-    (``cost.stack.Stack``: the MoE options, the gradient reduction's dtype, ...) the plan is costed with; D-Rec's own
-    unitless costs, which choose its layouts, have no notion of them."""
+    (``cost.stack.Stack``: the MoE options, the gradient reduction's dtype, ...) the plan is costed with, less the
+    kernel facts Megatron does not run (``stack_kernels.runnable``: its own kernels then); D-Rec's own unitless
+    costs, which choose its layouts, have no notion of them."""
     t0 = time.perf_counter()
-    pool = EvaluatorPool(cfg, cluster, seq, precision=precision, fp8_recipe=fp8_recipe, stack=stack)
+    pool = EvaluatorPool(cfg, cluster, seq, precision=precision, fp8_recipe=fp8_recipe,
+                         stack=runnable(stack, "megatron"))
     s = OuterSearch(pool, global_batch)
     steps1 = s.micro_steps(1)
     m0 = max([m for m in steps1 if global_batch // m >= cluster.n_devices] or [steps1[0]])

@@ -36,6 +36,7 @@ from symtensor.cost.precision import (
     refusal as precision_refusal,
 )
 from symtensor.cost.stack import Stack
+from symtensor.cost.stack_kernels import stack_refusal
 from symtensor.cost.train import rule_split
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
@@ -123,7 +124,8 @@ class EvaluatorPool:
             why = offload_engine_refusal(framework) or host_link_refusal(cluster.device)
             if why is not None:
                 raise PlanError(why)
-        why = lowp_search_refusal(self.stack, framework, self.fp8_recipe or self.fp8_variant)
+        why = lowp_search_refusal(self.stack, framework, self.fp8_recipe or self.fp8_variant) or \
+            stack_refusal(self.stack, framework, cluster.device)
         if why is not None:
             raise PlanError(why)
         # what every configuration and training configuration of this search carries besides its degrees: as a
