@@ -549,7 +549,8 @@ def stated_facts(r: dict) -> tuple[dict, list[str]]:
     swiglu``) fused elementwise kernels, as is a compiled model; ``MaskedCrossEntropy`` with ``fp32_upcast: false`` the
     loss on the bf16 logits (its default, true, is the fsdp2 engine's own fp32 one); the parameters are kept in bf16
     where AutoModel builds its own model (a ``backend`` row: ``initialize_weights`` casts it to bf16) or the YAML
-    loads it so (``model.torch_dtype: bf16``). FlexAttention (``attn: flex``) has no measured table: the engine's own."""
+    loads it so (``model.torch_dtype: bf16``). FlexAttention (``attn: flex``) has no measured table: the engine's
+    own."""
     facts, notes = {}, []
     if r["attn_backend"] == "te":
         facts["attention"] = "te"

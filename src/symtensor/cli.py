@@ -111,6 +111,13 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    help="the attention kernel your stack runs: te (Transformer Engine's: cuDNN on Hopper; NeMo "
                    "AutoModel's attn te), sdpa (PyTorch's flash backend, FlashAttention-2: torchtitan), fa3 "
                    "(FlashAttention-3, Hopper); default: the engine's own")
+    p.add_argument("--tp-comm-overlap", dest="tp_comm_overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="Megatron's --tp-comm-overlap (tensor-parallel communication behind the GEMMs, with "
+                   "sequence parallelism) or, with --no-, exposed: Megatron-LM's default; default: the engine's (on)")
+    p.add_argument("--dp-comm-overlap", dest="dp_comm_overlap", action=argparse.BooleanOptionalAction, default=None,
+                   help="Megatron's --overlap-grad-reduce and --overlap-param-gather or, with --no-, the gradient "
+                   "reduction after backward and the parameter gather before forward: Megatron-LM's defaults; "
+                   "default: the engine's (on)")
     p.add_argument("--param-dtype", dest="param_dtype", default=None, metavar="DTYPE",
                    help="the dtype your parameters are kept and updated in: fp32 (a master copy: Megatron, "
                    "torchtitan) or bf16 (no fp32 copy, bf16 gradients and Adam moments: NeMo AutoModel's MoE models; "

@@ -167,3 +167,26 @@ def test_a_plan_of_another_engines_stack_keeps_its_megatron_baselines():
     stated = Stack(loss="fp32", attention="sdpa", param_dtype="bf16", moe_routing="aux_loss")
     assert runnable(stated, "fsdp2") is stated
     assert runnable(stated, "megatron") == Stack(moe_routing="aux_loss")
+
+
+def test_megatron_lm_overlap_flags_off_expose_the_communication_and_leave_the_export():
+    """Megatron-LM leaves --tp-comm-overlap, --overlap-grad-reduce and --overlap-param-gather off by default: a stack
+    stating them off (``Stack.tp_comm_overlap``, ``Stack.dp_comm_overlap``) is costed with the tensor-parallel and
+    data-parallel communication exposed, and its export leaves the flags out; stating them on is the engine's own.
+    Other engines have no such switches: refused in one line."""
+    run = dict(devices=64, tp=4, pp=2, zero=1, micro_batch=1, global_batch=64, seq=4096)
+    own = api.evaluate("llama3-70b", "dgx-h100", **run)
+    on = api.evaluate("llama3-70b", "dgx-h100", stack=Stack(tp_comm_overlap=True, dp_comm_overlap=True), **run)
+    assert (on.report.step_time_s, on.report.breakdown) == (own.report.step_time_s, own.report.breakdown)
+    no_tp = api.evaluate("llama3-70b", "dgx-h100", stack=Stack(tp_comm_overlap=False), **run)
+    no_dp = api.evaluate("llama3-70b", "dgx-h100", stack=Stack(dp_comm_overlap=False), **run)
+    assert no_tp.report.breakdown["tp_comm"] > own.report.breakdown["tp_comm"]
+    assert no_dp.report.breakdown["dp_comm"] > own.report.breakdown["dp_comm"]
+    flags = megatron_args(own)
+    assert {"--tp-comm-overlap", "--overlap-grad-reduce", "--overlap-param-gather"} <= set(flags)
+    assert "--tp-comm-overlap" not in megatron_args(no_tp) and "--overlap-grad-reduce" in megatron_args(no_tp)
+    assert not {"--overlap-grad-reduce", "--overlap-param-gather"} & set(megatron_args(no_dp))
+    with pytest.raises(PlanError, match="state Megatron-LM's overlap flags; fsdp2 runs its own"):
+        _evaluate("fsdp2", dp_comm_overlap=False)
+    with pytest.raises(PlanError, match="tp_comm_overlap='no'; use True, False or None"):
+        Stack(tp_comm_overlap="no")

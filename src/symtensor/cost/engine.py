@@ -513,6 +513,15 @@ def reshards_after_forward(zero: int, framework: str = "fsdp2") -> bool:
     return engine_named(framework).reshards(zero)
 
 
+def overlap_refusal(framework: str, stack) -> str | None:
+    """One line where engine ``framework`` has no switch for the communication overlaps ``stack`` states
+    (``Stack.tp_comm_overlap``, ``Stack.dp_comm_overlap``: Megatron-LM's flags), or None."""
+    if framework != "megatron" and (stack.tp_comm_overlap is not None or stack.dp_comm_overlap is not None):
+        return (f"--[no-]tp-comm-overlap and --[no-]dp-comm-overlap state Megatron-LM's overlap flags; {framework} "
+                "runs its own overlaps: leave them out, or use --framework megatron")
+    return None
+
+
 def tp_overlapped(train) -> bool:
     """Whether tensor-parallel communication overlaps the GEMMs for this configuration."""
     return engine_of(train).tp_overlap if train.tp_overlap is None else train.tp_overlap

@@ -71,6 +71,12 @@ class Stack:
         attention: the attention kernel (``cost.stack_kernels.ATTENTION``: ``te``, Transformer Engine's; ``sdpa``,
             PyTorch's flash backend; ``fa3``, FlashAttention-3), priced at its measured table on the device;
             None: the engine's own.
+        tp_comm_overlap: Megatron's --tp-comm-overlap (Transformer Engine's userbuffers, beside sequence parallelism):
+            the tensor-parallel all-gathers and reduce-scatters hidden behind the GEMMs (``cost.engine.tp_overlapped``);
+            False: exposed, Megatron-LM's default; None: the engine's own (on).
+        dp_comm_overlap: Megatron's --overlap-grad-reduce and --overlap-param-gather: the data-parallel gradient
+            reduction behind backward and the parameter all-gather behind the next forward (``cost.engine.exposure``);
+            False: after backward and before forward, Megatron-LM's defaults; None: the engine's own (on).
         param_dtype: the dtype the parameters are kept and updated in (``cost.stack_kernels.PARAM_DTYPES``: ``fp32``,
             ``bf16``: no fp32 master copy, bf16 gradients and Adam moments, as NeMo AutoModel's MoE models train
             under FSDP2); None: the engine's own (fp32 master weights).
@@ -91,6 +97,8 @@ class Stack:
     elementwise: str | None = None
     attention: str | None = None
     param_dtype: str | None = None
+    tp_comm_overlap: bool | None = None
+    dp_comm_overlap: bool | None = None
 
     def __post_init__(self):
         why = refusal(self)
@@ -127,8 +135,9 @@ def refusal(stack) -> str | None:
                        stack.moe_ep_overlap)
     if why is None and not isinstance(stack.grad_reduce_bf16, bool):
         why = f"grad_reduce_bf16={stack.grad_reduce_bf16!r}; use True or False"
-    if why is None and stack.expandable_segments not in (None, True, False):
-        why = f"expandable_segments={stack.expandable_segments!r}; use True, False or None (the engine's default)"
+    for key in ("expandable_segments", "tp_comm_overlap", "dp_comm_overlap"):
+        if why is None and getattr(stack, key) not in (None, True, False):
+            why = f"{key}={getattr(stack, key)!r}; use True, False or None (the engine's default)"
     why = why or offload_count_refusal(stack.cpu_offload_layers) or _offload.refusal(stack.offload_modules)
     if why is None and stack.offload_modules and stack.cpu_offload_layers:
         why = ("offload_modules and cpu_offload_layers: Megatron runs one CPU offloading at a time (TransformerConfig "

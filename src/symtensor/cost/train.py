@@ -17,6 +17,7 @@ from symtensor.cost.engine import (
     cpu_offload_refusal,
     engine_of,
     grad_reduce_refusal,
+    overlap_refusal,
     refusal as engine_refusal,
 )
 from symtensor.cost.stack import KEYS as STACK_KEYS, Stack
@@ -197,9 +198,14 @@ class TrainConfig:
             object.__setattr__(self, "stack", self.stack.replace(grad_reduce_bf16=why is None))
         if self.stack.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer" and self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", 2)  # Megatron's gradient buffer in the parameters' bf16
-        why = _kernels.param_dtype_refusal(self.stack.param_dtype, self.framework)
+        why = _kernels.param_dtype_refusal(self.stack.param_dtype, self.framework) or \
+            overlap_refusal(self.framework, self.stack)
         if why is not None:
             raise PlanError(why)
+        if self.tp_overlap is None and self.stack.tp_comm_overlap is not None:
+            object.__setattr__(self, "tp_overlap", self.stack.tp_comm_overlap)
+        if self.stack.dp_comm_overlap is False:  # Megatron-LM without --overlap-grad-reduce (--overlap-param-gather)
+            object.__setattr__(self, "overlap_grad_reduce", False)
         for key, default in zip(("param_bytes", "grad_bytes", "optim_bytes"),
                                 _kernels.state_bytes(self.stack.param_dtype, eng.state_bytes)):
             if getattr(self, key) is None:

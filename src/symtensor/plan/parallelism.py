@@ -251,7 +251,7 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
     why = engine_refusal(p) or (_engine.grad_reduce_refusal(p.framework, p.zero) if stack.grad_reduce_bf16 else None)
     why = why or _precision.lowp_refusal(p.precision, p.fp8_recipe, p.zero, stack.fp8_param_gather, stack.bf16_layers,
                                          model.layers, p.pp)
-    why = why or _kernels.stack_refusal(stack, p.framework, device)
+    why = why or _kernels.stack_refusal(stack, p.framework, device) or _engine.overlap_refusal(p.framework, stack)
     if why is None and stack.cpu_offload_layers:
         why = _engine.cpu_offload_refusal(p.framework, p.pp, p.recompute)
     if why is None and stack.offload_modules:

@@ -21,6 +21,7 @@ from symtensor.cost.engine import (
     grad_reduce_refusal,
     host_link_refusal,
     offload_count_refusal,
+    overlap_refusal,
     refusal as engine_refusal,
 )
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
@@ -125,7 +126,7 @@ class EvaluatorPool:
             if why is not None:
                 raise PlanError(why)
         why = lowp_search_refusal(self.stack, framework, self.fp8_recipe or self.fp8_variant) or \
-            stack_refusal(self.stack, framework, cluster.device)
+            stack_refusal(self.stack, framework, cluster.device) or overlap_refusal(framework, self.stack)
         if why is not None:
             raise PlanError(why)
         # what every configuration and training configuration of this search carries besides its degrees: as a
