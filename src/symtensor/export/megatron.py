@@ -8,7 +8,6 @@ recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), 
 
 from __future__ import annotations
 
-from symtensor.cost.engine import tp_overlapped
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, is_mxfp8, shape_refusal
 from symtensor.cost.recompute import modules_of
@@ -74,11 +73,11 @@ def overlap_args(p: Parallelism) -> list[str]:
     arguments.py asserts sequence parallelism with it); the fused cross-entropy (``--cross-entropy-loss-fusion``)
     unless the plan states the vocab-parallel loss (``cost.stack_kernels``: what Megatron-core runs without it). A plan
     whose stack states an overlap off (``Stack.tp_comm_overlap``, ``Stack.dp_comm_overlap``) leaves its flags out."""
-    args, train = [], p.train
-    if p.dp * p.cp > 1 and train.overlap_grad_reduce:
+    args = []
+    if p.dp * p.cp > 1 and p.stack.dp_comm_overlap is not False:
         args.append("--overlap-grad-reduce")
         args += ["--overlap-param-gather"] if p.zero >= 1 else []
-    if p.tp > 1 and p.sp and tp_overlapped(train):
+    if p.tp > 1 and p.sp and p.stack.tp_comm_overlap is not False:
         args.append("--tp-comm-overlap")
     return args + ([] if p.stack.loss == "vocab-parallel" else ["--cross-entropy-loss-fusion"])
 
