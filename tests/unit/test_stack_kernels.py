@@ -14,6 +14,7 @@ from symtensor.cost.stack_kernels import LOSSES, runnable
 from symtensor.errors import PlanError
 from symtensor.export import megatron_args, torchtitan_config
 from symtensor.hardware import load_cluster
+from symtensor.plan.document import evaluation_json
 from symtensor.plan.stack import Stack
 
 RUN = dict(devices=8, micro_batch=2, global_batch=16, seq=4096)  # Llama 3 8B: a 128,256-token vocabulary
@@ -121,6 +122,8 @@ def test_a_stated_attention_kernel_runs_at_its_own_table():
     assert table_attention_kernel(h100, None, None) == ("fa2", 1.0)
     te = _evaluate("fsdp2", attention="te")
     assert te.report.step_time_s < _evaluate("fsdp2").report.step_time_s
+    assert evaluation_json(te)["attention_kernel"] == "te"  # the prediction names the kernel it was costed with
+    assert evaluation_json(_evaluate("fsdp2"))["attention_kernel"] == "flash"
     cluster = load_cluster("dgx-h100", devices=8)
     ev = Evaluator(te.graph, cluster, eff=efficiency_for(cluster, "fsdp2"))
     assert ev.step_floor(te.train) <= te.report.step_time_s

@@ -16,25 +16,27 @@ MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
 
 
 def prediction_terms(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: str, graph,
-                     precision: str = "bf16", tp: int | None = None) -> dict:
+                     precision: str = "bf16", tp: int | None = None, attention: str | None = None) -> dict:
     """What every prediction states besides its numbers: the engine, the efficiency table and its
-    source, the attention kernel the graph was costed with, and the error band of its regime
-    (``cost.bands``)."""
+    source, the attention kernel the graph was costed with (the stack's stated one, ``attention``, in place of the
+    engine's own), and the error band of its regime (``cost.bands``)."""
     from symtensor.cost.efficiency import device_table, efficiency_for
 
     b = config_band(cfg, cluster, step_s, zero=zero, seq=seq, framework=framework, precision=precision, tp=tp)
     table = "measured (cluster file)" if cluster.efficiency else device_table(cluster.device.name)
     return {"framework": framework, "efficiency_table": table,
-            "efficiency_source": efficiency_for(cluster).source, "attention_kernel": attention_kernel(graph),
+            "efficiency_source": efficiency_for(cluster).source, "attention_kernel": attention_kernel(graph, attention),
             "regime": b.regime, "step_time_band_s": b.as_list(), "band_calibrated": b.calibrated,
             "band_widened": list(b.widened)}
 
 
-def attention_kernel(graph) -> str:
+def attention_kernel(graph, stated: str | None = None) -> str:
     """The attention kernel(s) of ``graph`` as the cost model reads them (``models.config.ATTENTION``):
-    each fused attention op's ``kernel`` attr (none: ``flash``, the engine's own), ``unfused`` where
-    attention is separate score and context matmuls; several are joined with commas."""
-    kernels = dict.fromkeys(op.attr("kernel") or "flash" for op in graph.ops if op.kind == "attention")
+    each fused attention op's ``kernel`` attr (none: ``flash``, the engine's own, or the stack's ``stated`` kernel,
+    ``Stack.attention``), ``unfused`` where attention is separate score and context matmuls; several are joined with
+    commas."""
+    own = stated or "flash"
+    kernels = dict.fromkeys(op.attr("kernel") or own for op in graph.ops if op.kind == "attention")
     if any(op.kind == "bmm" and op.attr("core") for op in graph.ops):
         kernels["unfused"] = None
     return ",".join(kernels) or "none"
@@ -64,7 +66,7 @@ def evaluation_json(plan: Plan) -> dict:
                config=megatron_summary(plan))
     out.update(prediction_terms(plan.model, plan.cluster, plan.report.step_time_s, zero=plan.train.zero,
                                 seq=plan.seq, framework=plan.engine, graph=plan.graph, precision=plan.train.precision,
-                                tp=out["config"]["tp"]))
+                                tp=out["config"]["tp"], attention=plan.train.stack.attention))
     if plan.notes:  # (the pipeline split evaluate chose, when it is not Megatron's own)
         out["notes"] = list(plan.notes)
     return out
@@ -85,7 +87,7 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
                   layer_types=layer_types(plan))
     result.update(prediction_terms(plan.model, cl, plan.report.step_time_s, zero=plan.train.zero, seq=plan.seq,
                                    framework=plan.engine, graph=plan.graph, precision=plan.train.precision,
-                                   tp=result["config"]["tp"]))
+                                   tp=result["config"]["tp"], attention=plan.train.stack.attention))
     if baselines is not None:
         result["baselines"] = baselines_json(plan, baselines, _band(result), detail)
     return result
