@@ -550,7 +550,8 @@ def stated_facts(r: dict) -> tuple[dict, list[str]]:
     loss on the bf16 logits (its default, true, is the fsdp2 engine's own fp32 one); the parameters are kept in bf16
     where AutoModel builds its own model (a ``backend`` row: ``initialize_weights`` casts it to bf16) or the YAML
     loads it so (``model.torch_dtype: bf16``). FlexAttention (``attn: flex``) has no measured table: the engine's
-    own."""
+    own. Under a pipeline, AutoModel runs a schedule per local batch: GBS / (dp x LBS) schedules per step
+    (``Stack.pp_schedules``)."""
     facts, notes = {}, []
     if r["attn_backend"] == "te":
         facts["attention"] = "te"
@@ -566,6 +567,10 @@ def stated_facts(r: dict) -> tuple[dict, list[str]]:
         notes.append(f"loss {r['loss'].rsplit('.', 1)[-1]}: not expressible, the engine's own costed")
     if r["attn_backend"] or "model.torch_dtype: bf16" in r["yaml_other"]:
         facts["param_dtype"] = "bf16"
+    dp = int(r["gpus"]) // (int(r["tp"]) * int(r["pp"]) * int(r["cp"]))
+    lbs, gbs = _int(r["lbs"], 0), int(r["gbs"])
+    if int(r["pp"]) > 1 and lbs and gbs % (dp * lbs) == 0 and gbs // (dp * lbs) > 1:
+        facts["pp_schedules"] = gbs // (dp * lbs)  # one pipeline schedule of LBS / MBS micro-batches per LBS
     return facts, notes
 
 
@@ -604,7 +609,7 @@ def describe(r: dict, stated: bool = False) -> tuple[dict | None, str, str]:
         notes.append(f"the linked yaml ({r['yaml_path']}@{r['yaml_commit']}) states {r['yaml_vs_row']}: the row's "
                      "values taken")
     lbs, ga = _int(r["lbs"], 0), _int(r["ga"], 0)
-    if pp > 1 and ga > 1:
+    if pp > 1 and ga > 1 and not stated:
         per = lbs // mbs if lbs and lbs % mbs == 0 else lbs / mbs
         notes.append(f"AutoModel runs GA {ga} pipeline schedules of LBS/MBS = {per} micro-batches per step; "
                      f"SymTensor costs one schedule of GBS/(dp*MBS) = {gbs // (dp * mbs)} micro-batches")

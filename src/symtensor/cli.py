@@ -118,6 +118,10 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    help="Megatron's --overlap-grad-reduce and --overlap-param-gather or, with --no-, the gradient "
                    "reduction after backward and the parameter gather before forward: Megatron-LM's defaults; "
                    "default: the engine's (on)")
+    p.add_argument("--pp-schedules", dest="pp_schedules", type=int, default=1, metavar="K",
+                   help="gradient accumulation as K pipeline schedules per step, each of the step's micro-batches / K, "
+                   "each filling and draining the pipeline (torchtitan and NeMo AutoModel with a local batch below "
+                   "the step's); fsdp2 only; default 1 (one schedule: Megatron's, and what the exports launch)")
     p.add_argument("--param-dtype", dest="param_dtype", default=None, metavar="DTYPE",
                    help="the dtype your parameters are kept and updated in: fp32 (a master copy: Megatron, "
                    "torchtitan) or bf16 (no fp32 copy, bf16 gradients and Adam moments: NeMo AutoModel's MoE models; "

@@ -253,6 +253,13 @@ class Engine:
     # one-micro-batch step, only the LM head's unit gathered, no reduction buffer) or in the layers' backward; and
     # the blocks FSDP2's side streams keep reserved (``cost.memory.side_streams``); where weights are sharded
     timed_peak: bool = False
+    # under a pipeline, a stage's micro-batches run backward without gradient sync or resharding and each schedule
+    # reduce-scatters the stage's units once, after its last backward: torch.distributed.pipelining (torch 2.13
+    # distributed/pipelining/stage.py ``backward_maybe_with_nosync``: set_requires_gradient_sync(False),
+    # set_reshard_after_backward(False); ``perform_reduce_grad``, "REDUCE_GRAD action is scheduled after all
+    # microbatches W, B actions", runs FSDP's post_backward), which torchtitan and NeMo AutoModel run FSDP2's pipelines
+    # with; the unsharded gradients accumulate until then (``cost.memory.engine_buffers``). (``exposure``)
+    pipeline_sync_once: bool = False
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``), ``fp4`` (NVFP4, costed as
@@ -328,7 +335,8 @@ ENGINES = {
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
                     ddp_bucket_copy=True, unit_reduce_buffer=True, loss_grad_bytes=8, expandable_segments=True,
                     attention_kernels=SDPA_ATTENTION, grad_reduce_bf16="comm", moe_combine_keeps=2.0, reduce_bytes=4,
-                    unfused_swiglu=True, timed_peak=True, moe_dispatchers=_EP_DISPATCHERS, refuses=(_FP4, _LOWP)),
+                    unfused_swiglu=True, timed_peak=True, moe_dispatchers=_EP_DISPATCHERS, refuses=(_FP4, _LOWP),
+                    pipeline_sync_once=True),
     "deepspeed": Engine("deepspeed", ddp_bucket_bytes=5e8 * 2, per_tensor_gathers=True, regather_recompute=True,
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
@@ -513,6 +521,16 @@ def reshards_after_forward(zero: int, framework: str = "fsdp2") -> bool:
     return engine_named(framework).reshards(zero)
 
 
+def schedules_refusal(framework: str, schedules: int) -> str | None:
+    """One line where engine ``framework`` does not run a step's micro-batches as ``schedules`` pipeline schedules
+    (``Stack.pp_schedules``), or None: Megatron and DeepSpeed's pipeline engine run one schedule per step."""
+    if schedules != 1 and not ENGINES[ALIASES.get(framework, framework)].pipeline_sync_once:
+        return (f"{framework} runs a step's micro-batches as one pipeline schedule; --pp-schedules {schedules} is how "
+                "torchtitan and NeMo AutoModel accumulate gradients over several: leave it out, or use --framework "
+                "fsdp2")
+    return None
+
+
 def overlap_refusal(framework: str, stack) -> str | None:
     """One line where engine ``framework`` has no switch for the communication overlaps ``stack`` states
     (``Stack.tp_comm_overlap``, ``Stack.dp_comm_overlap``: Megatron-LM's flags), or None."""
@@ -556,8 +574,9 @@ def pipeline_window(train) -> float:
     the cool-down) or parameter gather (in the warm-up) proceeds: 1 without a pipeline; the
     first stage's warm-up of 1F1B (pp - 1 micro-batches, plus the last one) and of the
     interleaved schedule ((pp - 1) * 2 + (vpp - 1) * pp chunks of 1/vpp of a micro-batch;
-    megatron/core/pipeline_parallel/schedules.py), at most the micro-batches of the step."""
-    pp, v, m = train.pp, train.vpp, train.micro_steps
+    megatron/core/pipeline_parallel/schedules.py), at most the micro-batches of a pipeline schedule
+    (``TrainConfig.schedule_steps``: the step's, but for ``Stack.pp_schedules``)."""
+    pp, v, m = train.pp, train.vpp, train.schedule_steps
     if pp == 1:
         return 1.0
     if v == 1:
@@ -601,6 +620,8 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
     reduce = sum(u.reduce_s * u.times for u in units)
     overlap = train.overlap_grad_reduce and not eng.reduce_after_backward
     if eng.shards(WEIGHTS, z):
+        if train.pp > 1 and eng.pipeline_sync_once and not eng.reshards(z):
+            return _per_schedule(units, train, eng, overlap, ends, share)
         return _sharded(units, train, eng, overlap, ends, share)
     # once per step, the reduction runs beside the pipeline's cool-down backward and the gather
     # beside its warm-up forward: micro-batches of the stage's compute to hide behind (ZeRO 2
@@ -622,6 +643,27 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
         ag = min(gather, hidden(gather, fwd, share) + first)
     return Exposure(times * one + ag, {"all_reduce" if eng.zero_all_reduce else "reduce_scatter": times,
                                        "all_gather": 1})
+
+
+def _per_schedule(units, train, eng, overlap, ends, share) -> Exposure:
+    """Sharded weights kept gathered through a pipeline schedule (``Engine.pipeline_sync_once``, without resharding
+    after forward): each unit is gathered at the schedule's first forward, the next prefetched behind the unit's
+    compute (the first waits), and reduce-scattered once after the schedule's last backward of its virtual stage;
+    the last virtual stage to finish backward (1 / vpp of the rank's units) waits for its reduction, the others'
+    run beside the cool-down's backward (``pipeline_window``). ``Stack.pp_schedules`` schedules a step, each paying
+    its gathers, reductions and copies out of the gather buffers."""
+    fwd = sum(u.fwd_s * u.times for u in units)
+    bwd = sum(u.bwd_s * u.times for u in units)
+    gather = sum(u.gather_s * u.times for u in units)
+    reduce = sum(u.reduce_s * u.times for u in units)
+    last = reduce / train.vpp if ends else 0.0
+    first = units[0].gather_s if units and ends else 0.0
+    if overlap:
+        reduce = min(reduce, last + hidden(reduce - last, pipeline_window(train) * bwd, share))
+        gather = min(gather, hidden(gather, fwd, share) + first)
+    copies = sum(u.times * u.copy_s for u in units) if eng.copy_out else 0.0
+    k = train.schedules
+    return Exposure(k * (reduce + gather + copies), {"all_gather": k, "reduce_scatter": k, "replicate": k})
 
 
 def _sharded(units, train, eng, overlap, ends, share) -> Exposure:

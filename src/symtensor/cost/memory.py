@@ -142,7 +142,8 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     mixed_precision_reduce float32): the largest unit's; so does Megatron-FSDP at ZeRO 2 and 3 (its sharded gradient
     buffer fetches an unsharded bucket per unit, in the main-gradient dtype: ``cost.engine``). Megatron's ZeRO 1
     buckets are views of its contiguous gradient buffer, and the distributed optimizer gathers into its parameter
-    buffer in place: nothing."""
+    buffer in place: nothing. FSDP2 under a pipeline (``Engine.pipeline_sync_once``) accumulates every unit's
+    unsharded gradients, in the gathered weights' dtype, until the schedule's reduction."""
     eng, z = engine_of(train), train.zero
     grads = sum(u.grad_bytes * u.times for u in st.units)
     double = eng.zero_sharded(z) and not eng.shards(WEIGHTS, z)  # ZeRO 1/2: the double-buffered IPG buckets
@@ -151,6 +152,8 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
         out += st.static["grads"]
     if eng.unit_reduce_buffer and eng.shards(GRADIENTS, z):  # (a unit's bucket, where gradients are sharded)
         out += st.unit_grads
+    if train.pp > 1 and eng.pipeline_sync_once and eng.shards(WEIGHTS, z) and not eng.reshards(z):
+        out += sum(p.unsharded * times for p, times in st.params)  # unsharded gradients until the schedule reduces
     return out
 
 

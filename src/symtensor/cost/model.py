@@ -467,7 +467,7 @@ class _Accumulator:
         per_mb = [st.per_microbatch_s + e2e.microbatch_s for st in self.stages]
         crit = max(range(pp), key=lambda s: per_mb[s])
         cs = self.stages[crit]
-        bubble_s = bubble(per_mb, pp, v)
+        bubble_s = bubble(per_mb, pp, v) * train.schedules  # each pipeline schedule fills and drains
         p2p_s = p2p_bytes = 0.0
         if pp > 1:
             p2p_s, p2p_bytes = p2p(ev, self.stage, self.layouts)

@@ -183,8 +183,9 @@ def _transfer(ev, prod, tname, layouts) -> tuple[float, float]:
 
 
 def inflight(s: int, train: TrainConfig) -> float:
-    """Micro-batches whose activations a stage holds at once under 1F1B (interleaved: more)."""
-    pp, m, v = train.pp, train.micro_steps, train.vpp
+    """Micro-batches whose activations a stage holds at once under 1F1B (interleaved: more), of one pipeline
+    schedule (``TrainConfig.schedule_steps``)."""
+    pp, m, v = train.pp, train.schedule_steps, train.vpp
     if v > 1 and s == 0:
         return min(m, pp) * (1 + (pp - 1) / (pp * v))
     return min(m, pp - s)

@@ -77,6 +77,11 @@ class Stack:
         dp_comm_overlap: Megatron's --overlap-grad-reduce and --overlap-param-gather: the data-parallel gradient
             reduction behind backward and the parameter all-gather behind the next forward (``cost.engine.exposure``);
             False: after backward and before forward, Megatron-LM's defaults; None: the engine's own (on).
+        pp_schedules: gradient accumulation as this many pipeline schedules per step, each of the step's micro-batches
+            over it, each filling and draining the pipeline (torchtitan and NeMo AutoModel with a local batch below
+            the step's: global batch / (dp x local batch) schedules) and, under FSDP2, gathering and reduce-scattering
+            its stage once (``cost.engine.Engine.pipeline_sync_once``); 1: one schedule per step, what Megatron runs
+            and what the torchtitan export launches. Without a pipeline it changes nothing.
         param_dtype: the dtype the parameters are kept and updated in (``cost.stack_kernels.PARAM_DTYPES``: ``fp32``,
             ``bf16``: no fp32 master copy, bf16 gradients and Adam moments, as NeMo AutoModel's MoE models train
             under FSDP2); None: the engine's own (fp32 master weights).
@@ -99,6 +104,7 @@ class Stack:
     param_dtype: str | None = None
     tp_comm_overlap: bool | None = None
     dp_comm_overlap: bool | None = None
+    pp_schedules: int = 1
 
     def __post_init__(self):
         why = refusal(self)
@@ -135,6 +141,9 @@ def refusal(stack) -> str | None:
                        stack.moe_ep_overlap)
     if why is None and not isinstance(stack.grad_reduce_bf16, bool):
         why = f"grad_reduce_bf16={stack.grad_reduce_bf16!r}; use True or False"
+    k = stack.pp_schedules
+    if why is None and (not isinstance(k, int) or isinstance(k, bool) or k < 1):
+        why = f"pp_schedules={k!r}; use a positive integer (pipeline schedules per step; 1: one, the default)"
     for key in ("expandable_segments", "tp_comm_overlap", "dp_comm_overlap"):
         if why is None and getattr(stack, key) not in (None, True, False):
             why = f"{key}={getattr(stack, key)!r}; use True, False or None (the engine's default)"

@@ -19,6 +19,7 @@ from symtensor.cost.engine import (
     grad_reduce_refusal,
     overlap_refusal,
     refusal as engine_refusal,
+    schedules_refusal,
 )
 from symtensor.cost.stack import KEYS as STACK_KEYS, Stack
 from symtensor.errors import PlanError
@@ -199,7 +200,11 @@ class TrainConfig:
         if self.stack.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer" and self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", 2)  # Megatron's gradient buffer in the parameters' bf16
         why = _kernels.param_dtype_refusal(self.stack.param_dtype, self.framework) or \
-            overlap_refusal(self.framework, self.stack)
+            overlap_refusal(self.framework, self.stack) or schedules_refusal(self.framework, self.stack.pp_schedules)
+        if why is None and self.micro_steps % self.schedules:
+            why = (f"{self.micro_steps} micro-batches per data-parallel replica do not split into "
+                   f"{self.schedules} pipeline schedules (--pp-schedules): use a global batch whose micro-batches "
+                   "divide by it")
         if why is not None:
             raise PlanError(why)
         if self.tp_overlap is None and self.stack.tp_comm_overlap is not None:
@@ -297,6 +302,16 @@ class TrainConfig:
         """Bytes per element of the gradients the data-parallel collectives reduce: 2 under ``grad_reduce_bf16``,
         else the engine's reduction dtype (``Engine.reduce_bytes``) or the gradients' own."""
         return 2 if self.stack.grad_reduce_bf16 else engine_of(self).reduce_bytes or self.grad_bytes
+
+    @property
+    def schedules(self) -> int:
+        """Pipeline schedules per step (``Stack.pp_schedules``); 1 without a pipeline."""
+        return self.stack.pp_schedules if self.pp > 1 else 1
+
+    @property
+    def schedule_steps(self) -> int:
+        """Micro-batches of one pipeline schedule: the step's over ``schedules``."""
+        return self.micro_steps // self.schedules
 
     @property
     def graph_batch(self) -> int:

@@ -181,9 +181,10 @@ def torchtitan_config(plan) -> dict:
     # torchtitan runs global / (local_batch_size x dp) accumulation steps, each one forward-backward or, under
     # pipeline parallelism, one whole schedule of local_batch_size / pipeline_parallel_microbatch_size (default 1)
     # micro-batches (pytorch/torchtitan@238fa99 torchtitan/train.py, distributed/pipeline_parallel.py). The plan
-    # costs its global / (dp x micro_batch) micro-batches as one schedule: the rank's whole batch in it.
+    # costs its global / (dp x micro_batch) micro-batches as Stack.pp_schedules schedules (default one: the rank's
+    # whole batch in it).
     if p.pp > 1:
-        out["training"]["local_batch_size"] = p.global_batch // p.dp
+        out["training"]["local_batch_size"] = p.global_batch // (p.dp * p.stack.pp_schedules)
         out["parallelism"]["pipeline_parallel_microbatch_size"] = p.micro_batch
     if p.stack.elementwise == "fused":  # torch.compile fuses the blocks' norms, RoPE and SwiGLU (Stack.elementwise);
         # the loss stays eager, as costed (torchtitan@238fa99 job_config.py Compile: components default model, loss)

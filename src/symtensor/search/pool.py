@@ -58,6 +58,11 @@ from symtensor.search.megatron import (
 )
 from symtensor.search.partition import Problem
 
+# a search costs one pipeline schedule per step, as the exports launch its plans (``Stack.pp_schedules``)
+SCHEDULES_SEARCHED = ("--pp-schedules states how a given pipeline configuration accumulates gradients: evaluate it "
+                      "with --pp and --pp-schedules; plan and sweep search one schedule per step, as their exports "
+                      "launch")
+
 
 def lowp_search_refusal(stack: Stack, framework: str, recipe: str | None) -> str | None:
     """Why a search under ``framework`` whose FP8 or FP4 points run ``recipe`` (None: it has none) cannot hold the
@@ -126,7 +131,8 @@ class EvaluatorPool:
             if why is not None:
                 raise PlanError(why)
         why = lowp_search_refusal(self.stack, framework, self.fp8_recipe or self.fp8_variant) or \
-            stack_refusal(self.stack, framework, cluster.device) or overlap_refusal(framework, self.stack)
+            stack_refusal(self.stack, framework, cluster.device) or overlap_refusal(framework, self.stack) or \
+            (SCHEDULES_SEARCHED if self.stack.pp_schedules != 1 else None)
         if why is not None:
             raise PlanError(why)
         # what every configuration and training configuration of this search carries besides its degrees: as a

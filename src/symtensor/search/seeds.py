@@ -138,8 +138,8 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
                 trial[key] = int(pc[key] * f) if pc[key] * f >= 1 else 0
                 if not trial[key] or (key == "vpp" and trial["pp"] == 1 and trial[key] > 1):
                     continue
-                if key == "pp" and trial["vpp"] > 1 and cfg.layers % (trial["pp"] * trial["vpp"]):
-                    trial["vpp"] = 1
+                if key == "pp" and trial["vpp"] > 1 and (trial["pp"] == 1 or cfg.layers % (trial["pp"] * trial["vpp"])):
+                    trial["vpp"] = 1  # (virtual stages need a pipeline: halving pp to 1 leaves none)
                 rest = trial["tp"] * trial["pp"] * trial["cp"]
                 if n % rest:
                     continue
