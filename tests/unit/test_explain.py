@@ -79,20 +79,23 @@ def test_terms_split_the_search_objective(plan):
         assert all(getattr(t, k) >= 0 for k in TIME_TERMS)
 
 
-def _fsdp2_plan(elementwise: str | None):
+def _fsdp2_plan(elementwise: str | None, attention: str | None = None):
     """torchtitan's engine (its eager norms, RoPE and SwiGLU composites, or the stated kernels) with a stated loss."""
     from symtensor import api
     from symtensor.plan.stack import Stack
 
     return api.evaluate("llama3-8b", "dgx-h100", 8, zero=3, micro_batch=1, global_batch=8, seq=2048,
-                        framework="fsdp2", overrides={"layers": 2}, stack=Stack(loss="bf16", elementwise=elementwise))
+                        framework="fsdp2", overrides={"layers": 2},
+                        stack=Stack(loss="bf16", elementwise=elementwise, attention=attention))
 
 
-@pytest.mark.parametrize("which", ["searched", "fsdp2, eager", "fsdp2, fused"])
+@pytest.mark.parametrize("which", ["searched", "fsdp2, eager", "fsdp2, fused", "fsdp2, te attention"])
 def test_formulas_evaluate_to_the_cost_models_numbers(plan, which):
     """The formulas explain --formula prints evaluate to the cost model's own numbers, op by op: the memory-bound
-    ops at the bytes their kernels move (eager composites, stated kernels: ``opcost.memory_multiples``)."""
-    plan = plan if which == "searched" else _fsdp2_plan(None if which.endswith("eager") else "fused")
+    ops at the bytes their kernels move (eager composites, stated kernels: ``opcost.memory_multiples``), attention at
+    the stated kernel's table."""
+    plan = plan if which == "searched" else _fsdp2_plan(None if which.endswith("eager") else "fused",
+                                                        "te" if which.endswith("attention") else None)
     ev, train = plan.evaluator(), plan.train
     layouts = plan.op_layouts()
     for op in plan.graph.ops:
