@@ -137,7 +137,10 @@ def test_rendezvous_listens_on_loopback_only_and_workers_share_one_group(started
     assert len({_stat(w)[2] for w in workers}) == 1 and _stat(workers[0])[2] == workers[0]
     assert _stat(launcher.pid)[2] != workers[0]  # Ctrl-C on the terminal reaches the launcher, which stops them
     launcher.send_signal(signal.SIGINT)
-    _, err = launcher.communicate(timeout=30)
+    # (runtime.launch.run_process_group: SIGTERM to torchrun, SIGKILL 10 s later if it has not exited, each wait up to
+    # 10 s, then the output reader's join: up to 30 s by design, more on a loaded 2-core machine: 60, as the
+    # killed-worker test allows)
+    _, err = launcher.communicate(timeout=60)
     assert launcher.returncode == 130 and err.strip() == "error: interrupted", err
     _assert_nothing_left(workers, port)
 
