@@ -20,11 +20,6 @@ def _fsdp2(zero: int = 2, schedules: int = 1, **kw):
                         stack=Stack(pp_schedules=schedules), **{**RUN, **kw})
 
 
-def _unit_bytes(plan) -> float:
-    """Bytes of one reduce-scatter of the stage's units: the stage's gradients in the reduction's dtype."""
-    return plan.report.comm_bytes["reduce_scatter"]
-
-
 def test_fsdp2_under_a_pipeline_syncs_its_stage_once_per_schedule():
     """Four micro-batches, one schedule: the stage's units are gathered and reduce-scattered once (not per
     micro-batch, as FSDP2 without a pipeline does); two schedules of two: twice. The unsharded gradients accumulate

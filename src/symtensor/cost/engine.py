@@ -378,11 +378,17 @@ ENGINES["megatron-deepspeed"] = replace(
 ALIASES = {"torch": "fsdp2"}
 
 
+def table_kernel(kernels: tuple[tuple[str, str], ...], device_name: str) -> str:
+    """The table kernel of ``kernels`` ((device name part, kernel) pairs, as ``Engine.attention_kernels``) that
+    ``device_name`` runs: the first part found in its name (FlashAttention-2 where none is)."""
+    name = device_name.upper()
+    return next((k for part, k in kernels if part in name), "fa2")
+
+
 def attention_kernel(engine: Engine, device_name: str, has=lambda kernel: True) -> str:
     """The table kernel ``engine``'s fused attention runs on ``device_name`` (``Engine.attention_kernels``),
     or the first of ``ATTENTION_FALLBACK`` for which ``has(kernel)`` holds when the device lacks it."""
-    name = device_name.upper()
-    kernel = next((k for part, k in engine.attention_kernels if part in name), "fa2")
+    kernel = table_kernel(engine.attention_kernels, device_name)
     return kernel if has(kernel) else next((k for k in ATTENTION_FALLBACK if has(k)), kernel)
 
 
@@ -524,7 +530,7 @@ def reshards_after_forward(zero: int, framework: str = "fsdp2") -> bool:
 def schedules_refusal(framework: str, schedules: int) -> str | None:
     """One line where engine ``framework`` does not run a step's micro-batches as ``schedules`` pipeline schedules
     (``Stack.pp_schedules``), or None: Megatron and DeepSpeed's pipeline engine run one schedule per step."""
-    if schedules != 1 and not ENGINES[ALIASES.get(framework, framework)].pipeline_sync_once:
+    if schedules != 1 and not engine_named(framework).pipeline_sync_once:
         return (f"{framework} runs a step's micro-batches as one pipeline schedule; --pp-schedules {schedules} is how "
                 "torchtitan and NeMo AutoModel accumulate gradients over several: leave it out, or use --framework "
                 "fsdp2")
@@ -538,6 +544,14 @@ def overlap_refusal(framework: str, stack) -> str | None:
         return (f"--[no-]tp-comm-overlap and --[no-]dp-comm-overlap state Megatron-LM's overlap flags; {framework} "
                 "runs its own overlaps: leave them out, or use --framework megatron")
     return None
+
+
+def syncs_per_schedule(train) -> bool:
+    """Whether a stage's sharded weights stay gathered through each pipeline schedule and are synchronised once per
+    schedule (``Engine.pipeline_sync_once``, under a pipeline, without resharding after forward)."""
+    eng = engine_of(train)
+    return train.pp > 1 and eng.pipeline_sync_once and eng.shards(WEIGHTS, train.zero) and \
+        not eng.reshards(train.zero)
 
 
 def tp_overlapped(train) -> bool:
@@ -619,9 +633,9 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
     gather = sum(u.gather_s * u.times for u in units)
     reduce = sum(u.reduce_s * u.times for u in units)
     overlap = train.overlap_grad_reduce and not eng.reduce_after_backward
+    if syncs_per_schedule(train):
+        return _per_schedule(units, train, eng, (fwd, bwd, gather, reduce), overlap, ends, share)
     if eng.shards(WEIGHTS, z):
-        if train.pp > 1 and eng.pipeline_sync_once and not eng.reshards(z):
-            return _per_schedule(units, train, eng, overlap, ends, share)
         return _sharded(units, train, eng, overlap, ends, share)
     # once per step, the reduction runs beside the pipeline's cool-down backward and the gather
     # beside its warm-up forward: micro-batches of the stage's compute to hide behind (ZeRO 2
@@ -645,17 +659,15 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
                                        "all_gather": 1})
 
 
-def _per_schedule(units, train, eng, overlap, ends, share) -> Exposure:
+def _per_schedule(units, train, eng, sums, overlap, ends, share) -> Exposure:
     """Sharded weights kept gathered through a pipeline schedule (``Engine.pipeline_sync_once``, without resharding
     after forward): each unit is gathered at the schedule's first forward, the next prefetched behind the unit's
     compute (the first waits), and reduce-scattered once after the schedule's last backward of its virtual stage;
     the last virtual stage to finish backward (1 / vpp of the rank's units) waits for its reduction, the others'
     run beside the cool-down's backward (``pipeline_window``). ``Stack.pp_schedules`` schedules a step, each paying
-    its gathers, reductions and copies out of the gather buffers."""
-    fwd = sum(u.fwd_s * u.times for u in units)
-    bwd = sum(u.bwd_s * u.times for u in units)
-    gather = sum(u.gather_s * u.times for u in units)
-    reduce = sum(u.reduce_s * u.times for u in units)
+    its gathers, reductions and copies out of the gather buffers. ``sums``: the stage's forward, backward, gather and
+    reduction seconds (``exposure``'s)."""
+    fwd, bwd, gather, reduce = sums
     last = reduce / train.vpp if ends else 0.0
     first = units[0].gather_s if units and ends else 0.0
     if overlap:

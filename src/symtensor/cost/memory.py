@@ -33,7 +33,7 @@ extrapolates it to other batches from below (``search.outer``).
 
 from __future__ import annotations
 
-from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, GRADIENTS, WEIGHTS, engine_of
+from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, GRADIENTS, WEIGHTS, engine_of, syncs_per_schedule
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.stack_kernels import LOSSES
@@ -152,7 +152,7 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
         out += st.static["grads"]
     if eng.unit_reduce_buffer and eng.shards(GRADIENTS, z):  # (a unit's bucket, where gradients are sharded)
         out += st.unit_grads
-    if train.pp > 1 and eng.pipeline_sync_once and eng.shards(WEIGHTS, z) and not eng.reshards(z):
+    if syncs_per_schedule(train):
         out += sum(p.unsharded * times for p, times in st.params)  # unsharded gradients until the schedule reduces
     return out
 

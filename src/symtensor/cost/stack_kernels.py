@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import kernels
-from symtensor.cost.engine import SDPA_ATTENTION, TE_ATTENTION
+from symtensor.cost.engine import SDPA_ATTENTION, TE_ATTENTION, table_kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -141,8 +141,7 @@ def state_bytes(param_dtype: str | None, engine_bytes: tuple) -> tuple:
 def attention_table(attention: str, device) -> str:
     """The table kernel (``cost.kernels``) the stated attention kernel ``attention`` (``ATTENTION``) runs on
     ``device`` (a device or its name)."""
-    name = str(getattr(device, "name", device)).upper()
-    return next(k for part, k in ATTENTION[attention] if part in name)
+    return table_kernel(ATTENTION[attention], str(getattr(device, "name", device)))
 
 
 def device_refusal(attention: str | None, device) -> str | None:
