@@ -161,7 +161,8 @@ def _model(r: dict) -> tuple[dict, list[str]]:
         notes.append(f"dropout {r['dropout']}")
     if r["task"] == "LoRA":
         over.update(lora_rank=r["lora_dim"], lora_targets="q,k,v")
-        notes.append(f"LoRA rank {r['lora_dim']} on {r['lora_targets']} (one fused adapter, costed as three on q, k, v)")
+        notes.append(f"LoRA rank {r['lora_dim']} on {r['lora_targets']} (one fused adapter, costed as three on q, k, "
+                     "v)")
     if r["task"] == "SFT":
         notes.append("SFT costed as pre-training at the packed length (packing not modelled)")
     return {k: str(v) for k, v in over.items()}, notes
@@ -184,9 +185,10 @@ def describe(r: dict) -> tuple[dict | None, str, str]:
               recompute=r["recompute"], micro_batch=int(r["mbs"]), global_batch=int(r["gbs"]), seq=int(r["seq"]),
               vpp=vp, precision="fp8", fp8_recipe="delayed", framework="megatron", overrides=over or None,
               stack=Stack(**stack))
-    said = (f"{over.get('name', r['preset'])}{'*' if over else ''} {r['task']} on {gpus} dgx-h100: tp{tp} pp{pp} vpp{vp} "
-            f"cp{cp} dp{dp} {'sp ' if sp else ''}zero{zero} mb{r['mbs']} gb{r['gbs']} seq{r['seq']} fp8/delayed "
-            f"recompute {r['recompute']}" + (" " + ",".join(f"{k}={v}" for k, v in stack.items()) if stack else ""))
+    said = (f"{over.get('name', r['preset'])}{'*' if over else ''} {r['task']} on {gpus} dgx-h100: tp{tp} pp{pp} "
+            f"vpp{vp} cp{cp} dp{dp} {'sp ' if sp else ''}zero{zero} mb{r['mbs']} gb{r['gbs']} seq{r['seq']} "
+            f"fp8/delayed recompute {r['recompute']}"
+            + (" " + ",".join(f"{k}={v}" for k, v in stack.items()) if stack else ""))
     return kw, "", "; ".join([said] + notes)
 
 

@@ -34,6 +34,18 @@ def test_fsdp2_under_a_pipeline_syncs_its_stage_once_per_schedule():
     assert one.report.memory["engine_buffers"] > no_pp.report.memory["engine_buffers"]
 
 
+def test_fsdp2_zero3_under_a_pipeline_regathers_but_reduces_once_per_schedule():
+    """Resharding after forward (ZeRO 3), pipelining still runs every backward without resharding or gradient sync:
+    a schedule of m = 4 micro-batches gathers each unit m + 1 = 5 times (ZeRO 2: once) and reduce-scatters it once,
+    as ZeRO 2 does; each backward leaves the stage gathered until the next forward, so it holds what ZeRO 2 holds, at
+    more traffic: never faster."""
+    two, three = _fsdp2(zero=2), _fsdp2(zero=3)
+    assert three.report.comm_bytes["all_gather"] == pytest.approx(5 * two.report.comm_bytes["all_gather"])
+    assert three.report.comm_bytes["reduce_scatter"] == pytest.approx(two.report.comm_bytes["reduce_scatter"])
+    assert three.report.memory["gathered_params"] == pytest.approx(two.report.memory["gathered_params"])
+    assert three.report.step_time_s >= two.report.step_time_s
+
+
 def test_each_pipeline_schedule_fills_and_drains_the_pipeline():
     """K schedules per step pay K bubbles; the compute is the step's either way."""
     one, four = _fsdp2(), _fsdp2(schedules=4)

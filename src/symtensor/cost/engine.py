@@ -258,7 +258,8 @@ class Engine:
     # distributed/pipelining/stage.py ``backward_maybe_with_nosync``: set_requires_gradient_sync(False),
     # set_reshard_after_backward(False); ``perform_reduce_grad``, "REDUCE_GRAD action is scheduled after all
     # microbatches W, B actions", runs FSDP's post_backward), which torchtitan and NeMo AutoModel run FSDP2's pipelines
-    # with; the unsharded gradients accumulate until then (``cost.memory.engine_buffers``). (``exposure``)
+    # with; the unsharded gradients accumulate until then (``cost.memory.engine_buffers``), and so do the unsharded
+    # weights, resharded after forward or not (``schedule_gathers``). (``exposure``)
     pipeline_sync_once: bool = False
     # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
     # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
@@ -547,11 +548,22 @@ def overlap_refusal(framework: str, stack) -> str | None:
 
 
 def syncs_per_schedule(train) -> bool:
-    """Whether a stage's sharded weights stay gathered through each pipeline schedule and are synchronised once per
-    schedule (``Engine.pipeline_sync_once``, under a pipeline, without resharding after forward)."""
+    """Whether a stage's sharded weights are synchronised once per pipeline schedule (``Engine.pipeline_sync_once``,
+    under a pipeline): reduce-scattered after the schedule's last backward, gathered ``schedule_gathers`` times."""
     eng = engine_of(train)
-    return train.pp > 1 and eng.pipeline_sync_once and eng.shards(WEIGHTS, train.zero) and \
-        not eng.reshards(train.zero)
+    return train.pp > 1 and eng.pipeline_sync_once and eng.shards(WEIGHTS, train.zero)
+
+
+def schedule_gathers(train) -> int:
+    """All-gathers of each unit per pipeline schedule under ``syncs_per_schedule``: one where the engine keeps the
+    weights gathered after forward (FSDP2's reshard_after_forward=False: ZeRO 1/2, torchtitan's default under a
+    pipeline). Resharding after forward (ZeRO 3), pipelining still runs every backward with
+    set_reshard_after_backward(False) (torch 2.13 stage.py ``backward_maybe_with_nosync``): a forward that follows a
+    backward finds its unit gathered (and reshards it), a backward that follows a forward gathers it again. Every
+    schedule makes that m + 1 gathers of m micro-batches: 1F1B's w warm-up forwards and its first steady one gather,
+    its m - w steady backwards gather, its cool-down backwards (after a backward) do not; GPipe's m forwards and its
+    first backward; the interleaved schedules the same per virtual stage."""
+    return train.schedule_steps + 1 if engine_of(train).reshards(train.zero) else 1
 
 
 def tp_overlapped(train) -> bool:
@@ -660,22 +672,25 @@ def exposure(units: list[Unit], train, ends: bool = True, share: float = COMM_SM
 
 
 def _per_schedule(units, train, eng, sums, overlap, ends, share) -> Exposure:
-    """Sharded weights kept gathered through a pipeline schedule (``Engine.pipeline_sync_once``, without resharding
-    after forward): each unit is gathered at the schedule's first forward, the next prefetched behind the unit's
-    compute (the first waits), and reduce-scattered once after the schedule's last backward of its virtual stage;
+    """Sharded weights synchronised once per pipeline schedule (``Engine.pipeline_sync_once``): each unit is gathered
+    at the schedule's first forward (and, resharding after forward, before each backward that follows a forward:
+    ``schedule_gathers``), the next prefetched behind the unit's compute (the first waits), and reduce-scattered once
+    after the schedule's last backward of its virtual stage;
     the last virtual stage to finish backward (1 / vpp of the rank's units) waits for its reduction, the others'
     run beside the cool-down's backward (``pipeline_window``). ``Stack.pp_schedules`` schedules a step, each paying
     its gathers, reductions and copies out of the gather buffers. ``sums``: the stage's forward, backward, gather and
     reduction seconds (``exposure``'s)."""
     fwd, bwd, gather, reduce = sums
+    n = schedule_gathers(train)
+    gather *= n
     last = reduce / train.vpp if ends else 0.0
     first = units[0].gather_s if units and ends else 0.0
-    if overlap:
+    if overlap:  # (the regathers behind the backward each precedes)
         reduce = min(reduce, last + hidden(reduce - last, pipeline_window(train) * bwd, share))
-        gather = min(gather, hidden(gather, fwd, share) + first)
-    copies = sum(u.times * u.copy_s for u in units) if eng.copy_out else 0.0
+        gather = min(gather, hidden(gather, fwd + (n - 1) * bwd, share) + first)
+    copies = n * sum(u.times * u.copy_s for u in units) if eng.copy_out else 0.0
     k = train.schedules
-    return Exposure(k * (reduce + gather + copies), {"all_gather": k, "reduce_scatter": k, "replicate": k})
+    return Exposure(k * (reduce + gather + copies), {"all_gather": k * n, "reduce_scatter": k, "replicate": k})
 
 
 def _sharded(units, train, eng, overlap, ends, share) -> Exposure:

@@ -112,11 +112,12 @@ def gathered_transient(st: Stage, train: TrainConfig) -> float:
     this ZeRO stage (``Engine.sharded_from``: ZeRO 3; FSDP2 at any stage > 0): an engine that
     reshards after forward holds the unit being computed and the one prefetched, two of the
     largest unit; one that does not (FSDP2 at ZeRO 1/2) keeps every unit gathered from its forward
-    to its backward."""
+    to its backward, and so does FSDP2 under a pipeline at ZeRO 3 (each backward leaves its unit
+    gathered until the next forward: ``cost.engine.schedule_gathers``)."""
     eng, z = engine_of(train), train.zero
     if not eng.shards(WEIGHTS, z):
         return 0.0
-    if eng.reshards(z):
+    if eng.reshards(z) and not syncs_per_schedule(train):
         return 2 * st.unsharded
     return sum(p.unsharded * times for p, times in st.params)
 
@@ -311,7 +312,7 @@ def timed_positions(st: Stage, train: TrainConfig, mem: dict, held: float) -> di
     eng, z = engine_of(train), train.zero
     one = train.micro_steps == 1
     base = mem["params"] + mem["optimizer"]
-    reshard = eng.shards(WEIGHTS, z) and eng.reshards(z)
+    reshard = eng.shards(WEIGHTS, z) and eng.reshards(z) and not syncs_per_schedule(train)
     gathered = mem["gathered_params"]
     out = {}
     if st.logits:
