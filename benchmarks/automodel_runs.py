@@ -44,7 +44,6 @@ the throughput convention); a row is inside its band when the measured step lies
 
 from __future__ import annotations
 
-import csv
 import math
 import re
 import sys
@@ -66,6 +65,7 @@ from frozen_runs import (
     sha256,
     show as frozen_show,
     step_report,
+    write_parsed as frozen_write,
 )
 from results_files import write_results
 
@@ -476,11 +476,7 @@ def parse() -> list[dict]:
 
 
 def write_parsed(rows: list[dict]) -> None:
-    cols = list(PARSED) + list(FACTS) + list(MEASURED)
-    with RUNS.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols, lineterminator="\n")
-        w.writeheader()
-        w.writerows({k: r.get(k, "") for k in cols} for r in rows)
+    frozen_write(RUNS, rows, list(PARSED) + list(FACTS) + list(MEASURED), newline="\n")
 
 
 # -- a row as one evaluation -----------------------------------------------------------------------------------------

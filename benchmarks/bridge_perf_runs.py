@@ -33,7 +33,6 @@ A row is inside its band when the measured step lies in the band the evaluation 
 
 from __future__ import annotations
 
-import csv
 import re
 import subprocess
 import sys
@@ -52,6 +51,7 @@ from frozen_runs import (
     sha256 as _sha256,
     status_line,
     summary as _summary,
+    write_parsed as frozen_write,
 )
 from results_files import write_results
 
@@ -435,10 +435,7 @@ def sha256(rnd: Round) -> str:
 
 
 def write_parsed(rnd: Round, rows: list[dict]) -> None:
-    with rnd.runs.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(PARSED) + list(MEASURED) + list(RECIPE_KEYS))
-        w.writeheader()
-        w.writerows(rows)
+    frozen_write(rnd.runs, rows, list(PARSED) + list(MEASURED) + list(RECIPE_KEYS))
 
 
 def check(rnd: Round) -> int:

@@ -37,7 +37,6 @@ evaluation prints (``plan.document.config_band``).
 
 from __future__ import annotations
 
-import csv
 import re
 import sys
 from functools import partial
@@ -56,6 +55,7 @@ from frozen_runs import (
     sha256,
     show as frozen_show,
     step_report,
+    write_parsed as frozen_write,
 )
 from results_files import write_results
 
@@ -355,10 +355,7 @@ def parse() -> tuple[list[dict], dict]:
 
 
 def write_parsed(rows: list[dict]) -> None:
-    with RUNS.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(PARSED) + list(MEASURED) + list(FACT_KEYS), lineterminator="\n")
-        w.writeheader()
-        w.writerows({k: r.get(k, "") for k in list(PARSED) + list(MEASURED) + list(FACT_KEYS)} for r in rows)
+    frozen_write(RUNS, rows, list(PARSED) + list(MEASURED) + list(FACT_KEYS), newline="\n")
 
 
 # -- a row as one evaluation -----------------------------------------------------------------------------------

@@ -40,6 +40,16 @@ def show(mirror: Path, name: str, commit: str, path: str) -> str:
         return ""
 
 
+def write_parsed(path: Path, rows: list[dict], fields=None, newline: str = "\r\n") -> None:
+    """Write a frozen test file (``--parse``): ``rows`` under ``fields`` (default the first row's keys; a cell a row
+    lacks is empty), lines ending in ``newline``."""
+    fields = list(fields or rows[0])
+    with path.open("w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=fields, lineterminator=newline)
+        w.writeheader()
+        w.writerows({k: r.get(k, "") for k in fields} for r in rows)
+
+
 def read_rows(path: Path, measured: tuple[str, ...], with_measured: bool) -> list[dict]:
     """The rows of a frozen test file; without ``with_measured``, its ``measured`` columns dropped on reading."""
     with path.open() as f:

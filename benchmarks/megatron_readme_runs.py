@@ -39,7 +39,6 @@ How each row is described (chosen before any comparison; what the sources leave 
 
 from __future__ import annotations
 
-import csv
 import sys
 from pathlib import Path
 
@@ -51,7 +50,7 @@ from symtensor.plan.document import config_band
 from symtensor.plan.parallelism import Parallelism
 from symtensor.plan.stack import Stack
 
-from frozen_runs import check_rows, compared, read_rows, row_table, sha256, step_report
+from frozen_runs import check_rows, compared, read_rows, row_table, sha256, step_report, write_parsed as frozen_write
 from results_files import write_results
 
 RUNS = Path(__file__).parent / "megatron_readme_runs.csv"
@@ -154,10 +153,7 @@ def evaluate(r: dict, cache: _Cache | None = None, stated: bool = False) -> dict
 
 
 def write_parsed(rows: list[dict]) -> None:
-    with RUNS.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    frozen_write(RUNS, rows)
 
 
 def compare(stated: bool = False) -> int:

@@ -39,7 +39,6 @@ step / GPUs; the measured step = GBS x sequence / (tokens/s/GPU x GPUs).
 
 from __future__ import annotations
 
-import csv
 import re
 import sys
 from pathlib import Path
@@ -48,7 +47,17 @@ import yaml
 
 from symtensor.plan.stack import Stack
 
-from frozen_runs import check_rows, compared, evaluated, read_rows, row_table, sha256, show, step_report
+from frozen_runs import (
+    check_rows,
+    compared,
+    evaluated,
+    read_rows,
+    row_table,
+    sha256,
+    show,
+    step_report,
+    write_parsed as frozen_write,
+)
 from results_files import write_results
 
 NEMO = "8e3d65dcfe3504689bfc5b6e67d502780aacad41"
@@ -197,10 +206,7 @@ def evaluate(r: dict) -> dict:
 
 
 def write_parsed(rows: list[dict]) -> None:
-    with RUNS.open("w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
+    frozen_write(RUNS, rows)
 
 
 def compare() -> int:
