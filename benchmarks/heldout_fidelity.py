@@ -443,7 +443,8 @@ SKIPPED = [
     "llm-foundry: the 'H100 80GB FP8' table (FP8 not modelled) and the 'A100 40GB' table (a device without a "
     "preset or a calibrated table; outside the two tables asked for).",
     "NVIDIA NeMo docs/source/performance/performance_summary.md (24.07) and Megatron-Bridge docs/performance-"
-    "summary.md: their DGX-H100 rows are FP8 (or MoE GPT-OSS / DeepSeek BF16 runs with EP, outside this test).",
+    "summary.md: their DGX-H100 rows are FP8 (or MoE GPT-OSS / DeepSeek BF16 runs with EP, outside this test); each is "
+    "a frozen round of its own since (benchmarks/nemo_perf_runs.py, bridge_perf_runs.py).",
     "dgxc-benchmarking: the FP8 columns of the GPT-3 175B and Nemotron-4 tables, and the GB200 tables.",
 ]
 

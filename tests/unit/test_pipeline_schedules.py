@@ -1,7 +1,8 @@
 """FSDP2 under a pipeline, as torch.distributed.pipelining runs it (``Engine.pipeline_sync_once``): a stage's
 micro-batches run backward without gradient sync or resharding and each schedule gathers and reduce-scatters the
-stage's units once; and gradient accumulation as several pipeline schedules per step (``Stack.pp_schedules``:
-torchtitan and NeMo AutoModel with a local batch below the step's), each filling and draining the pipeline."""
+stage's units once (at ZeRO 3 gathers them again before each backward that follows a forward); and gradient
+accumulation as several pipeline schedules per step (``Stack.pp_schedules``: torchtitan and NeMo AutoModel with a
+local batch below the step's), each filling and draining the pipeline."""
 
 from __future__ import annotations
 
