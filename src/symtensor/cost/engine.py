@@ -554,6 +554,13 @@ def syncs_per_schedule(train) -> bool:
     return train.pp > 1 and eng.pipeline_sync_once and eng.shards(WEIGHTS, train.zero)
 
 
+def holds_one_unit(train) -> bool:
+    """Whether the engine frees each unit's gathered weights after its forward and backward, holding only the unit
+    in use and the one prefetched (resharding after forward, ZeRO 3), which FSDP2 under a pipeline does not
+    (``syncs_per_schedule``: each backward leaves its unit gathered)."""
+    return engine_of(train).reshards(train.zero) and not syncs_per_schedule(train)
+
+
 def schedule_gathers(train) -> int:
     """All-gathers of each unit per pipeline schedule under ``syncs_per_schedule``: one where the engine keeps the
     weights gathered after forward (FSDP2's reshard_after_forward=False: ZeRO 1/2, torchtitan's default under a

@@ -33,7 +33,14 @@ extrapolates it to other batches from below (``search.outer``).
 
 from __future__ import annotations
 
-from symtensor.cost.engine import GRAD_REDUCE_STEP_BYTES, GRADIENTS, WEIGHTS, engine_of, syncs_per_schedule
+from symtensor.cost.engine import (
+    GRAD_REDUCE_STEP_BYTES,
+    GRADIENTS,
+    WEIGHTS,
+    engine_of,
+    holds_one_unit,
+    syncs_per_schedule,
+)
 from symtensor.cost.pipeline import Stage, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.stack_kernels import LOSSES
@@ -117,7 +124,7 @@ def gathered_transient(st: Stage, train: TrainConfig) -> float:
     eng, z = engine_of(train), train.zero
     if not eng.shards(WEIGHTS, z):
         return 0.0
-    if eng.reshards(z) and not syncs_per_schedule(train):
+    if holds_one_unit(train):
         return 2 * st.unsharded
     return sum(p.unsharded * times for p, times in st.params)
 
@@ -309,10 +316,9 @@ def timed_positions(st: Stage, train: TrainConfig, mem: dict, held: float) -> di
             gradients grow as backward goes and the activations shrink; the two ends bound the layers between).
     step    the optimizer step: the whole state and the step's temporaries; the root's post-backward resharded
             every unit and waited for the last reduce-scatter (nothing gathered, no buffer)."""
-    eng, z = engine_of(train), train.zero
     one = train.micro_steps == 1
     base = mem["params"] + mem["optimizer"]
-    reshard = eng.shards(WEIGHTS, z) and eng.reshards(z) and not syncs_per_schedule(train)
+    reshard = holds_one_unit(train)
     gathered = mem["gathered_params"]
     out = {}
     if st.logits:
