@@ -152,3 +152,29 @@ def test_layer_pattern():
     assert layer_pattern([0, 0, 0, 1, 1]) == "([0]*3+[1]*2)"
     assert layer_pattern([1, 0] * 3) == "([1,0])*3"
     assert layer_pattern([1, 1, 1]) == "([1]*3)"
+
+
+def test_expert_and_dense_state_shard_over_what_expert_parallelism_leaves():
+    """Megatron's distributed optimizer shards the dense weights over DP x CP (``intra_dp_cp_group``,
+    megatron/core/optimizer/__init__.py) and the experts over the expert data-parallel ranks (ETP x EP x EDP =
+    TP x CP x DP), so context parallelism changes neither shard. Until the tenth session the experts' token
+    slots were not data-parallel axes (an expert op whose batch of 1 cannot be cut runs its tokens cut along
+    ``c``: Qwen3-235B at 128K tokens over CP 8 kept its experts' optimizer state whole, 41 GiB a device), and an
+    axis carrying expert parallelism counted as tensor-parallel for the dense weights (Mixtral at CP 8, EP over
+    the CP ranks, sharded the dense state over DP alone)."""
+    from symtensor import api
+
+    def optimizer(model, n, **kw):
+        return api.evaluate(model, "dgx-h100", n, zero=1, micro_batch=1, recompute="full", **kw).report.memory[
+            "optimizer"]
+
+    mixtral = [optimizer("mixtral-8x7b", 64, seq=4096 * cp, cp=cp, ep=8, global_batch=64) for cp in (1, 8)]
+    assert mixtral[1] == pytest.approx(mixtral[0], rel=1e-9)
+    qwen = [optimizer("qwen3-235b-a22b", 256, seq=4096 * cp, cp=cp, tp=4, pp=8, vpp=4, ep=8, global_batch=256,
+                      pp_layout="Ett|(ttt|)*30ttL") for cp in (1, 8)]
+    assert qwen[1] == pytest.approx(qwen[0], rel=1e-9)
+    # a rank's experts (128 / EP 8 of each of the 12 layers of its stage, three matrices each) at 12 B per
+    # parameter (fp32 master weight, Adam's two moments) over EDP = 256 / (EP 8 x PP 8) = 4, and less than a
+    # fifth more for the dense weights sharded over DP x CP
+    experts = QWEN3.experts // 8 * 12 * 3 * QWEN3.hidden * QWEN3.moe_ffn
+    assert experts * 12 / 4 < qwen[1] < experts * 12 / 4 * 1.2

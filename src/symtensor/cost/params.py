@@ -26,30 +26,37 @@ from symtensor.cost.train import TrainConfig
 from symtensor.graph import DTYPE_BYTES
 from symtensor.layout import REPLICATED, OpLayout
 
-_DATA_DIMS = frozenset(("b", "s"))
+# the dims that hold tokens: batch, sequence, and an expert op's token slots (capacity)
+_TOKEN_DIMS = frozenset(("b", "s", "c"))
+# the experts dim: expert parallelism, folded over the dense data-parallel and context-parallel ranks (and the
+# tensor-parallel ones under expert TP 1), is not a tensor-parallel cut of the dense weights
+_EXPERTS_DIM = "e"
 
 
 def weight_axes(ops, layouts) -> frozenset:
-    """Mesh axes that cut a dim other than batch and sequence of ``ops`` (the ops with
-    parameters, ``Evaluator.param_ops``): the plan's tensor-parallel (and expert, vocabulary)
-    axes."""
+    """Mesh axes that cut a dim of ``ops`` (the ops with parameters, ``Evaluator.param_ops``) other than
+    their tokens and experts: the plan's tensor-parallel (and vocabulary) axes."""
     out: set = set()
     for op in ops:
         lay = layouts.get(op.name)
         if lay is None:
             continue
         for d, axes in lay.cuts:
-            if d not in _DATA_DIMS:
+            if d not in _TOKEN_DIMS and d != _EXPERTS_DIM:
                 out.update(axes)
     return frozenset(out)
 
 
 def data_axes(layout: OpLayout, waxes: frozenset) -> frozenset:
     """The axes over which a parameter of an op with ``layout`` is data-parallel: those cutting
-    the batch, and those cutting the sequence that are not tensor-parallel axes (context
-    parallelism: Megatron reduces gradients and shards the distributed optimizer over DP x CP,
-    while a sequence-parallel norm weight is all-reduced over the TP axes apart)."""
-    return frozenset(layout.axes_of("b")) | (frozenset(layout.axes_of("s")) - waxes)
+    the batch or an expert op's token slots, and those cutting the sequence that are not tensor-parallel
+    axes. Context parallelism: Megatron reduces gradients and shards the distributed optimizer over DP x CP
+    (``intra_dp_cp_group``, megatron/core/optimizer/__init__.py), while a sequence-parallel norm weight is
+    all-reduced over the TP axes apart. Experts: their data-parallel group is what the expert-parallel ranks
+    leave of the stage (Megatron's expert data-parallel group, ETP x EP x EDP = TP x CP x DP), the axes that
+    cut their tokens, whether those axes cut the batch or the sequence in the dense layers; an axis that
+    carries expert parallelism is not thereby tensor-parallel for the dense weights (``weight_axes``)."""
+    return frozenset(layout.axes_of("b")) | frozenset(layout.axes_of("c")) | (frozenset(layout.axes_of("s")) - waxes)
 
 
 def shard_axes(replicas: tuple, mesh, dp_replicate: int | None) -> tuple[tuple, tuple]:
