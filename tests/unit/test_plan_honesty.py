@@ -110,3 +110,29 @@ def test_evaluate_names_the_capacity_in_one_line(capsys):
     out, err = capsys.readouterr()
     assert out == "" and len(err.splitlines()) == 1
     assert "op layers.0.dispatch: linked dim c=2195 is not divisible by its cut 4" in err
+
+
+def test_a_plan_file_keeps_its_clusters_measured_and_fitted_constants(tmp_path):
+    """A plan made on a profiled or calibrated cluster file (a level's measured link efficiency, measured
+    efficiency fractions, fitted end-to-end constants, the band of the user's runs) is re-costed on the same
+    constants when read back, so explain, compare, export and run see the plan's own numbers. Until the tenth
+    session a plan file kept only the device and the levels' bandwidth and latency: read back, a plan on such a
+    file was costed on the shipped constants."""
+    import yaml
+
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(yaml.safe_dump({
+        "name": "mine", "device": {"name": "H100", "peak_tflops": {"bf16": 989}, "hbm_gbps": 3350, "memory_gib": 80},
+        "levels": [{"name": "nvlink", "fanout": 8, "bandwidth_gbps": 450, "latency_us": 3,
+                    "link_efficiency": {"all_gather": 0.5, "reduce_scatter": 0.5}},
+                   {"name": "ib", "bandwidth_gbps": 25, "latency_us": 12}],
+        "efficiency": {"link": 0.6, "source": "a test"}, "end_to_end": {"step_s": 0.2, "microbatch_s": 0.01},
+        "band": {"low": -0.1, "high": 0.2}}))
+    plan = api.evaluate("llama3-8b", str(mine), 16, tp=2, global_batch=32, seq=4096, zero=1)
+    shipped = api.evaluate("llama3-8b", "dgx-h100", 16, tp=2, global_batch=32, seq=4096, zero=1)
+    assert plan.report.step_time_s > shipped.report.step_time_s * 1.05
+    save_plan(plan, tmp_path / "p.json")
+    again = load_plan(tmp_path / "p.json")
+    assert again.report.step_time_s == pytest.approx(plan.report.step_time_s, rel=1e-12)
+    assert again.cluster.levels == plan.cluster.levels and again.cluster.band == (-0.1, 0.2)
+    assert dict(again.cluster.efficiency) == {"link": 0.6} and dict(again.cluster.end_to_end)["step_s"] == 0.2

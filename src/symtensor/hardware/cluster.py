@@ -417,13 +417,12 @@ def cluster_from_dict(data: dict, n_devices: int, where: str = "cluster") -> Clu
         levels.append(Level(name=validate.name(lv["name"], f"{here}: name", identifier=True), fanout=fanout,
                             bandwidth=_number(lv, "bandwidth_gbps", here) * GB,
                             latency=_number(lv, "latency_us", here, positive=False) * US,
-                            link_efficiency=_link_efficiency(lv, here),
+                            link_efficiency=level_link_efficiency(lv, here),
                             source=str(lv.get("source", f"cluster file {where}")),
                             partial=validate.integer(lv.get("partial", 0), f"{here}: partial", lo=0,
                                                      hi=max(fanout - 1, 0))))
     return Cluster(name=validate.name(data.get("name", where), f"{where}: name"), device=device, levels=tuple(levels),
-                   n_devices=n_devices, band=_band(data, where), **_efficiency(data, where),
-                   **_end_to_end(data, where))
+                   n_devices=n_devices, **cluster_calibration(data, where))
 
 
 def _band(data: dict, where: str) -> tuple[float, float] | None:
@@ -463,6 +462,14 @@ def cluster_dict(cluster: Cluster) -> dict:
         if lv.partial:
             level["partial"] = lv.partial
         doc["levels"].append(level)
+    return doc | calibrated_sections(cluster)
+
+
+def calibrated_sections(cluster: Cluster) -> dict:
+    """What a cluster file states beyond its device and levels, as its sections (``efficiency:`` with its source,
+    ``end_to_end:``, ``band:``): only those it has. ``cluster_calibration`` reads them back; a plan file carries
+    them (``plan.io``), so a plan made on a profiled or calibrated cluster is re-costed on the same constants."""
+    doc = {}
     if cluster.efficiency:
         doc["efficiency"] = {**dict(cluster.efficiency), "source": cluster.efficiency_source}
     if cluster.end_to_end:
@@ -472,13 +479,18 @@ def cluster_dict(cluster: Cluster) -> dict:
     return doc
 
 
+def cluster_calibration(data: dict, where: str) -> dict:
+    """``Cluster``'s keyword arguments from the sections ``calibrated_sections`` writes (each checked)."""
+    return {"band": _band(data, where), **_efficiency(data, where), **_end_to_end(data, where)}
+
+
 # The raw tables and provenance that ``symtensor profile`` writes under ``measured:`` (their rows are
 # checked by symtensor.profile.document, which fits and shows them).
 MEASURED_KEYS = ("date", "device", "torch", "cuda", "nccl", "backend", "dtype", "world_size", "ranks_per_node",
                  "note", "peaks", "gemm", "bmm", "attention", "memory", "collectives")
 
 
-def _link_efficiency(lv: dict, here: str) -> tuple[tuple[str, float], ...]:
+def level_link_efficiency(lv: dict, here: str) -> tuple[tuple[str, float], ...]:
     """A level's measured ``link_efficiency: {kind: fraction}`` as sorted (kind, fraction) pairs."""
     if "link_efficiency" not in lv:
         return ()

@@ -1,7 +1,8 @@
 """Plan files: a plan is data (JSON) that export, run, explain and compare read back.
 
     {"format": "symtensor-plan/1", "model": {...ModelConfig fields...},
-     "cluster": {"name", "devices", "device": {...}, "levels": [...]},
+     "cluster": {"name", "devices", "device": {...}, "levels": [...], and a cluster file's efficiency,
+                 end_to_end and band sections where it has them},
      "train": {...TrainConfig fields...}, "seq": S,
      "mesh": [{"name", "size", "level"}, ...],            # the stage mesh, outermost first
      "layouts": {op name: {dim: [axis name, ...]}},       # ops of the skeleton graph
@@ -21,6 +22,7 @@ from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS
 from symtensor.errors import PlanError
 from symtensor.hardware import Cluster, Device, Level
+from symtensor.hardware.cluster import calibrated_sections, cluster_calibration, level_link_efficiency
 from symtensor.layout import OpLayout, check_layout
 from symtensor.models import ModelConfig, build_graph
 from symtensor.output import write_atomic
@@ -47,8 +49,11 @@ def plan_to_dict(plan: Plan) -> dict:
                                # the host link where the plan moves activations over it (other files unchanged)
                                **({"host_bandwidth": cl.device.host_bandwidth} if plan.train.stack.offloads else {})},
                     "levels": [{"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth,
-                                "latency": lv.latency, **({"partial": lv.partial} if lv.partial else {})}
-                               for lv in cl.levels]},
+                                "latency": lv.latency, **({"partial": lv.partial} if lv.partial else {}),
+                                **({"link_efficiency": dict(lv.link_efficiency)} if lv.link_efficiency else {})}
+                               for lv in cl.levels],
+                    # a profiled or calibrated cluster's constants (none for a preset)
+                    **calibrated_sections(cl)},
         # (hybrid sharding's dp_replicate and the low-precision facts only where they are stated: other plan files
         # stay as they were)
         # (the flat record of ``TrainConfig.as_dict``: the stack's facts beside the other keys)
@@ -92,8 +97,11 @@ def load_plan(path: str | Path) -> Plan:
                  hbm_bandwidth=float(device["hbm_bandwidth"]), memory=float(device["memory"]),
                  host_bandwidth=float(device.get("host_bandwidth", 0.0)))
     levels = tuple(Level(name=lv["name"], fanout=int(lv["fanout"]), bandwidth=float(lv["bandwidth"]),
-                         latency=float(lv["latency"]), partial=int(lv.get("partial", 0))) for lv in cl["levels"])
-    cluster = Cluster(name=cl["name"], device=dev, levels=levels, n_devices=int(cl["devices"]))
+                         latency=float(lv["latency"]), partial=int(lv.get("partial", 0)),
+                         link_efficiency=level_link_efficiency(lv, f"plan file {p}: cluster.levels[{i}]"))
+                   for i, lv in enumerate(cl["levels"]))
+    cluster = Cluster(name=cl["name"], device=dev, levels=levels, n_devices=int(cl["devices"]),
+                      **cluster_calibration(cl, f"plan file {p}: cluster"))
     graph = build_graph(cfg, micro_batch=train.graph_batch, seq=int(data["seq"]), skeleton=True)
     ev = Evaluator(graph, cluster, pp=train.pp, framework=train.framework)
     mesh_names = [m["name"] for m in data["mesh"]]

@@ -82,7 +82,8 @@ PLAN_MODEL_DIMS = ("name", "family", "layers", "hidden", "heads", "kv_heads", "h
 
 
 def _plan_cluster(c, where: str) -> None:
-    _keys(c, where, ("name", "devices", "device", "levels"))
+    # (a profiled or calibrated cluster's sections, checked where plan.io reads them: hardware.cluster_calibration)
+    _keys(c, where, ("name", "devices", "device", "levels"), ("efficiency", "end_to_end", "band"))
     name(c["name"], f"{where}.name")
     integer(c["devices"], f"{where}.devices", hi=MAX_DEVICES)
     dev = _keys(c["device"], f"{where}.device", ("name", "peak_flops", "hbm_bandwidth", "memory"), ("host_bandwidth",))
@@ -101,7 +102,7 @@ def _plan_cluster(c, where: str) -> None:
         raise PlanError(f"{where}.levels must be a list of 1 to {MAX_LEVELS} levels")
     for i, lv in enumerate(levels):
         here = f"{where}.levels[{i}]"
-        _keys(lv, here, ("name", "fanout", "bandwidth", "latency"), ("partial",))
+        _keys(lv, here, ("name", "fanout", "bandwidth", "latency"), ("partial", "link_efficiency"))
         name(lv["name"], f"{here}.name", identifier=True)
         integer(lv["fanout"], f"{here}.fanout", lo=0, hi=MAX_DEVICES)
         integer(lv.get("partial", 0), f"{here}.partial", lo=0, hi=MAX_DEVICES)
