@@ -283,10 +283,26 @@ ASCEND_910B = Device(
 NVL72_PARTIAL = 64
 
 
+# NCCL's ring collectives over a GPUDirect-RDMA InfiniBand NIC reach 0.92-0.96 of its line rate, by NCCL's own
+# team: "For NDR @ 400Gbps you should see 46-48GB/s per NIC" (NVIDIA/nccl-tests#290, 2025-03-03) and, for one
+# HDR 200 Gb/s NIC, "you should get ... 24GB/s inter-node" (NVIDIA/nccl#412, 2023-04-24), busbw of nccl-tests at
+# large sizes; 0.94 is the NDR statement's middle (HDR's 0.96 is inside its range). The device table's link
+# fractions (0.79-0.82: nccl-tests over NVLink, about 230 of 300 GB/s on DGX A100) are NVLink's, and stay on the
+# NVLink level and for the kinds not stated here (all-to-all, send/recv). ConnectX-8 (800 Gb/s) borrows it: no
+# statement for it was found.
+IB_RING_EFFICIENCY = 0.94
+IB_LINK_EFFICIENCY = tuple((kind, IB_RING_EFFICIENCY) for kind in ("all_gather", "all_reduce", "reduce_scatter"))
+
+
 def _levels(intra_name, intra_bw, inter_name, inter_bw, intra_src, inter_src, fanout=8, partial=0):
+    ib = inter_name == "ib"
+    if ib:
+        inter_src += (f"; all-reduce, all-gather and reduce-scatter at {IB_RING_EFFICIENCY} of it (NCCL's team: "
+                      "46-48 GB/s per NDR NIC, NVIDIA/nccl-tests#290)")
     return (Level(name=intra_name, fanout=fanout, bandwidth=intra_bw, latency=_NVLINK_LAT, source=intra_src,
                   partial=partial),
-            Level(name=inter_name, fanout=0, bandwidth=inter_bw, latency=_NET_LAT, source=inter_src))
+            Level(name=inter_name, fanout=0, bandwidth=inter_bw, latency=_NET_LAT, source=inter_src,
+                  link_efficiency=IB_LINK_EFFICIENCY if ib else ()))
 
 
 PRESETS = {
