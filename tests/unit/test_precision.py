@@ -198,3 +198,37 @@ def test_cli_precision_flags(capsys):
     assert out["config"]["precision"] == "fp8" and out["config"]["fp8_recipe"] == "blockwise"
     assert main(base + ["--precision", "fp8", "--fp8-recipe", "mxfp8"]) == 2
     assert "needs Blackwell" in capsys.readouterr().err
+
+
+def test_fp8_is_tried_on_each_fast_bf16_layout_that_could_still_win(monkeypatch):
+    """FP8 buys one layout more than another (Llama 3 405B on 16,384 H100: the fastest BF16 layout 1.13x, a
+    slower one 1.41x), so the search re-costs in FP8 each of its fastest BF16 layouts (``leaders``) while the
+    layout's BF16 step is under the FP8 best's times the FP8-to-BF16 peak ratio (2 on H100: no FP8 variant of a
+    slower one can win), not only the first whose variant fits. Here three leaders at 1.0, 1.05 and 2.5 s whose
+    FP8 variants take 0.97, 0.7 and 0.3 of them: the second wins (0.735 s), the third is not tried."""
+    from types import SimpleNamespace as NS
+
+    from symtensor.hardware import load_cluster
+    from symtensor.search import outer
+
+    def point(seconds, fp8=None, layouts=None):
+        return NS(report=NS(step_time_s=seconds), train=NS(fp8=fp8, recompute="none", pp=1),
+                  layouts=layouts if layouts is not None else object())
+
+    a, b, c = point(1.0), point(1.05), point(2.5)
+    gain = {id(a.layouts): 0.97, id(b.layouts): 0.7, id(c.layouts): 0.3}
+    tried = []
+
+    def variants(s, base, recipe, zero_variants):
+        tried.append(base)
+        v = point(base.report.step_time_s * gain[id(base.layouts)], fp8=recipe, layouts=base.layouts)
+        if v.report.step_time_s < s.best.report.step_time_s:
+            s.best = v
+        return True
+
+    monkeypatch.setattr(outer, "_fp8_variants", variants)
+    s = NS(pool=NS(fp8_variant="delayed", cluster=load_cluster("dgx-h100", devices=8)), best=a, leaders=[a, b, c])
+    note = outer.precision_variant(s)
+    assert tried == [a, b] and s.best.layouts is b.layouts
+    assert s.best.report.step_time_s == pytest.approx(0.735)
+    assert note.startswith("FP8 GEMMs (delayed scaling) bought 1.43x") and "gain less from FP8" in note
