@@ -241,7 +241,10 @@ def summary(results: list[Result]) -> dict:
 # shipped fit frees: a constant goes in only if it lowers the leave-one-source-out error of the time rows
 # (``select_constants``; benchmarks/cost_model_fidelity.py writes the comparison).
 TIME_METRICS = ("iteration time (s)", "MFU (%)")
-CANDIDATES = tuple(END_TO_END_RANGES)
+# constants the shipped rows cannot inform (no calibration row runs mixture-of-experts layers): fitted only to a
+# user's own runs (``symtensor calibrate --runs``), left out of the shipped selection
+USER_ONLY = ("expert_s",)
+CANDIDATES = tuple(k for k in END_TO_END_RANGES if k not in USER_ONLY)
 FIT_CONSTANTS = ("microbatch_s",)  # what select_constants kept (cost.efficiency.END_TO_END)
 
 

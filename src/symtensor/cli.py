@@ -317,7 +317,7 @@ def build_parser() -> argparse.ArgumentParser:
                    "evaluate options, step_time_s, optional peak_memory_gib): fit the end-to-end constants to them")
     p.add_argument("--out", metavar="FILE", help="with --runs: the fitted cluster file to write (YAML)")
     p.add_argument("--constants", metavar="A,B", help="with --runs: the constants to fit (default: all of "
-                   "step_s, microbatch_s, kernel_gap_s, comm_sm_fraction, link, link_gather)")
+                   "step_s, microbatch_s, kernel_gap_s, comm_sm_fraction, expert_s, link, link_gather)")
     p.add_argument("--force", action="store_true", help="with --runs: overwrite --out")
     p.add_argument("--json", action="store_true")
     p = sub.add_parser("profile", help="measure this machine's GEMM, attention, memory and collective curves "

@@ -124,3 +124,20 @@ def test_bad_requests_are_one_line(tmp_path, capsys):
     path.write_text("model,cluster,devices,step_time_s\nllama2-7b,dgx-h100,8,1.0\nllama2-7b,dgx-a100-80g,8,1.0\n")
     with pytest.raises(PlanError, match=r"2 device types .* one cluster file per device type"):
         fit(read_runs(path))
+
+
+def test_your_moe_runs_fit_the_host_time_per_local_expert():
+    """``expert_s`` (host seconds per local expert of each MoE layer per micro-batch) is 0 in the shipped model:
+    no calibration row runs MoE layers. Rows of one MoE model at 1 and 4 local experts per rank, generated from
+    a known value, give it back; a dense row is unmoved by it."""
+    truth = {"expert_s": 3e-4}
+    rows = [Run(2, "mixtral-8x7b", "dgx-h100", 64, dict(tp=1, ep=8, zero=1, global_batch=256, seq=4096), 1.0),
+            Run(3, "mixtral-8x7b", "dgx-h100", 64, dict(tp=1, ep=2, zero=1, global_batch=256, seq=4096), 1.0)]
+    made = _Rows(rows, None)
+    constants = {**made.start(), **truth}
+    runs = [dataclasses.replace(r, step_time_s=made.predict(i, constants)) for i, r in enumerate(rows)]
+    assert made.predict(0, constants) > made.predict(0, made.start()) * 1.005  # it moves an MoE step
+    got = fit(runs, names=("expert_s",))
+    assert got.constants["expert_s"] == pytest.approx(truth["expert_s"], rel=0.05)
+    dense = _Rows([ROWS[0]], None)
+    assert dense.predict(0, {**dense.start(), **truth}) == dense.predict(0, dense.start())

@@ -463,8 +463,10 @@ class _Accumulator:
         ev, train = self.ev, self.train
         pp, m, v = train.pp, train.micro_steps, train.vpp
         e2e = ev.eff.end_to_end
-        # each stage's seconds per micro-batch, with the host's work per micro-batch (EndToEnd.microbatch_s)
-        per_mb = [st.per_microbatch_s + e2e.microbatch_s for st in self.stages]
+        # each stage's seconds per micro-batch, with the host's work per micro-batch (EndToEnd.microbatch_s) and
+        # per local expert of its MoE layers (EndToEnd.expert_s)
+        host = [e2e.microbatch_s + e2e.expert_s * st.local_experts for st in self.stages]
+        per_mb = [st.per_microbatch_s + h for st, h in zip(self.stages, host)]
         crit = max(range(pp), key=lambda s: per_mb[s])
         cs = self.stages[crit]
         bubble_s = bubble(per_mb, pp, v) * train.schedules  # each pipeline schedule fills and drains
@@ -486,7 +488,7 @@ class _Accumulator:
         if flags:  # the loss-scale check's one-byte flag all-reduces (FP16: Engine.overflow_flags), their latency
             optimizer += flags * ev.coll_time("all_reduce", 1.0, tuple(range(len(ev.mesh))))  # over a stage's ranks
         breakdown.update(dp_comm=dp_exposed, pp_comm=p2p_s, pp_bubble=bubble_s, optimizer=optimizer,
-                         overhead=e2e.step_s + m * e2e.microbatch_s)
+                         overhead=e2e.step_s + m * host[crit])
         if train.stack.offloads:  # (a key only with offloading: the default's breakdown is unchanged)
             breakdown["cpu_offload"] = m * max(offload_seconds(st, train, ev.cluster.device) for st in self.stages)
         step = sum(breakdown.values())

@@ -74,6 +74,7 @@ class Stage:
         # most beside one gathered unit (``cost.memory``'s ``fp8_weights``)
         self.copies = self.unit_copies = 0.0
         self.bf16_params = 0.0  # resident weights of the layers kept in BF16 (``TrainConfig.bf16_span``): no copies
+        self.local_experts = 0  # the local experts of its MoE layers, summed (``EndToEnd.expert_s``)
 
     def add(self, seg: Segment, params: Params, times: int = 1):
         """``times`` identical layers with this segment and these parameters."""
@@ -88,6 +89,7 @@ class Stage:
             self.loss_unsharded = max(self.loss_unsharded, params.unsharded)
             self.loss_saved += seg.saved_total * times
         if seg.in_layer:
+            self.local_experts += seg.local_experts * times
             self.layer_unsharded = max(self.layer_unsharded, params.unsharded)
             self.layer_grads += params.static["grads"] * times
             self.largest = max(self.largest, seg.largest)

@@ -123,6 +123,7 @@ class Segment:
         self.groups: set = set()  # the mesh axes of each group its collectives run over (NCCL communicators)
         self.in_layer = bool(ops) and 0 <= ops[0].layer < ev.graph.meta["layers"]
         self.moe = moe.active(train)  # MoE options beyond today's costing (``cost.moe``)
+        self.local_experts = 0  # experts a device holds of the layer (host work per expert: EndToEnd.expert_s)
         self._loads: dict[str, float] = {}  # expert op -> its load factor (``_load``)
         # Megatron's recompute modules: op -> (region, module, discards its outputs) (``cost.recompute.regions``)
         self.regions = ev.recompute_regions(train.recompute) if train.recompute.startswith(MODULES_PREFIX) else None
@@ -148,6 +149,8 @@ class Segment:
         for op, inputs, saves in wiring:
             layout = self.layout(op)
             t = self.ev.op_time(op, layout, self.train.fp8, self.train.stack)
+            if moe.expert_op(op):
+                self.local_experts = max(self.local_experts, local_sizes(op, layout, self.ev.mesh).get("e", 1))
             if self.moe and moe.expert_op(op):  # the most-loaded expert rank paces the step
                 f = self._load(op, layout)
                 t = OpTime(t.fwd_s * f, t.bwd_s * f, t.fwd_flops)

@@ -35,12 +35,22 @@ class EndToEnd:
             launches of the op's kernels not hidden by the queue, stream synchronisation).
         comm_sm_fraction: share of the compute a collective running beside it takes away (the SMs
             NCCL's thread blocks hold, and the HBM bandwidth its copies use).
+        expert_s: host seconds per local expert of each mixture-of-experts layer per micro-batch, forward and
+            backward, on the step's critical path: a grouped GEMM that runs one GEMM per expert (Transformer
+            Engine's GroupedLinear: one cuBLAS call per expert on several streams, PR NVIDIA/TransformerEngine#853,
+            "the CPU overheads of PyTorch ops, such as torch.split() and torch.empty() (2x num_gemms calls)",
+            #1499) launches per expert, and the layer cannot hide that host work behind the GPU: the dispatcher
+            synchronises the host once per layer for the token counts (Megatron's MoEAlltoAllTokenDispatcher
+            ``cuda_sync_point``, DeepEP's normal kernels, HybridEP: ``cost.moe``). No measurement of it for
+            these kernels was found and the shipped calibration rows have no MoE run, so it is 0 unless a
+            user's own runs fit it (``symtensor calibrate --runs``, ``calibration.USER_ONLY``).
     """
 
     step_s: float = 0.0
     microbatch_s: float = 0.0
     kernel_gap_s: float = 0.0
     comm_sm_fraction: float = 16 / 108
+    expert_s: float = 0.0
 
     def replace(self, **kw) -> EndToEnd:
         bad = [k for k in kw if k not in END_TO_END_RANGES]
@@ -67,6 +77,10 @@ END_TO_END_RANGES = {
                                  "launch 2-5 us (CUDA C Best Practices Guide); 20 us is four synchronising launches"),
     "comm_sm_fraction": (0.0, 0.3, "NCCL runs on 16 of an A100's 108 SMs at 8 NICs (NCCL maintainer, NVIDIA/nccl#689), "
                                    "up to 32 channels (NCCL_MAX_NCHANNELS) = 0.3 of 108"),
+    "expert_s": (0.0, 1e-3, "host work per local expert per MoE layer and micro-batch: six GEMM launches (two "
+                            "forward, four backward) with their PyTorch ops; Transformer Engine's fused grouped "
+                            "MLP block took about 52 us of CPU per expert (NVIDIA/TransformerEngine#2897: 3.3 ms "
+                            "forward and backward for 64 experts); a millisecond is twenty times that"),
 }
 
 

@@ -58,7 +58,9 @@ FREE = {
     **{k: ("end_to_end", lo, hi, why) for k, (lo, hi, why) in END_TO_END_RANGES.items()},
     "link": ("efficiency", 0.3, 0.95, "all-reduce bus bandwidth as a fraction of the link: NCCL reaches 0.8-0.9 of "
                                       "it on large messages (nccl-tests), a congested fabric far less"),
-    "link_gather": ("efficiency", 0.3, 0.95, "all-gather / reduce-scatter / point-to-point, as for link"),
+    "link_gather": ("efficiency", 0.3, 0.95, "all-gather / reduce-scatter / point-to-point, as for link (both on "
+                                             "the levels without a measured fraction: a preset's InfiniBand "
+                                             "ring collectives keep NCCL's, hardware.cluster.IB_RING_EFFICIENCY)"),
 }
 FACTORS = (0.5, 0.8, 0.95, 0.99, 1.01, 1.05, 1.25, 2.0)
 STEPS = (0.003, 0.02, 0.1, 0.3)  # additive moves, as fractions of a range (a constant may start at 0)
