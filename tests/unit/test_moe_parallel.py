@@ -178,3 +178,17 @@ def test_expert_and_dense_state_shard_over_what_expert_parallelism_leaves():
     # fifth more for the dense weights sharded over DP x CP
     experts = QWEN3.experts // 8 * 12 * 3 * QWEN3.hidden * QWEN3.moe_ffn
     assert experts * 12 / 4 < qwen[1] < experts * 12 / 4 * 1.2
+
+
+@pytest.mark.parametrize("tp, cp, ep, etp", [(1, 1, 8, 1), (2, 1, 8, 2), (1, 2, 4, 2), (1, 4, 8, 2), (2, 2, 2, 1)])
+def test_the_optimizer_state_is_held_once_across_the_cluster(tp, cp, ep, etp):
+    """Under ZeRO 1 without a pipeline every parameter's optimizer state lives on exactly one device of its
+    data-parallel group: the devices together hold 12 B per parameter, whatever the expert grid folds onto.
+    Expert TP over two context-parallel ranks (tp 1, cp 2, etp 2) used to take those ranks for tensor-parallel
+    ones of the dense weights too, whose state then sat on twice the devices (3.5% more in all)."""
+    from symtensor import api
+
+    plan = api.evaluate("mixtral-8x7b", "dgx-h100", 64, tp=tp, cp=cp, ep=ep, etp=etp, zero=1, micro_batch=1,
+                        global_batch=64, seq=4096 * cp, recompute="full")
+    total = build_graph(load_model_config("mixtral-8x7b"), micro_batch=1, seq=128).params_total()
+    assert plan.report.memory["optimizer"] * 64 == pytest.approx(12 * total, rel=0.002)

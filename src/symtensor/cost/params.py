@@ -20,6 +20,7 @@ from dataclasses import dataclass
 
 from symtensor.cost import precision as _precision
 from symtensor.cost.engine import GRADIENTS, OPTIMIZER, WEIGHTS, Unit, engine_of
+from symtensor.cost.moe import expert_op
 from symtensor.cost.opcost import stream_fraction
 from symtensor.cost.precision import fp8_gemm
 from symtensor.cost.train import TrainConfig
@@ -35,11 +36,14 @@ _EXPERTS_DIM = "e"
 
 def weight_axes(ops, layouts) -> frozenset:
     """Mesh axes that cut a dim of ``ops`` (the ops with parameters, ``Evaluator.param_ops``) other than
-    their tokens and experts: the plan's tensor-parallel (and vocabulary) axes."""
+    their tokens and experts, the expert ops' own left out: the plan's tensor-parallel (and vocabulary) axes
+    for the dense weights. The expert grid (EP x expert TP) folds over the dense data- and context-parallel
+    ranks (Megatron's MoE parallel folding: expert TP 2 over two context-parallel ranks), which stay data-parallel
+    for the dense weights."""
     out: set = set()
     for op in ops:
         lay = layouts.get(op.name)
-        if lay is None:
+        if lay is None or expert_op(op):
             continue
         for d, axes in lay.cuts:
             if d not in _TOKEN_DIMS and d != _EXPERTS_DIM:
