@@ -151,9 +151,9 @@ class Segment:
             t = self.ev.op_time(op, layout, self.train.fp8, self.train.stack)
             if moe.expert_op(op):
                 self.local_experts = max(self.local_experts, local_sizes(op, layout, self.ev.mesh).get("e", 1))
-            if self.moe and moe.expert_op(op):  # the most-loaded expert rank paces the step
-                f = self._load(op, layout)
-                t = OpTime(t.fwd_s * f, t.bwd_s * f, t.fwd_flops)
+                if self.moe:  # the most-loaded expert rank paces the step
+                    f = self._load(op, layout)
+                    t = OpTime(t.fwd_s * f, t.bwd_s * f, t.fwd_flops)
             self.compute += t.fwd_s + t.bwd_s
             self.fwd += t.fwd_s
             share = recompute_share(op, recompute, layers, mms.get(op.name), self.regions)
