@@ -95,16 +95,17 @@ def _levels(meta: dict, groups: dict[int, int], links: dict, preset: str | None)
     """Level entries: a preset's published bandwidths and fanouts, or (without a preset) the
     measured levels at their best bus bandwidth; measured levels get their latency and link
     efficiencies. ``groups``: members per measured level index (0 within a node, 1 across)."""
-    if preset:
+    if preset:  # (with the preset's stated fractions: its InfiniBand ring collectives', hardware.cluster)
         base = [(i, {"name": lv.name, "fanout": lv.fanout, "bandwidth": lv.bandwidth, "latency": lv.latency,
-                     "source": f"published ({preset}: {lv.source})"}) for i, lv in enumerate(PRESETS[preset][1])]
+                     "link_efficiency": dict(lv.link_efficiency), "source": f"published ({preset}: {lv.source})"})
+                for i, lv in enumerate(PRESETS[preset][1])]
     else:
         base = [(i, {"name": LEVEL_NAMES[i], "fanout": meta["ranks_per_node"] if i == 0 else 0, "latency": 0.0,
                      "source": "best measured bus bandwidth of this level"}) for i in sorted(groups)]
     out = []
     for j, (i, lv) in enumerate(base):  # i: the measured level, j: its place in the file
         entry = {"name": lv["name"]} | ({"fanout": lv["fanout"]} if j < len(base) - 1 else {})
-        latency, fractions, source = lv["latency"], {}, lv["source"]
+        latency, fractions, source = lv["latency"], lv.get("link_efficiency", {}), lv["source"]
         if i in groups:
             pairs = {k: link_constants(links[(i, k)], k, groups[i], j) for k in KINDS}  # (latency, B x eff)
             lv.setdefault("bandwidth", max(bw for _, bw in pairs.values()))
