@@ -345,12 +345,11 @@ def fp8_trials(modes: tuple[str, ...], recompute: str, zero: int, zero_variants:
     return [(rc, zeros) for rc in modes[:modes.index(recompute) + 2]]
 
 
-def _fp8_variants(s: OuterSearch, base: Costed, recipe: str, zero_variants: bool) -> bool:
-    """``base``'s layouts costed with FP8 GEMMs (``precision_variant``); whether one of them fits."""
+def _fp8_variants(s: OuterSearch, base: Costed, recipe: str, zero_variants: bool) -> None:
+    """``base``'s layouts costed with FP8 GEMMs and offered to the search (``precision_variant``)."""
     ev = s.evaluator(base.train.graph_batch, base.train.pp)
     if fp8_refused(ev, base.layouts):
-        return False
-    fitted = False
+        return
     for rc, zeros in fp8_trials(s.pool.recomputations(), base.train.recompute, base.train.zero, zero_variants):
         for zero in zeros:
             # (with the stack's low-precision facts, which a BF16 grid point leaves out: ``EvaluatorPool.lowp``)
@@ -360,9 +359,7 @@ def _fp8_variants(s: OuterSearch, base: Costed, recipe: str, zero_variants: bool
             variant = Costed(train, base.layouts, ev.evaluate(base.layouts, train, check=False))
             s.offer(variant)
             if variant.report.fits:
-                fitted = True
-                break
-    return fitted
+                break  # (a deeper ZeRO stage only adds time)
 
 
 def finish(s: OuterSearch, t0: float, zero_variants: bool = True) -> Plan:
