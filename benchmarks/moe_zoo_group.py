@@ -88,15 +88,17 @@ def long_context() -> list[dict]:
             rep = plan.report
             tflops = rep.model_flops / rep.step_time_s / rep.n_devices / 1e12
             out.append({"seq": seq, "cp": cp, "routing": routing, "measured_tflops": measured,
+                        "measured_s": rep.model_flops / (measured * 1e12 * rep.n_devices),  # (its step, own_runs)
                         "predicted_tflops": round(tflops, 1), "error": round(measured / tflops - 1, 4),
                         "predicted_s": round(rep.step_time_s, 3), "micro_batches": plan.train.micro_steps,
                         "reserved_gib": round(rep.memory_reserved / 2**30, 1), "fits": rep.fits})
     return out
 
 
-def own_runs() -> tuple[list[str], list[Run], object]:
-    """The forced-balance rows as a user's runs (``calibrate --runs`` rows: the evaluate options, the layout as
-    its layer split) and ``expert_s`` fitted to them (``profile.own_runs.fit``)."""
+def own_runs(longs: list[dict]) -> tuple[list[str], list[Run], object]:
+    """The forced-balance rows (the five, and those of ``longs``, ``long_context``'s) as a user's runs
+    (``calibrate --runs`` rows: the evaluate options, the layout as its layer split) and ``expert_s`` fitted to
+    them (``profile.own_runs.fit``)."""
     cfg = load_model_config("qwen3-235b-a22b")
     labels, runs = [], []
 
@@ -110,12 +112,10 @@ def own_runs() -> tuple[list[str], list[Run], object]:
 
     for label, measured, kw, stack in ROWS:
         add(label, dict(kw, global_batch=2048, seq=4096), stack, measured)
-    for seq, cp, forced, _ in LONG:
-        stack = dict(moe_dispatcher="deepep")
-        plan = api.evaluate("qwen3-235b-a22b", "dgx-h100", 256, seq=seq, cp=cp, **LONG_KW,
-                            stack=Stack(tp_comm_overlap=True, **stack))
-        add(f"TP4 EP8, {seq // 1024}K, CP{cp}", dict(LONG_KW, seq=seq, cp=cp), stack,
-            plan.report.model_flops / (forced * 1e12 * plan.report.n_devices))
+    for r in longs:
+        if r["routing"] == "balanced":
+            add(f"TP4 EP8, {r['seq'] // 1024}K, CP{r['cp']}", dict(LONG_KW, seq=r["seq"], cp=r["cp"]),
+                dict(moe_dispatcher="deepep"), r["measured_s"])
     return labels, runs, fit(runs, names=("expert_s",))
 
 
@@ -164,7 +164,7 @@ def main() -> int:
     dropless = [r for r in longs if r["routing"] != "balanced"]
     lines += ["", f"MAPE {mape(longs):.1f}% over the {len(longs)} rows (forced balance {mape(forced):.1f}%, "
               f"dropless {mape(dropless):.1f}%)."]
-    labels, runs, fitted = own_runs()
+    labels, runs, fitted = own_runs(longs)
     held = fitted.errors(held_out=True)
     lines += ["", "## Your own runs: calibrate --runs on the nine forced-balance rows (a fit to them)", "",
               f"`expert_s` fitted to all nine: {1e3 * fitted.constants['expert_s']:.3f} ms per local expert per MoE "
