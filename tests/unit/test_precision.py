@@ -232,3 +232,19 @@ def test_fp8_is_tried_on_each_fast_bf16_layout_that_could_still_win(monkeypatch)
     assert tried == [a, b] and s.best.layouts is b.layouts
     assert s.best.report.step_time_s == pytest.approx(0.735)
     assert note.startswith("FP8 GEMMs (delayed scaling) bought 1.43x") and "gain less from FP8" in note
+
+
+def test_fp8_variants_take_the_larger_micro_batch_full_recomputation_lets_fit():
+    """FP8 moves the trade between micro-batch size and recomputation (8-bit saved GEMM inputs, cached weight
+    copies that do not grow with the batch), so without a pipeline the search re-costs a leader's layouts in FP8
+    at each larger micro-batch its BF16 search weighs, under every recomputation that may fit there. Qwen3-30B-A3B
+    on 64 H100: ZeRO 3 at micro-batch 4 under full recomputation in FP8 beats every BF16 point, and until the
+    eleventh session the plan was the grid's BF16 TP 2 x PP 4 (5.34 s), its FP8 variants costed only at the
+    leaders' own micro-batch (1)."""
+    point = api.evaluate("qwen3-30b-a3b", "dgx-h100", 64, tp=1, zero=3, micro_batch=4, recompute="full",
+                         precision="fp8")
+    bf16 = api.evaluate("qwen3-30b-a3b", "dgx-h100", 64, tp=2, pp=4, zero=1, micro_batch=1, recompute="none")
+    assert point.report.fits and point.report.step_time_s < bf16.report.step_time_s
+    plan = api.plan("qwen3-30b-a3b", "dgx-h100", 64)
+    assert plan.train.precision == "fp8"
+    assert plan.report.step_time_s <= point.report.step_time_s * (1 + 1e-9)

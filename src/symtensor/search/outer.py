@@ -84,9 +84,7 @@ class OuterSearch:
         # pipeline's stage mesh: on meshes with axes of different sizes (24, 48, 96 devices) this
         # skips some valid micro-batch counts. Sizing it on the stage mesh costs 1-14 more
         # variants there and changed no plan on six such scenarios; kept until that is decided.
-        mesh = self.cluster.mesh()
-        bcut = max((mesh.size(a for a in lay.axes_of("b") if a < len(mesh)) for lay in layouts.values()), default=1)
-        ms = [m for m in self.micro_steps(pp) if (self.global_batch // m) % bcut == 0]
+        ms = self.batch_steps(layouts, pp)
         if pp > 1:
             for m in ms[::-1][:2]:
                 self.consider(layouts, pp, m)
@@ -97,6 +95,13 @@ class OuterSearch:
         seen: dict = {}
         for m in sorted(dict.fromkeys(ms[:5] + ms[-1:]), reverse=True):
             self.consider(layouts, pp, m, seen)
+
+    def batch_steps(self, layouts: dict, pp: int) -> list[int]:
+        """``micro_steps`` at which every cut of the batch in ``layouts`` divides the micro-step batch (the cut
+        sized on the cluster's whole mesh: ``consider_batches``)."""
+        mesh = self.cluster.mesh()
+        bcut = max((mesh.size(a for a in lay.axes_of("b") if a < len(mesh)) for lay in layouts.values()), default=1)
+        return [m for m in self.micro_steps(pp) if (self.global_batch // m) % bcut == 0]
 
     def consider(self, layouts: dict, pp: int, m: int, seen: dict | None = None) -> bool:
         """Cost the recomputation / ZeRO / virtual-stage variants of ``layouts`` at (pp, m);
@@ -292,11 +297,15 @@ def precision_variant(s: OuterSearch, zero_variants: bool = True) -> str | None:
     copies overflow); the fastest that fits becomes the best point. Where none of them fits (FP8's
     weight copies on a point that barely fits in BF16) or a GEMM's local shape is not one FP8 kernels
     take (``precision.gemm_refusal``), and wherever FP8 buys one layout more than another (Qwen3-30B-A3B on
-    64 H100: ZeRO 3 over 64 ranks 1.09x, a TP 2 x PP 4 layout less), the next of the search's ``leaders``
+    64 H100: ZeRO 3 over 64 ranks 1.08x at a larger micro-batch, a TP 2 x PP 4 layout less), the next of the
+    search's ``leaders``
     (the fastest BF16 points of other layouts) is tried the same way, until a leader's BF16 step is at least
     the FP8 best's times the most FP8 can buy (the FP8-to-BF16 peak ratio times 4/3 for a lighter
-    recomputation: no FP8 variant of it can win). At most twelve evaluations per leader: variants of costed
-    points, not an axis of the search (``zero_variants`` False: the Megatron space keeps its stage); a
+    recomputation: no FP8 variant of it at its own micro-batch can win; the larger micro-batches ``_fp8_variants``
+    also tries buy GEMM efficiency this bound does not count, so there it stops the leaders by judgement, not by
+    proof). At most twelve evaluations per leader at its
+    own micro-batch, and without a pipeline as many per larger micro-batch as fit: variants of costed points, not
+    an axis of the search (``zero_variants`` False: the Megatron space keeps its stage); a
     grid or recipe plan the guarantee adopts instead is re-costed the same way (``guarantee.in_fp8``).
     Returns what FP8 bought (a plan note), or None when it did not win."""
     recipe = s.pool.fp8_variant
@@ -346,20 +355,55 @@ def fp8_trials(modes: tuple[str, ...], recompute: str, zero: int, zero_variants:
 
 
 def _fp8_variants(s: OuterSearch, base: Costed, recipe: str, zero_variants: bool) -> None:
-    """``base``'s layouts costed with FP8 GEMMs and offered to the search (``precision_variant``)."""
-    ev = s.evaluator(base.train.graph_batch, base.train.pp)
-    if fp8_refused(ev, base.layouts):
-        return
-    for rc, zeros in fp8_trials(s.pool.recomputations(), base.train.recompute, base.train.zero, zero_variants):
-        for zero in zeros:
-            # (with the stack's low-precision facts, which a BF16 grid point leaves out: ``EvaluatorPool.lowp``)
-            stack = base.train.stack.replace(fp8_param_gather=s.pool.stack.fp8_param_gather,
-                                             bf16_layers=s.pool.stack.bf16_layers)
-            train = base.train.replace(precision="fp8", fp8_recipe=recipe, recompute=rc, zero=zero, stack=stack)
-            variant = Costed(train, base.layouts, ev.evaluate(base.layouts, train, check=False))
-            s.offer(variant)
-            if variant.report.fits:
-                break  # (a deeper ZeRO stage only adds time)
+    """``base``'s layouts costed with FP8 GEMMs and offered to the search (``precision_variant``): at its
+    micro-batch count the trials of ``fp8_trials``, then, without a pipeline, at each fewer count the BF16 search
+    weighs (``fp8_micro_steps``) every recomputation and stage that may fit there. FP8 moves the trade between
+    micro-batch size and recomputation: its saved GEMM inputs are 8-bit and its cached weight copies add to
+    what does not grow with the batch, so a larger micro-batch under full recomputation can win where BF16's
+    best had none (Qwen3-30B-A3B on 64 H100: ZeRO 3 at micro-batch 4 with full recomputation, 5.12 s in FP8,
+    against 5.52 s for its layouts' BF16 point at micro-batch 1 and 5.34 s for the BF16 best). A count whose
+    (recomputation, stage) variant is known to overflow from a smaller batch (``cost.memory``'s ``fixed`` and
+    ``scaled`` parts, as ``OuterSearch.consider`` reads them) is not costed."""
+    t = base.train
+    # (with the stack's low-precision facts, which a BF16 grid point leaves out: ``EvaluatorPool.lowp``)
+    stack = t.stack.replace(fp8_param_gather=s.pool.stack.fp8_param_gather, bf16_layers=s.pool.stack.bf16_layers)
+    modes = s.pool.recomputations()
+    usable = s.cluster.device.memory * MEMORY_HEADROOM * (1 + 1e-9)
+    seen: dict = {}  # (recomputation, stage) -> (graph batch, fixed, scaled) of the last FP8 variant costed
+    for m in fp8_micro_steps(s, base):
+        ev = s.evaluator(s.global_batch // m, t.pp)
+        if fp8_refused(ev, base.layouts):
+            continue
+        if m != t.micro_steps and any(refusal(op, base.layouts.get(op.name, REPLICATED), ev.mesh)
+                                      for op in ev.graph.ops):
+            continue  # (a cut no longer divides at this micro-batch size)
+        trials = fp8_trials(modes, t.recompute, t.zero, zero_variants) if m == t.micro_steps else \
+            fp8_trials(modes, modes[-1], t.zero, zero_variants)
+        for rc, zeros in trials:
+            for zero in zeros:
+                if (rc, zero) in seen:
+                    g, fixed, scaled = seen[(rc, zero)]
+                    if fixed + s.global_batch // m / g * scaled > usable:
+                        continue  # (over the device at this batch: its growing part follows the batch)
+                train = t.replace(micro_steps=m, precision="fp8", fp8_recipe=recipe, recompute=rc, zero=zero,
+                                  stack=stack)
+                variant = Costed(train, base.layouts, ev.evaluate(base.layouts, train, check=False))
+                s.offer(variant)
+                mem = variant.report.memory
+                seen[(rc, zero)] = (train.graph_batch, mem["fixed"], mem["scaled"])
+                if variant.report.fits:
+                    break  # (a deeper ZeRO stage only adds time)
+
+
+def fp8_micro_steps(s: OuterSearch, base: Costed) -> list[int]:
+    """Micro-batch counts ``_fp8_variants`` costs ``base``'s layouts at: its own first, then (without a
+    pipeline, where ``OuterSearch.consider_batches`` weighs the fewest counts) each fewer count that search
+    considers for them, the most first (a larger micro-batch's memory follows from a smaller one's)."""
+    t = base.train
+    if t.pp > 1:
+        return [t.micro_steps]
+    fewer = [m for m in s.batch_steps(base.layouts, 1)[:5] if m < t.micro_steps]
+    return [t.micro_steps] + sorted(fewer, reverse=True)
 
 
 def finish(s: OuterSearch, t0: float, zero_variants: bool = True) -> Plan:
