@@ -19,7 +19,7 @@ from symtensor.cost.kernels import gemm_dims as gemm_shape
 from symtensor.cost.precision import cast_bytes, floor_speedup, fp8_gemm, gemm_speedup
 from symtensor.cost.stack_kernels import LOSSES, attention_table, multiples, runs_eager
 from symtensor.errors import PlanError
-from symtensor.graph import DTYPE_BYTES, kind_of
+from symtensor.graph import DTYPE_BYTES, attention_span, kind_of
 from symtensor.layout import OpLayout, TensorLayout, cut_factor, linked_layout, tensor_layout
 
 
@@ -181,12 +181,18 @@ ATTENTION_HEAD_DIM_KNEE = 32.0
 ATTENTION_REF_HEAD_DIM = 128.0
 
 
-def attention_shape_factor(sizes, eff, window=None) -> float:
-    """Fused attention's efficiency relative to its long-sequence, head-dim-128 value; with a
-    sliding ``window`` the keys a query block reads are at most the window."""
-    t, d = sizes["t"], sizes["d"]
-    if window and t > window:
-        t = window
+def attention_keys(op, sizes) -> float:
+    """The keys a query block of fused attention ``op`` reads: the sequence's, at most its packed document's
+    (``graph.kinds.attention_span``) and at most its sliding window; the kernel's efficiency follows them."""
+    keys = attention_span(sizes["t"], op.attr("document"))
+    window = op.attr("window")
+    return min(keys, window) if window else keys
+
+
+def attention_shape_factor(sizes, eff, keys=None) -> float:
+    """Fused attention's efficiency relative to its long-sequence, head-dim-128 value at ``keys`` keys per
+    query block (``attention_keys``; default the sequence's)."""
+    t, d = (keys or sizes["t"]), sizes["d"]
     seq = t / (t + eff.attention_knee) if eff.attention_knee else 1.0
     ref = ATTENTION_REF_HEAD_DIM / (ATTENTION_REF_HEAD_DIM + ATTENTION_HEAD_DIM_KNEE)
     return seq * (d / (d + ATTENTION_HEAD_DIM_KNEE)) / ref
@@ -223,14 +229,14 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
             if attention is not None:
                 raise PlanError(f"attention {attention} is priced at its measured kernel table, and this device's "
                                 "efficiency has none: leave --attention out")
-            shape = attention_shape_factor(sizes, eff, op.attr("window"))
+            shape = attention_shape_factor(sizes, eff, attention_keys(op, sizes))
             fwd_eff, bwd_eff = attention_fractions(eff, op.attr("kernel"))
             return fwd_eff * shape, bwd_eff * shape
         kernel, scale = table_attention_kernel(eff, op.attr("kernel"), attention)
         if floor:
             return (scale * kernels.attention_ceiling(eff.kernels, kernel, False),
                     scale * kernels.attention_ceiling(eff.kernels, kernel, True))
-        keys = min(sizes["t"], op.attr("window") or sizes["t"])
+        keys = attention_keys(op, sizes)
         causal = bool(op.attr("causal", True))
         return (scale * kernels.attention_table(eff.kernels, kernel, keys, sizes["d"], causal, False),
                 scale * kernels.attention_table(eff.kernels, kernel, keys, sizes["d"], causal, True))

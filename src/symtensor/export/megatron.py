@@ -260,6 +260,10 @@ def _attention_args(cfg) -> list[str]:
             args.append(f"--window-attn-skip-freq '{layer_pattern(windowed)}'")
     if cfg.sinks:
         args.append("--softmax-type learnable")
+    if cfg.doc_tokens:  # packed documents (ModelConfig.doc_tokens): the data loader returns each sample's document
+        # boundaries as cu_seqlens and attention runs per document in the THD format (Megatron-LM@d98e8a64dd
+        # arguments.py "--dataloader-inter-document-masking", pretrain_gpt.py PackedSeqParams(qkv_format="thd"))
+        args.append("--dataloader-inter-document-masking")
     return args
 
 

@@ -208,6 +208,13 @@ def torchtitan_config(plan) -> dict:
                               "llama3, qwen3, deepseek_v3, gpt_oss); its experiments/transformers_modeling_backend "
                               "trains the Hugging Face model, whose attention and elementwise kernels may differ from "
                               "what the fsdp2 engine costs")
+    if plan.model.doc_tokens:  # (ModelConfig.doc_tokens)
+        out["_packing_note"] = (
+            f"costed with attention per packed document of {plan.model.doc_tokens} tokens: torchtitan's language "
+            "models mask block-causally whatever the job config says (their data loaders emit per-document "
+            "positions; pytorch/torchtitan@b5bcd76 torchtitan/models/common/config_utils.py get_attention_config: "
+            "flex, flex_flash or varlen), so the documents your data loader packs run as costed, at the engine's "
+            "attention kernel")
     dispatcher = p.stack.moe_dispatcher
     if dispatcher != "alltoall":  # (cost.moe; torchtitan's "standard" backend is the all-to-all)
         out["_dispatcher_note"] = (f"this plan is costed with the {dispatcher} token dispatcher: torchtitan "

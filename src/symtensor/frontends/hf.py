@@ -162,7 +162,8 @@ def to_hf_config(cfg: ModelConfig):
                         "capture your PEFT-wrapped module with capture_module (frozen weights are kept frozen)")
     if cfg.family == "gpt":
         return _gpt2_config(cfg, transformers)
-    lacking = [k for k in ("kv_latent", "qk_norm", "shared_ffn", "moe_layers", "window", "sinks") if getattr(cfg, k)]
+    lacking = [k for k in ("kv_latent", "qk_norm", "shared_ffn", "moe_layers", "window", "sinks", "doc_tokens")
+               if getattr(cfg, k)]
     if lacking or (cfg.bias and cfg.is_moe):
         raise PlanError(f"model {cfg.name}: capture_hf translates zoo models to LLaMA, Qwen2, Mixtral or GPT-2 "
                         f"configs, which lack {', '.join(lacking or ['expert biases'])}; plan the builder's graph "

@@ -97,17 +97,24 @@ def _keys_per_query(t, window):
     return sympy.Min(window, t)
 
 
+def attention_span(t, document=None):
+    """The keys a query's attention can reach: the ``t`` keys of the sequence, or, with packed documents
+    (an attention op's attr ``document``, ``ModelConfig.doc_tokens``), those of its document when it is shorter."""
+    return _keys_per_query(t, document)
+
+
 def _attention_flops(sizes, attrs, executed=True):
     # QK^T over the query/key head dim d and PV over the value head dim w (MLA; else w = d):
-    # 2*b*n*s*keys*(d + w), keys = t or, with a sliding window (attr ``window``), min(window, t).
-    # Causal kernels skip the masked pairs: with k keys per query out of t, on average a query
-    # sees k*(1 - k/(2t)) of them (t/2 without a window; about the window when it is short).
-    t = sizes["t"]
-    keys = _keys_per_query(t, attrs.get("window"))
+    # 2*b*n*s*keys*(d + w), keys = the span a query reaches (t, or its packed document's length: attention_span)
+    # or, with a sliding window (attr ``window``), min(window, span). Causal kernels skip the masked pairs: with
+    # k keys per query out of a span of D, on average a query sees k*(1 - k/(2D)) of them (D/2 without a
+    # window; about the window when it is short).
+    span = attention_span(sizes["t"], attrs.get("document"))
+    keys = _keys_per_query(span, attrs.get("window"))
     head = sizes["d"] if "w" not in sizes else (sizes["d"] + sizes["w"]) / 2
     full = 4 * sizes["b"] * sizes["n"] * sizes["s"] * keys * head
     if executed and attrs.get("causal", True):
-        return full * (1 - keys / (2 * t))
+        return full * (1 - keys / (2 * span))
     return full
 
 

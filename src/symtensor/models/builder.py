@@ -155,6 +155,8 @@ class _Builder:
                 inputs.append(self.param("sinks", (cfg.heads,), ("n",)))
                 in_dims.append(("n",))
             window = {"window": cfg.window} if cfg.is_window_layer(self.layer) else {}
+            if cfg.doc_tokens and cfg.doc_tokens < self.s:  # packed documents (ModelConfig.doc_tokens)
+                window["document"] = cfg.doc_tokens
             # the engine's own kernel (flash) carries no attr: default graphs are unchanged
             kernel = {"kernel": cfg.attention} if cfg.attention != "flash" else {}
             core_dims = ("b", "s", "t", "n", "g", "d") + (("w",) if cfg.kv_latent else ())

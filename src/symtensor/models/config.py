@@ -75,6 +75,14 @@ class ModelConfig:
             ``kernel`` attr the cost model prices) or ``unfused`` (scores materialised, 2022 Megatron).
         dropout: dropout after attention probabilities, attention output and MLP output.
         lora_rank: LoRA rank (0 = full training); base weights are then frozen.
+        doc_tokens: packed sequences (SFT and LoRA datasets packed to the sequence length): each query attends
+            only within its document, as the engines' variable-length fused kernels run it (Transformer
+            Engine's THD format with cu_seqlens in Megatron-Bridge and NeMo's packed_sequence_specs,
+            FlashAttention's varlen, torchtitan's block-causal FlexAttention), so the fused attention costs
+            documents of ``doc_tokens``, not the whole sequence. Documents of equal length; for lengths that
+            vary give the length-weighted mean sum(d^2) / sum(d), which the attention's work follows. 0: one
+            document per sequence (pre-training). Not with unfused attention (its score matrices are the
+            whole sequence's, masked).
         lora_targets: projections that get LoRA adapters (q, k, v, o, gate, up, down).
         active_with_embedding: the input embedding table counts among the active parameters, as
             Mistral and Qwen count them; DeepSeek and OpenAI leave it out (a lookup, no matmul).
@@ -119,6 +127,7 @@ class ModelConfig:
     dropout: bool = False
     lora_rank: int = 0
     lora_targets: tuple[str, ...] = ("q", "k", "v", "o")
+    doc_tokens: int = 0
     active_with_embedding: bool = field(default=True, compare=False)
     source: str = field(default="", compare=False)
 
@@ -182,7 +191,7 @@ class ModelConfig:
     def _validate_attention(self) -> None:
         where = f"model {self.name}"
         for key, hi in (("kv_latent", MAX_WIDTH), ("q_latent", MAX_WIDTH), ("rope_dim", MAX_WIDTH),
-                        ("v_head_dim", MAX_WIDTH), ("window", MAX_SEQ)):
+                        ("v_head_dim", MAX_WIDTH), ("window", MAX_SEQ), ("doc_tokens", MAX_SEQ)):
             integer(getattr(self, key), f"{where}: {key}", lo=0, hi=hi)
         _layer_list(self.window_layers, f"{where}: window_layers", 0, self.layers)
         if self.window_layers and not self.window:
@@ -196,7 +205,7 @@ class ModelConfig:
                                 f"rope_dim), got rope_dim={self.rope_dim}, head_dim={self.head_dim}")
         elif self.q_latent or self.rope_dim or self.value_dim != self.head_dim:
             raise PlanError(f"{where}: q_latent, rope_dim and v_head_dim != head_dim describe MLA; set kv_latent too")
-        fused = ("kv_latent", "window", "sinks")
+        fused = ("kv_latent", "window", "sinks", "doc_tokens")
         if self.attention == "unfused" and any(getattr(self, k) for k in fused):
             raise PlanError(f"{where}: attention=unfused is the 2022 Megatron graph of plain attention; "
                             f"{', '.join(k for k in fused if getattr(self, k))} need attention=flash "

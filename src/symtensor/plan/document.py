@@ -67,8 +67,9 @@ def evaluation_json(plan: Plan) -> dict:
     out.update(prediction_terms(plan.model, plan.cluster, plan.report.step_time_s, zero=plan.train.zero,
                                 seq=plan.seq, framework=plan.engine, graph=plan.graph, precision=plan.train.precision,
                                 tp=out["config"]["tp"], attention=plan.train.stack.attention))
-    if plan.notes:  # (the pipeline split evaluate chose, when it is not Megatron's own)
-        out["notes"] = list(plan.notes)
+    said = [*plan.notes, *description_notes(plan)]  # (the pipeline split evaluate chose, when not Megatron's own)
+    if said:
+        out["notes"] = said
     return out
 
 
@@ -94,9 +95,21 @@ def plan_json(plan: Plan, baselines: dict | None = None, *, space: str = "symten
 
 
 def notes(plan: Plan) -> list[str]:
-    """The search's notes, and ``summary.repeated_work_note`` when devices repeat work."""
+    """The search's notes, ``summary.repeated_work_note`` when devices repeat work, and what the description
+    assumes (``description_notes``)."""
     repeat = repeated_work_note(plan)
-    return [*plan.notes, repeat] if repeat else list(plan.notes)
+    return [*plan.notes, *([repeat] if repeat else []), *description_notes(plan)]
+
+
+def description_notes(plan: Plan) -> list[str]:
+    """What the costing assumes of the run beyond the model's architecture: packed documents
+    (``ModelConfig.doc_tokens``)."""
+    doc = plan.model.doc_tokens
+    if not doc or doc >= plan.seq:
+        return []
+    return [f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
+            f"{plan.seq:,}-token sequence, as variable-length fused kernels run it (THD / cu_seqlens, block-causal "
+            "masks); the other ops cost the whole sequence"]
 
 
 def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False) -> dict:

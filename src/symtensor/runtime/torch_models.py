@@ -19,13 +19,14 @@ from symtensor.errors import PlanError
 
 # what the runtime does not build, and the field that asks for it (0 / False / empty: absent)
 UNSUPPORTED = {"kv_latent": "multi-head latent attention (MLA)", "shared_ffn": "shared experts",
-               "window": "sliding-window attention", "sinks": "attention sinks"}
+               "window": "sliding-window attention", "sinks": "attention sinks",
+               "doc_tokens": "packed documents (per-document attention)"}
 
 
 def check_supported(cfg) -> None:
     """Refuse configs this model does not build: it is LLaMA-style (with Q/K norms, a head width
     of its own, and mixture-of-experts layers where the config puts them), without MLA, shared
-    experts, sliding windows or sinks.
+    experts, sliding windows, sinks or packed documents.
 
     Args:
         cfg: a ``symtensor.models.ModelConfig``.
