@@ -176,6 +176,7 @@ class _Rows:
         self.runs = runs
         self.items = []
         self.graphs = {}
+        self.predicted: dict = {}  # (row, constants) -> step (predict)
         devices = set()
         for r in runs:
             try:
@@ -199,6 +200,14 @@ class _Rows:
         return {k: getattr(eff.end_to_end if FREE[k][0] == "end_to_end" else eff, k) for k in FREE}
 
     def predict(self, i: int, constants: dict) -> float:
+        """Row ``i``'s step at ``constants``, each point costed once (the fits and their leave-one-out refits
+        revisit the points the coordinate search has costed)."""
+        key = (i, tuple(sorted(constants.items())))
+        if key not in self.predicted:
+            self.predicted[key] = self._predict(i, constants)
+        return self.predicted[key]
+
+    def _predict(self, i: int, constants: dict) -> float:
         cfg, cluster, config = self.items[i]
         sections = {"efficiency": dict(cluster.efficiency), "end_to_end": dict(cluster.end_to_end)}
         for k, v in constants.items():
