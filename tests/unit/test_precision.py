@@ -213,7 +213,7 @@ def test_fp8_is_tried_on_each_fast_bf16_layout_that_could_still_win(monkeypatch)
     from symtensor.search import outer
 
     def point(seconds, fp8=None, layouts=None):
-        return NS(report=NS(step_time_s=seconds), train=NS(fp8=fp8, recompute="none", pp=1),
+        return NS(report=NS(step_time_s=seconds), train=NS(fp8=fp8, recompute="none", pp=1, micro_steps=8),
                   layouts=layouts if layouts is not None else object())
 
     a, b, c = point(1.0), point(1.05), point(2.5)
@@ -248,3 +248,4 @@ def test_fp8_variants_take_the_larger_micro_batch_full_recomputation_lets_fit():
     plan = api.plan("qwen3-30b-a3b", "dgx-h100", 64)
     assert plan.train.precision == "fp8"
     assert plan.report.step_time_s <= point.report.step_time_s * (1 + 1e-9)
+    assert "micro-batches per step" in plan.notes[0]  # (what FP8 bought names the larger micro-batch)

@@ -298,15 +298,14 @@ def precision_variant(s: OuterSearch, zero_variants: bool = True) -> str | None:
     weight copies on a point that barely fits in BF16) or a GEMM's local shape is not one FP8 kernels
     take (``precision.gemm_refusal``), and wherever FP8 buys one layout more than another (Qwen3-30B-A3B on
     64 H100: ZeRO 3 over 64 ranks 1.08x at a larger micro-batch, a TP 2 x PP 4 layout less), the next of the
-    search's ``leaders``
-    (the fastest BF16 points of other layouts) is tried the same way, until a leader's BF16 step is at least
-    the FP8 best's times the most FP8 can buy (the FP8-to-BF16 peak ratio times 4/3 for a lighter
-    recomputation: no FP8 variant of it at its own micro-batch can win; the larger micro-batches ``_fp8_variants``
-    also tries buy GEMM efficiency this bound does not count, so there it stops the leaders by judgement, not by
-    proof). At most twelve evaluations per leader at its
-    own micro-batch, and without a pipeline as many per larger micro-batch as fit: variants of costed points, not
-    an axis of the search (``zero_variants`` False: the Megatron space keeps its stage); a
-    grid or recipe plan the guarantee adopts instead is re-costed the same way (``guarantee.in_fp8``).
+    search's ``leaders`` (the fastest BF16 points of other layouts) is tried the same way, until a leader's BF16
+    step is at least the FP8 best's times the most FP8 can buy (the FP8-to-BF16 peak ratio times 4/3 for a
+    lighter recomputation: no FP8 variant of it at its own micro-batch can win; the larger micro-batches
+    ``_fp8_variants`` also tries buy GEMM efficiency this bound does not count, so there it stops the leaders by
+    judgement, not by proof). At most twelve evaluations per leader at its own micro-batch, and without a
+    pipeline as many per larger micro-batch as fit: variants of costed points, not an axis of the search
+    (``zero_variants`` False: the Megatron space keeps its stage); a grid or recipe plan the guarantee adopts
+    instead is re-costed the same way (``guarantee.in_fp8``).
     Returns what FP8 bought (a plan note), or None when it did not win."""
     recipe = s.pool.fp8_variant
     if recipe is None or s.best is None:
@@ -328,6 +327,8 @@ def precision_variant(s: OuterSearch, zero_variants: bool = True) -> str | None:
     was, now = base.report.step_time_s, s.best.report.step_time_s
     rc = "" if s.best.train.recompute == base.train.recompute else \
         f", recomputation {base.train.recompute} -> {s.best.train.recompute}"
+    if s.best.train.micro_steps != base.train.micro_steps:  # (a larger micro-batch: fp8_micro_steps)
+        rc += f", {base.train.micro_steps} -> {s.best.train.micro_steps} micro-batches per step"
     other = "" if base is first else \
         f"; the fastest BF16 layouts ({first.report.step_time_s:.4g} s) gain less from FP8 or do not take it"
     return (f"FP8 GEMMs ({recipe} scaling) bought {was / now:.2f}x: {now:.4g} s per step against {was:.4g} s for "
