@@ -14,7 +14,7 @@ $(VENV)/.installed: pyproject.toml
 plan: $(VENV)/.installed
 	$(VENV)/bin/symtensor plan
 
-# the linters (seconds), the unit tests (CPU, under a minute), then the integration runs (torchrun
+# the linters (seconds), the unit tests (CPU, 1.5-2 minutes on 2 cores), then the integration runs (torchrun
 # processes, end to end)
 test: lint unit integration
 
