@@ -51,8 +51,8 @@ def test_packed_documents_make_attention_cheaper_and_nothing_else():
 
 
 def test_the_prediction_says_it_assumed_packed_documents(tmp_path, capsys):
-    """evaluate and plan name the assumption; a plan file keeps it (its model's doc_tokens), so explain and the
-    exports read the same costing."""
+    """evaluate, plan and explain name the assumption; a plan file keeps it (its model's doc_tokens), so explain and
+    the exports read the same costing."""
     assert main(["evaluate", "llama3-8b", "--cluster", "dgx-h100", "--devices", "8", "--seq", "8192", "--set",
                  f"doc_tokens={DOC}", "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
@@ -63,6 +63,9 @@ def test_the_prediction_says_it_assumed_packed_documents(tmp_path, capsys):
     again = load_plan(path)
     assert again.model.doc_tokens == DOC
     assert again.report.step_time_s == pytest.approx(plan.report.step_time_s, rel=1e-9)
+    from symtensor.analysis.explain import explain_plan
+    assert explain_plan(again)["assumptions"][0].startswith("packed sequences: attention costed per document")
+    assert "assumptions" not in explain_plan(api.plan("llama3-8b", "dgx-h100", 8, seq=8192, global_batch=64))
     assert "--dataloader-inter-document-masking" in export(again, "megatron")
     assert "block-causally" in export(again, "torchtitan")["_packing_note"]
     assert "--dataloader-inter-document-masking" not in export(api.plan("llama3-8b", "dgx-h100", 8, seq=8192),

@@ -26,6 +26,7 @@ from symtensor.analysis.terms import TIME_TERMS, OpTerms, op_terms, problem_of
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import GIB
 from symtensor.layout import REPLICATED, OpLayout
+from symtensor.plan.document import description_notes
 from symtensor.plan.summary import axis_names, degrees, layer_types
 from symtensor.search.grid import hybrid_note
 
@@ -80,6 +81,9 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
                                              plan.train.zero)
     if plan.train.layer_split is not None:  # (a plan with the rule's split says nothing of it, as before)
         out["pipeline"] = pipeline_split_why(plan, problem.ev, layouts)
+    assumed = description_notes(plan)  # (what the costing assumes of the run: packed documents)
+    if assumed:
+        out["assumptions"] = assumed
     return out
 
 

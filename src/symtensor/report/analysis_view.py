@@ -31,6 +31,8 @@ def _header(console, out: dict) -> None:
     console.print(f"[dim]{out['units']}; at each mesh axis an op keeps its outer cuts and adds one (or none)[/]")
     if out.get("hybrid_sharding"):
         console.print(out["hybrid_sharding"])
+    for said in out.get("assumptions", ()):  # (analysis.explain: what the costing assumes of the run)
+        console.print(said, markup=False)
 
 
 def _cell(lv: dict) -> str:
