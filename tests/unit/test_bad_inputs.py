@@ -289,7 +289,7 @@ CASES = [
     ("set-kv-heads-not-dividing", PLAN + ["--set", "kv_heads=3"], ["kv_heads=3 must divide heads=4"]),
     ("set-top-k-dense", PLAN + ["--set", "top_k=4"], ["top_k=4 exceeds experts=1"]),
     ("set-lora-rank-neg", PLAN + ["--set", "lora_rank=-1"], ["lora_rank", ">= 0"]),
-    ("set-lora-target", PLAN + ["--set", "lora_rank=4", "--set", "lora_targets=qkv"], ["unknown lora target"]),
+    ("set-lora-target", PLAN + ["--set", "lora_rank=4", "--set", "lora_targets=qkvo"], ["unknown lora target"]),
     ("set-empty-name", PLAN + ["--set", "name="], ["model name", "non-empty"]),
     ("set-family", PLAN + ["--set", "family=bert"], ["family='bert'", "gpt, llama"]),
     ("set-attention-kernel", EVAL + ["--set", "attention=triton"],

@@ -371,6 +371,32 @@ def test_lora_freezes_base_weights_and_adds_adapters():
     assert adapters == cfg.layers * ((h * r + r * cfg.heads * cfg.head_dim) + (h * r + r * cfg.kv_heads * cfg.head_dim))
 
 
+def test_fused_lora_targets_share_one_adapter_input_as_megatron_does():
+    """Megatron-Bridge's default LoRA targets (linear_qkv, linear_proj, linear_fc1, linear_fc2) put one adapter on
+    the fused Q/K/V and gate/up projections: one A over their shared input and a B of their fused width, so
+    qkv,o,fc1,down holds h r + r (n + 2 g) d for attention's input where q,k,v holds three A's; listing a fused target
+    with one of its parts, or qkv on multi-head latent attention, is one line."""
+    base = PRESETS["tiny-llama"]
+    h, r, f = base.hidden, 4, base.ffn
+
+    def adapters(targets):
+        g = build_graph(base.replace(lora_rank=r, lora_targets=targets), micro_batch=1, seq=16)
+        return sum(t.numel for t in g.params() if ".lora_" in t.name and t.trainable), g
+
+    fused, g = adapters(("qkv", "o", "fc1", "down"))
+    qkv = h * r + r * (base.heads + 2 * base.kv_heads) * base.head_dim
+    o = base.heads * base.head_dim * r + r * h
+    assert fused == base.layers * (qkv + o + (h * r + r * 2 * f) + (f * r + r * h))
+    split, _ = adapters(("q", "k", "v", "o", "gate", "up", "down"))
+    assert split - fused == base.layers * (2 * h * r + h * r)  # two A's fewer on attention, one on the MLP
+    assert sum(op.name.endswith("qkv.lora_a") for op in g.ops) == base.layers
+    for bad, match in ((("qkv", "q"), "qkv is one adapter on q, k, v together"), (("fc1", "up"), "list it or up")):
+        with pytest.raises(PlanError, match=match):
+            base.replace(lora_rank=r, lora_targets=bad)
+    with pytest.raises(PlanError, match="multi-head latent attention"):
+        PRESETS["deepseek-v3"].replace(lora_rank=r, lora_targets=("qkv",))
+
+
 def test_lora_on_output_projection_builds():
     cfg = PRESETS["tiny-llama"].replace(lora_rank=4, lora_targets=("o",))
     g = build_graph(cfg, micro_batch=1, seq=16)
@@ -390,8 +416,8 @@ def test_lora_trains_only_the_adapters():
 def test_lora_config_checks():
     with pytest.raises(PlanError, match=r"lora_rank must be >= 0, got -1"):
         PRESETS["tiny-llama"].replace(lora_rank=-1)
-    with pytest.raises(PlanError, match=r"unknown lora target\(s\) \['qkv'\]"):
-        PRESETS["tiny-llama"].replace(lora_rank=4, lora_targets=("qkv",))
+    with pytest.raises(PlanError, match=r"unknown lora target\(s\) \['qkvo'\]"):
+        PRESETS["tiny-llama"].replace(lora_rank=4, lora_targets=("qkvo",))
 
 
 # -- Hugging Face config.json ---------------------------------------------------------------------------

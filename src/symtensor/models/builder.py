@@ -24,7 +24,7 @@ import math
 
 from symtensor.errors import PlanError
 from symtensor.graph import Graph, Op, Tensor
-from symtensor.models.config import ModelConfig
+from symtensor.models.config import FUSED_LORA, ModelConfig
 from symtensor.models.hf_config import load_model_config
 
 # Megatron-LM pads the vocabulary to a multiple of 128 (--make-vocab-size-divisible-by) so that
@@ -41,6 +41,7 @@ class _Builder:
         if cfg.vocab >= VOCAB_PAD:
             cfg = cfg.replace(vocab=padded_vocab(cfg.vocab))
         self.cfg, self.b, self.s, self.dtype = cfg, micro_batch, seq, dtype
+        self.shared_a: dict = {}  # (fused LoRA target, input tensor) -> the adapter's A output (linear)
         self.g = Graph(name=cfg.name, meta={"config": cfg, "micro_batch": micro_batch, "seq": seq,
                                             "layers": cfg.layers, "dtype": dtype, "inputs": ("ids", "labels")})
         self.layer, self.prefix = -1, "embed"
@@ -64,10 +65,13 @@ class _Builder:
         return outputs[0]
 
     def linear(self, name, x, x_dims, out_dims, sizes, w_dims, target=None, bias=False):
-        """Y = X . W; LoRA adds (X . A) . B when ``target`` is a LoRA target (W is then frozen)."""
+        """Y = X . W; LoRA adds (X . A) . B when ``target`` is a LoRA target (W is then frozen). Under a fused
+        target (``FUSED_LORA``: Megatron's linear_qkv and linear_fc1 adapters) the projections it fuses that read
+        the same input share one A, each with its part of the one B."""
         cfg = self.cfg
         sizes = {d: sizes[d] for d in dict.fromkeys(x_dims + w_dims + out_dims)}
-        lora = cfg.lora_rank > 0 and target in cfg.lora_targets
+        fused = next((f for f, parts in FUSED_LORA.items() if target in parts and f in cfg.lora_targets), None)
+        lora = cfg.lora_rank > 0 and (target in cfg.lora_targets or fused is not None)
         w = self.param(f"{name}.weight", tuple(sizes[d] for d in w_dims), w_dims)
         inputs, in_dims = [x, w], [x_dims, w_dims]
         if bias:
@@ -86,9 +90,15 @@ class _Builder:
         keep = tuple(d for d in x_dims if d not in red)
         xa_dims = keep + ("r",)
         a_sizes = {d: sizes[d] for d in x_dims} | {"r": r}
-        a_w = self.param(f"{name}.lora_a.weight", tuple(sizes[d] for d in red) + (r,), red + ("r",), adapter=True)
-        xa = self.act(f"{name}.lora_a", tuple(a_sizes[d] for d in xa_dims), xa_dims)
-        self.op(f"{name}.lora_a", "linear", a_sizes, [x, a_w], [x_dims, red + ("r",)], [xa], [xa_dims])
+        xa = self.shared_a.get((fused, x)) if fused else None
+        if xa is None:
+            a_name = f"{name.rpartition('.')[0]}.{fused}".lstrip(".") if fused else name  # (experts.fc1, qkv)
+            a_w = self.param(f"{a_name}.lora_a.weight", tuple(sizes[d] for d in red) + (r,), red + ("r",),
+                             adapter=True)
+            xa = self.act(f"{a_name}.lora_a", tuple(a_sizes[d] for d in xa_dims), xa_dims)
+            self.op(f"{a_name}.lora_a", "linear", a_sizes, [x, a_w], [x_dims, red + ("r",)], [xa], [xa_dims])
+            if fused:
+                self.shared_a[(fused, x)] = xa
         b_wdims = ("r",) + tuple(d for d in w_dims if d not in red)
         b_sizes = {d: sizes[d] for d in out_dims} | {"r": r}
         b_w = self.param(f"{name}.lora_b.weight", tuple(b_sizes[d] for d in b_wdims), b_wdims, adapter=True)

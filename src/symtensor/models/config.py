@@ -25,6 +25,12 @@ ATTENTION = {
 FUSED_ATTENTION = tuple(k for k in ATTENTION if k != "unfused")
 
 
+# LoRA targets that fuse projections as Megatron's modules do (one adapter on linear_qkv, one on linear_fc1:
+# NVIDIA-NeMo/Megatron-Bridge@067f987df src/megatron/bridge/peft/lora.py target_modules, default linear_qkv,
+# linear_proj, linear_fc1, linear_fc2 = qkv, o, fc1, down here): one A over the shared input, B the fused width
+FUSED_LORA = {"qkv": ("q", "k", "v"), "fc1": ("gate", "up")}
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class ModelConfig:
     """A transformer, dense or mixture-of-experts, in the terms every builder needs.
@@ -83,7 +89,10 @@ class ModelConfig:
             vary give the length-weighted mean sum(d^2) / sum(d), which the attention's work follows. 0: one
             document per sequence (pre-training). Not with unfused attention (its score matrices are the
             whole sequence's, masked).
-        lora_targets: projections that get LoRA adapters (q, k, v, o, gate, up, down).
+        lora_targets: projections that get LoRA adapters (q, k, v, o, gate, up, down), each its own as Hugging Face
+            PEFT adds them; ``qkv`` and ``fc1``: one adapter on the fused Q/K/V and gate/up projections, as Megatron
+            adds them to linear_qkv and linear_fc1 (Megatron-Bridge's default targets are qkv, o, fc1, down; NeMo
+            1.x's attention_qkv is qkv).
         active_with_embedding: the input embedding table counts among the active parameters, as
             Mistral and Qwen count them; DeepSeek and OpenAI leave it out (a lookup, no matmul).
             Changes no graph, only ``params_active``.
@@ -173,9 +182,18 @@ class ModelConfig:
         for key, valid in choices.items():
             if getattr(self, key) not in valid:
                 raise PlanError(f"model {self.name}: {key}={getattr(self, key)!r}; use one of {', '.join(valid)}")
-        bad = set(self.lora_targets) - {"q", "k", "v", "o", "gate", "up", "down"}
+        bad = set(self.lora_targets) - {"q", "k", "v", "o", "gate", "up", "down", "qkv", "fc1"}
         if bad:
-            raise PlanError(f"model {self.name}: unknown lora target(s) {sorted(bad)}; use q, k, v, o, gate, up, down")
+            raise PlanError(f"model {self.name}: unknown lora target(s) {sorted(bad)}; use q, k, v, o, gate, up, down "
+                            "(or qkv, fc1: one adapter on the fused projections)")
+        for fused, parts in FUSED_LORA.items():
+            both = [t for t in parts if t in self.lora_targets]
+            if fused in self.lora_targets and both:
+                raise PlanError(f"model {self.name}: lora target {fused} is one adapter on {', '.join(parts)} "
+                                f"together; list it or {', '.join(both)}, not both")
+        if "qkv" in self.lora_targets and self.kv_latent:
+            raise PlanError(f"model {self.name}: lora target qkv is one adapter on Q, K and V projected from one "
+                            "input; multi-head latent attention projects them from different ones: list q, k, v")
         self._validate_moe()
         self._validate_attention()
 
