@@ -164,14 +164,15 @@ class _Builder:
             if cfg.sinks:  # one learned logit per head joins each softmax row
                 inputs.append(self.param("sinks", (cfg.heads,), ("n",)))
                 in_dims.append(("n",))
-            window = {"window": cfg.window} if cfg.is_window_layer(self.layer) else {}
-            if cfg.doc_tokens and cfg.doc_tokens < self.s:  # packed documents (ModelConfig.doc_tokens)
-                window["document"] = cfg.doc_tokens
+            # the keys a query reaches: a sliding window, packed documents shorter than the sequence (doc_tokens)
+            reach = {"window": cfg.window} if cfg.is_window_layer(self.layer) else {}
+            if cfg.doc_tokens and cfg.doc_tokens < self.s:
+                reach["document"] = cfg.doc_tokens
             # the engine's own kernel (flash) carries no attr: default graphs are unchanged
             kernel = {"kernel": cfg.attention} if cfg.attention != "flash" else {}
             core_dims = ("b", "s", "t", "n", "g", "d") + (("w",) if cfg.kv_latent else ())
             self.op("core", "attention", {k_: sizes[k_] for k_ in core_dims}, inputs, in_dims, [o], [o_dims],
-                    causal=True, linked=(("n", "g"),), **window, **kernel)
+                    causal=True, linked=(("n", "g"),), **reach, **kernel)
         else:
             o = self.unfused_core(q, k, v, sizes)
         y = self.linear("o_proj", o, o_dims, bsh, sizes, ("n", vd, "h"), "o", bias=cfg.bias)

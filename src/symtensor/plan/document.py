@@ -102,10 +102,10 @@ def notes(plan: Plan) -> list[str]:
 
 
 def description_notes(plan: Plan) -> list[str]:
-    """What the costing assumes of the run beyond the model's architecture: packed documents
-    (``ModelConfig.doc_tokens``)."""
-    doc = plan.model.doc_tokens
-    if not doc or doc >= plan.seq:
+    """What the costing assumes of the run beyond the model's architecture: packed documents, as the graph's
+    attention carries them (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``)."""
+    doc = next((op.attr("document") for op in plan.graph.ops if op.attr("document")), None)
+    if doc is None:
         return []
     return [f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
             f"{plan.seq:,}-token sequence, as variable-length fused kernels run it (THD / cu_seqlens, block-causal "
