@@ -14,8 +14,8 @@ $(VENV)/.installed: pyproject.toml
 plan: $(VENV)/.installed
 	$(VENV)/bin/symtensor plan
 
-# the linters (seconds), the unit tests (CPU, 1.5-2 minutes on 2 cores), then the integration runs (torchrun
-# processes, end to end)
+# the linters (seconds), the unit tests (CPU, about a minute on 2 cores), then the integration runs (torchrun
+# processes, torch captures, calibration fits, exhaustive searches: end to end)
 test: lint unit integration
 
 # ruff (style, import order, likely mistakes) and import-linter (the layers of ARCHITECTURE.md, no

@@ -245,22 +245,6 @@ def test_context_parallel_shards_the_optimizer_with_data_parallel():
     assert b["memory_gib"]["optimizer"] == pytest.approx(a["memory_gib"]["optimizer"], rel=1e-6)
 
 
-def test_bands_are_the_calibration_residuals():
-    """The stored residual ranges are those of the time rows (iteration time and MFU), in-sample and
-    leave-one-source-out together, as calibration prints them (rounded to 1e-4); the leave-one-source-out
-    bands cover at least 80% of the rows (issue 22's bar for runs nobody tuned for)."""
-    rows = [r for r in calibration.load_rows() if r.metric in calibration.TIME_METRICS]
-    loso = calibration.loso(rows)
-    triples = calibration.time_residuals(calibration.predict(rows)) + calibration.time_residuals(loso)
-    for device in ("A100", "H100"):
-        errors = [r for _, d, r in triples if d == device]
-        lo, hi = bands.RESIDUALS[(device, "dense 3D")]
-        assert lo == pytest.approx(min(errors), abs=1e-4)
-        assert hi == pytest.approx(max(errors), abs=1e-4)
-    hit, n = calibration.band_coverage(loso)["all"]
-    assert hit >= 0.8 * n
-
-
 def test_every_prediction_names_engine_and_band():
     out = _step("llama3-8b", 64, zero=1)
     lo, hi = out["step_time_band_s"]

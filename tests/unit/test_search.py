@@ -1,6 +1,6 @@
 """The search: the memory weight, D-Rec's recursion, the bounds that prune the search, plan validity
-and plan files, the orbit memo. (The solver against the exact optimum and plans against the
-Megatron grid: tests/integration/test_search_quality.py.)"""
+and plan files, the orbit memo. (The solver against the exact optimum, plans against the
+Megatron grid and random searches on toy clusters: tests/integration/test_search_quality.py.)"""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.errors import PlanError
-from symtensor.hardware import MEMORY_HEADROOM, cluster_from_dict, load_cluster
-from symtensor.layout import REPLICATED, check_layout
-from symtensor.models import PRESETS, ModelConfig, build_graph, load_model_config
+from symtensor.hardware import MEMORY_HEADROOM, load_cluster
+from symtensor.layout import check_layout
+from symtensor.models import PRESETS, build_graph, load_model_config
 from symtensor.plan import load_plan, save_plan
 from symtensor.search import partition, search
 from symtensor.search.partition import Problem, solve
@@ -55,7 +55,6 @@ def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, ind
     shards parameters from ZeRO 1)."""
     from dataclasses import replace
 
-    from symtensor.hardware import MEMORY_HEADROOM
     from symtensor.search.megatron import configuration, grid_points, train_config
 
     cfg = load_model_config(name).replace(layers=4, **({"lora_rank": 8} if lora else {}))
@@ -163,37 +162,6 @@ def test_selective_recomputation_equals_none_without_unfused_attention():
                             load_cluster("dgx-h100", devices=8), 2048)
     unfused.get(8, 1)
     assert unfused.recomputations() == ("none", "selective", "full")
-
-
-def _assert_valid(plan):
-    layouts = plan.op_layouts()
-    for op in plan.graph.ops:
-        check_layout(op, layouts.get(op.name, REPLICATED), plan.mesh)  # every cut divides, no axis twice
-    assert plan.mesh.size() * plan.pipeline.size() == plan.cluster.n_devices
-    assert plan.pipeline.size() == plan.train.pp
-    rep = plan.report
-    if rep.fits:
-        assert rep.memory_peak <= rep.memory_reserved <= MEMORY_HEADROOM * rep.capacity
-    assert rep.step_time_s > 0 and all(v >= 0 for v in rep.breakdown.values())
-
-
-@settings(max_examples=12, deadline=None, suppress_health_check=[HealthCheck.too_slow])
-@given(layers=st.integers(1, 4), width=st.sampled_from([32, 64, 96, 128]), heads=st.sampled_from([2, 4, 8]),
-       kv_div=st.sampled_from([1, 2]), experts=st.sampled_from([1, 4]), fanout=st.sampled_from([2, 3, 4, 8]),
-       nodes=st.integers(1, 3), seq=st.sampled_from([32, 64, 96]), batch=st.sampled_from([6, 8, 12, 16, 24]))
-def test_fuzzed_plans_are_valid(layers, width, heads, kv_div, experts, fanout, nodes, seq, batch):
-    cfg = ModelConfig(name="fuzz", layers=layers, hidden=width, heads=heads, kv_heads=heads // kv_div, ffn=2 * width,
-                      vocab=256, experts=experts, top_k=min(2, experts), max_context=seq)
-    cluster = cluster_from_dict({
-        "device": {"name": "toy", "peak_tflops": {"bf16": 100}, "hbm_gbps": 1000, "memory_gib": 0.01},
-        "levels": [{"name": "fast", "fanout": fanout, "bandwidth_gbps": 100, "latency_us": 2},
-                   {"name": "slow", "bandwidth_gbps": 10, "latency_us": 10}]}, fanout * nodes)
-    try:
-        plan = search(cfg, cluster, batch, seq)
-    except PlanError as exc:  # a refusal must say why, never crash
-        assert str(exc)
-        return
-    _assert_valid(plan)
 
 
 def test_plan_file_round_trip(tmp_path):

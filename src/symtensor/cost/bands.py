@@ -38,7 +38,7 @@ from symtensor.cost.engine import sharded_parameters
 
 # (lowest, highest) residual of the time rows (iteration time and MFU) per (device table, regime), over
 # their in-sample predictions (what a user gets) and their leave-one-source-out ones (what a new source
-# would see): ``symtensor calibrate`` prints both (tests/unit/test_cost_physics.py checks these)
+# would see): ``symtensor calibrate`` prints both (tests/integration/test_calibration_fits.py checks these)
 RESIDUALS = {("A100", "dense 3D"): (-0.0419, 0.0656), ("H100", "dense 3D"): (-0.0348, 0.0321)}
 # the legacy symmetric range some callers state for "no calibration at all" (kept for the report)
 UNCALIBRATED = (-0.25, 0.25)
