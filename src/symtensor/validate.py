@@ -281,7 +281,7 @@ def model_config(cfg) -> None:
         elif f.type == "str" and f.name not in ("name", "source"):
             name(value, what)
     if not isinstance(cfg.lora_targets, tuple) or not all(isinstance(t, str) for t in cfg.lora_targets):
-        raise PlanError(f"{where}: lora_targets must be names (q, k, v, o, gate, up, down, qkv, fc1), got "
+        raise PlanError(f"{where}: lora_targets must be a list of projection names (q, k, v, o, ...), got "
                         f"{_show(cfg.lora_targets)}")
 
 

@@ -29,6 +29,7 @@ FUSED_ATTENTION = tuple(k for k in ATTENTION if k != "unfused")
 # NVIDIA-NeMo/Megatron-Bridge@067f987df src/megatron/bridge/peft/lora.py target_modules, default linear_qkv,
 # linear_proj, linear_fc1, linear_fc2 = qkv, o, fc1, down here): one A over the shared input, B the fused width
 FUSED_LORA = {"qkv": ("q", "k", "v"), "fc1": ("gate", "up")}
+LORA_TARGETS = ("q", "k", "v", "o", "gate", "up", "down")  # each its own adapter, as Hugging Face PEFT adds them
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -182,10 +183,10 @@ class ModelConfig:
         for key, valid in choices.items():
             if getattr(self, key) not in valid:
                 raise PlanError(f"model {self.name}: {key}={getattr(self, key)!r}; use one of {', '.join(valid)}")
-        bad = set(self.lora_targets) - {"q", "k", "v", "o", "gate", "up", "down", "qkv", "fc1"}
+        bad = set(self.lora_targets) - set(LORA_TARGETS) - set(FUSED_LORA)
         if bad:
-            raise PlanError(f"model {self.name}: unknown lora target(s) {sorted(bad)}; use q, k, v, o, gate, up, down "
-                            "(or qkv, fc1: one adapter on the fused projections)")
+            raise PlanError(f"model {self.name}: unknown lora target(s) {sorted(bad)}; use {', '.join(LORA_TARGETS)} "
+                            f"(or {', '.join(FUSED_LORA)}: one adapter on the fused projections)")
         for fused, parts in FUSED_LORA.items():
             both = [t for t in parts if t in self.lora_targets]
             if fused in self.lora_targets and both:
