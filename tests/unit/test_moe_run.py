@@ -212,20 +212,26 @@ def test_a_search_holds_ep_overlap_only_where_megatron_runs_it():
     assert "moe_ep_overlap" not in dense.config
 
 
-def test_ep_overlap_keeps_one_more_micro_batch_in_flight():
-    """Megatron's schedule runs one extra micro-batch forward (a model chunk: 1/vpp of the stage's layers)
-    before the combined 1F1B steps (cost.memory.ep_overlap_inflight): without a pipeline the activations of 2
-    micro-batches instead of 1; on pp 8 x vpp 4 a quarter micro-batch more; a dense model none."""
-    from symtensor.cost.memory import ep_overlap_inflight
+def test_ep_overlap_keeps_one_more_layer_in_flight():
+    """Megatron's combined 1F1B step runs the forward micro-batch's layer i beside the backward one's layer n - 1 - i
+    and releases the backward's layer after each pair (cost.memory.ep_overlap_layer): one micro-batch's activations
+    fill as the other's drain, so the stage holds one layer more than 1F1B, not a micro-batch more (until the
+    thirteenth session the model held a whole extra model chunk: twice the activations without a pipeline). The
+    extra warm-up forward before the combined steps is the steady-state forward 1F1B's count already holds; a step
+    whose micro-batches are all in flight, or a stage without expert communication, holds none."""
+    from symtensor.cost.memory import ep_overlap_layer
     from symtensor.cost.pipeline import Stage, inflight
 
     run = dict(seq=256, global_batch=64, micro_batch=1, zero=1, tp=1, ep=4, recompute="none")
-    off = evaluate("tiny-qwen3-moe", "dgx-h100", 16, **run).report
-    on = evaluate("tiny-qwen3-moe", "dgx-h100", 16, stack=Stack(moe_ep_overlap=True), **run).report
-    assert on.memory["activations"] == pytest.approx(2 * off.memory["activations"])
+    off = evaluate("tiny-qwen3-moe", "dgx-h100", 16, **run)
+    on = evaluate("tiny-qwen3-moe", "dgx-h100", 16, stack=Stack(moe_ep_overlap=True), **run)
+    one_layer = off.report.memory["activations_layers"] / off.model.layers  # (its layers are alike)
+    assert on.report.memory["activations"] == pytest.approx(off.report.memory["activations"] + one_layer)
+    assert on.report.step_time_s < off.report.step_time_s
     st = Stage()
     st.comm["ep_comm"] = 1.0
+    st.layer_saved = [3.0, 5.0, 4.0]  # a dense first layer beside MoE ones: the largest
     piped = TrainConfig(global_batch=2048, micro_steps=128, pp=8, vpp=4, stack=Stack(moe_ep_overlap=True))
-    assert ep_overlap_inflight(st, piped, inflight(0, piped)) == 0.25
-    assert ep_overlap_inflight(st, piped.replace(micro_steps=8), 8.0) == 0.0  # never beyond the step's
-    assert ep_overlap_inflight(Stage(), piped, inflight(0, piped)) == 0.0  # no expert communication
+    assert ep_overlap_layer(st, piped, inflight(0, piped)) == 5.0
+    assert ep_overlap_layer(st, piped.replace(micro_steps=8), 8.0) == 0.0  # every micro-batch in flight already
+    assert ep_overlap_layer(Stage(), piped, inflight(0, piped)) == 0.0  # no expert communication

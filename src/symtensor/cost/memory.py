@@ -165,16 +165,22 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     return out
 
 
-def ep_overlap_inflight(st: Stage, train: TrainConfig, held: float) -> float:
-    """Micro-batches (of the stage's layers) a stage holds beyond 1F1B's under ``moe_ep_overlap``: Megatron
-    schedules "one extra micro-batch forward step before the 1f1b stages" so that each combined step's forward
-    and backward are independent (megatron/core/pipeline_parallel/schedules.py, num_warmup_microbatches + 1,
-    warm-up counted in model chunks: 1/vpp of the stage's layers; without a pipeline the combined 1F1B of
-    combined_1f1b.py runs micro-batch i+1's forward beside i's backward: one more); never more than the
-    micro-batches of the step. 0 where the stage has no expert-parallel communication to overlap."""
-    if not train.stack.moe_ep_overlap or not st.comm.get("ep_comm"):
+def ep_overlap_layer(st: Stage, train: TrainConfig, held: float) -> float:
+    """Activation bytes a stage holds beyond 1F1B's under ``moe_ep_overlap``: one layer's, the paired forward's
+    (NVIDIA/Megatron-LM@d98e8a64dd megatron/core/models/common/model_chunk_schedule_plan.py
+    ``TransformerModelChunkSchedulePlan.run``: each combined step runs the forward micro-batch's layer i beside the
+    backward micro-batch's layer n - 1 - i and releases the backward's layer after the pair, ``release_state``, so one
+    micro-batch's activations fill as the other's drain). The extra warm-up forward Megatron schedules before the
+    combined steps (pipeline_parallel/schedules.py, ``num_warmup_microbatches + 1``) is the forward plain 1F1B runs
+    at the start of its steady state, which ``pipeline.inflight`` already counts; without a pipeline
+    (combined_1f1b.py ``combined_1f1b_schedule_for_no_pipelining``) the first forward runs alone and each combined
+    step pairs the next forward with its backward the same way. The largest of the stage's layers (with dense first
+    layers they differ), less what lives in host memory; none when every micro-batch of the step is in flight already
+    (no combined step runs) or where the stage has no expert-parallel communication to overlap."""
+    if not train.stack.moe_ep_overlap or not st.comm.get("ep_comm") or train.micro_steps <= held:
         return 0.0
-    return max(0.0, min(1.0 / train.vpp, train.micro_steps - held))
+    host = offloaded(st, train)
+    return max((saved - (host[i] if i < len(host) else 0.0) for i, saved in enumerate(st.layer_saved)), default=0.0)
 
 
 def offloaded(st: Stage, train: TrainConfig) -> list[float]:
@@ -235,11 +241,13 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
             # the device at once: ``cost.engine.CPU_OFFLOAD``) or the offloaded modules' inputs of every layer
             # (``cost.offload``); nothing without offloading
             layers_act, redo = sum(st.layer_saved) - sum(offloaded(st, train)), 0.0
-        held = inflight(s, train) + ep_overlap_inflight(st, train, inflight(s, train))
+        held = inflight(s, train)
+        paired = ep_overlap_layer(st, train, held)
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]
         mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
-               "activations": (layers_act + st.other_saved) * held, "activations_layers": layers_act * held,
+               "activations": (layers_act + st.other_saved) * held + paired,
+               "activations_layers": layers_act * held + paired,
                "recompute_transient": redo, "gathered_params": gathered, "layer_state": st.layer_state}
         # what does not grow with the micro-batch: the state and the gathered parameters
         mem["static"] = state + gathered
