@@ -192,3 +192,53 @@ def test_explain_says_why_the_plan_takes_its_split(tmp_path):
     why = explain_plan(plan)["pipeline"]
     assert why["layer_split"] == [5, 3] and why["rule_split"] == [4, 4]
     assert max(why["rank_seconds"]) < max(why["rule_rank_seconds"]) and "balances the pipeline" in why["verdict"]
+
+
+def _megatron_peak_chunks(pp: int, v: int, m: int, rank: int) -> tuple[int, int]:
+    """The most model chunks pipeline ``rank`` holds at once, and the most of them that are its last chunk, over a
+    whole step of Megatron's interleaved schedule as schedules.py runs it: forwards in ``get_schedule_table``'s
+    order (groups of pp micro-batches, each through chunks 0..v-1), ``get_pp_rank_microbatches``' warm-up of
+    2 (pp - rank - 1) + (v - 1) pp forwards, then one forward and one backward each step (backwards in the same
+    table order, chunks reversed), then the cool-down's backwards."""
+    table = []
+    for start in range(0, m, pp):
+        group = range(start, m) if start + pp >= m else range(start, start + pp)
+        table += [(mb, c) for c in range(v) for mb in group]
+    warmup = min(2 * (pp - rank - 1) + (v - 1) * pp, m * v)
+    held, peak, peak_last, f, b = [], 0, 0, 0, 0
+
+    def forward():
+        nonlocal f
+        held.append(table[f][1])
+        f += 1
+
+    def backward():
+        nonlocal b
+        held.remove(v - 1 - table[b][1])
+        b += 1
+
+    for _ in range(warmup):
+        forward()
+    while b < m * v:
+        if f < m * v:
+            forward()
+        peak, peak_last = max(peak, len(held)), max(peak_last, held.count(v - 1))
+        backward()
+    return peak, peak_last
+
+
+@pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 4, 64), (8, 2, 8), (4, 4, 8), (2, 3, 6)])
+def test_interleaved_ranks_hold_what_megatrons_schedule_holds(pp, v, m):
+    """Every rank's activations in flight under the interleaved schedule (``pipeline.inflight``, in micro-batches
+    of the rank's layers) and its loss's (``pipeline.loss_inflight``: the last chunk's), against a replay of
+    Megatron's schedule. Until the thirteenth session every rank but the first was counted as under plain 1F1B
+    (pp - s micro-batches: the last rank held 1, where Megatron's holds ((v - 1) pp + 1) / v)."""
+    from symtensor.cost.pipeline import inflight, loss_inflight
+
+    train = TrainConfig(global_batch=m, micro_steps=m, pp=pp, vpp=v)
+    for rank in range(pp):
+        chunks, last = _megatron_peak_chunks(pp, v, m, rank)
+        assert inflight(rank, train) == pytest.approx(chunks / v), rank
+        assert loss_inflight(rank, train) == last, rank
+    plain = TrainConfig(global_batch=m, micro_steps=m, pp=pp)
+    assert [inflight(s, plain) for s in range(pp)] == [min(m, pp - s) for s in range(pp)]

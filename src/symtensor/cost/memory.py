@@ -8,7 +8,7 @@ peak and the optimizer step's):
     state               parameters, gradients and optimizer state, sharded as the engine shards them at the
                         ZeRO stage (``cost.params``)
     gathered_params     weights gathered for compute beyond the resident shards (ZeRO 3, FSDP units)
-    activations         saved activations of the micro-batches in flight (1F1B; ``cost.pipeline.inflight``)
+    activations         saved activations of the micro-batches in flight (``cost.pipeline.inflight``, ``loss_inflight``)
     engine_buffers      the engine's own buffers besides the state (``engine_buffers``)
     transient           at the forward-backward peak, the larger of the loss's backward (``loss_transient``)
                         and one layer's recomputed activations plus its largest op's backward (gradient of
@@ -41,7 +41,7 @@ from symtensor.cost.engine import (
     holds_one_unit,
     syncs_per_schedule,
 )
-from symtensor.cost.pipeline import Stage, inflight
+from symtensor.cost.pipeline import Stage, inflight, loss_inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.stack_kernels import LOSSES
 from symtensor.cost.train import RECOMPUTE, TrainConfig
@@ -245,8 +245,10 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
         paired = ep_overlap_layer(st, train, held)
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]
+        # (the loss's activations are the last model chunk's: ``loss_inflight`` of them)
+        other = (st.other_saved - st.loss_saved) * held + st.loss_saved * loss_inflight(s, train)
         mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
-               "activations": (layers_act + st.other_saved) * held + paired,
+               "activations": layers_act * held + other + paired,
                "activations_layers": layers_act * held + paired,
                "recompute_transient": redo, "gathered_params": gathered, "layer_state": st.layer_state}
         # what does not grow with the micro-batch: the state and the gathered parameters
