@@ -175,6 +175,7 @@ def test_published_memory_row_within_5_percent(index):
 @given(framework=st.sampled_from(["megatron", "fsdp2", "deepspeed"]), zero=st.integers(0, 3),
        tp=st.sampled_from([1, 2]), pp=st.sampled_from([1, 2]), recompute=st.sampled_from(["none", "full"]))
 def test_reserved_is_never_below_allocated(framework, zero, tp, pp, recompute):
+    pp = 1 if framework == "deepspeed" else pp  # (the deepspeed engine runs no pipeline: cost.engine._PIPE)
     rep = _plan(framework=framework, zero=zero if 8 // (tp * pp) > 1 else 0, tp=tp, pp=pp, recompute=recompute).report
     mem = rep.memory
     assert rep.memory_reserved >= mem["allocator_reserved"] >= rep.memory_peak >= mem["static"] > 0

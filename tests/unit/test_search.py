@@ -59,7 +59,8 @@ def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, ind
 
     cfg = load_model_config(name).replace(layers=4, **({"lora_rank": 8} if lora else {}))
     cl = load_cluster("dgx-h100", devices=devices)
-    points = list(grid_points(cfg, devices, 8, 4 * devices, 2048))
+    points = [p for p in grid_points(cfg, devices, 8, 4 * devices, 2048)
+              if p["pp"] == 1 or framework != "deepspeed"]  # (the deepspeed engine runs no pipeline)
     point = points[index % len(points)]
     pc = configuration(dict(point, zero=zero if point["dp"] > 1 else 0, framework=framework))
     bound = EvaluatorPool(cfg, cl, 2048, framework=framework).static_lower_bound(pc)

@@ -261,8 +261,9 @@ class Engine:
     # with; the unsharded gradients accumulate until then (``cost.memory.engine_buffers``), and so do the unsharded
     # weights, resharded after forward or not (``schedule_gathers``). (``exposure``)
     pipeline_sync_once: bool = False
-    # what the engine does not run, each with the reason its refusal states (``refusal``): ``vpp`` (interleaved
-    # virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a stated layer split),
+    # what the engine does not run, each with the reason its refusal states (``refusal``): ``pp`` (a pipeline),
+    # ``vpp`` (interleaved virtual stages), ``zero2``, ``zero3``, ``cp``, ``ep``, ``fp8``, ``hsdp``, ``layout`` (a
+    # stated layer split),
     # ``sac`` (torchtitan's selective checkpointing, ``selective-op`` and ``layer:N``), ``fp4`` (NVFP4, costed as
     # Transformer Engine's NVFP4BlockScaling: ``cost.precision``), ``lowp`` (Megatron-LM's quantized parameters
     # and BF16-kept layers, ``--fp8-param-gather`` and ``--first-last-layers-bf16``: ``cost.precision``)
@@ -307,6 +308,12 @@ _FP4 = ("fp4", "NVFP4 is costed as Transformer Engine's NVFP4BlockScaling, which
 # cast per step) and module filter, neither modelled; DeepSpeed has neither
 _LOWP = ("lowp", "--fp8-param-gather and --first-last-layers-bf16 are Megatron-LM's (Transformer Engine's quantized "
                  "parameters and per-layer precision); use --framework megatron, or leave them out")
+# DeepSpeed's pipeline parallelism is its PipelineEngine (TrainSchedule only, no interleaving; ZeRO 0 or 1: "ZeRO-2
+# and ZeRO-3 are incompatible with pipeline parallelism"; blocking p2p): the megatron-deepspeed engine models it
+# (its refusals). The deepspeed engine is DeepSpeed ZeRO over data (and tensor) parallelism, so a pipeline under it
+# would be costed with Megatron's schedule and p2p and could pair ZeRO 2/3 with stages, which DeepSpeed refuses.
+_PIPE = ("pp", "DeepSpeed's pipeline parallelism is its pipeline engine (ZeRO 0 or 1, no interleaving, blocking p2p), "
+               "costed as --framework megatron-deepspeed; use --pp 1 under --framework deepspeed, or that engine")
 TE_ATTENTION = (("H100", "cudnn"), ("H200", "cudnn"), ("H800", "cudnn"), ("B200", "te"), ("B300", "te"),
                 ("", "fa2"))
 SDPA_ATTENTION = (("", "fa2"),)
@@ -342,7 +349,7 @@ ENGINES = {
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
                         bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION,
-                        grad_reduce_bf16="default", refuses=(_SAC, _FP4, _LOWP)),
+                        grad_reduce_bf16="default", refuses=(_PIPE, _SAC, _FP4, _LOWP)),
 }
 # DeepSpeed's pipeline engine under Megatron-DeepSpeed (the module docstring); its refusals name the fix
 _DS_PIPE = "DeepSpeed's pipeline engine (Megatron-DeepSpeed)"
@@ -393,7 +400,7 @@ def attention_kernel(engine: Engine, device_name: str, has=lambda kernel: True) 
     return kernel if has(kernel) else next((k for k in ATTENTION_FALLBACK if has(k)), kernel)
 
 
-def refusal(engine: Engine, *, zero: int = 0, vpp: int = 1, cp: int = 1, ep: int = 1, fp8: bool = False,
+def refusal(engine: Engine, *, pp: int = 1, zero: int = 0, vpp: int = 1, cp: int = 1, ep: int = 1, fp8: bool = False,
             hsdp: bool = False, layout: bool = False, sac: bool = False, fp16: bool = False, fp4: bool = False,
             lowp: bool = False) -> str | None:
     """Why ``engine`` does not run a configuration with these features (``Engine.refuses``; FP16 where its
@@ -401,8 +408,8 @@ def refusal(engine: Engine, *, zero: int = 0, vpp: int = 1, cp: int = 1, ep: int
     if fp16 and engine.fp16 is None:
         return (f"FP16 with dynamic loss scaling is modelled for {', '.join(k for k, e in ENGINES.items() if e.fp16)} "
                 f"only, not {engine.name}; use --precision bf16")
-    used = {"zero2": zero == 2, "zero3": zero == 3, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1, "fp8": fp8,
-            "hsdp": hsdp, "layout": layout, "sac": sac, "fp4": fp4, "lowp": lowp}
+    used = {"pp": pp > 1, "zero2": zero == 2, "zero3": zero == 3, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1,
+            "fp8": fp8, "hsdp": hsdp, "layout": layout, "sac": sac, "fp4": fp4, "lowp": lowp}
     return next((why for feature, why in engine.refuses if used[feature]), None)
 
 

@@ -217,6 +217,8 @@ class TrainConfig:
                 object.__setattr__(self, key, default)
         if self.vpp > 1 and self.pp == 1:
             raise PlanError("virtual pipeline stages (vpp > 1) need pp > 1")
+        if self.pp > 1 and eng.refuses_feature("pp"):  # (a search's pipelined point under such an engine: skipped)
+            raise PlanError(engine_refusal(eng, pp=self.pp))
         if self.precision == "fp8" and self.fp8_recipe is None:
             object.__setattr__(self, "fp8_recipe", _precision.DEFAULT_RECIPE)
         if self.precision == "fp4" and self.fp8_recipe is None:

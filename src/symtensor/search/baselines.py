@@ -142,7 +142,7 @@ def sizing_rule(pool: EvaluatorPool, global_batch: int, active_params: float | N
     node = pool.cluster.levels[0].fanout or n
     tp = _recipe_tp(cfg, active_params, min(node, n))
     fallback = None
-    for pp in [p for p in divisors(n // tp) if p <= cfg.layers and cfg.layers % p == 0]:
+    for pp in pool.depths([p for p in divisors(n // tp) if p <= cfg.layers and cfg.layers % p == 0]):
         dp = n // (tp * pp)
         ep = max((e for e in divisors(tp * dp) if cfg.experts % e == 0), default=1) if cfg.is_moe else 1
         mb = 1

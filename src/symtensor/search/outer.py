@@ -48,7 +48,7 @@ class OuterSearch:
 
     def pipeline_depths(self) -> list[int]:
         n, layers = self.cluster.n_devices, self.cfg.layers
-        return [p for p in divisors(n) if p <= layers]
+        return self.pool.depths([p for p in divisors(n) if p <= layers])
 
     def micro_steps(self, pp: int) -> list[int]:
         """Micro-batches per step: at least pp (to fill the pipeline), dividing the global batch."""

@@ -140,6 +140,9 @@ class EvaluatorPool:
         carried = {"framework": framework, "precision": self.precision, "fp8_recipe": self.fp8_recipe}
         self.config_keys = {**carried, **self.stack.differing()}
         self.train_keys = {**carried, "stack": self.stack}
+        # whether the engine pipelines (``Engine.refuses`` ``pp``: the deepspeed engine is DeepSpeed ZeRO; its
+        # pipeline engine is megatron-deepspeed's): every pipeline depth of the search is read through ``depths``
+        self.pipelines = not engine_named(framework).refuses_feature("pp")
         self.graph_factory = graph_factory
         self._param_sums = None
         self._recomputations = None
@@ -230,10 +233,14 @@ class EvaluatorPool:
             return self.train_keys
         return {**self.train_keys, "precision": "fp8", "fp8_recipe": self.fp8_variant}
 
+    def depths(self, candidates) -> list[int]:
+        """The pipeline depths of ``candidates`` this search may take: 1 alone under an engine without pipelines."""
+        return [pp for pp in candidates if self.pipelines or pp == 1]
+
     def _grid(self, global_batch: int) -> list[dict]:
         n = self.cluster.n_devices
         node = self.cluster.levels[0].fanout or n
-        return list(grid_points(self.cfg, n, node, global_batch, self.seq))
+        return [c for c in grid_points(self.cfg, n, node, global_batch, self.seq) if c["pp"] in self.depths([c["pp"]])]
 
     def _megatron_layouts(self, key) -> dict:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key

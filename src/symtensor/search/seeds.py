@@ -53,7 +53,7 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
         cp_chain = _Chain()
         for cp in sorted({p["cp"] for p in points if p["tp"] == tp}):
             pp_chain = _Chain()
-            for pp in [p for p in divisors(n // (tp * cp)) if p <= cfg.layers]:
+            for pp in pool.depths([p for p in divisors(n // (tp * cp)) if p <= cfg.layers]):
                 dp = n // (tp * cp * pp)
                 if global_batch % (mb * dp):
                     continue
