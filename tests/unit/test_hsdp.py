@@ -102,7 +102,7 @@ def test_published_hybrid_pair_ordered():
 
 def test_search_picks_hybrid_sharding_and_says_why():
     """On 128 H100 under DeepSpeed (its post-step parameter gather is exposed) ZeRO-1 over the data-parallel ranks of
-    one node wins: its gathers stay on NVLink. (Until the thirteenth session this test planned a global batch of 512,
+    one node wins: its gathers stay on NVLink. (Until the twelfth session this test planned a global batch of 512,
     where the search took a pipeline of 2 x 4 virtual stages under DeepSpeed, which runs neither: the deepspeed
     engine now refuses pipelines, ``cost.engine._PIPE``; at that batch the flat ZeRO-1 plan's micro-batch of 2 leaves
     no room for the 8x larger optimizer shard, and the hybrid variant is costed at the plan's own micro-batch.)"""

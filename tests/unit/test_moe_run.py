@@ -216,7 +216,7 @@ def test_ep_overlap_keeps_one_more_layer_in_flight():
     """Megatron's combined 1F1B step runs the forward micro-batch's layer i beside the backward one's layer n - 1 - i
     and releases the backward's layer after each pair (cost.memory.ep_overlap_layer): one micro-batch's activations
     fill as the other's drain, so the stage holds one layer more than 1F1B, not a micro-batch more (until the
-    thirteenth session the model held a whole extra model chunk: twice the activations without a pipeline). The
+    twelfth session the model held a whole extra model chunk: twice the activations without a pipeline). The
     extra warm-up forward before the combined steps is the steady-state forward 1F1B's count already holds; a step
     whose micro-batches are all in flight, or a stage without expert communication, holds none."""
     from symtensor.cost.memory import ep_overlap_layer

@@ -231,7 +231,7 @@ def _megatron_peak_chunks(pp: int, v: int, m: int, rank: int) -> tuple[int, int]
 def test_interleaved_ranks_hold_what_megatrons_schedule_holds(pp, v, m):
     """Every rank's activations in flight under the interleaved schedule (``pipeline.inflight``, in micro-batches
     of the rank's layers) and its loss's (``pipeline.loss_inflight``: the last chunk's), against a replay of
-    Megatron's schedule. Until the thirteenth session every rank but the first was counted as under plain 1F1B
+    Megatron's schedule. Until the twelfth session every rank but the first was counted as under plain 1F1B
     (pp - s micro-batches: the last rank held 1, where Megatron's holds ((v - 1) pp + 1) / v)."""
     from symtensor.cost.pipeline import inflight, loss_inflight
 

@@ -191,7 +191,7 @@ def inflight(s: int, train: TrainConfig) -> float:
     warm-up micro-batches under 1F1B; under the interleaved schedule 2 (pp - s - 1) + (vpp - 1) x pp warm-up model
     chunks (``microbatch_group_size_per_vp_stage`` at its default, pp), each 1/vpp of the rank's layers (the
     chunks taken alike), which is pp + (pp - 1) / vpp micro-batches on the first rank and ((vpp - 1) pp + 1) / vpp on
-    the last (until the thirteenth session every rank but the first was counted as under 1F1B: the last held 1). At
+    the last (until the twelfth session every rank but the first was counted as under 1F1B: the last held 1). At
     most every micro-batch of the schedule."""
     pp, m, v = train.pp, train.schedule_steps, train.vpp
     if v > 1:
