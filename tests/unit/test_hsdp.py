@@ -101,19 +101,34 @@ def test_published_hybrid_pair_ordered():
 
 
 def test_search_picks_hybrid_sharding_and_says_why():
-    """On 128 H100 under DeepSpeed (its post-step parameter gather is exposed) ZeRO-1 over the data-parallel ranks of
-    one node wins: its gathers stay on NVLink. (Until the twelfth session this test planned a global batch of 512,
-    where the search took a pipeline of 2 x 4 virtual stages under DeepSpeed, which runs neither: the deepspeed
-    engine now refuses pipelines, ``cost.engine._PIPE``; at that batch the flat ZeRO-1 plan's micro-batch of 2 leaves
-    no room for the 8x larger optimizer shard, and the hybrid variant is costed at the plan's own micro-batch.)"""
+    """On 128 H100 under DeepSpeed (its post-step parameter gather is exposed) ZeRO-1 over the 8 data-parallel ranks
+    of one node wins: its gathers stay on NVLink. The flat ZeRO-1 plan runs micro-batch 2, where the 8x larger
+    optimizer shard leaves no room; the search re-costs the plan's layouts at the next smaller micro-batch and takes
+    the hybrid plan there (``search.outer.hybrid_plan``), and says so. (Until the twelfth session the search only
+    tried the hybrid variant at the plan's own micro-batch, and this test's plan was a pipeline of 2 x 4 virtual
+    stages under DeepSpeed, which runs neither: the deepspeed engine now refuses pipelines, ``cost.engine._PIPE``.)"""
+    plan = api.plan("llama2-7b", "dgx-h100", 128, global_batch=512, seq=4096, space="megatron",
+                    framework="deepspeed", precision="bf16")
+    assert plan.config["pp"] == 1 and plan.config["dp_shard"] == 8 and plan.config["micro_batch"] == 1
+    flat = api.evaluate("llama2-7b", "dgx-h100", 128, global_batch=512, seq=4096, zero=1, micro_batch=2,
+                        framework="deepspeed", precision="bf16").report.step_time_s
+    assert plan.report.step_time_s < 0.95 * flat
+    note = next(n for n in plan.notes if n.startswith("hybrid sharding (HSDP): ZeRO-1 shards over the 8 innermost"))
+    assert note.endswith("at 4 micro-batches per step where the plan's 2 left no room for the larger shard")
+    why = explain_plan(plan)["hybrid_sharding"]
+    replicas = plan.config["dp"] * plan.config["cp"] // 8
+    assert f"replicates across {replicas}:" in why and "per step" in why
+
+
+def test_hybrid_sharding_at_the_plans_own_micro_batch():
+    """Where the shard fits at the flat plan's micro-batch (a global batch of 256: micro-batch 4 over dp 64 x tp 2)
+    the variant is costed there."""
     plan = api.plan("llama2-7b", "dgx-h100", 128, global_batch=256, seq=4096, space="megatron",
                     framework="deepspeed", precision="bf16")
     node = 8 // plan.config["tp"]
-    assert plan.config["pp"] == 1 and plan.config["dp_shard"] == node
-    assert any(n.startswith(f"hybrid sharding (HSDP): ZeRO-1 shards over the {node} innermost") for n in plan.notes)
-    why = explain_plan(plan)["hybrid_sharding"]
-    replicas = plan.config["dp"] * plan.config["cp"] // node
-    assert f"replicates across {replicas}:" in why and "per step" in why
+    assert plan.config["dp_shard"] == node
+    note = next(n for n in plan.notes if n.startswith(f"hybrid sharding (HSDP): ZeRO-1 shards over the {node} "))
+    assert "micro-batches per step" not in note
 
 
 def test_search_keeps_zero_over_the_group_where_hybrid_loses():

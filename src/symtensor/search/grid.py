@@ -271,23 +271,27 @@ def shard_sizes(ev, layouts: dict, zero: int) -> list[int]:
     return sizes
 
 
-def hybrid_variant(ev, point: Costed) -> tuple[Costed, str | None]:
+def hybrid_variant(ev, point: Costed, flat: Costed | None = None) -> tuple[Costed, str | None, bool]:
     """``point`` with hybrid sharding (``shard_sizes``: ZeRO within the inner levels, replicated
-    across the rest) when that fits and is faster, and the plan's note saying what it bought;
-    ``point`` and None otherwise. One evaluation per candidate (usually one): a cheap variant of
-    a costed point, never a dimension of the grid or of the partition."""
+    across the rest) when that fits and is faster than ``flat`` (default ``point``), and the plan's note saying
+    what it bought; ``point`` and None otherwise; and whether a faster one did not fit (the larger shard of the
+    optimizer state needs room a smaller micro-batch may leave: ``search.outer.finish``). One evaluation per
+    candidate (usually one): a cheap variant of a costed point, never a dimension of the grid or of the
+    partition."""
+    flat = point if flat is None else flat
     if not point.report.fits or point.train.dp_replicate is not None:
-        return point, None
-    best, note = point, None
+        return flat, None, False
+    best, note, overflowed = flat, None, False
     group = ev.mesh.size(tuple(dense_group(ev, point.layouts)))
     for n in shard_sizes(ev, point.layouts, point.train.zero):
         train = point.train.replace(dp_replicate=group // n)
         rep = ev.evaluate(point.layouts, train, check=False)
+        overflowed |= not rep.fits and rep.step_time_s < best.report.step_time_s
         if rep.fits and rep.step_time_s < best.report.step_time_s:
             megatron = None if point.megatron is None else {**point.megatron, "dp_shard": n}
             best = Costed(train, point.layouts, rep, megatron)
-            note = hybrid_note(point.report, rep, n, group, train.zero)
-    return best, note
+            note = hybrid_note(flat.report, rep, n, group, train.zero)
+    return best, note, overflowed
 
 
 def hybrid_note(flat, hybrid, dp_shard: int, group: int, zero: int) -> str:
