@@ -189,10 +189,11 @@ def inflight(s: int, train: TrainConfig) -> float:
     schedule (``TrainConfig.schedule_steps``): the forwards Megatron runs before the rank's first backward and the
     steady state's one more (megatron/core/pipeline_parallel/schedules.py ``get_pp_rank_microbatches``): pp - s - 1
     warm-up micro-batches under 1F1B; under the interleaved schedule 2 (pp - s - 1) + (vpp - 1) x pp warm-up model
-    chunks (``microbatch_group_size_per_vp_stage`` at its default, pp), each 1/vpp of the rank's layers (the
-    chunks taken alike), which is pp + (pp - 1) / vpp micro-batches on the first rank and ((vpp - 1) pp + 1) / vpp on
-    the last (until the twelfth session every rank but the first was counted as under 1F1B: the last held 1). At
-    most every micro-batch of the schedule."""
+    chunks (``microbatch_group_size_per_vp_stage`` at its default, pp; torch.distributed.pipelining's
+    ScheduleInterleaved1F1B, torchtitan's, warms up as many: ``_get_warmup_ops``), each 1/vpp of the rank's layers
+    (the chunks taken alike), which is pp + (pp - 1) / vpp micro-batches on the first rank and
+    ((vpp - 1) pp + 1) / vpp on the last (until the twelfth session every rank but the first was counted as under
+    1F1B: the last held 1). At most every micro-batch of the schedule."""
     pp, m, v = train.pp, train.schedule_steps, train.vpp
     if v > 1:
         return min(m * v, _interleaved_chunks(s, pp, v)) / v

@@ -313,10 +313,9 @@ def engine_refusal(p: Parallelism) -> str | None:
     if eng is None or not (eng.refuses or p.precision == "fp16"):
         return None
     return _engine.refusal(eng, pp=p.pp, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8",
-                           hsdp=p.hsdp,
-                           layout=p.layer_split is not None, sac=p.recompute not in RECOMPUTE and not modules,
-                           fp16=p.precision == "fp16", fp4=p.precision == "fp4",
-                           lowp=p.stack.low_precision)
+                           hsdp=p.hsdp, layout=p.layer_split is not None,
+                           sac=p.recompute not in RECOMPUTE and not modules, fp16=p.precision == "fp16",
+                           fp4=p.precision == "fp4", lowp=p.stack.low_precision)
 
 
 def _expert_refusal(p: Parallelism, model) -> str | None:

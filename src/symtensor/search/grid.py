@@ -273,11 +273,11 @@ def shard_sizes(ev, layouts: dict, zero: int) -> list[int]:
 
 def hybrid_variant(ev, point: Costed, flat: Costed | None = None) -> tuple[Costed, str | None, bool]:
     """``point`` with hybrid sharding (``shard_sizes``: ZeRO within the inner levels, replicated
-    across the rest) when that fits and is faster than ``flat`` (default ``point``), and the plan's note saying
-    what it bought; ``point`` and None otherwise; and whether a faster one did not fit (the larger shard of the
-    optimizer state needs room a smaller micro-batch may leave: ``search.outer.finish``). One evaluation per
-    candidate (usually one): a cheap variant of a costed point, never a dimension of the grid or of the
-    partition."""
+    across the rest) when that fits and is faster than ``flat`` (default ``point``: the plan it would replace), and
+    the plan's note saying what it bought; ``flat`` and None otherwise; and whether a faster one did not fit (the
+    larger shard of the optimizer state needs room a smaller micro-batch may leave: ``search.outer.hybrid_plan``).
+    One evaluation per candidate (usually one): a cheap variant of a costed point, never a dimension of the grid or
+    of the partition."""
     flat = point if flat is None else flat
     if not point.report.fits or point.train.dp_replicate is not None:
         return flat, None, False

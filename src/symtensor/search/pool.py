@@ -240,7 +240,7 @@ class EvaluatorPool:
     def _grid(self, global_batch: int) -> list[dict]:
         n = self.cluster.n_devices
         node = self.cluster.levels[0].fanout or n
-        return [c for c in grid_points(self.cfg, n, node, global_batch, self.seq) if c["pp"] in self.depths([c["pp"]])]
+        return [c for c in grid_points(self.cfg, n, node, global_batch, self.seq) if self.depths([c["pp"]])]
 
     def _megatron_layouts(self, key) -> dict:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key
