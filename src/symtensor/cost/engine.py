@@ -613,15 +613,15 @@ def pipeline_window(train) -> float:
     """Micro-batches of a stage's compute that run while its once-per-step gradient reduction (in
     the cool-down) or parameter gather (in the warm-up) proceeds: 1 without a pipeline; the
     first stage's warm-up of 1F1B (pp - 1 micro-batches, plus the last one) and of the
-    interleaved schedule ((pp - 1) * 2 + (vpp - 1) * pp chunks of 1/vpp of a micro-batch;
-    megatron/core/pipeline_parallel/schedules.py), at most the micro-batches of a pipeline schedule
-    (``TrainConfig.schedule_steps``: the step's, but for ``Stack.pp_schedules``)."""
+    interleaved schedule (``TrainConfig.warmup_chunks``, each 1/vpp of a micro-batch), at most the
+    micro-batches of a pipeline schedule (``TrainConfig.schedule_steps``: the step's, but for
+    ``Stack.pp_schedules``)."""
     pp, v, m = train.pp, train.vpp, train.schedule_steps
     if pp == 1:
         return 1.0
     if v == 1:
         return float(min(m, pp))
-    return min(float(m), 1 + ((pp - 1) * 2 + (v - 1) * pp) / v)
+    return min(float(m), 1 + train.warmup_chunks(0) / v)
 
 
 # While a collective overlaps compute, NCCL's thread blocks hold SMs that the compute kernels cannot

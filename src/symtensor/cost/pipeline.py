@@ -186,17 +186,16 @@ def _transfer(ev, prod, tname, layouts) -> tuple[float, float]:
 
 def inflight(s: int, train: TrainConfig) -> float:
     """Micro-batches (of the stage's layers) whose activations pipeline rank ``s`` holds at once, of one pipeline
-    schedule (``TrainConfig.schedule_steps``): the forwards Megatron runs before the rank's first backward and the
-    steady state's one more (megatron/core/pipeline_parallel/schedules.py ``get_pp_rank_microbatches``): pp - s - 1
-    warm-up micro-batches under 1F1B; under the interleaved schedule 2 (pp - s - 1) + (vpp - 1) x pp warm-up model
-    chunks (``microbatch_group_size_per_vp_stage`` at its default, pp; torch.distributed.pipelining's
-    ScheduleInterleaved1F1B, torchtitan's, warms up as many: ``_get_warmup_ops``), each 1/vpp of the rank's layers
-    (the chunks taken alike), which is pp + (pp - 1) / vpp micro-batches on the first rank and
-    ((vpp - 1) pp + 1) / vpp on the last (until the twelfth session every rank but the first was counted as under
-    1F1B: the last held 1). At most every micro-batch of the schedule."""
+    schedule (``TrainConfig.schedule_steps``): the forwards it runs before its first backward and the steady state's
+    one more: pp - s micro-batches under 1F1B (megatron/core/pipeline_parallel/schedules.py
+    ``get_pp_rank_microbatches``: pp - s - 1 warm-up); under the interleaved schedule its warm-up model chunks
+    (``TrainConfig.warmup_chunks``) and one more, each 1/vpp of the rank's layers (the chunks taken alike): pp +
+    (pp - 1) / vpp micro-batches on the first rank, ((vpp - 1) pp + 1) / vpp on the last (until the twelfth session
+    every rank but the first was counted as under 1F1B: the last held 1). At most every micro-batch of the
+    schedule."""
     pp, m, v = train.pp, train.schedule_steps, train.vpp
     if v > 1:
-        return min(m * v, _interleaved_chunks(s, pp, v)) / v
+        return min(m * v, train.warmup_chunks(s) + 1) / v
     return min(m, pp - s)
 
 
@@ -209,19 +208,13 @@ def loss_inflight(s: int, train: TrainConfig) -> float:
     pp, m, v = train.pp, train.schedule_steps, train.vpp
     if v == 1:
         return inflight(s, train)
-    held, last, start = min(m * v, _interleaved_chunks(s, pp, v)), 0, 0
+    held, last, start = min(m * v, train.warmup_chunks(s) + 1), 0, 0
     while held > 0:  # the schedule table's groups, in order, until the held chunks are placed
         group = m - start if start + pp >= m else pp  # (the last group: the micro-batches left)
         last += max(0, min(held - (v - 1) * group, group))
         held -= v * group
         start += group
     return last
-
-
-def _interleaved_chunks(s: int, pp: int, v: int) -> int:
-    """Model chunks pipeline rank ``s`` of ``pp`` has in flight at its peak under the interleaved schedule of
-    ``v`` chunks: its warm-up forwards and the first steady-state one."""
-    return 2 * (pp - s - 1) + (v - 1) * pp + 1
 
 
 def rank_seconds(seconds: dict[int, float], counts: tuple[int, ...], pp: int) -> list[float]:

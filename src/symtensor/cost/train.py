@@ -310,6 +310,13 @@ class TrainConfig:
         """Pipeline schedules per step (``Stack.pp_schedules``); 1 without a pipeline."""
         return self.stack.pp_schedules if self.pp > 1 else 1
 
+    def warmup_chunks(self, s: int) -> int:
+        """Model chunks pipeline rank ``s`` runs forward before its first backward under the interleaved schedule:
+        2 (pp - s - 1) + (vpp - 1) pp (megatron/core/pipeline_parallel/schedules.py ``get_pp_rank_microbatches``,
+        ``microbatch_group_size_per_vp_stage`` at its default, pp; torch.distributed.pipelining's
+        ScheduleInterleaved1F1B, torchtitan's, warms up as many: ``_get_warmup_ops``)."""
+        return 2 * (self.pp - s - 1) + (self.vpp - 1) * self.pp
+
     @property
     def schedule_steps(self) -> int:
         """Micro-batches of one pipeline schedule: the step's over ``schedules``."""

@@ -28,6 +28,7 @@ from operator import attrgetter, or_
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.moe import active as moe_active
+from symtensor.cost.pipeline import inflight
 from symtensor.cost.segment import forward_runs
 from symtensor.cost.terms import edge_seconds, edge_terms, ep_edge_seconds, op_cost, saved_bytes
 from symtensor.graph import layer_repeat, op_no_cut
@@ -75,8 +76,7 @@ class Problem:
         for e in self.edges:
             self.nbrs[e.src.name].append(e)
             self.nbrs[e.dst.name].append(e)
-        m, v = train.micro_steps, train.vpp
-        self.inflight = min(m, pp) * (1 + (pp - 1) / (pp * v)) if v > 1 else min(m, pp)
+        self.inflight = inflight(0, train)  # (the first rank holds the most micro-batches: cost.pipeline)
         # per op: (edge, the other op's name, whether this op is the producer)
         self.links = {op.name: [(e, (e.dst if e.src is op else e.src).name, e.src is op) for e in self.nbrs[op.name]]
                       for op in self.ops}
