@@ -300,3 +300,23 @@ def test_a_plan_outside_the_rows_tensor_parallel_degree_is_widened():
     assert a100[1]["step_time_band_s"] == pytest.approx([step / (1 + hi + w), step / (1 + lo - w)])
     h100 = _step("llama3-8b", 64, tp=1, zero=1)
     assert h100["band_calibrated"] and h100["band_widened"] == []
+
+
+def test_tp_overlap_hides_sequence_parallel_collectives_only():
+    """Transformer Engine's userbuffers overlap sequence parallelism's all-gathers and reduce-scatters with the
+    GEMMs (cost.segment.TP_OVERLAPPED); a row-parallel GEMM's all-reduce without sequence parallelism runs as it is
+    (Megatron-LM asserts --sequence-parallel under --tp-comm-overlap). Until the twelfth session a search's layouts
+    without sequence parallelism were costed with their all-reduces hidden, and exported without the flag."""
+    from symtensor.search.megatron import configuration, train_config
+    from symtensor.search.pool import EvaluatorPool
+
+    cfg = load_model_config("llama3-8b").replace(layers=2)
+    pool = EvaluatorPool(cfg, load_cluster("dgx-h100", devices=8), 4096)
+    for sp in (True, False):
+        pc = configuration(dict(tp=8, pp=1, dp=1, cp=1, ep=1, etp=1, sp=sp, zero=0, micro_batch=1, global_batch=8,
+                                seq=4096))
+        ev, layouts = pool.layouts(pc)
+        train = train_config(pc)
+        on, off = (ev.evaluate(layouts, train.replace(tp_overlap=flag)).breakdown["tp_comm"] for flag in (True, False))
+        assert off > 0
+        assert on < 0.5 * off if sp else on == off

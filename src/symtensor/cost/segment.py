@@ -19,6 +19,11 @@ _HIDES = {"linear": "tp_comm", "attention": "cp_comm"}
 # Transformer Engine userbuffers split a tensor-parallel GEMM and its collective into 4 chunks
 # (NeMo's tp_comm_overlap configs for H100: num_splits 4 for the pipelined reduce-scatters)
 TP_OVERLAP_SPLITS = 4
+# the tensor-parallel collectives userbuffers overlap: sequence parallelism's all-gather before a column-parallel
+# GEMM and reduce-scatter after a row-parallel one (and their backward duals). Without sequence parallelism the
+# row-parallel GEMM's all-reduce runs as it is: Megatron-LM asserts --sequence-parallel under --tp-comm-overlap
+# (megatron/training/arguments.py), and an all-to-all of a redistribution is nobody's GEMM pipeline
+TP_OVERLAPPED = ("all_gather", "reduce_scatter")
 
 
 def activation_key(train: TrainConfig) -> tuple:
@@ -116,6 +121,7 @@ class Segment:
         self.overlap_compute: dict[str, float] = {}  # per comm category: compute it can hide behind
         self.comm: dict[str, float] = {}  # exposed seconds per micro-batch, per category
         self.raw_comm: dict[str, float] = {}  # before overlap
+        self.tp_overlappable = 0.0  # seconds of tp_comm in the collectives userbuffers overlap (TP_OVERLAPPED)
         self.bytes: dict[str, float] = {}  # per micro-batch
         self.saved: dict[str, float] = {}
         self.layer_input = 0.0
@@ -137,6 +143,11 @@ class Segment:
 
     def add_comm(self, category, colls, seconds, times=1.0):
         self.comm[category] = self.comm.get(category, 0.0) + seconds * times
+        if category == "tp_comm" and colls:  # (the overlapped kinds' share of the seconds, by bytes)
+            total = sum(c.nbytes for c in colls)
+            if total:
+                self.tp_overlappable += seconds * times * sum(c.nbytes for c in colls if c.kind in TP_OVERLAPPED) \
+                    / total
         for c in colls:
             self.bytes[c.kind] = self.bytes.get(c.kind, 0.0) + c.nbytes * times
             self.groups.add(tuple(sorted(c.axes)))
@@ -244,18 +255,19 @@ class Segment:
 
     def _overlap(self):
         """Exposed communication per category. Transformer Engine overlaps tensor-parallel
-        collectives with the GEMMs they feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of
-        which the first cannot be hidden; ring context parallelism exchanges the next key/value
-        block while attention runs on this one. What is hidden still takes its share of the compute
-        (``engine.hidden``). Under ``moe_ep_overlap`` the expert dispatch and combine of the 1F1B steady
-        state run beside the paired micro-batch's compute of the layer (``cost.moe.ep_overlap_share``).
-        Other communication is exposed."""
+        collectives (``TP_OVERLAPPED``: sequence parallelism's; an all-reduce stays exposed) with the GEMMs they
+        feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of which the first cannot be hidden; ring context
+        parallelism exchanges the next key/value block while attention runs on this one. What is hidden still
+        takes its share of the compute (``engine.hidden``). Under ``moe_ep_overlap`` the expert dispatch and
+        combine of the 1F1B steady state run beside the paired micro-batch's compute of the layer
+        (``cost.moe.ep_overlap_share``). Other communication is exposed."""
         self.raw_comm = dict(self.comm)
         share = self.ev.eff.end_to_end.comm_sm_fraction  # the compute a collective beside it takes (engine.hidden)
         tp = self.comm.get("tp_comm", 0.0)
-        if tp and tp_overlapped(self.train):
+        over = min(self.tp_overlappable, tp)
+        if over and tp_overlapped(self.train):
             gemm = self.overlap_compute.get("tp_comm", 0.0)
-            self.comm["tp_comm"] = max(tp / TP_OVERLAP_SPLITS, hidden(tp, gemm, share))
+            self.comm["tp_comm"] = tp - over + max(over / TP_OVERLAP_SPLITS, hidden(over, gemm, share))
         cp = self.comm.get("cp_comm", 0.0)
         if cp:
             self.comm["cp_comm"] = hidden(cp, self.overlap_compute.get("cp_comm", 0.0), share)
