@@ -122,7 +122,7 @@ class OuterSearch:
         if not variants:
             return False
         ev = self.evaluator(gbatch, pp)
-        if any(refusal(op, layouts.get(op.name, REPLICATED), ev.mesh) for op in ev.graph.ops):
+        if not cuts_divide(ev, layouts):
             return False  # a cut no longer divides at this micro-batch size
         vpps = virtual_stages(self.cfg.layers, pp)[1:]
         # cheapest first: recomputation and deeper ZeRO stages only cost time, so the first variant
@@ -375,8 +375,7 @@ def _fp8_variants(s: OuterSearch, base: Costed, recipe: str, zero_variants: bool
         ev = s.evaluator(s.global_batch // m, t.pp)
         if fp8_refused(ev, base.layouts):
             continue
-        if m != t.micro_steps and any(refusal(op, base.layouts.get(op.name, REPLICATED), ev.mesh)
-                                      for op in ev.graph.ops):
+        if m != t.micro_steps and not cuts_divide(ev, base.layouts):
             continue  # (a cut no longer divides at this micro-batch size)
         trials = fp8_trials(modes, t.recompute, t.zero, zero_variants) if m == t.micro_steps else \
             fp8_trials(modes, modes[-1], t.zero, zero_variants)
@@ -396,6 +395,12 @@ def _fp8_variants(s: OuterSearch, base: Costed, recipe: str, zero_variants: bool
                     break  # (a deeper ZeRO stage only adds time)
 
 
+def cuts_divide(ev: Evaluator, layouts: dict) -> bool:
+    """Whether every cut of ``layouts`` divides its op's dims in ``ev``'s graph (``layout.refusal``): layouts
+    searched at one micro-step batch, re-costed at another."""
+    return not any(refusal(op, layouts.get(op.name, REPLICATED), ev.mesh) for op in ev.graph.ops)
+
+
 def hybrid_plan(s: OuterSearch, best: Costed, steps: int = 2) -> tuple[Costed, str | None]:
     """``best`` with hybrid sharding where it is faster (``search.grid.hybrid_variant``) and its note; where a faster
     hybrid variant overflowed the device at ``best``'s micro-batch, also ``best``'s layouts at the next ``steps``
@@ -409,7 +414,7 @@ def hybrid_plan(s: OuterSearch, best: Costed, steps: int = 2) -> tuple[Costed, s
         return hybrid, note
     for m in [m for m in s.batch_steps(best.layouts, t.pp) if m > t.micro_steps][:steps]:
         ev = s.evaluator(s.global_batch // m, t.pp)
-        if any(refusal(op, best.layouts.get(op.name, REPLICATED), ev.mesh) for op in ev.graph.ops):
+        if not cuts_divide(ev, best.layouts):
             continue  # (a cut no longer divides at this micro-batch size)
         train = t.replace(micro_steps=m)
         point = Costed(train, best.layouts, ev.evaluate(best.layouts, train, check=False))
