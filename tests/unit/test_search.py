@@ -7,7 +7,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from hypothesis import HealthCheck, given, settings, strategies as st
+from hypothesis import HealthCheck, assume, given, settings, strategies as st
 
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.errors import PlanError
@@ -66,7 +66,10 @@ def test_static_lower_bound_never_exceeds_the_exact_sum(name, lora, devices, ind
     bound = EvaluatorPool(cfg, cl, 2048, framework=framework).static_lower_bound(pc)
     # a device whose usable memory is just below the bound cannot hold the exact state either
     small = replace(cl, device=replace(cl.device, memory=bound / MEMORY_HEADROOM * (1 - 1e-9)))
-    ev, layouts = EvaluatorPool(cfg, small, 2048, framework=framework).layouts(pc)
+    try:
+        ev, layouts = EvaluatorPool(cfg, small, 2048, framework=framework).layouts(pc)
+    except PlanError:  # layouts the legality rule refuses (DeepSpeed-Ulysses' heads by tp x cp): no search costs them
+        assume(False)
     assert bound > 0 and not ev.static_fits(layouts, train_config(pc))
 
 

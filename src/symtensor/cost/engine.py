@@ -32,7 +32,12 @@ gather) stays exposed.
                backward (stage 2 every micro-batch) and all-gather the updated parameters after
                the optimizer step, exposed. Stage 3 gathers each parameter on its own (one
                collective per tensor: latency per tensor), prefetched like FSDP, and again for a
-               recomputed forward under full recomputation.
+               recomputed forward under full recomputation. Context parallelism is DeepSpeed-Ulysses
+               (``context``; deepspeed/sequence/layer.py ``DistributedAttention``: an all-to-all turns the
+               sequence-cut query, key and value into head-cut ones before the local attention, and one
+               more turns its output back): the projections cut by sequence and the attention core by
+               heads on the cp devices (``search.megatron``), the all-to-alls costed as any redistribution
+               (``cost.opcost.redistribute``); no ring attention (``cut_refusal``).
     megatron-deepspeed
                Megatron-DeepSpeed (microsoft/Megatron-DeepSpeed, the BLOOM-176B stack) on DeepSpeed's pipeline
                engine: Megatron's fused kernels, tensor and sequence parallelism (its pre-Transformer-Engine
@@ -268,6 +273,10 @@ class Engine:
     # Transformer Engine's NVFP4BlockScaling: ``cost.precision``), ``lowp`` (Megatron-LM's quantized parameters
     # and BF16-kept layers, ``--fp8-param-gather`` and ``--first-last-layers-bf16``: ``cost.precision``)
     refuses: tuple[tuple[str, str], ...] = ()
+    # how context parallelism runs the attention core: "ring" (its query sequence cut, the keys and values passed
+    # round the cp group: Megatron's --cp-comm-type p2p, torchtitan's) or "ulysses" (cut by heads behind
+    # all-to-alls, DeepSpeed-Ulysses; an engine without rings runs no attention with its query sequence cut)
+    context: str = "ring"
 
     def refuses_feature(self, feature: str) -> bool:
         """Whether the engine refuses ``feature`` (a key of ``refuses``)."""
@@ -349,7 +358,7 @@ ENGINES = {
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
                         bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION,
-                        grad_reduce_bf16="default", refuses=(_PIPE, _SAC, _FP4, _LOWP)),
+                        grad_reduce_bf16="default", refuses=(_PIPE, _SAC, _FP4, _LOWP), context="ulysses"),
 }
 # DeepSpeed's pipeline engine under Megatron-DeepSpeed (the module docstring); its refusals name the fix
 _DS_PIPE = "DeepSpeed's pipeline engine (Megatron-DeepSpeed)"
@@ -411,6 +420,18 @@ def refusal(engine: Engine, *, pp: int = 1, zero: int = 0, vpp: int = 1, cp: int
     used = {"pp": pp > 1, "zero2": zero == 2, "zero3": zero == 3, "vpp": vpp > 1, "cp": cp > 1, "ep": ep > 1,
             "fp8": fp8, "hsdp": hsdp, "layout": layout, "sac": sac, "fp4": fp4, "lowp": lowp}
     return next((why for feature, why in engine.refuses if used[feature]), None)
+
+
+def cut_refusal(engine: Engine, op, layout) -> str | None:
+    """Why ``engine`` does not run ``op`` under ``layout`` (an ``OpLayout``), or None: an engine whose context
+    parallelism is Ulysses (``Engine.context``, DeepSpeed's) runs no attention core with its query sequence ``s``
+    cut (ring attention); the one rule the search's layouts and a stated plan's both meet
+    (``search.partition.Problem.legal``, ``Evaluator.check``)."""
+    if op.kind == "attention" and engine.context == "ulysses" and layout.axes_of("s"):
+        return (f"the {engine.name} engine runs no ring attention (its context parallelism is DeepSpeed-Ulysses: "
+                "the attention core cut by heads, the projections by sequence); cut the attention core's heads, "
+                "not its query sequence")
+    return None
 
 
 # Gradient reduction in bf16 (``Engine.grad_reduce_bf16``), as each engine states it:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
-from symtensor.cost.engine import ENGINES, engine_of, exposure, hidden, host_link_refusal
+from symtensor.cost.engine import ENGINES, cut_refusal, engine_of, exposure, hidden, host_link_refusal
 from symtensor.cost.memory import memory_peak, offloaded, static_peak
 from symtensor.cost.opcost import (
     collectives_time,
@@ -241,8 +241,15 @@ class Evaluator:
 
     # -- the evaluation -----------------------------------------------------------------------
     def check(self, layouts: dict[str, OpLayout]) -> None:
+        """A PlanError naming the first op whose layout is illegal (``layout.refusal``) or that the engine does
+        not run (``cost.engine.cut_refusal``)."""
+        engine = ENGINES[self.framework]
         for op in self.graph.ops:
-            check_layout(op, layouts.get(op.name, REPLICATED), self.mesh)
+            layout = layouts.get(op.name, REPLICATED)
+            check_layout(op, layout, self.mesh)
+            why = cut_refusal(engine, op, layout)
+            if why is not None:
+                raise PlanError(f"op {op.name}: {why}")
 
     def stage_of(self, train: TrainConfig) -> dict[int, int]:
         """The pipeline rank of each layer index (-1: the embedding, on the first; ``layers``: the

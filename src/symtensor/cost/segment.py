@@ -14,6 +14,12 @@ from symtensor.cost.train import SAC_OP, TrainConfig, layer_every
 from symtensor.layout import REPLICATED, OpLayout
 
 _CATEGORY_BY_KIND = {"attention": "cp_comm", "moe_dispatch": "ep_comm", "moe_combine": "ep_comm"}
+
+
+def _ulysses_out(prod, colls) -> str | None:
+    """``cp_comm`` for the all-to-all that takes an attention core's output (or brings its gradient) from the
+    head cut back to the sequence cut (DeepSpeed-Ulysses'), else None (the consumer's category)."""
+    return "cp_comm" if prod.kind == "attention" and all(c.kind == "all_to_all" for c in colls) else None
 # the compute each communication category can hide behind (see Segment._overlap)
 _HIDES = {"linear": "tp_comm", "attention": "cp_comm"}
 # Transformer Engine userbuffers split a tensor-parallel GEMM and its collective into 4 chunks
@@ -122,6 +128,7 @@ class Segment:
         self.comm: dict[str, float] = {}  # exposed seconds per micro-batch, per category
         self.raw_comm: dict[str, float] = {}  # before overlap
         self.tp_overlappable = 0.0  # seconds of tp_comm in the collectives userbuffers overlap (TP_OVERLAPPED)
+        self.cp_exposed = 0.0  # seconds of cp_comm in all-to-alls (DeepSpeed-Ulysses'): no ring hides them
         self.bytes: dict[str, float] = {}  # per micro-batch
         self.saved: dict[str, float] = {}
         self.layer_input = 0.0
@@ -143,11 +150,11 @@ class Segment:
 
     def add_comm(self, category, colls, seconds, times=1.0):
         self.comm[category] = self.comm.get(category, 0.0) + seconds * times
-        if category == "tp_comm" and colls:  # (the overlapped kinds' share of the seconds, by bytes)
-            total = sum(c.nbytes for c in colls)
-            if total:
-                self.tp_overlappable += seconds * times * sum(c.nbytes for c in colls if c.kind in TP_OVERLAPPED) \
-                    / total
+        total = sum(c.nbytes for c in colls)
+        if category == "tp_comm" and total:  # (the overlapped kinds' share of the seconds, by bytes)
+            self.tp_overlappable += seconds * times * sum(c.nbytes for c in colls if c.kind in TP_OVERLAPPED) / total
+        elif category == "cp_comm" and total:  # (the all-to-alls' share: exposed, see _overlap)
+            self.cp_exposed += seconds * times * sum(c.nbytes for c in colls if c.kind == "all_to_all") / total
         for c in colls:
             self.bytes[c.kind] = self.bytes.get(c.kind, 0.0) + c.nbytes * times
             self.groups.add(tuple(sorted(c.axes)))
@@ -257,7 +264,8 @@ class Segment:
         """Exposed communication per category. Transformer Engine overlaps tensor-parallel
         collectives (``TP_OVERLAPPED``: sequence parallelism's; an all-reduce stays exposed) with the GEMMs they
         feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of which the first cannot be hidden; ring context
-        parallelism exchanges the next key/value block while attention runs on this one. What is hidden still
+        parallelism exchanges the next key/value block while attention runs on this one (DeepSpeed-Ulysses'
+        all-to-alls into and out of the attention core are exposed). What is hidden still
         takes its share of the compute (``engine.hidden``). Under ``moe_ep_overlap`` the expert dispatch and
         combine of the 1F1B steady state run beside the paired micro-batch's compute of the layer
         (``cost.moe.ep_overlap_share``). Other communication is exposed."""
@@ -269,8 +277,9 @@ class Segment:
             gemm = self.overlap_compute.get("tp_comm", 0.0)
             self.comm["tp_comm"] = tp - over + max(over / TP_OVERLAP_SPLITS, hidden(over, gemm, share))
         cp = self.comm.get("cp_comm", 0.0)
-        if cp:
-            self.comm["cp_comm"] = hidden(cp, self.overlap_compute.get("cp_comm", 0.0), share)
+        if cp:  # (DeepSpeed-Ulysses' all-to-alls run before and after the attention core, not beside it)
+            exposed = min(self.cp_exposed, cp)
+            self.comm["cp_comm"] = exposed + hidden(cp - exposed, self.overlap_compute.get("cp_comm", 0.0), share)
         ep = self.comm.get("ep_comm", 0.0)
         if ep and self.overlap_compute.get("ep_comm"):
             self.comm["ep_comm"] = hidden(ep, self.overlap_compute["ep_comm"], share)
@@ -320,7 +329,7 @@ class Segment:
                 if colls:
                     if cat == "ep_comm":
                         seconds = self._edge_seconds(seconds, colls, op, prod)
-                    self.add_comm(cat, colls, seconds, 1.0 + share)
+                    self.add_comm(_ulysses_out(prod, colls) or cat, colls, seconds, 1.0 + share)
             if grad:
                 gsrc = ev.in_layout(op, layout, slot, grad=True)
                 if (tname, gsrc, "grad") in charged:
@@ -330,7 +339,7 @@ class Segment:
                 if colls:
                     if cat == "ep_comm":
                         seconds = self._edge_seconds(seconds, colls, op, prod)
-                    self.add_comm(cat, colls, seconds)
+                    self.add_comm(_ulysses_out(prod, colls) or cat, colls, seconds)
 
     def _region_inputs(self, op, layout, inputs):
         """Under Megatron's modules, what op ``op`` of a checkpointed region adds: the region keeps its inputs from

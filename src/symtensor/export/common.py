@@ -36,6 +36,10 @@ def lowered(plan, caps: Capabilities) -> Parallelism:
     why = p.refusal(plan.model, plan.cluster.n_devices)
     if why is not None:
         raise PlanError(f"{caps.name} would refuse this plan at launch: {why}; {nearest(plan)}")
+    if p.cp > 1 and ENGINES[p.framework].context == "ulysses" and not caps.ulysses:
+        raise PlanError(f"{caps.name} runs ring context parallelism, and this plan's is DeepSpeed-Ulysses as the "
+                        f"{p.framework} engine costs it (the attention cut by heads behind all-to-alls); export it to "
+                        f"megatron (--cp-comm-type a2a), or plan under --framework {caps.engine}")
     if p.stack.cpu_offload_layers and not ENGINES[caps.engine].cpu_offload:  # (Megatron-LM's: cost.engine.CPU_OFFLOAD)
         raise PlanError(f"{caps.name} has no CPU activation offloading (Megatron-LM's --cpu-offloading-num-layers) "
                         "as this plan is costed; export it to megatron, or plan without --cpu-offload-layers")

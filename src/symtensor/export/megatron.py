@@ -8,6 +8,7 @@ recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), 
 
 from __future__ import annotations
 
+from symtensor.cost.engine import ENGINES
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, is_mxfp8, shape_refusal
 from symtensor.cost.recompute import modules_of
@@ -19,7 +20,8 @@ from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
 # Megatron-LM's distributed optimizer is ZeRO-1 (megatron/core/optimizer/distrib_optimizer.py), Megatron-FSDP's
 # optim_grads_params ZeRO-3 (megatron/core/distributed/fsdp, as cost.engine's megatron engine charges it); it runs
 # context parallelism and any expert grid the configuration rule accepts, in BF16, FP8 or NVFP4 (--fp4-format)
-CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1, 2, 3), precision=("bf16", "fp8", "fp4"))
+CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1, 2, 3), precision=("bf16", "fp8", "fp4"),
+                            ulysses=True)
 
 # The Megatron-LM whose Megatron-FSDP arguments ``fsdp_args`` writes and ``fsdp_problems`` checks
 # (megatron/training/arguments.py ``validate_args``): NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22). The flag is
@@ -207,6 +209,8 @@ def megatron_args(plan) -> list[str]:
             f"--global-batch-size {p.global_batch}", f"--seq-length {p.seq}", *size_args(cfg)]
     if p.sp:
         args.append("--sequence-parallel")
+    if p.cp > 1 and ENGINES[p.framework].context == "ulysses":  # (Megatron's "a2a: like DeepSpeed Ulysses")
+        args.append("--cp-comm-type a2a")
     split = p.train.chunk_layers(cfg.layers)  # (the configuration rule took it: plan.parallelism.refusal)
     piped = pipeline_args(cfg.layers, p.pp, p.vpp, split, stated=p.layer_split is not None)
     launched = launched_split(cfg.layers, p.pp, piped)

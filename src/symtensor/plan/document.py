@@ -7,9 +7,10 @@ of its regime, ``cost.bands``) and the baselines beside a searched plan.
 
 from __future__ import annotations
 
+from symtensor.cost.engine import ENGINES
 from symtensor.hardware import GIB
 from symtensor.plan.plan import Plan
-from symtensor.plan.summary import layer_types, megatron_summary, recipe_of, repeated_work_note
+from symtensor.plan.summary import config_summary, layer_types, megatron_summary, recipe_of, repeated_work_note
 
 # the baselines that are Megatron configurations report their Megatron arguments as ``config``
 MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
@@ -103,13 +104,20 @@ def notes(plan: Plan) -> list[str]:
 
 def description_notes(plan: Plan) -> list[str]:
     """What the costing assumes of the run beyond the model's architecture: packed documents, as the graph's
-    attention carries them (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``)."""
+    attention carries them (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``), and context
+    parallelism run as DeepSpeed-Ulysses (``cost.engine.Engine.context``)."""
+    out = []
     doc = next((op.attr("document") for op in plan.graph.ops if op.attr("document")), None)
-    if doc is None:
-        return []
-    return [f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
-            f"{plan.seq:,}-token sequence, as variable-length fused kernels run it (THD / cu_seqlens, block-causal "
-            "masks); the other ops cost the whole sequence"]
+    if doc is not None:
+        out.append(f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
+                   f"{plan.seq:,}-token sequence, as variable-length fused kernels run it (THD / cu_seqlens, "
+                   "block-causal masks); the other ops cost the whole sequence")
+    cp = config_summary(plan)["cp"]
+    if cp > 1 and ENGINES[plan.train.framework].context == "ulysses":
+        out.append(f"context parallelism {cp} runs as DeepSpeed-Ulysses (sequence parallel size {cp}): the attention "
+                   "core cut by heads, all-to-alls of its query, key, value and output between it and the "
+                   "sequence-cut projections (exposed: cp_comm); no ring attention under this engine")
+    return out
 
 
 def baselines_json(plan: Plan, baselines: dict, plan_band, detail: bool = False) -> dict:

@@ -401,7 +401,9 @@ class Capabilities:
         zero_as_costed: ZeRO above 0 only where the plan's own engine shards the parameters
             (FSDP2), not as a distributed optimizer beside replicated parameters.
         context_parallel: whether it runs context parallelism at all; ``cp_needs_fsdp``: only
-            with FSDP over dp x cp (ZeRO above 0).
+            with FSDP over dp x cp (ZeRO above 0); ``ulysses``: whether it runs it as DeepSpeed-Ulysses (the
+            attention cut by heads behind all-to-alls, as the deepspeed engine costs it: ``cost.engine.Engine.context``)
+            besides ring attention.
         recompute: the recomputation modes it runs.
         precision: the precisions it runs as the plan is costed (``cost.precision.PRECISIONS``).
 
@@ -415,6 +417,7 @@ class Capabilities:
     zero_as_costed: bool = False
     context_parallel: bool = True
     cp_needs_fsdp: bool = False
+    ulysses: bool = False
     recompute: tuple[str, ...] = ("none", "selective", "full")
     precision: tuple[str, ...] = ("bf16", "fp8")
 

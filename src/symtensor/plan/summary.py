@@ -2,7 +2,8 @@
 
 A SymTensor plan cuts iteration dims per op; Megatron's vocabulary is derived from those cuts:
 
-    dp  the batch dim b                           cp  the query sequence s of attention
+    dp  the batch dim b                           cp  the query sequence s of attention (of its query
+                                                      under DeepSpeed-Ulysses, which cuts the core's heads)
     tp  model dims: heads n, kv heads g, head dim d, hidden h, MLP f, vocabulary v
     sp  sequence cuts of norms beyond cp          pp  pipeline stages (an outer choice)
     ep  the expert dim e of the expert GEMMs      etp their model dims (expert tensor parallel)
@@ -15,6 +16,7 @@ from __future__ import annotations
 
 import math
 
+from symtensor.cost.engine import ENGINES
 from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
@@ -147,10 +149,15 @@ def _precision(train) -> dict:
 
 def _core(plan):
     """The op whose degrees the summary gives: the first layer's attention core (the heaviest op
-    family), or the first op of the layers."""
+    family), or the first op of the layers. Under DeepSpeed-Ulysses (``Engine.context``), whose core
+    cuts by heads what the layer cuts by sequence, the op that makes the core's query (its rotary
+    embedding or projection: the sequence cut by cp, the heads by tp)."""
     g = plan.graph
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
-    return next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
+    core = next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
+    if core.kind == "attention" and ENGINES[plan.train.framework].context == "ulysses":
+        return g.producers()[core.inputs[0]]
+    return core
 
 
 def role_axes(plan) -> dict[str, tuple[str, ...]]:
@@ -172,6 +179,9 @@ def differences(plan, deg: dict, edeg: dict | None) -> list[str]:
     describes every op (see ``config_summary``)."""
     g, mesh = plan.graph, plan.mesh
     stage = mesh.size()
+    # DeepSpeed-Ulysses' attention core: its heads cut by the cp devices too, its query sequence not (``_core``)
+    core = {**deg, "cp": 1, "tp": deg["tp"] * deg["cp"]} if ENGINES[plan.train.framework].context == "ulysses" \
+        else deg
     odd: dict = {}  # (expert grid, degrees) -> blocks
     short: dict = {}  # devices an op's cuts span (< stage) -> blocks
     for op in g.ops:
@@ -180,7 +190,7 @@ def differences(plan, deg: dict, edeg: dict | None) -> list[str]:
             continue
         expert = _expert_gemm(op)
         d = degrees(op, cuts, mesh)
-        if d != (edeg if expert else deg):
+        if d != (edeg if expert else core if op.kind == "attention" else deg):
             odd.setdefault((expert, tuple(d.items())), []).append(op.block)
         used = mesh.size_of(tuple(a for names in cuts.values() for a in names))
         if used < stage:

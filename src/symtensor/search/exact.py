@@ -47,7 +47,7 @@ def exact_layouts(problem: Problem, upper: dict[str, OpLayout] | None = None) ->
     import numpy as np
 
     mesh = problem.ev.mesh
-    cands = {op.name: all_layouts(op, mesh) for op in problem.ops}
+    cands = {op.name: [lay for lay in all_layouts(op, mesh) if problem.legal(op, lay)] for op in problem.ops}
     own = {op.name: [problem.op_cost(op, lay) for lay in cands[op.name]] for op in problem.ops}
     lower = sum(min(v) for v in own.values())
     ub = problem.total(upper) if upper is not None else float("inf")

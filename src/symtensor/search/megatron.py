@@ -23,6 +23,10 @@ ranks too.
     router, top-k, dispatch, combine  s (c) if sequence parallel       b / s (c)
     embedding, LM head, loss          vocabulary v                     b / s
     MoE experts (their own grid)      f by etp axes, e by ep axes, the tokens (b, c) by the edp axes
+
+An engine whose context parallelism is DeepSpeed-Ulysses (``cost.engine.Engine.context``) cuts the attention
+core's heads by the cp axes too (after the tp axes), not its query sequence: the all-to-alls into and out of it
+are the redistributions between it and the sequence-cut projections around it.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from symtensor.cost import Evaluator, TrainConfig
+from symtensor.cost.engine import ENGINES
 from symtensor.cost.params import shard_axes
 from symtensor.cost.pipeline import balanced_split
 from symtensor.errors import PlanError
@@ -187,7 +192,8 @@ def expert_op(op) -> bool:
 
 def op_roles(graph: Graph) -> dict[str, tuple]:
     """Per op, what ``megatron_layouts`` reads of it: its role (expert op, its sequence dim, the
-    tensor-parallel dim, the dim sequence parallelism cuts, whether it has a batch dim) and the
+    tensor-parallel dim, the dim sequence parallelism cuts, whether it has a batch dim, whether it is an
+    attention core: context parallelism cuts its heads under DeepSpeed-Ulysses) and the
     class of its signature (ops of one class are equal to the legality rule: one check serves
     them all). Fixed by the graph: ``EvaluatorPool`` keeps one per graph, as every grid point asks."""
     roles, classes = {}, {}
@@ -197,7 +203,7 @@ def op_roles(graph: Graph) -> dict[str, tuple]:
         seq_dim = "c" if op.kind == "moe_combine" or expert else "s"
         tdim = tp_dim(op)
         tdim = tdim if tdim in sizes else None
-        role = (expert, seq_dim if seq_dim in sizes else None, tdim, sp_dim(op), "b" in sizes)
+        role = (expert, seq_dim if seq_dim in sizes else None, tdim, sp_dim(op), "b" in sizes, op.kind == "attention")
         roles[op.name] = (role, classes.setdefault(op.signature, len(classes)))
     return roles
 
@@ -225,12 +231,19 @@ def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
             why = legal[key] = refusal(op, layouts[op.name], mesh)
         if why is not None:  # (in graph order: the first op refused is the one reported)
             sp = " with sequence parallelism" if c["sp"] else ""
+            ulysses = " (DeepSpeed-Ulysses cuts the attention heads by tp x cp)" if op.kind == "attention" and \
+                c["cp"] > 1 and _ulysses(c) else ""
             raise PlanError(f"tp={c['tp']} cp={c['cp']} ep={c['ep']} etp={c['etp']}{sp}: op {op.name}: {why}; "
-                            "choose degrees whose cuts divide it")
+                            f"choose degrees whose cuts divide it{ulysses}")
     return layouts
 
 
 _UNCHECKED = object()  # a legality check not done yet (None is an answer: legal)
+
+
+def _ulysses(c: dict) -> bool:
+    """Whether configuration ``c``'s engine runs context parallelism as DeepSpeed-Ulysses (``Engine.context``)."""
+    return ENGINES[c.get("framework", DEFAULTS["framework"])].context == "ulysses"
 
 
 def role_layouts(mesh, c: dict, family: OpLayout = REPLICATED):
@@ -243,30 +256,35 @@ def role_layouts(mesh, c: dict, family: OpLayout = REPLICATED):
     token_cut = {a: "b" for a in ax["dp"]} | {a: "c" for a in ax["cp"] + ax["tp"]}
     experts = {"e": ax["ep"], "b": tuple(a for a in ax["edp"] if token_cut[a] == "b"),
                "c": tuple(a for a in ax["edp"] if token_cut[a] == "c")}
+    ulysses = _ulysses(c)
     built: dict = {}
 
     def of(role: tuple) -> OpLayout:
         layout = built.get(role)
         if layout is None:
-            layout = built[role] = _role_layout(role, ax, experts, c["sp"], family)
+            layout = built[role] = _role_layout(role, ax, experts, c["sp"], family, ulysses)
         return layout
     return of
 
 
-def _role_layout(role: tuple, ax: dict, experts: dict, sp_on: bool, family: OpLayout) -> OpLayout:
-    """The layout of the ops of one role (``op_roles``) under the axes ``ax`` (``assign_axes``)."""
-    expert, seq_dim, tdim, sp, batch = role
+def _role_layout(role: tuple, ax: dict, experts: dict, sp_on: bool, family: OpLayout, ulysses: bool) -> OpLayout:
+    """The layout of the ops of one role (``op_roles``) under the axes ``ax`` (``assign_axes``); ``ulysses``: the
+    engine's context parallelism cuts an attention core's heads, not its query sequence (``Engine.context``)."""
+    expert, seq_dim, tdim, sp, batch, core = role
     if expert:
         return family.relative(experts | ({tdim: ax["etp"]} if tdim else {}))
     cuts: dict[str, tuple[int, ...]] = {}
     if batch:
         cuts["b"] = ax["dp"]
-    if seq_dim and ax["cp"]:
+    heads_by_cp = ulysses and core and tdim
+    if seq_dim and ax["cp"] and not heads_by_cp:
         cuts[seq_dim] = ax["cp"]
     if ax["tp"] and tdim:
         cuts[tdim] = ax["tp"]
     elif ax["tp"] and sp_on and sp:
         cuts[sp] = cuts.get(sp, ()) + ax["tp"]
+    if heads_by_cp and ax["cp"]:
+        cuts[tdim] = cuts.get(tdim, ()) + ax["cp"]
     return family.relative(cuts)
 
 

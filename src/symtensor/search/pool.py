@@ -245,7 +245,7 @@ class EvaluatorPool:
     def _megatron_layouts(self, key) -> dict:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key
         ev = self.get(graph_batch, pp)
-        degrees = dict(tp=tp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp)  # all the layouts read
+        degrees = dict(tp=tp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, framework=ev.framework)  # all the layouts read
         return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family,
                                 self._legal[(graph_batch, pp)])
 
