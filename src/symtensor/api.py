@@ -152,7 +152,7 @@ def evaluate(model, cluster: str, devices: int | None = None, nodes: int | None 
     cfg = load_model_config(model, overrides)
     cl = load_cluster(cluster, devices=devices, nodes=nodes)
     filled = evaluate_defaults(cfg, cl.n_devices, tp=tp, pp=pp, cp=cp, dp=dp, sp=sp, seq=seq,
-                               global_batch=global_batch)
+                               global_batch=global_batch, framework=framework)
     dp, sp, seq, global_batch = filled["dp"], filled["sp"], filled["seq"], filled["global_batch"]
     split, mode = None, pp_layout if pp_layout in LAYOUT_WORDS else None
     if pp_layout is not None and mode != "balanced":

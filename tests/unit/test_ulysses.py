@@ -87,3 +87,25 @@ def test_a_ulysses_plan_exports_to_megatron_as_a2a_and_nowhere_ring():
     ring = api.evaluate("llama3-8b", "dgx-h100", 64, tp=2, cp=4, zero=1, micro_batch=1, global_batch=64, seq=SEQ,
                         framework="megatron", recompute="none")
     assert "--cp-comm-type a2a" not in megatron_args(ring)
+
+
+def test_ulysses_runs_without_megatron_sequence_parallelism():
+    """Megatron-DeepSpeed's Ulysses switch "Cannot be combined with --sequence-parallel" (megatron/arguments.py
+    ``--ds-sequence-parallel-size``): evaluate leaves sp off under cp > 1 by default and refuses it stated; the
+    search's grid points with cp > 1 carry sp off; with cp 1, sp stays the default where tp > 1."""
+    plan = api.evaluate("llama3-8b", "dgx-h100", 64, tp=2, cp=4, zero=1, micro_batch=1, global_batch=64, seq=SEQ,
+                        framework="deepspeed", recompute="full")
+    assert plan.parallelism.sp is False
+    with pytest.raises(PlanError, match="does not combine with Megatron's sequence parallelism"):
+        api.evaluate("llama3-8b", "dgx-h100", 64, tp=2, cp=4, sp=True, zero=1, micro_batch=1, global_batch=64,
+                     seq=SEQ, framework="deepspeed", recompute="full")
+    assert api.evaluate("llama3-8b", "dgx-h100", 64, tp=2, cp=1, zero=1, micro_batch=1, global_batch=64, seq=8192,
+                        framework="deepspeed", recompute="full").parallelism.sp is True
+    from symtensor.search.pool import EvaluatorPool
+
+    pool = EvaluatorPool(load_model_config("llama3-8b"), load_cluster("dgx-h100", devices=64), SEQ,
+                         framework="deepspeed")
+    points = pool._grid(64)
+    assert any(c["cp"] > 1 and c["tp"] > 1 for c in points)
+    assert all(not c["sp"] for c in points if c["cp"] > 1)
+    assert any(c["sp"] for c in points if c["cp"] == 1)

@@ -422,6 +422,18 @@ def refusal(engine: Engine, *, pp: int = 1, zero: int = 0, vpp: int = 1, cp: int
     return next((why for feature, why in engine.refuses if used[feature]), None)
 
 
+def ulysses_sp_refusal(engine: Engine, cp: int, sp: bool) -> str | None:
+    """Why ``engine`` does not run Megatron's sequence parallelism ``sp`` beside context parallelism ``cp``, or None:
+    under DeepSpeed-Ulysses (``Engine.context``) it does not, as Megatron-DeepSpeed says of its Ulysses switch
+    (microsoft/Megatron-DeepSpeed megatron/arguments.py ``--ds-sequence-parallel-size``: "Cannot be combined with
+    --sequence-parallel, which enables Megatron-LM's sequence parallel")."""
+    if engine.context == "ulysses" and cp > 1 and sp:
+        return (f"cp={cp} under the {engine.name} engine is DeepSpeed-Ulysses, which Megatron-DeepSpeed does not "
+                "combine with Megatron's sequence parallelism (--ds-sequence-parallel-size: \"Cannot be combined "
+                "with --sequence-parallel\"); use --no-sp, or --cp 1")
+    return None
+
+
 def cut_refusal(engine: Engine, op, layout) -> str | None:
     """Why ``engine`` does not run ``op`` under ``layout`` (an ``OpLayout``), or None: an engine whose context
     parallelism is Ulysses (``Engine.context``, DeepSpeed's) runs no attention core with its query sequence ``s``

@@ -65,17 +65,22 @@ def default_global_batch(seq: int) -> int:
 
 
 def evaluate_defaults(cfg, n_devices: int, *, tp: int = 1, pp: int = 1, cp: int = 1, dp: int | None = None,
-                      sp: bool | None = None, seq: int | None = None, global_batch: int | None = None) -> dict:
+                      sp: bool | None = None, seq: int | None = None, global_batch: int | None = None,
+                      framework: str = "megatron") -> dict:
     """The keys ``evaluate`` (and a runs file's row) fills when they are left out: dp the devices
-    over tp x pp x cp, sequence parallelism where tp > 1, ``default_seq`` and
-    ``default_global_batch``; a PlanError where tp x pp x cp does not divide the devices."""
+    over tp x pp x cp, sequence parallelism where tp > 1 (and the engine runs it beside cp:
+    ``cost.engine.ulysses_sp_refusal``), ``default_seq`` and ``default_global_batch``; a PlanError
+    where tp x pp x cp does not divide the devices."""
     if dp is None:
         if n_devices % (tp * pp * cp):
             raise PlanError(f"tp*pp*cp = {tp * pp * cp} does not divide the {n_devices} devices; give dp or "
                             "degrees that divide them")
         dp = n_devices // (tp * pp * cp)
     seq = seq or default_seq(cfg)
-    return {"dp": dp, "sp": tp > 1 if sp is None else sp, "seq": seq,
+    if sp is None:
+        eng = _engine.ENGINES.get(_engine.ALIASES.get(framework, framework))
+        sp = tp > 1 and (eng is None or _engine.ulysses_sp_refusal(eng, cp, True) is None)
+    return {"dp": dp, "sp": sp, "seq": seq,
             "global_batch": global_batch or default_global_batch(seq)}
 
 
@@ -310,6 +315,9 @@ def engine_refusal(p: Parallelism) -> str | None:
     modules = str(p.recompute).startswith(_modules.MODULES_PREFIX)
     if eng is not None and modules and not eng.recompute_modules:  # Megatron-core's option
         return _modules.refusal(p.recompute, framework=eng.name)
+    why = None if eng is None else _engine.ulysses_sp_refusal(eng, p.cp, p.sp)
+    if why is not None:
+        return why
     if eng is None or not (eng.refuses or p.precision == "fp16"):
         return None
     return _engine.refusal(eng, pp=p.pp, zero=p.zero, vpp=p.vpp, cp=p.cp, ep=p.ep, fp8=p.precision == "fp8",

@@ -164,7 +164,7 @@ def configuration(run: Run, cfg) -> Parallelism:
     """The run's configuration with ``evaluate``'s defaults for the keys it leaves out
     (``parallelism.evaluate_defaults``)."""
     c = dict(run.config)
-    keys = {k: c[k] for k in ("tp", "pp", "cp", "dp", "sp", "seq", "global_batch") if k in c}
+    keys = {k: c[k] for k in ("tp", "pp", "cp", "dp", "sp", "seq", "global_batch", "framework") if k in c}
     return Parallelism.from_dict({**c, **evaluate_defaults(cfg, run.devices, **keys)})
 
 

@@ -23,6 +23,7 @@ from symtensor.cost.engine import (
     offload_count_refusal,
     overlap_refusal,
     refusal as engine_refusal,
+    ulysses_sp_refusal,
 )
 from symtensor.cost.moe import overlap_refusal as moe_overlap_refusal
 from symtensor.cost.offload import engine_refusal as offload_engine_refusal
@@ -240,7 +241,10 @@ class EvaluatorPool:
     def _grid(self, global_batch: int) -> list[dict]:
         n = self.cluster.n_devices
         node = self.cluster.levels[0].fanout or n
-        return [c for c in grid_points(self.cfg, n, node, global_batch, self.seq) if self.depths([c["pp"]])]
+        engine = engine_named(self.framework)
+        # (DeepSpeed-Ulysses does not run beside Megatron's sequence parallelism: ``ulysses_sp_refusal``)
+        return [{**c, "sp": False} if c["sp"] and ulysses_sp_refusal(engine, c["cp"], True) else c
+                for c in grid_points(self.cfg, n, node, global_batch, self.seq) if self.depths([c["pp"]])]
 
     def _megatron_layouts(self, key) -> dict:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key
