@@ -150,8 +150,8 @@ def _seeds_beside_partition(s: OuterSearch, fork: bool, children: ExitStack) -> 
     s.evaluator(gb // m0, 1)
     with Background(lambda: seed_phase(pool, gb, mb, None, descend=True), fork=fork) as job:
         base, speculated = _partition_rolled_back(s, m0, fork, job, children)  # (may read the seeds early)
-        best, least, count = job.result()
-    _offer_seeds(s, best, least, count)
+        found = job.result()
+    _offer_seeds(s, *found)
     return base, speculated
 
 
@@ -202,7 +202,7 @@ def _speculate(pool: EvaluatorPool, guess: OuterSearch, seeds: Background, child
     otherwise, so the plan does not depend on the guess. Returns (the point, its refinement)."""
     points = [p for p in (guess.best, guess.least_memory) if p is not None]
     if seeds.ready():
-        best, least, _ = seeds.result()
+        best, least = seeds.result()[:2]
         points += [p for p in (best, least) if p is not None]
     if not points:
         return None
@@ -216,21 +216,25 @@ def _split_seeds(s: OuterSearch, tps: list[int], fork: bool) -> None:
     pool, gb, mb = s.pool, s.global_batch, s.micro_batch
     with Background(lambda: seed_phase(pool, gb, mb, tps[1::2], descend=False), fork=fork) as job:
         found = [seed_phase(pool, gb, mb, tps[0::2], descend=False), job.result()]
-    for best, least, count in found:
-        _offer_seeds(s, best, least, count)
-    fitting = [best for best, _, _ in found if best is not None]
+    for phase in found:
+        _offer_seeds(s, *phase)
+    fitting = [phase[0] for phase in found if phase[0] is not None]
     if fitting:
         start = min(fitting, key=lambda c: c.report.step_time_s)
         for cand in grid_descent(pool, start, mb):
             s.offer(cand)
 
 
-def _offer_seeds(s: OuterSearch, best, least, count: int) -> None:
-    """Offer what a seed phase (``seeds.seed_phase``) found, counting its configurations."""
+def _offer_seeds(s: OuterSearch, best, least, count: int, recomputed=()) -> None:
+    """Offer what a seed phase (``seeds.seed_phase``) found, counting its configurations, and cost the ZeRO stages
+    of the seeds that fit only with recomputation (``OuterSearch.consider``: every recomputation and ZeRO
+    stage of their layouts, cheapest first, against the best so far)."""
     s.evaluations += count
     for cand in (best, least):
         if cand is not None:
             s.offer(cand)
+    for cand in recomputed:
+        s.consider(cand.layouts, cand.train.pp, cand.train.micro_steps)
 
 
 def _adopt(s: OuterSearch, points: list[Costed], refined: bool = True) -> None:

@@ -5,7 +5,8 @@ to the grid.
     seed_plan        whether the seeds are the whole grid (small grids and clusters) or a scan
     structured_seeds the grid with exact branch and bound, or the scan (``_Chain`` stops a chain)
     grid_descent     hill-climbing on the grid from the best seed
-    seed_phase       the best and the least-memory seed of a (part of the) scan, and its count
+    seed_phase       the best and the least-memory seed of a (part of the) scan, its count, and the
+                     fastest seeds that fit only with recomputation (their ZeRO stages are tried)
 """
 
 from __future__ import annotations
@@ -157,10 +158,18 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
         yield cur
 
 
+RECOMPUTED_SEEDS = 2  # the fastest seeds that fit only with recomputation, whose ZeRO stages the search tries
+
+
 def seed_phase(pool: EvaluatorPool, global_batch: int, micro_batch, tps, descend: bool):
     """The fastest seed that fits (hill-climbed on the grid when ``descend``), the seed with the
-    least memory when none fits, and how many seeds (and hill-climbing steps) it offered."""
+    least memory when none fits, how many seeds (and hill-climbing steps) it offered, and the
+    ``RECOMPUTED_SEEDS`` fastest seeds that fit only with recomputation: the grid runs ZeRO-1
+    (Megatron's distributed optimizer), where a deeper ZeRO stage may free the memory that
+    recomputation buys back more slowly (``OuterSearch.consider`` tries them: DeepSpeed-Ulysses
+    at its full degree with ZeRO-3, say)."""
     best = least = None
+    recomputed: list = []
     count = 0
     for cand in structured_seeds(pool, global_batch, micro_batch, tps):
         count += 1
@@ -168,10 +177,12 @@ def seed_phase(pool: EvaluatorPool, global_batch: int, micro_batch, tps, descend
         if rep.fits:
             if best is None or rep.step_time_s < best.report.step_time_s:
                 best = cand
+            if cand.train.recompute != "none":
+                recomputed = sorted(recomputed + [cand], key=lambda c: c.report.step_time_s)[:RECOMPUTED_SEEDS]
         elif least is None or rep.memory_reserved < least.report.memory_reserved:
             least = cand
     if descend and best is not None:
         for cand in grid_descent(pool, best, micro_batch):
             best = cand
             count += 1
-    return best, least, count
+    return best, least, count, recomputed
