@@ -554,6 +554,11 @@ def engine_named(framework: str) -> Engine:
     return ENGINES[ALIASES.get(framework, framework)]
 
 
+def runs_ulysses(framework: str) -> bool:
+    """Whether ``framework``'s engine runs context parallelism as DeepSpeed-Ulysses (``Engine.context``)."""
+    return engine_named(framework).context == "ulysses"
+
+
 def sharded_parameters(zero: int, framework: str) -> bool:
     """Whether parameters are sharded over their replicas and gathered unit by unit for compute
     (``Engine.sharded_from``): ZeRO 3 under every engine; FSDP2 at every stage above 0 (ZeRO 1/2 =

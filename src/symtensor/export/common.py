@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from symtensor.cost.engine import ENGINES
+from symtensor.cost.engine import ENGINES, runs_ulysses
 from symtensor.cost.pipeline import layout_string
 from symtensor.errors import PlanError
 from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Capabilities, Heterogeneous, Parallelism
@@ -36,7 +36,7 @@ def lowered(plan, caps: Capabilities) -> Parallelism:
     why = p.refusal(plan.model, plan.cluster.n_devices)
     if why is not None:
         raise PlanError(f"{caps.name} would refuse this plan at launch: {why}; {nearest(plan)}")
-    if p.cp > 1 and ENGINES[p.framework].context == "ulysses" and not caps.ulysses:
+    if p.cp > 1 and runs_ulysses(p.framework) and not caps.ulysses:
         raise PlanError(f"{caps.name} runs ring context parallelism, and this plan's is DeepSpeed-Ulysses as the "
                         f"{p.framework} engine costs it (the attention cut by heads behind all-to-alls); export it to "
                         f"megatron (--cp-comm-type a2a), or plan under --framework {caps.engine}")

@@ -8,7 +8,7 @@ recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), 
 
 from __future__ import annotations
 
-from symtensor.cost.engine import ENGINES
+from symtensor.cost.engine import runs_ulysses
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, is_mxfp8, shape_refusal
 from symtensor.cost.recompute import modules_of
@@ -209,7 +209,7 @@ def megatron_args(plan) -> list[str]:
             f"--global-batch-size {p.global_batch}", f"--seq-length {p.seq}", *size_args(cfg)]
     if p.sp:
         args.append("--sequence-parallel")
-    if p.cp > 1 and ENGINES[p.framework].context == "ulysses":  # (Megatron's "a2a: like DeepSpeed Ulysses")
+    if p.cp > 1 and runs_ulysses(p.framework):  # (Megatron's "a2a: like DeepSpeed Ulysses")
         args.append("--cp-comm-type a2a")
     split = p.train.chunk_layers(cfg.layers)  # (the configuration rule took it: plan.parallelism.refusal)
     piped = pipeline_args(cfg.layers, p.pp, p.vpp, split, stated=p.layer_split is not None)

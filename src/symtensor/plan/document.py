@@ -7,7 +7,7 @@ of its regime, ``cost.bands``) and the baselines beside a searched plan.
 
 from __future__ import annotations
 
-from symtensor.cost.engine import ENGINES
+from symtensor.cost.engine import runs_ulysses
 from symtensor.hardware import GIB
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import config_summary, layer_types, megatron_summary, recipe_of, repeated_work_note
@@ -113,7 +113,7 @@ def description_notes(plan: Plan) -> list[str]:
                    f"{plan.seq:,}-token sequence, as variable-length fused kernels run it (THD / cu_seqlens, "
                    "block-causal masks); the other ops cost the whole sequence")
     cp = config_summary(plan)["cp"]
-    if cp > 1 and ENGINES[plan.train.framework].context == "ulysses":
+    if cp > 1 and runs_ulysses(plan.train.framework):
         out.append(f"context parallelism {cp} runs as DeepSpeed-Ulysses (sequence parallel size {cp}): the attention "
                    "core cut by heads, all-to-alls of its query, key, value and output between it and the "
                    "sequence-cut projections (exposed: cp_comm); no ring attention under this engine")

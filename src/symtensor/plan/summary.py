@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from symtensor.cost.engine import ENGINES
+from symtensor.cost.engine import runs_ulysses
 from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
@@ -155,7 +155,7 @@ def _core(plan):
     g = plan.graph
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
     core = next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
-    if core.kind == "attention" and ENGINES[plan.train.framework].context == "ulysses":
+    if core.kind == "attention" and runs_ulysses(plan.train.framework):
         return g.producers()[core.inputs[0]]
     return core
 
@@ -180,7 +180,7 @@ def differences(plan, deg: dict, edeg: dict | None) -> list[str]:
     g, mesh = plan.graph, plan.mesh
     stage = mesh.size()
     # DeepSpeed-Ulysses' attention core: its heads cut by the cp devices too, its query sequence not (``_core``)
-    core = {**deg, "cp": 1, "tp": deg["tp"] * deg["cp"]} if ENGINES[plan.train.framework].context == "ulysses" \
+    core = {**deg, "cp": 1, "tp": deg["tp"] * deg["cp"]} if runs_ulysses(plan.train.framework) \
         else deg
     odd: dict = {}  # (expert grid, degrees) -> blocks
     short: dict = {}  # devices an op's cuts span (< stage) -> blocks

@@ -34,7 +34,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.engine import ENGINES
+from symtensor.cost.engine import runs_ulysses
 from symtensor.cost.params import shard_axes
 from symtensor.cost.pipeline import balanced_split
 from symtensor.errors import PlanError
@@ -243,7 +243,7 @@ _UNCHECKED = object()  # a legality check not done yet (None is an answer: legal
 
 def _ulysses(c: dict) -> bool:
     """Whether configuration ``c``'s engine runs context parallelism as DeepSpeed-Ulysses (``Engine.context``)."""
-    return ENGINES[c.get("framework", DEFAULTS["framework"])].context == "ulysses"
+    return runs_ulysses(c.get("framework", DEFAULTS["framework"]))
 
 
 def role_layouts(mesh, c: dict, family: OpLayout = REPLICATED):
