@@ -241,10 +241,13 @@ class EvaluatorPool:
     def _grid(self, global_batch: int) -> list[dict]:
         n = self.cluster.n_devices
         node = self.cluster.levels[0].fanout or n
-        engine = engine_named(self.framework)
-        # (DeepSpeed-Ulysses does not run beside Megatron's sequence parallelism: ``ulysses_sp_refusal``)
-        return [{**c, "sp": False} if c["sp"] and ulysses_sp_refusal(engine, c["cp"], True) else c
+        return [{**c, "sp": self.sequence_parallel(c["tp"], c["cp"])}
                 for c in grid_points(self.cfg, n, node, global_batch, self.seq) if self.depths([c["pp"]])]
+
+    def sequence_parallel(self, tp: int, cp: int) -> bool:
+        """Whether a grid point of this search runs Megatron's sequence parallelism: wherever tp > 1, except beside
+        DeepSpeed-Ulysses (``cost.engine.ulysses_sp_refusal``)."""
+        return tp > 1 and ulysses_sp_refusal(engine_named(self.framework), cp, True) is None
 
     def _megatron_layouts(self, key) -> dict:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key

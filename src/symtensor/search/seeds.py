@@ -63,8 +63,8 @@ def structured_seeds(pool: EvaluatorPool, global_batch: int, micro_batch: int | 
                 for etp, ep, ep_chain in _expert_chains(cfg, tp, tp * cp * dp):
                     if ep_chain.stopped:
                         continue
-                    base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=tp > 1, zero=1 if dp > 1 else 0,
-                                micro_batch=mb, global_batch=global_batch, seq=pool.seq)
+                    base = dict(tp=tp, pp=pp, dp=dp, cp=cp, ep=ep, etp=etp, sp=pool.sequence_parallel(tp, cp),
+                                zero=1 if dp > 1 else 0, micro_batch=mb, global_batch=global_batch, seq=pool.seq)
                     cand, score = fastest_fitting(pool, dict(base, vpp=vpp), bound, balance=False)
                     if vpp > 1 and (cand is None or cand.megatron["recompute"] != "none"):
                         # interleaving holds more micro-batches in flight: without it, recomputation
@@ -145,7 +145,7 @@ def grid_descent(pool: EvaluatorPool, start, micro_batch: int | None, max_steps:
                 if n % rest:
                     continue
                 trial["dp"] = n // rest
-                trial["sp"] = trial["tp"] > 1
+                trial["sp"] = pool.sequence_parallel(trial["tp"], trial["cp"])
                 trial["zero"] = 1 if trial["dp"] > 1 else 0
                 if (rest // trial["pp"] * trial["dp"]) % (trial["ep"] * trial["etp"]):
                     continue  # the expert grid does not fold over the stage's ranks
