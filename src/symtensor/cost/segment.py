@@ -14,12 +14,6 @@ from symtensor.cost.train import SAC_OP, TrainConfig, layer_every
 from symtensor.layout import REPLICATED, OpLayout
 
 _CATEGORY_BY_KIND = {"attention": "cp_comm", "moe_dispatch": "ep_comm", "moe_combine": "ep_comm"}
-
-
-def _ulysses_out(prod, colls) -> str | None:
-    """``cp_comm`` for the all-to-all that takes an attention core's output (or brings its gradient) from the
-    head cut back to the sequence cut (DeepSpeed-Ulysses'), else None (the consumer's category)."""
-    return "cp_comm" if prod.kind == "attention" and all(c.kind == "all_to_all" for c in colls) else None
 # the compute each communication category can hide behind (see Segment._overlap)
 _HIDES = {"linear": "tp_comm", "attention": "cp_comm"}
 # Transformer Engine userbuffers split a tensor-parallel GEMM and its collective into 4 chunks
@@ -30,6 +24,12 @@ TP_OVERLAP_SPLITS = 4
 # row-parallel GEMM's all-reduce runs as it is: Megatron-LM asserts --sequence-parallel under --tp-comm-overlap
 # (megatron/training/arguments.py), and an all-to-all of a redistribution is nobody's GEMM pipeline
 TP_OVERLAPPED = ("all_gather", "reduce_scatter")
+
+
+def _ulysses_out(prod, colls) -> str | None:
+    """``cp_comm`` for the all-to-all that takes an attention core's output (or brings its gradient) from the
+    head cut back to the sequence cut (DeepSpeed-Ulysses'), else None (the consumer's category)."""
+    return "cp_comm" if prod.kind == "attention" and all(c.kind == "all_to_all" for c in colls) else None
 
 
 def activation_key(train: TrainConfig) -> tuple:

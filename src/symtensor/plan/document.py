@@ -10,7 +10,7 @@ from __future__ import annotations
 from symtensor.cost.engine import runs_ulysses
 from symtensor.hardware import GIB
 from symtensor.plan.plan import Plan
-from symtensor.plan.summary import config_summary, layer_types, megatron_summary, recipe_of, repeated_work_note
+from symtensor.plan.summary import layer_types, megatron_summary, recipe_of, repeated_work_note
 
 # the baselines that are Megatron configurations report their Megatron arguments as ``config``
 MEGATRON_BASELINES = ("megatron_recipe", "megatron_grid_best", "fsdp")
@@ -112,8 +112,8 @@ def description_notes(plan: Plan) -> list[str]:
         out.append(f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
                    f"{plan.seq:,}-token sequence, as variable-length fused kernels run it (THD / cu_seqlens, "
                    "block-causal masks); the other ops cost the whole sequence")
-    cp = config_summary(plan)["cp"]
-    if cp > 1 and runs_ulysses(plan.train.framework):
+    cp = plan.config["cp"] if runs_ulysses(plan.train.framework) else 1  # (the summary only where it can matter)
+    if cp > 1:
         out.append(f"context parallelism {cp} runs as DeepSpeed-Ulysses (sequence parallel size {cp}): the attention "
                    "core cut by heads, all-to-alls of its query, key, value and output between it and the "
                    "sequence-cut projections (exposed: cp_comm); no ring attention under this engine")
