@@ -118,6 +118,10 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    help="Megatron's --overlap-grad-reduce and --overlap-param-gather or, with --no-, the gradient "
                    "reduction after backward and the parameter gather before forward: Megatron-LM's defaults; "
                    "default: the engine's (on)")
+    p.add_argument("--cp-comm-type", dest="cp_comm", choices=("p2p", "a2a"), default=None,
+                   help="how context parallelism runs (Megatron-LM's --cp-comm-type): p2p, ring attention (Megatron's "
+                   "and torchtitan's default), or a2a, all-to-alls around an attention core cut by heads "
+                   "(DeepSpeed-Ulysses' scheme, DeepSpeed's only); default: the engine's own")
     p.add_argument("--pp-schedules", dest="pp_schedules", type=int, default=1, metavar="K",
                    help="gradient accumulation as K pipeline schedules per step, each of the step's micro-batches / K, "
                    "each filling and draining the pipeline (torchtitan and NeMo AutoModel with a local batch below "

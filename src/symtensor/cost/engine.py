@@ -273,10 +273,13 @@ class Engine:
     # Transformer Engine's NVFP4BlockScaling: ``cost.precision``), ``lowp`` (Megatron-LM's quantized parameters
     # and BF16-kept layers, ``--fp8-param-gather`` and ``--first-last-layers-bf16``: ``cost.precision``)
     refuses: tuple[tuple[str, str], ...] = ()
-    # how context parallelism runs the attention core: "ring" (its query sequence cut, the keys and values passed
-    # round the cp group: Megatron's --cp-comm-type p2p, torchtitan's) or "ulysses" (cut by heads behind
-    # all-to-alls, DeepSpeed-Ulysses; an engine without rings runs no attention with its query sequence cut)
-    context: str = "ring"
+    # how context parallelism runs the attention core, named as Megatron-LM's --cp-comm-type names it (``CP_COMMS``):
+    # "p2p" (ring attention: its query sequence cut, the keys and values passed round the cp group; torchtitan's
+    # only) or "a2a" (cut by heads behind all-to-alls: DeepSpeed-Ulysses', DeepSpeed's only). ``context``: the
+    # engine's own, ``contexts``: those it runs (a stack states one: ``Stack.cp_comm``); an engine without rings
+    # runs no attention with its query sequence cut (``cut_refusal``)
+    context: str = "p2p"
+    contexts: tuple[str, ...] = ("p2p",)
 
     def refuses_feature(self, feature: str) -> bool:
         """Whether the engine refuses ``feature`` (a key of ``refuses``)."""
@@ -340,13 +343,17 @@ ATTENTION_FALLBACK = ("fa2", "cudnn", "fa3", "te")
 # output still live (derivatives.yaml: ``_log_softmax: self: _log_softmax_backward_data(grad, result, ...)``):
 # 8 bytes per logit beyond the saved 4, the step's largest moment (3 fp32 copies of the logits at once).
 _EP_DISPATCHERS = ("alltoall", "deepep", "hybridep")  # Megatron's and torchtitan's (``Engine.moe_dispatchers``)
+# context parallelism's kinds (``Engine.context``), as Megatron-LM's --cp-comm-type names them (arguments.py: p2p,
+# a2a, allgather, a2a+p2p; the last two are not modelled)
+CP_COMMS = ("p2p", "a2a")
 ENGINES = {
     "megatron": Engine("megatron", ddp_bucket_bytes=40e6 * 4, per_tensor_gathers=False, regather_recompute=False,
                        tp_overlap=True, keeps_sp_shard=True, exposed_param_gather=False, copy_out=False,
                        state_bytes=(2, 4, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False,
                        attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,),
                        recompute_modules=True, unit_reduce_buffer=True, replicate_once=True,
-                       moe_combine_keeps=0.0, cpu_offload=True, moe_dispatchers=_EP_DISPATCHERS),
+                       moe_combine_keeps=0.0, cpu_offload=True, moe_dispatchers=_EP_DISPATCHERS,
+                       contexts=("p2p", "a2a")),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
@@ -358,7 +365,8 @@ ENGINES = {
                         tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=True, copy_out=False,
                         state_bytes=(2, 2, 12), sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=True,
                         bucket_buffers=2, loss_grad_bytes=4, step_temp_bytes=4, attention_kernels=SDPA_ATTENTION,
-                        grad_reduce_bf16="default", refuses=(_PIPE, _SAC, _FP4, _LOWP), context="ulysses"),
+                        grad_reduce_bf16="default", refuses=(_PIPE, _SAC, _FP4, _LOWP), context="a2a",
+                        contexts=("a2a",)),
 }
 # DeepSpeed's pipeline engine under Megatron-DeepSpeed (the module docstring); its refusals name the fix
 _DS_PIPE = "DeepSpeed's pipeline engine (Megatron-DeepSpeed)"
@@ -424,25 +432,44 @@ def refusal(engine: Engine, *, pp: int = 1, zero: int = 0, vpp: int = 1, cp: int
 
 def ulysses_sp_refusal(engine: Engine, cp: int, sp: bool) -> str | None:
     """Why ``engine`` does not run Megatron's sequence parallelism ``sp`` beside context parallelism ``cp``, or None:
-    under DeepSpeed-Ulysses (``Engine.context``) it does not, as Megatron-DeepSpeed says of its Ulysses switch
-    (microsoft/Megatron-DeepSpeed megatron/arguments.py ``--ds-sequence-parallel-size``: "Cannot be combined with
-    --sequence-parallel, which enables Megatron-LM's sequence parallel")."""
-    if engine.context == "ulysses" and cp > 1 and sp:
+    an engine whose only context parallelism is DeepSpeed-Ulysses (``Engine.contexts``) does not, as Megatron-DeepSpeed
+    says of its Ulysses switch (microsoft/Megatron-DeepSpeed megatron/arguments.py ``--ds-sequence-parallel-size``:
+    "Cannot be combined with --sequence-parallel, which enables Megatron-LM's sequence parallel"). Megatron-LM's own
+    a2a runs beside it (Transformer Engine's all-to-all attention takes the heads of a tensor-parallel rank)."""
+    if engine.contexts == ("a2a",) and cp > 1 and sp:
         return (f"cp={cp} under the {engine.name} engine is DeepSpeed-Ulysses, which Megatron-DeepSpeed does not "
                 "combine with Megatron's sequence parallelism (--ds-sequence-parallel-size: \"Cannot be combined "
                 "with --sequence-parallel\"); use --no-sp, or --cp 1")
     return None
 
 
-def cut_refusal(engine: Engine, op, layout) -> str | None:
-    """Why ``engine`` does not run ``op`` under ``layout`` (an ``OpLayout``), or None: an engine whose context
-    parallelism is Ulysses (``Engine.context``, DeepSpeed's) runs no attention core with its query sequence ``s``
-    cut (ring attention); the one rule the search's layouts and a stated plan's both meet
-    (``search.partition.Problem.legal``, ``Evaluator.check``)."""
-    if op.kind == "attention" and engine.context == "ulysses" and layout.axes_of("s"):
-        return (f"the {engine.name} engine runs no ring attention (its context parallelism is DeepSpeed-Ulysses: "
-                "the attention core cut by heads, the projections by sequence); cut the attention core's heads, "
-                "not its query sequence")
+def context_of(framework: str, cp_comm: str | None = None) -> str:
+    """How context parallelism runs under engine ``framework`` with the stack's ``cp_comm`` (``Stack.cp_comm``;
+    None: the engine's own, ``Engine.context``): ``p2p`` (ring attention) or ``a2a`` (all-to-alls around an
+    attention core cut by heads)."""
+    return cp_comm or engine_named(framework).context
+
+
+def context_refusal(framework: str, cp_comm: str | None) -> str | None:
+    """One line where engine ``framework`` does not run the context parallelism ``cp_comm`` states (``Engine.contexts``:
+    torchtitan's is ring attention only, DeepSpeed's Ulysses only), or None."""
+    eng = ENGINES.get(ALIASES.get(framework, framework))
+    if cp_comm is None or eng is None or cp_comm in eng.contexts:
+        return None
+    runs = "ring attention (p2p)" if eng.contexts == ("p2p",) else "DeepSpeed-Ulysses (a2a)"
+    return (f"--cp-comm-type {cp_comm}: the {eng.name} engine runs context parallelism as {runs} only; leave "
+            "--cp-comm-type out" + (", or use --framework megatron" if eng.name != "megatron" else ""))
+
+
+def cut_refusal(train, op, layout) -> str | None:
+    """Why ``train``'s engine does not run ``op`` under ``layout`` (an ``OpLayout``), or None: where context
+    parallelism runs as all-to-alls (``TrainConfig.context``: DeepSpeed's, or a stack that states Megatron's a2a)
+    no attention core has its query sequence ``s`` cut (ring attention); the one rule the search's layouts and a
+    stated plan's both meet (``search.partition.Problem.legal``, ``Evaluator.check``)."""
+    if op.kind == "attention" and train.context == "a2a" and layout.axes_of("s"):
+        return (f"the {train.framework} engine runs no ring attention here (its context parallelism is all-to-all, "
+                "DeepSpeed-Ulysses' scheme: the attention core cut by heads, the projections by sequence); cut the "
+                "attention core's heads, not its query sequence")
     return None
 
 
@@ -552,11 +579,6 @@ def engine_of(train) -> Engine:
 def engine_named(framework: str) -> Engine:
     """The engine ``framework`` names, an alias (``ALIASES``: torch, torchtitan, ...) included."""
     return ENGINES[ALIASES.get(framework, framework)]
-
-
-def runs_ulysses(framework: str) -> bool:
-    """Whether ``framework``'s engine runs context parallelism as DeepSpeed-Ulysses (``Engine.context``)."""
-    return engine_named(framework).context == "ulysses"
 
 
 def sharded_parameters(zero: int, framework: str) -> bool:

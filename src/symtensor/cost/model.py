@@ -240,14 +240,13 @@ class Evaluator:
                                self.eff.link_for(kind))
 
     # -- the evaluation -----------------------------------------------------------------------
-    def check(self, layouts: dict[str, OpLayout]) -> None:
-        """A PlanError naming the first op whose layout is illegal (``layout.refusal``) or that the engine does
-        not run (``cost.engine.cut_refusal``)."""
-        engine = ENGINES[self.framework]
+    def check(self, layouts: dict[str, OpLayout], train: TrainConfig) -> None:
+        """A PlanError naming the first op whose layout is illegal (``layout.refusal``) or that ``train``'s engine
+        does not run (``cost.engine.cut_refusal``)."""
         for op in self.graph.ops:
             layout = layouts.get(op.name, REPLICATED)
             check_layout(op, layout, self.mesh)
-            why = cut_refusal(engine, op, layout)
+            why = cut_refusal(train, op, layout)
             if why is not None:
                 raise PlanError(f"op {op.name}: {why}")
 
@@ -273,7 +272,7 @@ class Evaluator:
             raise PlanError(f"graph built for {self.graph.meta['micro_batch']} sequences per micro-step, "
                             f"configuration has {train.graph_batch}")
         if check:
-            self.check(layouts)
+            self.check(layouts, train)
         return _Accumulator(self, layouts, train).run()
 
     def step_floor(self, train: TrainConfig) -> float:

@@ -25,7 +25,7 @@ from __future__ import annotations
 from dataclasses import dataclass, fields, replace
 
 from symtensor.cost import moe as _moe, offload as _offload, stack_kernels as _kernels
-from symtensor.cost.engine import offload_count_refusal
+from symtensor.cost.engine import CP_COMMS, offload_count_refusal
 from symtensor.cost.precision import lowp_fact_refusal
 from symtensor.errors import PlanError
 
@@ -82,6 +82,12 @@ class Stack:
             the step's: global batch / (dp x local batch) schedules) and, under FSDP2, gathering and reduce-scattering
             its stage once (``cost.engine.Engine.pipeline_sync_once``); 1: one schedule per step, what Megatron runs
             and what the torchtitan export launches. Without a pipeline it changes nothing.
+        cp_comm: how context parallelism runs (``cost.engine.CP_COMMS``, Megatron-LM's --cp-comm-type): ``p2p``, ring
+            attention, or ``a2a``, all-to-alls around an attention core cut by heads (DeepSpeed-Ulysses' scheme, which
+            Megatron-LM runs as a2a); None: the engine's own (``cost.engine.Engine.context``: Megatron's and
+            torchtitan's p2p, DeepSpeed's a2a). The per-op search is not held to it where it is None: a plan whose
+            attention core is cut by heads on the devices that cut its query's sequence reads as a2a
+            (``plan.summary``).
         param_dtype: the dtype the parameters are kept and updated in (``cost.stack_kernels.PARAM_DTYPES``: ``fp32``,
             ``bf16``: no fp32 master copy, bf16 gradients and Adam moments, as NeMo AutoModel's MoE models train
             under FSDP2); None: the engine's own (fp32 master weights).
@@ -105,6 +111,7 @@ class Stack:
     tp_comm_overlap: bool | None = None
     dp_comm_overlap: bool | None = None
     pp_schedules: int = 1
+    cp_comm: str | None = None
 
     def __post_init__(self):
         why = refusal(self)
@@ -147,6 +154,8 @@ def refusal(stack) -> str | None:
     for key in ("expandable_segments", "tp_comm_overlap", "dp_comm_overlap"):
         if why is None and getattr(stack, key) not in (None, True, False):
             why = f"{key}={getattr(stack, key)!r}; use True, False or None (the engine's default)"
+    if why is None and stack.cp_comm not in (None, *CP_COMMS):
+        why = f"cp_comm={stack.cp_comm!r}; use one of {', '.join(CP_COMMS)} (or leave it out: the engine's own)"
     why = why or offload_count_refusal(stack.cpu_offload_layers) or _offload.refusal(stack.offload_modules)
     if why is None and stack.offload_modules and stack.cpu_offload_layers:
         why = ("offload_modules and cpu_offload_layers: Megatron runs one CPU offloading at a time (TransformerConfig "

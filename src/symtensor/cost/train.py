@@ -14,6 +14,8 @@ from symtensor.cost import (
 from symtensor.cost.engine import (
     ALIASES,
     ENGINES,
+    context_of,
+    context_refusal,
     cpu_offload_refusal,
     engine_of,
     grad_reduce_refusal,
@@ -200,7 +202,8 @@ class TrainConfig:
         if self.stack.grad_reduce_bf16 and eng.grad_reduce_bf16 == "buffer" and self.grad_bytes is None:
             object.__setattr__(self, "grad_bytes", 2)  # Megatron's gradient buffer in the parameters' bf16
         why = _kernels.param_dtype_refusal(self.stack.param_dtype, self.framework) or \
-            overlap_refusal(self.framework, self.stack) or schedules_refusal(self.framework, self.stack.pp_schedules)
+            overlap_refusal(self.framework, self.stack) or schedules_refusal(self.framework, self.stack.pp_schedules) \
+            or context_refusal(self.framework, self.stack.cp_comm)
         if why is None and self.micro_steps % self.schedules:
             why = (f"{self.micro_steps} micro-batches per data-parallel replica do not split into "
                    f"{self.schedules} pipeline schedules (--pp-schedules): use a global batch whose micro-batches "
@@ -266,6 +269,12 @@ class TrainConfig:
             why = _precision.lowp_refusal(self.precision, self.fp8_recipe, 1, False, self.stack.bf16_layers)
         if why is not None:
             raise PlanError(why)
+
+    @property
+    def context(self) -> str:
+        """How context parallelism runs at this point (``cost.engine.context_of``): ``p2p`` (ring attention) or
+        ``a2a`` (all-to-alls around an attention core cut by heads)."""
+        return context_of(self.framework, self.stack.cp_comm)
 
     @property
     def lowp_params(self) -> bool:

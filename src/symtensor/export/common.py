@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from symtensor.cost.engine import ENGINES, runs_ulysses
+from symtensor.cost.engine import ENGINES
 from symtensor.cost.pipeline import layout_string
 from symtensor.errors import PlanError
 from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Capabilities, Heterogeneous, Parallelism
@@ -36,10 +36,11 @@ def lowered(plan, caps: Capabilities) -> Parallelism:
     why = p.refusal(plan.model, plan.cluster.n_devices)
     if why is not None:
         raise PlanError(f"{caps.name} would refuse this plan at launch: {why}; {nearest(plan)}")
-    if p.cp > 1 and runs_ulysses(p.framework) and not caps.ulysses:
-        raise PlanError(f"{caps.name} runs ring context parallelism, and this plan's is DeepSpeed-Ulysses as the "
-                        f"{p.framework} engine costs it (the attention cut by heads behind all-to-alls); export it to "
-                        f"megatron (--cp-comm-type a2a), or plan under --framework {caps.engine}")
+    if p.cp > 1 and p.train.context == "a2a" and not caps.a2a:
+        raise PlanError(f"{caps.name} runs ring context parallelism, and this plan's runs as all-to-alls "
+                        f"(DeepSpeed-Ulysses' scheme: the attention cut by heads) as the {p.framework} engine costs "
+                        f"it; export it to megatron (--cp-comm-type a2a), or plan under --framework {caps.engine}"
+                        + ("" if p.framework == "deepspeed" else " with --cp-comm-type p2p"))
     if p.stack.cpu_offload_layers and not ENGINES[caps.engine].cpu_offload:  # (Megatron-LM's: cost.engine.CPU_OFFLOAD)
         raise PlanError(f"{caps.name} has no CPU activation offloading (Megatron-LM's --cpu-offloading-num-layers) "
                         "as this plan is costed; export it to megatron, or plan without --cpu-offload-layers")

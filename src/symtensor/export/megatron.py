@@ -8,7 +8,6 @@ recomputation and the distributed optimizer (ZeRO 1) or Megatron-FSDP (ZeRO 3), 
 
 from __future__ import annotations
 
-from symtensor.cost.engine import runs_ulysses
 from symtensor.cost.pipeline import ends_split, layout_string, parse_layout
 from symtensor.cost.precision import AMAX_HISTORY, QUANTIZED, RECIPES, is_mxfp8, shape_refusal
 from symtensor.cost.recompute import modules_of
@@ -21,7 +20,7 @@ from symtensor.plan.parallelism import Capabilities, Parallelism, pipeline_split
 # optim_grads_params ZeRO-3 (megatron/core/distributed/fsdp, as cost.engine's megatron engine charges it); it runs
 # context parallelism and any expert grid the configuration rule accepts, in BF16, FP8 or NVFP4 (--fp4-format)
 CAPABILITIES = Capabilities(name="Megatron-LM", engine="megatron", zero=(0, 1, 2, 3), precision=("bf16", "fp8", "fp4"),
-                            ulysses=True)
+                            a2a=True)
 
 # The Megatron-LM whose Megatron-FSDP arguments ``fsdp_args`` writes and ``fsdp_problems`` checks
 # (megatron/training/arguments.py ``validate_args``): NVIDIA/Megatron-LM d98e8a64ddf3 (2026-08-22). The flag is
@@ -209,7 +208,7 @@ def megatron_args(plan) -> list[str]:
             f"--global-batch-size {p.global_batch}", f"--seq-length {p.seq}", *size_args(cfg)]
     if p.sp:
         args.append("--sequence-parallel")
-    if p.cp > 1 and runs_ulysses(p.framework):  # (Megatron's "a2a: like DeepSpeed Ulysses")
+    if p.cp > 1 and p.train.context == "a2a":  # (Megatron's "a2a: like DeepSpeed Ulysses")
         args.append("--cp-comm-type a2a")
     split = p.train.chunk_layers(cfg.layers)  # (the configuration rule took it: plan.parallelism.refusal)
     piped = pipeline_args(cfg.layers, p.pp, p.vpp, split, stated=p.layer_split is not None)

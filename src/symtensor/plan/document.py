@@ -7,7 +7,7 @@ of its regime, ``cost.bands``) and the baselines beside a searched plan.
 
 from __future__ import annotations
 
-from symtensor.cost.engine import runs_ulysses
+from symtensor.cost.engine import context_of, engine_named
 from symtensor.hardware import GIB
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import layer_types, megatron_summary, recipe_of, repeated_work_note
@@ -105,18 +105,21 @@ def notes(plan: Plan) -> list[str]:
 def description_notes(plan: Plan) -> list[str]:
     """What the costing assumes of the run beyond the model's architecture: packed documents, as the graph's
     attention carries them (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``), and context
-    parallelism run as DeepSpeed-Ulysses (``cost.engine.Engine.context``)."""
+    parallelism run as all-to-alls (``plan.summary.all_to_all_context``: DeepSpeed-Ulysses, Megatron's a2a)."""
     out = []
     doc = next((op.attr("document") for op in plan.graph.ops if op.attr("document")), None)
     if doc is not None:
         out.append(f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
                    f"{plan.seq:,}-token sequence, as variable-length fused kernels run it (THD / cu_seqlens, "
                    "block-causal masks); the other ops cost the whole sequence")
-    cp = plan.config["cp"] if runs_ulysses(plan.train.framework) else 1  # (the summary only where it can matter)
-    if cp > 1:
-        out.append(f"context parallelism {cp} runs as DeepSpeed-Ulysses (sequence parallel size {cp}): the attention "
-                   "core cut by heads, all-to-alls of its query, key, value and output between it and the "
-                   "sequence-cut projections (exposed: cp_comm); no ring attention under this engine")
+    c = plan.config if "a2a" in engine_named(plan.train.framework).contexts else {}  # (where it can matter)
+    if c.get("cp", 1) > 1 and context_of(plan.train.framework, c.get("cp_comm")) == "a2a":
+        cp = c["cp"]
+        how = (f"DeepSpeed-Ulysses (sequence parallel size {cp})" if plan.train.framework == "deepspeed" else
+               "all-to-all (Megatron-LM's --cp-comm-type a2a, DeepSpeed-Ulysses' scheme)")
+        out.append(f"context parallelism {cp} runs as {how}: the attention core cut by heads, all-to-alls of its "
+                   "query, key, value and output between it and the sequence-cut projections (exposed: cp_comm); "
+                   "no ring attention")
     return out
 
 

@@ -256,7 +256,8 @@ def refusal(p: Parallelism, model, n_devices: int, device=None) -> str | None:
     why = engine_refusal(p) or (_engine.grad_reduce_refusal(p.framework, p.zero) if stack.grad_reduce_bf16 else None)
     why = why or _precision.lowp_refusal(p.precision, p.fp8_recipe, p.zero, stack.fp8_param_gather, stack.bf16_layers,
                                          model.layers, p.pp)
-    why = why or _kernels.stack_refusal(stack, p.framework, device) or _engine.overlap_refusal(p.framework, stack)
+    why = why or _kernels.stack_refusal(stack, p.framework, device) or _engine.overlap_refusal(p.framework, stack) \
+        or _engine.context_refusal(p.framework, stack.cp_comm)
     if why is None and stack.cpu_offload_layers:
         why = _engine.cpu_offload_refusal(p.framework, p.pp, p.recompute)
     if why is None and stack.offload_modules:
@@ -409,9 +410,9 @@ class Capabilities:
         zero_as_costed: ZeRO above 0 only where the plan's own engine shards the parameters
             (FSDP2), not as a distributed optimizer beside replicated parameters.
         context_parallel: whether it runs context parallelism at all; ``cp_needs_fsdp``: only
-            with FSDP over dp x cp (ZeRO above 0); ``ulysses``: whether it runs it as DeepSpeed-Ulysses (the
-            attention cut by heads behind all-to-alls, as the deepspeed engine costs it: ``cost.engine.Engine.context``)
-            besides ring attention.
+            with FSDP over dp x cp (ZeRO above 0); ``a2a``: whether it runs it as all-to-alls (the
+            attention cut by heads behind all-to-alls: Megatron-LM's --cp-comm-type a2a, DeepSpeed-Ulysses,
+            ``TrainConfig.context``) besides ring attention.
         recompute: the recomputation modes it runs.
         precision: the precisions it runs as the plan is costed (``cost.precision.PRECISIONS``).
 
@@ -425,7 +426,7 @@ class Capabilities:
     zero_as_costed: bool = False
     context_parallel: bool = True
     cp_needs_fsdp: bool = False
-    ulysses: bool = False
+    a2a: bool = False
     recompute: tuple[str, ...] = ("none", "selective", "full")
     precision: tuple[str, ...] = ("bf16", "fp8")
 

@@ -3,7 +3,8 @@
 A SymTensor plan cuts iteration dims per op; Megatron's vocabulary is derived from those cuts:
 
     dp  the batch dim b                           cp  the query sequence s of attention (of its query
-                                                      under DeepSpeed-Ulysses, which cuts the core's heads)
+                                                      under all-to-all context parallelism, which cuts
+                                                      the core's heads: ``all_to_all_context``)
     tp  model dims: heads n, kv heads g, head dim d, hidden h, MLP f, vocabulary v
     sp  sequence cuts of norms beyond cp          pp  pipeline stages (an outer choice)
     ep  the expert dim e of the expert GEMMs      etp their model dims (expert tensor parallel)
@@ -16,7 +17,7 @@ from __future__ import annotations
 
 import math
 
-from symtensor.cost.engine import runs_ulysses
+from symtensor.cost.engine import engine_named
 from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
@@ -110,13 +111,16 @@ def config_summary(plan) -> dict:
     """
     g, mesh, train = plan.graph, plan.mesh, plan.train
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
-    core = _core(plan)
+    core, a2a = _core_a2a(plan)
     deg = degrees(core, plan.layouts.get(core.name, {}), mesh)
     experts = [op for op in ops if _expert_gemm(op)]
     edeg = degrees(experts[0], plan.layouts[experts[0].name], mesh) if experts else {"ep": 1, "tp": 1}
     norms = [op for op in ops if op.kind == "norm"]
     sp = any(_factor(plan.layouts[op.name], ("s",), mesh) > deg["cp"] for op in norms)
-    differs = differences(plan, deg, edeg if experts else None)
+    differs = differences(plan, deg, edeg if experts else None, a2a)
+    # all-to-all context parallelism the search found where the engine's own is ring attention (a stated one is a
+    # stack fact, ``_stack``)
+    kind = {"cp_comm": "a2a"} if a2a and deg["cp"] > 1 and train.context != "a2a" else {}
     # hybrid sharding: the dense shard group, dp x cp over the replicas (the key only under HSDP)
     hybrid = {} if train.dp_replicate is None else {"dp_shard": deg["dp"] * deg["cp"] // train.dp_replicate}
     return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
@@ -126,7 +130,7 @@ def config_summary(plan) -> dict:
             "micro_steps": train.micro_steps, "heterogeneous": bool(differs), "differs": differs,
             "framework": train.framework, **_precision(train),
             **({} if train.layer_split is None else {"layer_split": list(train.layer_split)}),
-            **_stack(train, edeg["ep"])}
+            **_stack(train, edeg["ep"]), **kind}
 
 
 def _stack(train, ep: int = 2) -> dict:
@@ -149,15 +153,37 @@ def _precision(train) -> dict:
 
 def _core(plan):
     """The op whose degrees the summary gives: the first layer's attention core (the heaviest op
-    family), or the first op of the layers. Under DeepSpeed-Ulysses (``Engine.context``), whose core
-    cuts by heads what the layer cuts by sequence, the op that makes the core's query (its rotary
+    family), or the first op of the layers. Under all-to-all context parallelism (``all_to_all_context``),
+    whose core cuts by heads what the layer cuts by sequence, the op that makes the core's query (its rotary
     embedding or projection: the sequence cut by cp, the heads by tp)."""
+    return _core_a2a(plan)[0]
+
+
+def _core_a2a(plan) -> tuple:
+    """``_core`` and whether the plan's context parallelism runs as all-to-alls (``all_to_all_context``)."""
     g = plan.graph
     ops = [op for op in g.ops if 0 <= op.layer < g.meta["layers"]]
     core = next((op for op in ops if op.kind in ("attention", "bmm")), ops[0] if ops else g.ops[0])
-    if core.kind == "attention" and runs_ulysses(plan.train.framework):
-        return g.producers()[core.inputs[0]]
-    return core
+    if core.kind == "attention" and all_to_all_context(plan, core):
+        return g.producers()[core.inputs[0]], True
+    return core, False
+
+
+def all_to_all_context(plan, core) -> bool:
+    """Whether ``plan``'s context parallelism runs as all-to-alls around its attention core ``core`` (Megatron-LM's
+    --cp-comm-type a2a, DeepSpeed-Ulysses): where its step says so (``TrainConfig.context``: DeepSpeed's, or a
+    stack that states a2a), or, where the engine runs a2a and the stack states no kind (the per-op search is free
+    to find either), where the core's query sequence is not cut and its heads are cut on every device that cuts
+    the sequence of the op making its query."""
+    train = plan.train
+    if train.context == "a2a":
+        return True
+    if train.stack.cp_comm is not None or "a2a" not in engine_named(train.framework).contexts:
+        return False
+    cuts = plan.layouts.get(core.name, {})
+    query = plan.graph.producers().get(core.inputs[0])
+    seq = set(plan.layouts.get(query.name, {}).get("s", ())) if query is not None else set()
+    return bool(seq) and not cuts.get("s") and seq <= set(cuts.get("n", ()))
 
 
 def role_axes(plan) -> dict[str, tuple[str, ...]]:
@@ -173,15 +199,15 @@ def role_axes(plan) -> dict[str, tuple[str, ...]]:
     return {"pp": plan.pipeline.names, "dp": on(("b",)), "cp": on(("s", "c")), "tp": on(MODEL_DIMS)}
 
 
-def differences(plan, deg: dict, edeg: dict | None) -> list[str]:
+def differences(plan, deg: dict, edeg: dict | None, a2a: bool = False) -> list[str]:
     """What a Megatron-style summary with degrees ``deg`` (attention's grid) and ``edeg`` (the
     experts', None without experts) does not say about ``plan``, as short phrases; [] when it
-    describes every op (see ``config_summary``)."""
+    describes every op (see ``config_summary``). ``a2a``: its context parallelism runs as all-to-alls
+    (``all_to_all_context``)."""
     g, mesh = plan.graph, plan.mesh
     stage = mesh.size()
-    # DeepSpeed-Ulysses' attention core: its heads cut by the cp devices too, its query sequence not (``_core``)
-    core = {**deg, "cp": 1, "tp": deg["tp"] * deg["cp"]} if runs_ulysses(plan.train.framework) \
-        else deg
+    # all-to-all context parallelism's attention core: its heads cut by the cp devices too, its query sequence not
+    core = {**deg, "cp": 1, "tp": deg["tp"] * deg["cp"]} if a2a else deg
     odd: dict = {}  # (expert grid, degrees) -> blocks
     short: dict = {}  # devices an op's cuts span (< stage) -> blocks
     for op in g.ops:

@@ -46,6 +46,7 @@ def print_plan(console, out: dict) -> None:
     console.print(f"plan: tp={cfg['tp']} pp={cfg['pp']} dp={cfg['dp']} cp={cfg['cp']} ep={cfg['ep']} etp={cfg['etp']} "
                   f"sp={cfg['sp']} zero={cfg['zero']} recompute={cfg['recompute']} micro_batch={cfg['micro_batch']} "
                   f"micro_steps={cfg['micro_steps']} vpp={cfg['vpp']}"
+                  + "".join(f" {k}={cfg[k]}" for k in ("dp_shard", "cp_comm") if k in cfg)
                   + ("  [yellow](heterogeneous)[/]" if cfg["heterogeneous"] else ""))
     for what in cfg.get("differs", ()):
         console.print(f"  [yellow]differs: {shown(what)}[/]")

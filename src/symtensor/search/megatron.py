@@ -24,9 +24,10 @@ ranks too.
     embedding, LM head, loss          vocabulary v                     b / s
     MoE experts (their own grid)      f by etp axes, e by ep axes, the tokens (b, c) by the edp axes
 
-An engine whose context parallelism is DeepSpeed-Ulysses (``cost.engine.Engine.context``) cuts the attention
-core's heads by the cp axes too (after the tp axes), not its query sequence: the all-to-alls into and out of it
-are the redistributions between it and the sequence-cut projections around it.
+Context parallelism run as all-to-alls (``cost.train.TrainConfig.context``: DeepSpeed-Ulysses, the deepspeed
+engine's own, or Megatron-LM's --cp-comm-type a2a, ``Stack.cp_comm``) cuts the attention core's heads by the cp axes
+too (after the tp axes), not its query sequence: the all-to-alls into and out of it are the redistributions between
+it and the sequence-cut projections around it.
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ from __future__ import annotations
 from types import MappingProxyType
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.engine import runs_ulysses
+from symtensor.cost.engine import context_of
 from symtensor.cost.params import shard_axes
 from symtensor.cost.pipeline import balanced_split
 from symtensor.errors import PlanError
@@ -193,7 +194,7 @@ def expert_op(op) -> bool:
 def op_roles(graph: Graph) -> dict[str, tuple]:
     """Per op, what ``megatron_layouts`` reads of it: its role (expert op, its sequence dim, the
     tensor-parallel dim, the dim sequence parallelism cuts, whether it has a batch dim, whether it is an
-    attention core: context parallelism cuts its heads under DeepSpeed-Ulysses) and the
+    attention core: all-to-all context parallelism cuts its heads) and the
     class of its signature (ops of one class are equal to the legality rule: one check serves
     them all). Fixed by the graph: ``EvaluatorPool`` keeps one per graph, as every grid point asks."""
     roles, classes = {}, {}
@@ -231,8 +232,8 @@ def megatron_layouts(graph: Graph, mesh, c: dict, roles: dict | None = None,
             why = legal[key] = refusal(op, layouts[op.name], mesh)
         if why is not None:  # (in graph order: the first op refused is the one reported)
             sp = " with sequence parallelism" if c["sp"] else ""
-            ulysses = " (DeepSpeed-Ulysses cuts the attention heads by tp x cp)" if op.kind == "attention" and \
-                c["cp"] > 1 and _ulysses(c) else ""
+            ulysses = " (all-to-all context parallelism cuts the attention heads by tp x cp)" if \
+                op.kind == "attention" and c["cp"] > 1 and _ulysses(c) else ""
             raise PlanError(f"tp={c['tp']} cp={c['cp']} ep={c['ep']} etp={c['etp']}{sp}: op {op.name}: {why}; "
                             f"choose degrees whose cuts divide it{ulysses}")
     return layouts
@@ -242,8 +243,9 @@ _UNCHECKED = object()  # a legality check not done yet (None is an answer: legal
 
 
 def _ulysses(c: dict) -> bool:
-    """Whether configuration ``c``'s engine runs context parallelism as DeepSpeed-Ulysses (``Engine.context``)."""
-    return runs_ulysses(c.get("framework", DEFAULTS["framework"]))
+    """Whether configuration ``c`` runs context parallelism as all-to-alls (``cost.engine.context_of``: its stack's
+    ``cp_comm``, else its engine's)."""
+    return context_of(c.get("framework", DEFAULTS["framework"]), c.get("cp_comm")) == "a2a"
 
 
 def role_layouts(mesh, c: dict, family: OpLayout = REPLICATED):
@@ -268,8 +270,8 @@ def role_layouts(mesh, c: dict, family: OpLayout = REPLICATED):
 
 
 def _role_layout(role: tuple, ax: dict, experts: dict, sp_on: bool, family: OpLayout, ulysses: bool) -> OpLayout:
-    """The layout of the ops of one role (``op_roles``) under the axes ``ax`` (``assign_axes``); ``ulysses``: the
-    engine's context parallelism cuts an attention core's heads, not its query sequence (``Engine.context``)."""
+    """The layout of the ops of one role (``op_roles``) under the axes ``ax`` (``assign_axes``); ``ulysses``: context
+    parallelism runs as all-to-alls, cutting an attention core's heads, not its query sequence (``_ulysses``)."""
     expert, seq_dim, tdim, sp, batch, core = role
     if expert:
         return family.relative(experts | ({tdim: ax["etp"]} if tdim else {}))

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from operator import attrgetter, or_
 
 from symtensor.cost import Evaluator, TrainConfig
-from symtensor.cost.engine import cut_refusal, engine_of
+from symtensor.cost.engine import cut_refusal
 from symtensor.cost.moe import active as moe_active
 from symtensor.cost.pipeline import inflight
 from symtensor.cost.segment import forward_runs
@@ -65,7 +65,6 @@ class Problem:
 
     def __init__(self, ev: Evaluator, train: TrainConfig, lam: float = 0.0, memo: dict | None = None):
         self.ev, self.train, self.lam = ev, train, lam
-        self.engine = engine_of(train)  # what it does not run of a layout (``cost.engine.cut_refusal``)
         g = ev.graph
         self.layers = g.meta["layers"]
         self.ops = list(g.ops)
@@ -198,7 +197,7 @@ class Problem:
             shared, key = self._legal_shared[op.name], self.orbits.op(layout)
             hit = shared.get(key)
             if hit is None:
-                hit = shared[key] = legal(op, layout, self.ev.mesh) and cut_refusal(self.engine, op, layout) is None
+                hit = shared[key] = legal(op, layout, self.ev.mesh) and cut_refusal(self.train, op, layout) is None
             memo[layout.uid] = hit
         return hit
 
@@ -207,7 +206,7 @@ class Problem:
         hit = memo.get(key)
         if hit is None:
             hit = memo[key] = [c for c in candidates(op, layout, axis, self.ev.mesh)
-                               if cut_refusal(self.engine, op, c) is None]
+                               if cut_refusal(self.train, op, c) is None]
         return hit
 
     def moves(self, op, layout: OpLayout) -> tuple[OpLayout, ...]:

@@ -252,7 +252,8 @@ class EvaluatorPool:
     def _megatron_layouts(self, key) -> dict:
         graph_batch, pp, tp, cp, dp, ep, etp, sp = key
         ev = self.get(graph_batch, pp)
-        degrees = dict(tp=tp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, framework=ev.framework)  # all the layouts read
+        # all the layouts read (the kind of context parallelism is the stack's: the search holds it)
+        degrees = dict(tp=tp, dp=dp, cp=cp, ep=ep, etp=etp, sp=sp, framework=ev.framework, cp_comm=self.stack.cp_comm)
         return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family,
                                 self._legal[(graph_batch, pp)])
 
