@@ -24,11 +24,16 @@ TP_OVERLAP_SPLITS = 4
 # row-parallel GEMM's all-reduce runs as it is: Megatron-LM asserts --sequence-parallel under --tp-comm-overlap
 # (megatron/training/arguments.py), and an all-to-all of a redistribution is nobody's GEMM pipeline
 TP_OVERLAPPED = ("all_gather", "reduce_scatter")
+# per communication category, the collective kinds its overlap treats apart (``Segment._overlap``, by their share of
+# the category's seconds, by bytes): userbuffers hide only sequence parallelism's tensor-parallel collectives
+# (``TP_OVERLAPPED``); ring attention hides context parallelism's key/value passes, never an all-to-all into or out
+# of an attention core (all-to-all context parallelism's: exposed)
+APART = {"tp_comm": TP_OVERLAPPED, "cp_comm": ("all_to_all",)}
 
 
 def _ulysses_out(prod, colls) -> str | None:
     """``cp_comm`` for the all-to-all that takes an attention core's output (or brings its gradient) from the
-    head cut back to the sequence cut (DeepSpeed-Ulysses'), else None (the consumer's category)."""
+    head cut back to the sequence cut (all-to-all context parallelism's), else None (the consumer's category)."""
     return "cp_comm" if prod.kind == "attention" and all(c.kind == "all_to_all" for c in colls) else None
 
 
@@ -127,8 +132,7 @@ class Segment:
         self.overlap_compute: dict[str, float] = {}  # per comm category: compute it can hide behind
         self.comm: dict[str, float] = {}  # exposed seconds per micro-batch, per category
         self.raw_comm: dict[str, float] = {}  # before overlap
-        self.tp_overlappable = 0.0  # seconds of tp_comm in the collectives userbuffers overlap (TP_OVERLAPPED)
-        self.cp_exposed = 0.0  # seconds of cp_comm in all-to-alls (DeepSpeed-Ulysses'): no ring hides them
+        self.apart: dict[str, float] = {}  # per category: seconds of the collective kinds of APART
         self.bytes: dict[str, float] = {}  # per micro-batch
         self.saved: dict[str, float] = {}
         self.layer_input = 0.0
@@ -151,10 +155,10 @@ class Segment:
     def add_comm(self, category, colls, seconds, times=1.0):
         self.comm[category] = self.comm.get(category, 0.0) + seconds * times
         total = sum(c.nbytes for c in colls)
-        if category == "tp_comm" and total:  # (the overlapped kinds' share of the seconds, by bytes)
-            self.tp_overlappable += seconds * times * sum(c.nbytes for c in colls if c.kind in TP_OVERLAPPED) / total
-        elif category == "cp_comm" and total:  # (the all-to-alls' share: exposed, see _overlap)
-            self.cp_exposed += seconds * times * sum(c.nbytes for c in colls if c.kind == "all_to_all") / total
+        kinds = APART.get(category)
+        if kinds and total:  # (their share of the seconds, by bytes)
+            part = seconds * times * sum(c.nbytes for c in colls if c.kind in kinds) / total
+            self.apart[category] = self.apart.get(category, 0.0) + part
         for c in colls:
             self.bytes[c.kind] = self.bytes.get(c.kind, 0.0) + c.nbytes * times
             self.groups.add(tuple(sorted(c.axes)))
@@ -264,21 +268,21 @@ class Segment:
         """Exposed communication per category. Transformer Engine overlaps tensor-parallel
         collectives (``TP_OVERLAPPED``: sequence parallelism's; an all-reduce stays exposed) with the GEMMs they
         feed or follow, split in ``TP_OVERLAP_SPLITS`` chunks of which the first cannot be hidden; ring context
-        parallelism exchanges the next key/value block while attention runs on this one (DeepSpeed-Ulysses'
-        all-to-alls into and out of the attention core are exposed). What is hidden still
+        parallelism exchanges the next key/value block while attention runs on this one (all-to-alls into and
+        out of the attention core are exposed: ``APART``). What is hidden still
         takes its share of the compute (``engine.hidden``). Under ``moe_ep_overlap`` the expert dispatch and
         combine of the 1F1B steady state run beside the paired micro-batch's compute of the layer
         (``cost.moe.ep_overlap_share``). Other communication is exposed."""
         self.raw_comm = dict(self.comm)
         share = self.ev.eff.end_to_end.comm_sm_fraction  # the compute a collective beside it takes (engine.hidden)
         tp = self.comm.get("tp_comm", 0.0)
-        over = min(self.tp_overlappable, tp)
+        over = min(self.apart.get("tp_comm", 0.0), tp)
         if over and tp_overlapped(self.train):
             gemm = self.overlap_compute.get("tp_comm", 0.0)
             self.comm["tp_comm"] = tp - over + max(over / TP_OVERLAP_SPLITS, hidden(over, gemm, share))
         cp = self.comm.get("cp_comm", 0.0)
-        if cp:  # (DeepSpeed-Ulysses' all-to-alls run before and after the attention core, not beside it)
-            exposed = min(self.cp_exposed, cp)
+        if cp:  # (all-to-alls run before and after the attention core, not beside it)
+            exposed = min(self.apart.get("cp_comm", 0.0), cp)
             self.comm["cp_comm"] = exposed + hidden(cp - exposed, self.overlap_compute.get("cp_comm", 0.0), share)
         ep = self.comm.get("ep_comm", 0.0)
         if ep and self.overlap_compute.get("ep_comm"):
