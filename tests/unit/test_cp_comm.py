@@ -97,3 +97,12 @@ def test_a_searched_ulysses_layout_reads_as_a2a_and_costs_the_same_as_stated():
     stated = ev.evaluate(megatron_layouts(graph, ev.mesh, c), train_config(c))
     assert stated.step_time_s == pytest.approx(plan.report.step_time_s, rel=1e-12)
     assert plan.parallelism.train.context == "a2a"
+
+
+def test_the_sweep_names_the_kind_and_breaks_on_it():
+    from symtensor.analysis.sweep import headline, layout_label
+
+    config = {"tp": 2, "dp": 8, "cp": 4, "sp": True, "zero": 1, "global_batch": 64, "seq": SEQ}
+    assert layout_label({**config, "cp_comm": "a2a"}) == "tp2 dp8 cp4 a2a sp zero1"
+    assert layout_label(config) == "tp2 dp8 cp4 sp zero1"
+    assert headline({"cp_comm": [None, "a2a"]}) == "context parallelism's kind p2p->a2a"

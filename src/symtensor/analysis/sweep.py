@@ -22,19 +22,22 @@ from itertools import pairwise
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM
 
-BREAK_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "vpp")
+BREAK_KEYS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute", "vpp", "cp_comm")
 DEGREE_WORDS = {"tp": "tensor parallel", "cp": "context parallel", "dp": "data parallel", "pp": "pipeline parallel",
                 "ep": "expert parallel", "etp": "expert tensor parallel", "vpp": "virtual pipeline stages"}
 
 
 def layout_label(config: dict) -> str:
     """A short name of a plan's choices (its JSON ``config``, read once as a ``Parallelism``):
-    ``tp2 dp32 sp zero1``; ``*`` marks per-op heterogeneity."""
+    ``tp2 dp32 sp zero1`` (``tp2 dp8 cp4 a2a sp zero1``: context parallelism as all-to-alls); ``*`` marks per-op
+    heterogeneity."""
     from symtensor.plan.parallelism import Parallelism
 
     p = Parallelism.from_dict(config)
     degrees = {"tp": p.tp, "pp": p.pp, "dp": p.dp, "cp": p.cp, "ep": p.ep}
     parts = [f"{k}{v}" for k, v in degrees.items() if v > 1 or k == "dp"]
+    if p.cp > 1 and p.stack.cp_comm:
+        parts.append(p.stack.cp_comm)  # (how context parallelism runs, where the plan or the stack says)
     if p.sp:
         parts.append("sp")
     parts.append(f"zero{p.zero}")
@@ -126,9 +129,11 @@ def headline(changes: dict) -> str:
         parts.append(f"{' and '.join(shrank)} give{'s' if len(shrank) == 1 else ''} way to {' and '.join(grew)}")
     else:
         parts += grew + shrank
-    for k, word in (("sp", "sequence parallel"), ("zero", "ZeRO"), ("recompute", "recomputation")):
+    for k, word in (("sp", "sequence parallel"), ("zero", "ZeRO"), ("recompute", "recomputation"),
+                    ("cp_comm", "context parallelism's kind")):
         if k in changes:
-            parts.append(f"{word} {changes[k][0]}->{changes[k][1]}")
+            parts.append(f"{word} {changes[k][0] or 'p2p'}->{changes[k][1] or 'p2p'}" if k == "cp_comm" else
+                         f"{word} {changes[k][0]}->{changes[k][1]}")
     return "; ".join(parts)
 
 
