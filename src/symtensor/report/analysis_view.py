@@ -7,6 +7,7 @@ from rich.table import Table
 from symtensor.hardware import GIB
 from symtensor.output import shown  # names, paths and messages from users: text, never markup
 from symtensor.report.plan_view import layer_spans, runner_up
+from symtensor.report.tables import config_words
 
 
 def compact_cuts(cuts: dict, sizes: dict) -> str:
@@ -25,9 +26,7 @@ def _header(console, out: dict) -> None:
     cfg = out["config"]
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in out["mesh"])
     console.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} x {shown(out['cluster'])} (mesh {mesh})")
-    console.print("plan: " + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero",
-                                                                  "recompute", "micro_steps", "vpp"))
-                  + f"   step {out['step_time_s']:.3f} s")
+    console.print("plan: " + config_words(cfg, ("micro_steps", "vpp")) + f"   step {out['step_time_s']:.3f} s")
     console.print(f"[dim]{out['units']}; at each mesh axis an op keeps its outer cuts and adds one (or none)[/]")
     if out.get("hybrid_sharding"):
         console.print(out["hybrid_sharding"])
@@ -129,8 +128,7 @@ def print_compare(console, out: dict) -> None:
         s = out[side]
         cfg = s["config"]
         console.print(f"[bold]{side.upper()}[/]: {shown(s['label'])} ({s['source']}): "
-                      + " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero",
-                                                           "recompute", "micro_steps"))
+                      + config_words(cfg, ("micro_steps",))
                       + f"  step {s['step_time_s']:.3f} s, {s['memory_gib_per_device']:.1f} GiB, "
                       + ("fits" if s["fits"] else "[red]does not fit[/]"))
     console.print(f"[bold]{shown(out['summary'])}[/]")

@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from symtensor.output import shown
-from symtensor.report.tables import breakdown_table, print_prediction
+from symtensor.report.tables import breakdown_table, config_words, print_prediction
 
 
 def _cuts(c: dict) -> str:
@@ -43,10 +43,7 @@ def print_plan(console, out: dict) -> None:
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in out["mesh"])
     console.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} x {shown(out['cluster'])} (mesh {mesh}"
                   f"{', pipeline over ' + ', '.join(out['pipeline_axes']) if out['pipeline_axes'] else ''})")
-    console.print(f"plan: tp={cfg['tp']} pp={cfg['pp']} dp={cfg['dp']} cp={cfg['cp']} ep={cfg['ep']} etp={cfg['etp']} "
-                  f"sp={cfg['sp']} zero={cfg['zero']} recompute={cfg['recompute']} micro_batch={cfg['micro_batch']} "
-                  f"micro_steps={cfg['micro_steps']} vpp={cfg['vpp']}"
-                  + "".join(f" {k}={cfg[k]}" for k in ("dp_shard", "cp_comm") if k in cfg)
+    console.print("plan: " + config_words(cfg, ("micro_batch", "micro_steps", "vpp"))
                   + ("  [yellow](heterogeneous)[/]" if cfg["heterogeneous"] else ""))
     for what in cfg.get("differs", ()):
         console.print(f"  [yellow]differs: {shown(what)}[/]")

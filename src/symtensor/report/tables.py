@@ -7,6 +7,17 @@ from rich.table import Table
 
 from symtensor.hardware import MEMORY_HEADROOM
 
+# the degrees and choices a config line names, then the keys a config has only where they hold (hybrid sharding's
+# shard group, context parallelism's kind where it is not the engine's own)
+CONFIG_WORDS = ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute")
+WHERE_HELD = ("dp_shard", "cp_comm")
+
+
+def config_words(cfg: dict, more: tuple[str, ...] = ()) -> str:
+    """``tp=2 pp=1 ... recompute=none`` of a JSON ``config``, then the keys ``more``, then ``WHERE_HELD``'s it has."""
+    keys = CONFIG_WORDS + more + tuple(k for k in WHERE_HELD if k in cfg)
+    return " ".join(f"{k}={cfg[k]}" for k in keys)
+
 
 def breakdown_table(title: str, breakdown: dict, total: float) -> Table:
     t = Table(title=title)
