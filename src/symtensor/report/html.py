@@ -17,6 +17,7 @@ from pathlib import Path
 from symtensor.hardware import MEMORY_HEADROOM
 from symtensor.report import plots
 from symtensor.report.plan_view import layer_spans, runner_up
+from symtensor.report.tables import config_words
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1280px;
@@ -67,8 +68,7 @@ def summary_section(p: dict) -> str:
     cfg = p["config"]
     mesh = " x ".join(f"{a['name']}:{a['size']}" for a in p["mesh"])
     fits = "<span class='ok'>fits</span>" if p["fits"] else "<span class='bad'>does not fit</span>"
-    choices = " ".join(f"{k}={cfg[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "sp", "zero", "recompute",
-                                                  "micro_batch", "micro_steps", "vpp"))
+    choices = config_words(cfg, ("micro_batch", "micro_steps", "vpp"))
     notes = "".join(f"<p class='bad'>{_e(n)}</p>" for n in p.get("notes", []))
     return (f"<div class='summary'><p><b>{_e(p['model'])}</b> on {p['devices']} x {_e(p['cluster'])} "
             f"(mesh {_e(mesh)})</p><p>plan: {_e(choices)}"
