@@ -45,6 +45,26 @@ def test_drec_problem_runs_the_same_recursion():
         check_layout(op, layouts[op.name], problem.ev.mesh)
 
 
+def test_a_point_that_fits_only_with_its_balanced_split_is_not_refused():
+    """Fuzz case 16:170 (``benchmarks/fuzz_plans.py --case 16:170`` before the fix): an 8-layer DeepSeek-V3 shape (3
+    dense layers first) on 48 H100s, 16 a node, at 32,768 tokens. Its grid point tp 4 pp 3 dp 2 cp 2 ep 4 runs with
+    the balanced split 4, 2, 2 (``EvaluatorPool.split_of``) and fits at 2.21 s, while its state under the rule's
+    split overflows; ``static_fits`` judged the rule's split only, so the guarantee's grid (bounded by the search's
+    3.71 s) refused every point and the plan stayed 1.7x slower than the grid best."""
+    from symtensor.search.grid import megatron_grid
+
+    dims = dict(layers=8, hidden=6144, heads=12, kv_heads=12, head_dim=192, ffn=22720, vocab=9724, experts=256,
+                top_k=4, moe_ffn=5760)
+    cfg = load_model_config("deepseek-v3", [f"{k}={v}" for k, v in dims.items()])
+    pool = EvaluatorPool(cfg, load_cluster("tests/fixtures/clusters/h100-node16.json", devices=48), 32768)
+    point = dict(tp=4, pp=3, dp=2, cp=2, ep=4, etp=4, sp=True, zero=1, micro_batch=1, global_batch=32, seq=32768)
+    costed = pool.try_config(**point, recompute="none")
+    assert costed.report.fits and costed.train.layer_split == (4, 2, 2)
+    assert pool.may_fit(**point)
+    best, _ = megatron_grid(pool, 32, beat=3.7)
+    assert best is not None and best.report.step_time_s <= costed.report.step_time_s * (1 + 1e-9)
+
+
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(name=st.sampled_from(["llama2-7b", "llama3-8b", "mixtral-8x7b", "gpt3-1.3b", "qwen2-7b"]),
        lora=st.booleans(), devices=st.sampled_from([8, 16, 24, 64]), index=st.integers(0, 10**6),

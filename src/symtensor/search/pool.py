@@ -380,8 +380,10 @@ class EvaluatorPool:
     def static_fits(self, c: dict) -> bool:
         """False only when parameters, gradients and optimizer state alone overflow a device (so
         no variant of configuration ``c`` fits): an arithmetic lower bound refuses most such points before
-        any graph is built, the exact sum (``Evaluator.static_fits``) the rest. True means "may
-        fit": the evaluation decides."""
+        any graph is built, the exact sum (``Evaluator.static_fits``) the rest, under each layer split the
+        point may run with: the rule's, and the balanced one ``evaluate`` takes where it is faster
+        (``split_of``), which may hold fewer parameters on the fullest stage (DeepSeek-V3's dense first
+        layers). True means "may fit": the evaluation decides."""
         usable = self.cluster.device.memory * MEMORY_HEADROOM
         bound = self.static_lower_bound(c)
         if bound > usable:
@@ -389,7 +391,10 @@ class EvaluatorPool:
         if bound < usable / 2:
             return True  # far from the capacity the exact sum rarely refuses: leave it to the evaluation
         ev, layouts = self.layouts(c)
-        return ev.static_fits(layouts, train_config(c))
+        if ev.static_fits(layouts, train_config(c)):
+            return True
+        split = self.split_of(c)[0] if c["pp"] > 1 and c["layer_split"] is None else None
+        return split is not None and ev.static_fits(layouts, train_config({**c, "layer_split": split}))
 
     def static_lower_bound(self, c: dict) -> float:
         """Bytes of parameters, gradients and optimizer state on the most loaded device, from
