@@ -281,6 +281,12 @@ class Engine:
     context: str = "p2p"
     contexts: tuple[str, ...] = ("p2p",)
 
+    @property
+    def a2a_only(self) -> bool:
+        """Whether its only context parallelism is all-to-all: DeepSpeed-Ulysses (DeepSpeed's, sequence parallel in
+        its own words), which Megatron-DeepSpeed does not run beside Megatron's sequence parallelism."""
+        return self.contexts == ("a2a",)
+
     def refuses_feature(self, feature: str) -> bool:
         """Whether the engine refuses ``feature`` (a key of ``refuses``)."""
         return any(name == feature for name, _ in self.refuses)
@@ -432,11 +438,11 @@ def refusal(engine: Engine, *, pp: int = 1, zero: int = 0, vpp: int = 1, cp: int
 
 def ulysses_sp_refusal(engine: Engine, cp: int, sp: bool) -> str | None:
     """Why ``engine`` does not run Megatron's sequence parallelism ``sp`` beside context parallelism ``cp``, or None:
-    an engine whose only context parallelism is DeepSpeed-Ulysses (``Engine.contexts``) does not, as Megatron-DeepSpeed
+    an engine whose only context parallelism is DeepSpeed-Ulysses (``Engine.a2a_only``) does not, as Megatron-DeepSpeed
     says of its Ulysses switch (microsoft/Megatron-DeepSpeed megatron/arguments.py ``--ds-sequence-parallel-size``:
     "Cannot be combined with --sequence-parallel, which enables Megatron-LM's sequence parallel"). Megatron-LM's own
     a2a runs beside it (Transformer Engine's all-to-all attention takes the heads of a tensor-parallel rank)."""
-    if engine.contexts == ("a2a",) and cp > 1 and sp:
+    if engine.a2a_only and cp > 1 and sp:
         return (f"cp={cp} under the {engine.name} engine is DeepSpeed-Ulysses, which Megatron-DeepSpeed does not "
                 "combine with Megatron's sequence parallelism (--ds-sequence-parallel-size: \"Cannot be combined "
                 "with --sequence-parallel\"); use --no-sp, or --cp 1")
@@ -456,7 +462,7 @@ def context_refusal(framework: str, cp_comm: str | None) -> str | None:
     eng = ENGINES.get(ALIASES.get(framework, framework))
     if cp_comm is None or eng is None or cp_comm in eng.contexts:
         return None
-    runs = "ring attention (p2p)" if eng.contexts == ("p2p",) else "DeepSpeed-Ulysses (a2a)"
+    runs = "DeepSpeed-Ulysses (a2a)" if eng.a2a_only else "ring attention (p2p)"
     return (f"--cp-comm-type {cp_comm}: the {eng.name} engine runs context parallelism as {runs} only; leave "
             "--cp-comm-type out" + (", or use --framework megatron" if eng.name != "megatron" else ""))
 

@@ -115,7 +115,7 @@ def description_notes(plan: Plan) -> list[str]:
     c = plan.config if "a2a" in engine_named(plan.train.framework).contexts else {}  # (where it can matter)
     if c.get("cp", 1) > 1 and context_of(plan.train.framework, c.get("cp_comm")) == "a2a":
         cp = c["cp"]
-        how = (f"DeepSpeed-Ulysses (sequence parallel size {cp})" if plan.train.framework == "deepspeed" else
+        how = (f"DeepSpeed-Ulysses (sequence parallel size {cp})" if engine_named(plan.train.framework).a2a_only else
                "all-to-all (Megatron-LM's --cp-comm-type a2a, DeepSpeed-Ulysses' scheme)")
         out.append(f"context parallelism {cp} runs as {how}: the attention core cut by heads, all-to-alls of its "
                    "query, key, value and output between it and the sequence-cut projections (exposed: cp_comm); "
