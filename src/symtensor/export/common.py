@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from symtensor.cost.engine import ENGINES
+from symtensor.cost.engine import ENGINES, engine_named
 from symtensor.cost.pipeline import layout_string
 from symtensor.errors import PlanError
 from symtensor.plan.parallelism import DEFAULT_FRAMEWORK, Capabilities, Heterogeneous, Parallelism
@@ -40,7 +40,7 @@ def lowered(plan, caps: Capabilities) -> Parallelism:
         raise PlanError(f"{caps.name} runs ring context parallelism, and this plan's runs as all-to-alls "
                         f"(DeepSpeed-Ulysses' scheme: the attention cut by heads) as the {p.framework} engine costs "
                         f"it; export it to megatron (--cp-comm-type a2a), or plan under --framework {caps.engine}"
-                        + ("" if p.framework == "deepspeed" else " with --cp-comm-type p2p"))
+                        + ("" if engine_named(p.framework).a2a_only else " with --cp-comm-type p2p"))
     if p.stack.cpu_offload_layers and not ENGINES[caps.engine].cpu_offload:  # (Megatron-LM's: cost.engine.CPU_OFFLOAD)
         raise PlanError(f"{caps.name} has no CPU activation offloading (Megatron-LM's --cpu-offloading-num-layers) "
                         "as this plan is costed; export it to megatron, or plan without --cpu-offload-layers")
