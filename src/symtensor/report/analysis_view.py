@@ -7,7 +7,7 @@ from rich.table import Table
 from symtensor.hardware import GIB
 from symtensor.output import shown  # names, paths and messages from users: text, never markup
 from symtensor.report.plan_view import layer_spans, runner_up
-from symtensor.report.tables import config_words
+from symtensor.report.tables import config_words, mfu_cell
 
 
 def compact_cuts(cuts: dict, sizes: dict) -> str:
@@ -179,7 +179,7 @@ def print_sweep(console, out: dict) -> None:
             t.add_row(str(p["value"]), "", "", "", "", "", "", "", f"[red]{shown(p['error'])}[/]")
             continue
         t.add_row(str(p["value"]), str(p["devices"]), str(p["global_batch"]), f"{p['step_time_s']:.3f}",
-                  f"{p['tokens_per_s']:,.0f}", f"{100 * p['mfu']:.1f}%", f"{p['memory_gib_per_device']:.1f}",
+                  f"{p['tokens_per_s']:,.0f}", mfu_cell(p), f"{p['memory_gib_per_device']:.1f}",
                   "yes" if p["fits"] else "[red]no[/]", p["layout"])
     console.print(t)
     if not out["breakpoints"]:

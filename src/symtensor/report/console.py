@@ -10,7 +10,7 @@ from rich.table import Table
 
 from symtensor.hardware import GIB
 from symtensor.output import shown  # names and paths from users: printed as text, never as markup
-from symtensor.report.tables import breakdown_table, print_prediction
+from symtensor.report.tables import breakdown_table, mfu_text, print_prediction
 
 
 def _console() -> Console:
@@ -95,7 +95,7 @@ def evaluation(out: dict, as_json: bool) -> int:
     c.print(f"[bold]{shown(out['model'])}[/] on {out['devices']} x {shown(out['cluster'])}: "
             + " ".join(f"{k}={v}" for k, v in cfg.items()))
     c.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
-            f"{out['model_tflops_per_device']:.1f} TFLOP/s/device   MFU {100 * out['mfu']:.1f}%")
+            f"{out['model_tflops_per_device']:.1f} TFLOP/s/device   {mfu_text(out)}")
     print_prediction(c, out)
     c.print(breakdown_table("step time breakdown", out["breakdown"], out["step_time_s"]))
     for note in out.get("notes", ()):
@@ -218,7 +218,7 @@ def html_report(out: dict, as_json: bool) -> int:
     c = _console()
     p = out["plan"]
     c.print(f"[bold]{shown(p['model'])}[/] on {p['devices']} x {shown(p['cluster'])}: step {p['step_time_s']:.3f} s, "
-            f"MFU {100 * p['mfu']:.1f}%, {p['memory_gib_per_device']:.1f} GiB per device")
+            f"{mfu_text(p)}, {p['memory_gib_per_device']:.1f} GiB per device")
     if out.get("sweep"):
         c.print(f"sweep over {out['sweep']['param']}: {len(out['sweep']['points'])} points, "
                 f"{len(out['sweep']['breakpoints'])} breakpoints")

@@ -17,7 +17,7 @@ from pathlib import Path
 from symtensor.hardware import MEMORY_HEADROOM
 from symtensor.report import plots
 from symtensor.report.plan_view import layer_spans, runner_up
-from symtensor.report.tables import config_words
+from symtensor.report.tables import config_words, mfu_cell, mfu_text
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1280px;
@@ -74,8 +74,8 @@ def summary_section(p: dict) -> str:
             f"(mesh {_e(mesh)})</p><p>plan: {_e(choices)}"
             + (f" <i>(heterogeneous: {_e('; '.join(cfg.get('differs', ())) or 'ops differ')})</i>"
                if cfg.get("heterogeneous") else "") + "</p>"
-            f"<p>step <b>{p['step_time_s']:.3f} s</b>, {p['tokens_per_s']:,.0f} tokens/s, MFU "
-            f"{100 * p['mfu']:.1f}%, found in {1000 * p['search_time_s']:.0f} ms</p>"
+            f"<p>step <b>{p['step_time_s']:.3f} s</b>, {p['tokens_per_s']:,.0f} tokens/s, "
+            f"{_e(mfu_text(p))}, found in {1000 * p['search_time_s']:.0f} ms</p>"
             f"<p>memory {p['memory_gib_per_device']:.1f} GiB of {p['capacity_gib']:.0f} GiB per device: {fits}</p>"
             f"{notes}</div>")
 
@@ -93,7 +93,7 @@ def _entries(p: dict) -> list[dict]:
 def time_section(p: dict) -> str:
     entries = _entries(p)
     rows = [[k, f"{v:.4f}", f"{100 * v / p['step_time_s']:.1f}%"] for k, v in p["breakdown"].items() if v > 0]
-    base = [["symtensor", f"{p['step_time_s']:.3f}", f"{100 * p['mfu']:.1f}%", f"{p['memory_gib_per_device']:.1f}",
+    base = [["symtensor", f"{p['step_time_s']:.3f}", mfu_cell(p), f"{p['memory_gib_per_device']:.1f}",
              p["fits"], "1.00x", ""]]
     for name, b in p.get("baselines", {}).items():
         if b.get("step_time_s") is None:
@@ -103,7 +103,7 @@ def time_section(p: dict) -> str:
         desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "recompute", "zero", "micro_batch")
                         if k in c)
         speed = f"{b['speedup_of_plan']:.2f}x" if b.get("speedup_of_plan") else "-"
-        base.append([name, f"{b['step_time_s']:.3f}", f"{100 * b['mfu']:.1f}%", f"{b['memory_gib_per_device']:.1f}",
+        base.append([name, f"{b['step_time_s']:.3f}", mfu_cell(b), f"{b['memory_gib_per_device']:.1f}",
                      b["fits"], speed, desc])
     return ("<section id='time'><h2>Step time vs baselines</h2>"
             + _figure(plots.breakdown_plot(entries), "breakdown",
@@ -166,7 +166,7 @@ def sweep_section(sw: dict) -> str:
     pts = [p for p in sw["points"] if "error" not in p]
     param = sw["param"]
     others = [k for k in ("seq", "devices", "global_batch") if k != param]
-    rows = [[p["value"]] + [p[k] for k in others] + [f"{p['step_time_s']:.3f}", f"{100 * p['mfu']:.1f}%",
+    rows = [[p["value"]] + [p[k] for k in others] + [f"{p['step_time_s']:.3f}", mfu_cell(p),
                                                      f"{p['memory_gib_per_device']:.1f}", p["fits"], p["layout"]]
             for p in pts]
     errors = "".join(f"<p class='bad'>{_e(param)}={_e(p['value'])}: {_e(p['error'])}</p>"

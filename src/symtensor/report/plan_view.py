@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from symtensor.output import shown
-from symtensor.report.tables import breakdown_table, config_words, print_prediction
+from symtensor.report.tables import breakdown_table, config_words, mfu_cell, mfu_text, print_prediction
 
 
 def _cuts(c: dict) -> str:
@@ -48,7 +48,7 @@ def print_plan(console, out: dict) -> None:
     for what in cfg.get("differs", ()):
         console.print(f"  [yellow]differs: {shown(what)}[/]")
     console.print(f"step {out['step_time_s']:.3f} s   {out['tokens_per_s']:,.0f} tokens/s   "
-                  f"MFU {100 * out['mfu']:.1f}%   found in {out['search_time_s'] * 1000:.0f} ms")
+                  f"{mfu_text(out)}   found in {out['search_time_s'] * 1000:.0f} ms")
     print_prediction(console, out)
     for note in out["notes"]:
         console.print(f"[red]{shown(note)}[/]")
@@ -67,7 +67,7 @@ def print_plan(console, out: dict) -> None:
         b = Table(title="baselines (same cost model)")
         for col in ("baseline", "step s", "MFU", "memory GiB", "fits", "SymTensor speedup", "config"):
             b.add_column(col)
-        b.add_row("symtensor", f"{out['step_time_s']:.3f}", f"{100 * out['mfu']:.1f}%",
+        b.add_row("symtensor", f"{out['step_time_s']:.3f}", mfu_cell(out),
                   f"{out['memory_gib_per_device']:.1f}", str(out["fits"]), "1.00x", "")
         for name, v in out["baselines"].items():
             if v["step_time_s"] is None:
@@ -80,7 +80,7 @@ def print_plan(console, out: dict) -> None:
             speed = f"{v['speedup_of_plan']:.2f}x" if v["speedup_of_plan"] else "-"
             if v.get("verdict_of_plan") == "tie within model error":
                 speed += " (tie within model error)"
-            b.add_row(name, f"{v['step_time_s']:.3f}", f"{100 * v['mfu']:.1f}%", f"{v['memory_gib_per_device']:.1f}",
+            b.add_row(name, f"{v['step_time_s']:.3f}", mfu_cell(v), f"{v['memory_gib_per_device']:.1f}",
                       str(v["fits"]), speed, desc)
         console.print(b)
     if out.get("plan_file"):

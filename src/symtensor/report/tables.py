@@ -19,6 +19,19 @@ def config_words(cfg: dict, more: tuple[str, ...] = ()) -> str:
     return " ".join(f"{k}={cfg[k]}" for k in keys)
 
 
+def mfu_cell(out: dict) -> str:
+    """``41.2%``, naming the peak it is of where that is not BF16's (``41.2% (FP8 peak)``): an FP8 or FP4 plan's MFU
+    is of its own precision's peak, as NVIDIA's FP8 benchmarks report it (README), lower than the same step's
+    against BF16's, so a table of BF16 and FP8 plans says which is which."""
+    precision = out.get("config", {}).get("precision", "bf16")
+    return f"{100 * out['mfu']:.1f}%" + (f" ({precision.upper()} peak)" if precision in ("fp8", "fp4") else "")
+
+
+def mfu_text(out: dict) -> str:
+    """``MFU 41.2%`` (``mfu_cell``)."""
+    return f"MFU {mfu_cell(out)}"
+
+
 def breakdown_table(title: str, breakdown: dict, total: float) -> Table:
     t = Table(title=title)
     t.add_column("component")
