@@ -54,6 +54,8 @@ def test_a_kind_the_engine_does_not_run_is_refused_in_one_line():
         _evaluate("fsdp2", zero=3)
     with pytest.raises(PlanError, match="deepspeed engine runs context parallelism as DeepSpeed-Ulysses .a2a. only"):
         _evaluate("deepspeed", stack=Stack(cp_comm="p2p"), sp=False)
+    with pytest.raises(PlanError, match="megatron-deepspeed engine runs no context parallelism"):
+        api.evaluate("llama3-8b", "dgx-h100", 8, framework="megatron-deepspeed", stack=Stack(cp_comm="p2p"))
     with pytest.raises(PlanError, match="cp_comm='ring'; use one of p2p, a2a"):
         Stack(cp_comm="ring")
     with pytest.raises(PlanError, match="all-to-all context parallelism cuts the attention heads by tp x cp"):
