@@ -108,3 +108,16 @@ def test_the_sweep_names_the_kind_and_breaks_on_it():
     assert layout_label({**config, "cp_comm": "a2a"}) == "tp2 dp8 cp4 a2a sp zero1"
     assert layout_label(config) == "tp2 dp8 cp4 sp zero1"
     assert headline({"cp_comm": [None, "a2a"]}) == "context parallelism's kind p2p->a2a"
+
+
+def test_the_cli_states_and_prints_the_kind(capsys):
+    from symtensor.cli import main
+
+    argv = ["evaluate", "llama3-8b", "--cluster", "dgx-h100", "--devices", "64", "--tp", "2", "--cp", "4", "--seq",
+            str(SEQ), "--global-batch", "64", "--micro-batch", "1", "--zero", "1", "--cp-comm-type", "a2a"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "cp_comm=a2a" in out and "--cp-comm-type a2a" in out  # (the config line, the note)
+    with pytest.raises(SystemExit) as exc:  # a kind it does not know: one line naming the choices, status 2
+        main(argv[:-1] + ["ring"])
+    assert exc.value.code == 2 and "invalid choice: 'ring' (choose from 'p2p', 'a2a')" in capsys.readouterr().err
