@@ -460,10 +460,12 @@ def context_refusal(framework: str, cp_comm: str | None) -> str | None:
     """One line where engine ``framework`` does not run the context parallelism ``cp_comm`` states (``Engine.contexts``:
     torchtitan's is ring attention only, DeepSpeed's Ulysses only), or None."""
     eng = ENGINES.get(ALIASES.get(framework, framework))
-    if cp_comm is None or eng is None or (cp_comm in eng.contexts and not eng.refuses_feature("cp")):
+    if cp_comm is None or eng is None:
         return None
     if eng.refuses_feature("cp"):
         return f"--cp-comm-type {cp_comm}: the {eng.name} engine runs no context parallelism; leave --cp-comm-type out"
+    if cp_comm in eng.contexts:
+        return None
     runs = "DeepSpeed-Ulysses (a2a)" if eng.a2a_only else "ring attention (p2p)"
     return (f"--cp-comm-type {cp_comm}: the {eng.name} engine runs context parallelism as {runs} only; leave "
             "--cp-comm-type out" + (", or use --framework megatron" if eng.name != "megatron" else ""))

@@ -17,7 +17,7 @@ from pathlib import Path
 from symtensor.hardware import MEMORY_HEADROOM
 from symtensor.report import plots
 from symtensor.report.plan_view import layer_spans, runner_up
-from symtensor.report.tables import config_words, mfu_cell, mfu_text
+from symtensor.report.tables import baseline_words, config_words, mfu_cell, mfu_text
 
 CSS = """
 body { font: 14px/1.45 system-ui, -apple-system, "Segoe UI", sans-serif; margin: 2em auto; max-width: 1280px;
@@ -99,9 +99,7 @@ def time_section(p: dict) -> str:
         if b.get("step_time_s") is None:
             base.append([name, "-", "-", "-", False, "-", b.get("note", "")])
             continue
-        c = b["config"]
-        desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "recompute", "zero", "micro_batch")
-                        if k in c)
+        desc = baseline_words(b["config"])
         speed = f"{b['speedup_of_plan']:.2f}x" if b.get("speedup_of_plan") else "-"
         base.append([name, f"{b['step_time_s']:.3f}", mfu_cell(b), f"{b['memory_gib_per_device']:.1f}",
                      b["fits"], speed, desc])

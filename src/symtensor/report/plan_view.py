@@ -5,7 +5,7 @@ from __future__ import annotations
 from rich.table import Table
 
 from symtensor.output import shown
-from symtensor.report.tables import breakdown_table, config_words, mfu_cell, mfu_text, print_prediction
+from symtensor.report.tables import baseline_words, breakdown_table, config_words, mfu_cell, mfu_text, print_prediction
 
 
 def _cuts(c: dict) -> str:
@@ -73,10 +73,7 @@ def print_plan(console, out: dict) -> None:
             if v["step_time_s"] is None:
                 b.add_row(name, "-", "-", "-", "False", "-", v.get("note", ""))
                 continue
-            c = v["config"]
-            desc = " ".join(f"{k}={c[k]}" for k in ("tp", "pp", "dp", "cp", "ep", "etp", "recompute", "zero",
-                                                     "micro_batch")
-                            if k in c)
+            desc = baseline_words(v["config"])
             speed = f"{v['speedup_of_plan']:.2f}x" if v["speedup_of_plan"] else "-"
             if v.get("verdict_of_plan") == "tie within model error":
                 speed += " (tie within model error)"

@@ -19,6 +19,16 @@ def config_words(cfg: dict, more: tuple[str, ...] = ()) -> str:
     return " ".join(f"{k}={cfg[k]}" for k in keys)
 
 
+# what a baseline's row names of its config (``baseline_words``)
+BASELINE_WORDS = ("tp", "pp", "dp", "cp", "ep", "etp", "recompute", "zero", "micro_batch")
+
+
+def baseline_words(cfg: dict) -> str:
+    """``tp=4 pp=4 ... micro_batch=1``: the ``BASELINE_WORDS`` a baseline's JSON ``config`` has (the console's and
+    the HTML report's baselines tables)."""
+    return " ".join(f"{k}={cfg[k]}" for k in BASELINE_WORDS if k in cfg)
+
+
 def mfu_cell(out: dict) -> str:
     """``41.2%``, naming the peak it is of where that is not BF16's (``41.2% (FP8 peak)``): an FP8 or FP4 plan's MFU
     is of its own precision's peak, as NVIDIA's FP8 benchmarks report it (README), lower than the same step's
