@@ -5,7 +5,7 @@ import pytest
 
 from symtensor.hardware import load_cluster
 from symtensor.models import load_model_config
-from symtensor.search.grid import _floor_share, _mean_bound, megatron_grid, point_bound, virtual_stages
+from symtensor.search.grid import _floor_share, _host_share, _mean_bound, megatron_grid, point_bound, virtual_stages
 from symtensor.search.pool import EvaluatorPool
 
 # (model, cluster, devices, seq, global batch, overrides): dense and MoE, one node and several,
@@ -29,11 +29,14 @@ def _brute_force(pool, global_batch):
     """Every variant of every point, the best by the search's order (fits, then time); checks on
     the way that each point's bound is at most the cost of each of its variants: the layer
     costs of one point of an inner grid bound every point of it (they do not depend on the
-    pipeline depth or the data-parallel degree around it)."""
+    pipeline depth or the data-parallel degree around it), with the host's work the step holds
+    whatever they cost (``_host_share``) on top."""
     best, checked = None, 0
+    e2e = pool.get(1, 1).eff.end_to_end
+    assert e2e.microbatch_s > 0  # (the host's share is tested)
     for base in pool.grid(global_batch):
         vpps = virtual_stages(pool.cfg.layers, base["pp"])
-        lower = point_bound(pool, base, vpps)
+        lower = point_bound(pool, base, vpps) + _host_share(e2e, base, vpps)
         for rc in pool.recomputations():
             for vpp in reversed(vpps):
                 cand = pool.try_config(**base, recompute=rc, vpp=vpp)

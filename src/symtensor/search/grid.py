@@ -12,11 +12,13 @@ stage per micro-batch depends on the stage's inner grid (tp, cp, ep, etp, sequen
 the micro batch), not on the pipeline depth or the data-parallel degree around it, so one costing
 per inner grid (``Evaluator.layer_seconds``) bounds every point of it from below:
 
-    step >= m * max_stage T_mb + (p - 1) / v_max * mean_stage T_mb
+    step >= m * max_stage T_mb + (p - 1) / v_max * mean_stage T_mb + H
 
-with m micro-batches, p stages and v_max the most virtual stages the point allows; every other term
-of the step (data-parallel and pipeline communication, the optimizer) is at least zero, and
-recomputation only adds. Points are visited in the order of that bound: a point whose bound is no
+with m micro-batches, p stages and v_max the most virtual stages the point allows, and H the host's
+work the step is known to hold whatever the layers cost (``EndToEnd``: per step, and per micro-batch
+on every stage, m + (p - 1) / v_max times: ``_host_share``); every other term of the step
+(data-parallel and pipeline communication, the optimizer) is at least zero, and recomputation only
+adds. Every tier below adds H too. Points are visited in the order of that bound: a point whose bound is no
 faster than the best plan that fits is skipped, and once the bound reaches it the rest of the grid
 is. A point that survives is costed at (no recomputation, most virtual stages), its exact bound,
 then at its other variants.
@@ -95,29 +97,32 @@ def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None, beat: f
     (costed only when nothing fits, after every other point), (1, ...). ``beat``:
     ``megatron_grid``'s."""
     floor = _floor_share(pool, bases[0]["global_batch"]) if bases and beat < math.inf else 0.0
-    heap = []  # (bound, index, tier, base, vpps): the index breaks ties as the serial order does
+    e2e = pool.get(bases[0]["global_batch"], 1).eff.end_to_end if bases else None
+    heap = []  # (bound, index, tier, base, vpps, host): the index breaks ties as the serial order does
     for index, base in enumerate(bases):
         if mine is not None and not mine(base):
             continue
         vpps = virtual_stages(pool.cfg.layers, base["pp"])
         m = base["global_batch"] // (base["micro_batch"] * base["dp"])
-        heap.append((floor * (1 + (base["pp"] - 1) / (vpps[-1] * m)), index, 0, base, vpps))
+        host = _host_share(e2e, base, vpps)
+        heap.append((floor * (1 + (base["pp"] - 1) / (vpps[-1] * m)) + host, index, 0, base, vpps, host))
     heapq.heapify(heap)
     totals: dict = {}  # inner grid -> (the point that costs it, its compute, the sum of its layer costs)
     best, visit = None, None
     overflowing = []
     while heap:
-        lower, index, tier, base, vpps = heap[0]
+        lower, index, tier, base, vpps, host = heap[0]
         fitting = best is not None and best.report.fits
         if lower >= beat or (fitting and lower >= best.report.step_time_s):
             break  # no point left can beat it (every point's exact bound is at least its bound here)
         heapq.heappop(heap)
         if tier < 3:
             try:
-                lower = point_bound(pool, base, vpps) if tier == 2 else _mean_bound(pool, base, vpps, totals, tier)
+                lower = host + (point_bound(pool, base, vpps) if tier == 2
+                                else _mean_bound(pool, base, vpps, totals, tier))
             except PlanError:  # its layouts break the one legality rule (megatron_layouts): not a point
                 continue
-            heapq.heappush(heap, (lower, index, tier + 1, base, vpps))
+            heapq.heappush(heap, (lower, index, tier + 1, base, vpps, host))
             continue
         if not pool.may_fit(**base):
             overflowing.append((lower, index, base, vpps))  # parameters and optimizer state alone overflow
@@ -142,9 +147,17 @@ def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None, beat: f
     return best, visit
 
 
+def _host_share(e2e, base: dict, vpps: list[int]) -> float:
+    """What every tier adds to a point's bound for the host (``EndToEnd``, a little under): its work per step,
+    and per micro-batch on every stage (``cost.model``'s ``overhead`` adds it m times on the critical stage,
+    whose seconds per micro-batch it is part of, and the bubble (p - 1) / v times on the mean stage)."""
+    m = base["global_batch"] // (base["micro_batch"] * base["dp"])
+    return (e2e.step_s + e2e.microbatch_s * (m + (base["pp"] - 1) / vpps[-1])) * (1 - MEAN_MARGIN)
+
+
 def _floor_share(pool: EvaluatorPool, global_batch: int) -> float:
     """Tier 0 per step: the step floor of the whole global batch in one micro-step without the
-    host's work per step (``Evaluator.step_floor``; the bound of a grid point has no such term), a
+    host's work per step (``Evaluator.step_floor``; a grid point's bound adds the host's work as ``_host_share``), a
     little under. Every layer of a point adds to its stage per micro-batch at least its ops'
     floor over the stage's devices (``layer_seconds`` of the point: compute, then communication
     and the rest, at rates no better than the floor's), so m micro-batches of the mean stage take
