@@ -19,12 +19,14 @@ sums and the schedule), ``memory`` (the peak) and ``report`` (the ``CostReport``
 
 from __future__ import annotations
 
+from symtensor.cost import moe
 from symtensor.cost.collectives import collective_time, level_counts
 from symtensor.cost.efficiency import Efficiency, efficiency_for
 from symtensor.cost.engine import ENGINES, cut_refusal, engine_of, exposure, hidden, host_link_refusal
 from symtensor.cost.memory import memory_peak, offloaded, static_peak
 from symtensor.cost.opcost import (
     collectives_time,
+    extra_saved_bytes,
     input_layout,
     op_floor,
     op_time,
@@ -101,6 +103,9 @@ class Evaluator:
         self._wiring_cache: dict = {}
         self._floor_cache: dict = {}  # recomputation (, FP8 recipe) -> step_floor per micro-batch, all devices
         self._regions: dict = {}  # recomputation -> its checkpointed regions (``recompute_regions``)
+        self._extra_cache: dict = {}  # (equal-op id, layout uid, loss kernel) -> ``extra_saved_bytes``
+        self._factors: dict = {}  # TensorLayout -> devices that split it (``factor``)
+        self.expert_ops = frozenset(op.name for op in graph.ops if moe.expert_op(op))  # ``moe.expert_op``, by name
         self.segments = self._index_segments()
 
     def release(self) -> None:
@@ -108,7 +113,7 @@ class Evaluator:
         (``EvaluatorPool.release``): a costed segment names its evaluator, a reference cycle that only
         Python's cyclic collector would free, and it is paused over a plan."""
         for cache in (self._op_cache, self._segment_cache, self._boundary_seconds, self._segment_params_cache,
-                      self._wiring_cache, self._floor_cache, self._regions):
+                      self._wiring_cache, self._floor_cache, self._regions, self._extra_cache, self._factors):
             cache.clear()
 
     # -- graph facts ------------------------------------------------------------------------
@@ -158,6 +163,21 @@ class Evaluator:
         """``opcost.op_time``'s FP8 argument: the recipe, and whether weights are cast every
         micro-batch (engines on PyTorch's own kernels, torchao; Transformer Engine caches them)."""
         return None if recipe is None else (RECIPES[recipe], ENGINES[self.framework].pytorch_kernels)
+
+    def extra_saved(self, op, layout: OpLayout, loss: str | None = None) -> float:
+        """``opcost.extra_saved_bytes``, memoised per equal ops and layout (and the stated loss kernel)."""
+        key = (self._op_sig[op.name], layout.uid, loss)
+        hit = self._extra_cache.get(key)
+        if hit is None:
+            hit = self._extra_cache[key] = extra_saved_bytes(op, layout, self.mesh, loss)
+        return hit
+
+    def factor(self, tl) -> int:
+        """``TensorLayout.factor`` on this evaluator's mesh, memoised per placement."""
+        hit = self._factors.get(tl)
+        if hit is None:
+            hit = self._factors[tl] = tl.factor(self.mesh)
+        return hit
 
     def edge(self, src, dst, tname):
         t = self.tensors[tname]

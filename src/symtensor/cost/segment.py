@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from symtensor.cost import moe, offload
 from symtensor.cost.engine import engine_of, hidden, tp_overlapped
-from symtensor.cost.opcost import OpTime, collectives_time, extra_saved_bytes, intra_collectives, local_sizes
+from symtensor.cost.opcost import OpTime, collectives_time, intra_collectives, local_sizes
 from symtensor.cost.precision import RECIPES, fp8_gemm
 from symtensor.cost.recompute import MODULES_PREFIX, position
 from symtensor.cost.stack_kernels import runs_eager
@@ -145,6 +145,9 @@ class Segment:
         # Megatron's recompute modules: op -> (region, module, discards its outputs) (``cost.recompute.regions``)
         self.regions = ev.recompute_regions(train.recompute) if train.recompute.startswith(MODULES_PREFIX) else None
         self.region_bytes: dict = {}  # region -> the local bytes of its ops' outputs (what its re-run brings back)
+        self.engine = engine_of(train)
+        # eager PyTorch's SwiGLU keeps its silu's output too (``Engine.unfused_swiglu``)
+        self.eager_swiglu = runs_eager(train.stack.elementwise, self.engine.unfused_swiglu)
 
     def layout(self, op) -> OpLayout:
         return self.layouts.get(op.name, REPLICATED)
@@ -171,7 +174,7 @@ class Segment:
         for op, inputs, saves in wiring:
             layout = self.layout(op)
             t = self.ev.op_time(op, layout, self.train.fp8, self.train.stack)
-            if moe.expert_op(op):
+            if op.name in self.ev.expert_ops:
                 self.local_experts = max(self.local_experts, local_sizes(op, layout, self.ev.mesh).get("e", 1))
                 if self.moe:  # the most-loaded expert rank paces the step
                     f = self._load(op, layout)
@@ -211,9 +214,9 @@ class Segment:
     def _outputs(self, op, layout) -> float:
         """Local bytes of ``op``'s outputs (and of what its kernel saves besides, the attention's log-sum-exp)."""
         ev = self.ev
-        out = sum(ev.tensors[t].nbytes / ev.out_layout(op, layout, i, partial=False).factor(ev.mesh)
+        out = sum(ev.tensors[t].nbytes / ev.factor(ev.out_layout(op, layout, i, partial=False))
                   for i, t in enumerate(op.outputs))
-        return out + extra_saved_bytes(op, layout, ev.mesh, self.train.stack.loss)
+        return out + ev.extra_saved(op, layout, self.train.stack.loss)
 
     def _offloaded(self) -> float:
         """Bytes of what the layer saves that its offloaded modules' inputs are (``Stack.offload_modules``,
@@ -306,8 +309,9 @@ class Segment:
         dispatcher's, times the load of the expert op at its end."""
         if not self.moe:
             return seconds
-        expert = op if moe.expert_op(op) else prod
-        load = self._load(expert, self.layout(expert)) if moe.expert_op(expert) else 1.0
+        experts = self.ev.expert_ops
+        expert = op if op.name in experts else prod
+        load = self._load(expert, self.layout(expert)) if expert.name in experts else 1.0
         return moe.edge_seconds(seconds, colls, self.ev, self.train, load)
 
     def _edges(self, op, layout, share, inputs):
@@ -368,17 +372,16 @@ class Segment:
         # what an output-discarding region produced is freed whoever saved it
         regions = self.regions or {}
         region = regions.get(op.name)
-        engine = engine_of(self.train)
-        regather = engine.keeps_sp_shard
-        mesh = ev.mesh
+        engine, regather = self.engine, self.engine.keeps_sp_shard
         fp8 = self.train.fp8 is not None and fp8_gemm(op)
-        load = self._load(op, layout) if self.moe and moe.expert_op(op) else 1.0  # the most-loaded rank's buffers
+        # the most-loaded rank's buffers
+        load = self._load(op, layout) if self.moe and op.name in ev.expert_ops else 1.0
         for io, idx, tname, tbytes, prod, pslot in saves:
             keeps = moe.saved_scale(op, io, idx, engine)  # what the engine keeps of it (the MoE combine's, cost.moe)
             if not keeps:
                 continue
             view = ev.in_layout(op, layout, idx) if io == "in" else ev.out_layout(op, layout, idx, partial=False)
-            nbytes = tbytes / view.factor(mesh) * keeps
+            nbytes = tbytes / ev.factor(view) * keeps
             if selective and (io == "out" or (prod is not None and prod.attr("core"))):
                 continue
             if regions:
@@ -391,7 +394,7 @@ class Segment:
             # dispatch_postprocess L741-750, extensions/transformer_engine.py TEGroupedLinear L2459-2475)
             if prod is not None and io == "in" and tname not in self.cross_stage and prod.kind != "moe_dispatch":
                 pview = ev.out_layout(prod, self.layout(prod), pslot, partial=False)
-                pbytes = tbytes / pview.factor(mesh)
+                pbytes = tbytes / ev.factor(pview)
                 if regather and pbytes < nbytes and (tname, view, "saved") not in self.charged:
                     # keep the smaller shard and gather it again in backward (Megatron-SP)
                     self.charged.add((tname, view, "saved"))
@@ -408,15 +411,13 @@ class Segment:
             prev = self.saved.get(tname)
             if prev is None or nbytes < prev:
                 self.saved[tname] = nbytes
-        extra = 0.0 if selective or region is not None else \
-            extra_saved_bytes(op, layout, ev.mesh, self.train.stack.loss)
+        extra = 0.0 if selective or region is not None else ev.extra_saved(op, layout, self.train.stack.loss)
         if extra:
             self.saved[f"{op.name}#extra"] = extra
-        eager_swiglu = runs_eager(self.train.stack.elementwise, engine.unfused_swiglu)
-        if eager_swiglu and op.attr("fn") == "swiglu" and not selective and region is None:
+        if self.eager_swiglu and op.attr("fn") == "swiglu" and not selective and region is None:
             # eager PyTorch keeps the silu's output as well, an output-sized tensor (``Engine.unfused_swiglu``)
             view = ev.out_layout(op, layout, 0, partial=False)
-            self.saved[f"{op.name}#silu"] = ev.tensors[op.outputs[0]].nbytes / view.factor(mesh) * load
+            self.saved[f"{op.name}#silu"] = ev.tensors[op.outputs[0]].nbytes / ev.factor(view) * load
         if self.in_layer and op.inputs and not self.layer_input:
             # the residual stream entering the layer: what full recomputation keeps (an input
             # from outside the segment; a repeated skeleton layer's comes from its own copy)
@@ -424,4 +425,4 @@ class Segment:
             prod = self.producer(x)
             if prod is not None and (prod.layer != op.layer or x in self.ext_producer):
                 v = ev.out_layout(prod, self.layout(prod), out_slot(prod, x), partial=False)
-                self.layer_input = ev.tensors[x].nbytes / v.factor(ev.mesh)
+                self.layer_input = ev.tensors[x].nbytes / ev.factor(v)
