@@ -187,20 +187,18 @@ def _compute(pool: EvaluatorPool, base: dict) -> float:
     the layouts of ``base``'s inner grid: what ``Evaluator.layer_seconds`` charges besides
     communication, which only adds (``cost.segment.Segment.seconds``). From the layouts of the ops'
     roles (``megatron.role_layouts``: a few layouts, not every op's, and no legality check: a point
-    whose layouts are refused is dropped at its next tier, ``EvaluatorPool.layouts``), each distinct
-    run of ops once, times the layers it stands for (``EvaluatorPool.op_runs``)."""
+    whose layouts are refused is dropped at its next tier, ``EvaluatorPool.layouts``), each
+    op of one role and signature once, times how many the layers hold (``EvaluatorPool.op_runs``)."""
     c = configuration(pool.held({**base, "recompute": "none", "vpp": 1}))
     check_config(pool.cfg, pool.cluster.n_devices, c, pool.cluster.device)
     batch = c["micro_batch"] * c["dp"]
     ev = pool.get(batch, c["pp"])
     of_role = role_layouts(ev.mesh, c, pool.family)
     train, total = train_config(c), 0.0
-    for runs, ops in pool.op_runs(ev):
-        seconds = 0.0
-        for op, role in ops:
-            t = ev.op_time(op, of_role(role), train.fp8, train.stack)
-            seconds += t.fwd_s + t.bwd_s
-        total += runs * seconds
+    fp8, stack = train.fp8, train.stack
+    for times, op, role in pool.op_runs(ev):
+        t = ev.op_time(op, of_role(role), fp8, stack)
+        total += times * (t.fwd_s + t.bwd_s)
     return total
 
 

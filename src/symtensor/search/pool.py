@@ -257,17 +257,20 @@ class EvaluatorPool:
         return megatron_layouts(ev.graph, ev.mesh, degrees, self._roles[graph_batch], self.family,
                                 self._legal[(graph_batch, pp)])
 
-    def op_runs(self, ev: Evaluator) -> list[tuple[int, tuple]]:
-        """The runs of ops with one layer index of ``ev``'s graph (``Evaluator.segments``; a skeleton's
-        repeated layer is one run): [(the layers it stands for, ((op, its role), ...))], in graph
-        order; the role is ``megatron.op_roles``'. (``grid._compute`` sums the ops' times per run.)"""
+    def op_runs(self, ev: Evaluator) -> list[tuple[int, object, tuple]]:
+        """The ops of ``ev``'s graph as the layers hold them (``Evaluator.segments``, a skeleton's repeated
+        layer as often as it stands for), equal ops of one role once: [(how many, op, its role)], in graph
+        order of their first; equal is ``Evaluator.op_sig``'s (which the op times are memoised by), the role
+        ``megatron.op_roles``'. (``grid._compute`` sums the ops' times, each once, times how many.)"""
         graph_batch = ev.graph.meta["micro_batch"]
         hit = self._op_runs.get(graph_batch)
         if hit is None:
             roles, counts = self._roles[graph_batch], {}
             for _, ops, _, _, _ in ev.segments:
-                counts.setdefault(id(ops), [0, tuple((op, roles[op.name][0]) for op in ops)])[0] += 1
-            hit = self._op_runs[graph_batch] = [(runs, ops) for runs, ops in counts.values()]
+                for op in ops:
+                    role = roles[op.name][0]
+                    counts.setdefault((ev.op_sig(op), role), [0, op, role])[0] += 1
+            hit = self._op_runs[graph_batch] = [tuple(v) for v in counts.values()]
         return hit
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
