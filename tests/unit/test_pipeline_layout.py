@@ -194,12 +194,14 @@ def test_explain_says_why_the_plan_takes_its_split(tmp_path):
     assert max(why["rank_seconds"]) < max(why["rule_rank_seconds"]) and "balances the pipeline" in why["verdict"]
 
 
-def _megatron_peak_chunks(pp: int, v: int, m: int, rank: int) -> tuple[int, int]:
+def _megatron_peak_chunks(pp: int, v: int, m: int, rank: int, weights=None) -> tuple[int, int]:
     """The most model chunks pipeline ``rank`` holds at once, and the most of them that are its last chunk, over a
     whole step of Megatron's interleaved schedule as schedules.py runs it: forwards in ``get_schedule_table``'s
     order (groups of pp micro-batches, each through chunks 0..v-1), ``get_pp_rank_microbatches``' warm-up of
     2 (pp - rank - 1) + (v - 1) pp forwards, then one forward and one backward each step (backwards in the same
-    table order, chunks reversed), then the cool-down's backwards."""
+    table order, chunks reversed), then the cool-down's backwards. With ``weights`` (per chunk) the first is the
+    most the held chunks weigh."""
+    weights = weights or [1] * v
     table = []
     for start in range(0, m, pp):
         group = range(start, m) if start + pp >= m else range(start, start + pp)
@@ -222,7 +224,7 @@ def _megatron_peak_chunks(pp: int, v: int, m: int, rank: int) -> tuple[int, int]
     while b < m * v:
         if f < m * v:
             forward()
-        peak, peak_last = max(peak, len(held)), max(peak_last, held.count(v - 1))
+        peak, peak_last = max(peak, sum(weights[c] for c in held)), max(peak_last, held.count(v - 1))
         backward()
     return peak, peak_last
 
@@ -242,3 +244,38 @@ def test_interleaved_ranks_hold_what_megatrons_schedule_holds(pp, v, m):
         assert loss_inflight(rank, train) == last, rank
     plain = TrainConfig(global_batch=m, micro_steps=m, pp=pp)
     assert [inflight(s, plain) for s in range(pp)] == [min(m, pp - s) for s in range(pp)]
+
+
+@pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 4, 64), (4, 4, 8), (2, 3, 6), (4, 3, 5),
+                                      (3, 2, 7)])
+def test_interleaved_ranks_hold_their_heaviest_chunks_as_megatrons_schedule_does(pp, v, m):
+    """Where a rank's model chunks hold unequal activations (uneven layouts: DeepSeek-V3's 61 layers in pp x vpp
+    chunks of one and two layers), the most it holds (``pipeline.chunk_inflight`` with the chunks' weights) is the
+    replay's weighted peak, which a heavier first chunk reaches later than the first steady step (until the fifteenth
+    session every chunk weighed the rank's mean; counted at the first step the first rank of pp 2 x vpp 2 with chunk
+    weights 3, 1 held 11 where Megatron's schedule reaches 13). Groups of fewer than pp micro-batches too."""
+    from symtensor.cost.pipeline import chunk_inflight
+
+    train = TrainConfig(global_batch=m, micro_steps=m, pp=pp, vpp=v)
+    for weights in ([3] + [1] * (v - 1), [1] * (v - 1) + [3], [(c * 7) % 5 + 1 for c in range(v)]):
+        for rank in range(pp):
+            peak, _ = _megatron_peak_chunks(pp, v, m, rank, weights)
+            counts = chunk_inflight(rank, train, weights)
+            assert sum(n * w for n, w in zip(counts, weights)) == peak, (rank, weights)
+            assert sum(counts) == _megatron_peak_chunks(pp, v, m, rank)[0], rank  # (as many chunks as ever)
+
+
+def test_an_uneven_interleaved_layout_holds_each_chunks_own_activations():
+    """A plan's activation peak under the interleaved schedule counts each model chunk with its own layers
+    (``pipeline.held_activations``): a 12-layer model on pp 2 x vpp 2 whose first rank's chunks hold 5 and 1 layers
+    holds the replay's weighted peak of 5 and 1 layers a chunk, not 5 chunks of the rank's mean of 3 (the even
+    layout's count, the first rank's in both: it holds the most)."""
+    from symtensor.api import evaluate
+
+    kw = dict(tp=1, pp=2, vpp=2, global_batch=8, micro_batch=1, seq=128, overrides={"layers": 12})
+    even = evaluate("tiny-llama", "dgx-h100", 2, pp_layout="Et*3|t*3|t*3|t*3L", **kw).report.memory
+    uneven = evaluate("tiny-llama", "dgx-h100", 2, pp_layout="Et*5|t*3|t|t*3L", **kw).report.memory
+    per_layer = even["activations_layers"] / (3 * 5)  # the first rank: 5 chunks of 3 layers at its first step
+    peak, _ = _megatron_peak_chunks(2, 2, 8, 0, [5, 1])
+    assert peak > 5 * 3  # (the first step's count of the rank's mean: what was charged before)
+    assert uneven["activations_layers"] == pytest.approx(per_layer * peak, rel=1e-9)

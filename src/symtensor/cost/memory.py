@@ -8,7 +8,7 @@ peak and the optimizer step's):
     state               parameters, gradients and optimizer state, sharded as the engine shards them at the
                         ZeRO stage (``cost.params``)
     gathered_params     weights gathered for compute beyond the resident shards (ZeRO 3, FSDP units)
-    activations         saved activations of the micro-batches in flight (``cost.pipeline.inflight``, ``loss_inflight``)
+    activations         saved activations of the micro-batches in flight, by model chunk (``held_activations``)
     engine_buffers      the engine's own buffers besides the state (``engine_buffers``)
     transient           at the forward-backward peak, the larger of the loss's backward (``loss_transient``)
                         and one layer's recomputed activations plus its largest op's backward (gradient of
@@ -41,7 +41,7 @@ from symtensor.cost.engine import (
     holds_one_unit,
     syncs_per_schedule,
 )
-from symtensor.cost.pipeline import Stage, inflight, loss_inflight
+from symtensor.cost.pipeline import Stage, held_activations, inflight
 from symtensor.cost.precision import RECIPES, weight_copy_bytes
 from symtensor.cost.stack_kernels import LOSSES
 from symtensor.cost.train import RECOMPUTE, TrainConfig
@@ -229,27 +229,29 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
     best, alloc_peak, peak = None, -1.0, -1.0
     for s, st in enumerate(stages):
         if train.recompute == "full":
-            layers_act = st.layer_inputs
+            layers_act, chunks = st.layer_inputs, st.chunk_inputs
             redo = max(st.layer_saved, default=0.0)
             if eng.timed_peak and st.layer_saved:  # torchtitan: the checkpoint keeps the block's input, which the
                 # re-run forward reads in place (counted once, as under layer:N: ``Segment._kept``)
                 redo -= st.layer_inputs / len(st.layer_saved)
         elif train.recompute not in RECOMPUTE:  # torchtitan's per-op or every-N-th-layer checkpointing
-            layers_act, redo = st.layer_kept, st.rematerialised
+            layers_act, redo, chunks = st.layer_kept, st.rematerialised, st.chunk_kept
         else:
             # less what lives in host memory: the first N layers' saved activations (at most layers - N sets on
             # the device at once: ``cost.engine.CPU_OFFLOAD``) or the offloaded modules' inputs of every layer
             # (``cost.offload``); nothing without offloading
             layers_act, redo = sum(st.layer_saved) - sum(offloaded(st, train)), 0.0
+            chunks = st.chunk_saved  # (what lives in host memory taken from each chunk alike)
         held = inflight(s, train)
         paired = ep_overlap_layer(st, train, held)
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]
-        # (the loss's activations are the last model chunk's: ``loss_inflight`` of them)
-        other = (st.other_saved - st.loss_saved) * held + st.loss_saved * loss_inflight(s, train)
+        # (the embedding's activations are the first model chunk's, the loss's the last one's)
+        layers_held, other = held_activations(s, train, chunks, layers_act, st.other_saved - st.loss_saved,
+                                              st.loss_saved)
         mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
-               "activations": layers_act * held + other + paired,
-               "activations_layers": layers_act * held + paired,
+               "activations": layers_held + other + paired,
+               "activations_layers": layers_held + paired,
                "recompute_transient": redo, "gathered_params": gathered, "layer_state": st.layer_state}
         # what does not grow with the micro-batch: the state and the gathered parameters
         mem["static"] = state + gathered

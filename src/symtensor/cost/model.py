@@ -282,6 +282,15 @@ class Evaluator:
             start += c
         return stage
 
+    def chunk_of(self, train: TrainConfig) -> dict[int, int]:
+        """The model chunk of its rank (k // pp of its virtual stage k, ``stage_of``) of each transformer layer."""
+        out, start = {}, 0
+        for k, c in enumerate(train.chunk_layers(self.graph.meta["layers"])):
+            for layer in range(start, start + c):
+                out[layer] = k // train.pp
+            start += c
+        return out
+
     def evaluate(self, layouts: dict[str, OpLayout], train: TrainConfig, check: bool = True) -> CostReport:
         if train.pp != self.pp:
             raise PlanError(f"evaluator built for pp={self.pp}, configuration has pp={train.pp}")
@@ -410,6 +419,7 @@ class _Accumulator:
         pieces: dict = {}  # (id(ops), id(external), cross, BF16) -> (segment, params), once per evaluation
         counts: dict = {}  # (stage, segment, params) -> identical layers
         stage = self.stage
+        chunk = ev.chunk_of(train) if train.vpp > 1 else None
         for sig_id, ops, external, layer, repeated in ev.segments:
             s = stage[layer]
             # the producer of a repeated layer's input is the layer just before it
@@ -428,6 +438,8 @@ class _Accumulator:
             ck = (s, id(seg), id(params))
             prev = counts.get(ck)
             counts[ck] = (seg, params, 1 if prev is None else prev[2] + 1)
+            if chunk is not None and seg.in_layer:  # (the interleaved schedule holds its chunks unalike)
+                self.stages[s].add_to_chunk(seg, chunk[layer], train.vpp)
         for (s, _, _), (seg, params, times) in counts.items():
             self.stages[s].add(seg, params, times)
         return self._finish()

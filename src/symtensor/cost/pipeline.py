@@ -52,6 +52,11 @@ class Stage:
         self.layer_saved: list[float] = []
         self.layer_compute: list[tuple[float, float]] = []  # each layer's (forward, backward) compute seconds
         self.layer_offloaded: list[float] = []  # each layer's saved bytes its offloaded modules send to the host
+        # per model chunk of the rank (interleaved schedule): its layers' saved bytes, inputs and what they keep
+        # under torchtitan's checkpointing, per micro-batch (``cost.memory``, ``held_chunks``); empty under 1F1B
+        self.chunk_saved: list[float] = []
+        self.chunk_inputs: list[float] = []
+        self.chunk_kept: list[float] = []
         self.layer_inputs = 0.0
         # under torchtitan's checkpointing (``Segment._kept``): what the layers keep from forward to backward,
         # and the most one layer's recomputation brings back at once
@@ -102,6 +107,14 @@ class Stage:
             self.rematerialised = max(self.rematerialised, seg.rematerialised)
         else:
             self.other_saved += seg.saved_total * times
+
+    def add_to_chunk(self, seg: Segment, chunk: int, vpp: int):
+        """One layer of segment ``seg`` in the rank's model chunk ``chunk`` (of ``vpp``)."""
+        if not self.chunk_saved:
+            self.chunk_saved, self.chunk_inputs, self.chunk_kept = [0.0] * vpp, [0.0] * vpp, [0.0] * vpp
+        self.chunk_saved[chunk] += seg.saved_total
+        self.chunk_inputs[chunk] += seg.layer_input
+        self.chunk_kept[chunk] += seg.kept
 
     def add_params(self, params: Params, times: int = 1, seg: Segment | None = None):
         for k, v in params.static.items():
@@ -199,22 +212,71 @@ def inflight(s: int, train: TrainConfig) -> float:
     return min(m, pp - s)
 
 
-def loss_inflight(s: int, train: TrainConfig) -> float:
-    """Micro-batches whose loss (and LM head) activations rank ``s`` holds at once: the loss is the last model
-    chunk's, so under the interleaved schedule those of the held chunks that are the last (Megatron's schedule
-    table: groups of pp micro-batches, each group through chunk 0, 1, ..., vpp - 1; ``get_schedule_table``): one on
-    the last rank in the steady state, where ``inflight`` counts ((vpp - 1) pp + 1) / vpp of every chunk; under
-    1F1B as ``inflight``."""
+def _entry_chunk(i: int, pp: int, v: int, m: int) -> int:
+    """The model chunk of the ``i``-th forward of Megatron's interleaved schedule table (groups of pp micro-batches,
+    the last group the micro-batches left, each group through chunks 0, 1, ..., v - 1; megatron/core/
+    pipeline_parallel/schedules.py ``get_schedule_table``); its backwards run in the same order, chunks reversed."""
+    full = (m // pp) * v * pp
+    if i < full:
+        return (i % (v * pp)) // pp
+    return (i - full) // (m - (m // pp) * pp)
+
+
+def chunk_inflight(s: int, train: TrainConfig, weights: list[float] | None = None) -> list[int] | list[float]:
+    """Per model chunk of pipeline rank ``s`` (its virtual stages s, s + pp, ...), the micro-batches of it the rank
+    holds where it holds the most: under 1F1B one chunk, ``inflight``'s. Under the interleaved schedule the rank runs
+    ``TrainConfig.warmup_chunks`` forwards, then a forward and a backward per step (the table's order,
+    ``_entry_chunk``); with ``weights`` (bytes per micro-batch of each chunk) the step whose held chunks weigh the
+    most, else (or where they weigh alike) the first step's, which holds the most chunks: on the first rank 2 pp - 1
+    of chunk 0 and pp of each other, on the last pp of every chunk but the last and one of the last. A heavier first
+    chunk peaks later, once backwards have freed last chunks that forwards replace with first ones. While every
+    group is whole the steps repeat every vpp x pp, so those are enough."""
     pp, m, v = train.pp, train.schedule_steps, train.vpp
     if v == 1:
-        return inflight(s, train)
-    held, last, start = min(m * v, train.warmup_chunks(s) + 1), 0, 0
-    while held > 0:  # the schedule table's groups, in order, until the held chunks are placed
-        group = m - start if start + pp >= m else pp  # (the last group: the micro-batches left)
-        last += max(0, min(held - (v - 1) * group, group))
-        held -= v * group
-        start += group
-    return last
+        return [inflight(s, train)]
+    total = m * v
+    first = min(total, train.warmup_chunks(s) + 1)  # forwards held at the first step
+    counts = [0] * v
+    for i in range(first):
+        counts[_entry_chunk(i, pp, v, m)] += 1
+    if weights is None or len(set(weights)) <= 1:
+        return counts
+    best, held = list(counts), sum(w * n for w, n in zip(weights, counts))
+    top, steps = held, total - first  # (the steps that run a forward after a backward)
+    for t in range(1, (steps if m % pp else min(steps, v * pp)) + 1):
+        out, enter = v - 1 - _entry_chunk(t - 1, pp, v, m), _entry_chunk(first + t - 1, pp, v, m)
+        counts[out] -= 1
+        counts[enter] += 1
+        held += weights[enter] - weights[out]
+        if held > top:
+            top, best = held, list(counts)
+    return best
+
+
+def loss_inflight(s: int, train: TrainConfig) -> float:
+    """Micro-batches whose loss (and LM head) activations rank ``s`` holds at once where it holds the most chunks:
+    the loss is the last model chunk's (``chunk_inflight``'s last): one on the last rank in the steady state, where
+    ``inflight`` counts ((vpp - 1) pp + 1) / vpp of every chunk; under 1F1B as ``inflight``."""
+    return chunk_inflight(s, train)[-1]
+
+
+def held_activations(s: int, train: TrainConfig, acts: list[float], total: float, first: float = 0.0,
+                     last: float = 0.0) -> tuple[float, float]:
+    """Activation bytes rank ``s`` holds where it holds the most: of its transformer layers, and of the ops before
+    and after them (the embedding's ``first``, on the first model chunk, and the loss's ``last``, on the last).
+    ``acts``: per model chunk, its layers' bytes per micro-batch in their proportions (empty under 1F1B), scaled to
+    ``total``, the rank's layers' bytes per micro-batch; each chunk counts the micro-batches of it in flight
+    (``chunk_inflight``). Where the chunks weigh alike, the layers' ``total`` times ``inflight``, as every chunk was
+    taken until the fifteenth session (which miscounted uneven layouts: Megatron's first rank holds its chunk 0
+    2 pp - 1 times, its others pp, and a heavier chunk 0 more than that later in its steady state)."""
+    if train.vpp == 1 or not acts or not sum(acts):
+        n = chunk_inflight(s, train)
+        return total * inflight(s, train), first * n[0] + last * n[-1]
+    scaled = [a * total / sum(acts) for a in acts]
+    weights = [a + (first if c == 0 else 0.0) + (last if c == len(acts) - 1 else 0.0) for c, a in enumerate(scaled)]
+    n = chunk_inflight(s, train, weights)
+    layers = total * inflight(s, train) if len(set(acts)) <= 1 else sum(k * a for k, a in zip(n, scaled))
+    return layers, first * n[0] + last * n[-1]
 
 
 def rank_seconds(seconds: dict[int, float], counts: tuple[int, ...], pp: int) -> list[float]:
