@@ -108,6 +108,8 @@ def test_the_sweep_names_the_kind_and_breaks_on_it():
     assert layout_label({**config, "cp_comm": "a2a"}) == "tp2 dp8 cp4 a2a sp zero1"
     assert layout_label(config) == "tp2 dp8 cp4 sp zero1"
     assert headline({"cp_comm": [None, "a2a"]}) == "context parallelism's kind p2p->a2a"
+    # an unstated kind is the engine's own: DeepSpeed's is all-to-all
+    assert headline({"cp_comm": ["p2p", None]}, "deepspeed") == "context parallelism's kind p2p->a2a"
 
 
 def test_the_cli_states_and_prints_the_kind(capsys):

@@ -110,7 +110,7 @@ def explain_breakpoint(cfg, cluster: str, param: str, a: dict, b: dict) -> dict:
                    key=lambda t: -abs(t["delta_s"]))
     kept = keep_config(cfg, cluster, a["config"], b)
     reason, why = breakpoint_reason(kept, b, a["layout"])
-    head = headline(changes)
+    head = headline(changes, b["config"].get("framework", "megatron"))
     moved = ", ".join(f"{t['term']} {t['delta_s']:+.3f} s" for t in terms[:3] if abs(t["delta_s"]) > 5e-4)
     text = (f"{param} {a['value']} -> {b['value']}: {a['layout']} -> {b['layout']} ({head}). {why}"
             + (f" From one point to the next: {moved}." if moved else ""))
@@ -120,8 +120,11 @@ def explain_breakpoint(cfg, cluster: str, param: str, a: dict, b: dict) -> dict:
             "memory_delta_gib": b["memory_gib_per_device"] - a["memory_gib_per_device"], "explanation": text}
 
 
-def headline(changes: dict) -> str:
-    """``data parallel gives way to tensor parallel``, plus ZeRO / recomputation / sp moves."""
+def headline(changes: dict, framework: str = "megatron") -> str:
+    """``data parallel gives way to tensor parallel``, plus ZeRO / recomputation / sp moves, and context
+    parallelism's kind as ``framework``'s engine runs it (``cost.engine.context_of``: an unstated kind is its own)."""
+    from symtensor.cost.engine import context_of
+
     grew = [DEGREE_WORDS[k] + f" {v[0]}->{v[1]}" for k, v in changes.items() if k in DEGREE_WORDS and v[1] > v[0]]
     shrank = [DEGREE_WORDS[k] + f" {v[0]}->{v[1]}" for k, v in changes.items() if k in DEGREE_WORDS and v[1] < v[0]]
     parts = []
@@ -132,7 +135,8 @@ def headline(changes: dict) -> str:
     for k, word in (("sp", "sequence parallel"), ("zero", "ZeRO"), ("recompute", "recomputation"),
                     ("cp_comm", "context parallelism's kind")):
         if k in changes:
-            parts.append(f"{word} {changes[k][0] or 'p2p'}->{changes[k][1] or 'p2p'}" if k == "cp_comm" else
+            parts.append(f"{word} {context_of(framework, changes[k][0])}->{context_of(framework, changes[k][1])}"
+                         if k == "cp_comm" else
                          f"{word} {changes[k][0]}->{changes[k][1]}")
     return "; ".join(parts)
 
