@@ -270,26 +270,26 @@ class Evaluator:
             if why is not None:
                 raise PlanError(f"op {op.name}: {why}")
 
-    def stage_of(self, train: TrainConfig) -> dict[int, int]:
-        """The pipeline rank of each layer index (-1: the embedding, on the first; ``layers``: the
-        head and loss, on the last): virtual stage k (``TrainConfig.chunk_layers``) is on rank
-        k % pp, as Megatron's interleaved schedule places its chunks."""
-        layers = self.graph.meta["layers"]
-        stage, start = {-1: 0, layers: train.pp - 1}, 0
-        for k, c in enumerate(train.chunk_layers(layers)):
-            for layer in range(start, start + c):
-                stage[layer] = k % train.pp
-            start += c
-        return stage
-
-    def chunk_of(self, train: TrainConfig) -> dict[int, int]:
-        """The model chunk of its rank (k // pp of its virtual stage k, ``stage_of``) of each transformer layer."""
+    def virtual_stage_of(self, train: TrainConfig) -> dict[int, int]:
+        """The virtual stage k (``TrainConfig.chunk_layers``: Megatron's layout order) of each transformer layer."""
         out, start = {}, 0
         for k, c in enumerate(train.chunk_layers(self.graph.meta["layers"])):
             for layer in range(start, start + c):
-                out[layer] = k // train.pp
+                out[layer] = k
             start += c
         return out
+
+    def stage_of(self, train: TrainConfig) -> dict[int, int]:
+        """The pipeline rank of each layer index (-1: the embedding, on the first; ``layers``: the
+        head and loss, on the last): virtual stage k (``virtual_stage_of``) is on rank k % pp, as
+        Megatron's interleaved schedule places its chunks."""
+        layers = self.graph.meta["layers"]
+        return {-1: 0, layers: train.pp - 1, **{i: k % train.pp for i, k in self.virtual_stage_of(train).items()}}
+
+    def chunk_of(self, train: TrainConfig) -> dict[int, int]:
+        """The model chunk of its rank (k // pp of its virtual stage k, ``virtual_stage_of``) of each transformer
+        layer."""
+        return {i: k // train.pp for i, k in self.virtual_stage_of(train).items()}
 
     def evaluate(self, layouts: dict[str, OpLayout], train: TrainConfig, check: bool = True) -> CostReport:
         if train.pp != self.pp:

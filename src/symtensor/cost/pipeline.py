@@ -53,7 +53,7 @@ class Stage:
         self.layer_compute: list[tuple[float, float]] = []  # each layer's (forward, backward) compute seconds
         self.layer_offloaded: list[float] = []  # each layer's saved bytes its offloaded modules send to the host
         # per model chunk of the rank (interleaved schedule): its layers' saved bytes, inputs and what they keep
-        # under torchtitan's checkpointing, per micro-batch (``cost.memory``, ``held_chunks``); empty under 1F1B
+        # under torchtitan's checkpointing, per micro-batch (``held_activations``); empty under 1F1B
         self.chunk_saved: list[float] = []
         self.chunk_inputs: list[float] = []
         self.chunk_kept: list[float] = []
