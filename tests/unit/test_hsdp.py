@@ -178,3 +178,19 @@ def test_runspec_hybrid_rules():
         RunSpec(mesh={"r": 2, "s": 2, "t": 2}, dp_axes=("r",), fsdp_axes=("s", "t"))
     assert RunSpec(mesh={"r": 2, "s": 2}, dp_axes=("r",), fsdp_axes=("s",)).batch_cut == 4
 
+
+
+def test_a_heterogeneous_hybrid_plan_names_the_group_the_search_split():
+    """The hybrid-sharding degree of a plan is the dense data-parallel group the search split
+    (``cost.params.dense_group``: the attention core's data-parallel axes) over its replicas, in the summary and in
+    explain alike. Fuzz case 20:833 (a 1.3B-shaped model on 1,440 of 2,880 H100s under deepspeed, heterogeneous:
+    its attention core batch-cut over 180 ranks, the summary's dp 45) read dp_shard = 45 // 90 = 0 and explain
+    divided by it (ZeroDivisionError)."""
+    overrides = ["layers=14", "hidden=7168", "heads=56", "kv_heads=8", "head_dim=128", "ffn=21312", "vocab=1016"]
+    plan = api.plan("gpt3-1.3b", "tests/fixtures/clusters/h100-node16.json", devices=2880, global_batch=360, seq=2048,
+                    framework="deepspeed", overrides=overrides)
+    assert plan.train.dp_replicate is not None  # (the case's point: a new search that drops HSDP here needs another)
+    assert plan.config["heterogeneous"] and plan.config["dp_shard"] * plan.train.dp_replicate == 180
+    why = explain_plan(plan)["hybrid_sharding"]
+    assert f"over the {plan.config['dp_shard']} innermost data-parallel ranks and replicates across " \
+           f"{plan.train.dp_replicate}" in why

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from symtensor.analysis.formula import collective_formula, compute_formula, memory_formula
 from symtensor.analysis.terms import TIME_TERMS, OpTerms, op_terms, problem_of
+from symtensor.cost.params import dense_group
 from symtensor.errors import PlanError, did_you_mean
 from symtensor.hardware import GIB
 from symtensor.layout import REPLICATED, OpLayout
@@ -76,7 +77,8 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
     }
     if plan.train.dp_replicate is not None:  # what hybrid sharding bought: the plan with ZeRO over the whole group
         flat = problem.ev.evaluate(layouts, plan.train.replace(dp_replicate=None), check=False)
-        group = plan.config["dp"] * plan.config["cp"]
+        ev = problem.ev
+        group = ev.mesh.size(tuple(dense_group(ev.graph, layouts, ev.param_ops)))  # (the group the search split)
         out["hybrid_sharding"] = hybrid_note(flat, plan.report, group // plan.train.dp_replicate, group,
                                              plan.train.zero)
     if plan.train.layer_split is not None:  # (a plan with the rule's split says nothing of it, as before)

@@ -34,7 +34,7 @@ from symtensor.cost.opcost import (
     param_layout,
     redistribute,
 )
-from symtensor.cost.params import ParamCost, Params, param_cost, weight_axes
+from symtensor.cost.params import ParamCost, Params, ops_with_parameters, param_cost, weight_axes
 from symtensor.cost.pipeline import Stage, bubble, merge, p2p, split_mesh
 from symtensor.cost.precision import RECIPES
 from symtensor.cost.recompute import MODULES_PREFIX, regions as module_regions
@@ -96,7 +96,7 @@ class Evaluator:
         self._op_sig = {op.name: sigs.setdefault((op.signature, self.grad_operands[op.name]), len(sigs))
                         for op in graph.ops}
         self.model_flops_per_microstep = model_flops(graph, self.grad_operands)
-        self.param_ops = tuple(op for op in graph.ops if any(self.tensors[t].param for t in op.inputs))
+        self.param_ops = ops_with_parameters(graph)
         self._segment_cache: dict = {}
         self._boundary_seconds: dict = {}  # (signature id, layouts, activation key) -> layer_seconds' part
         self._segment_params_cache: dict = {}  # per segment (Params); _param_cache: per tensor

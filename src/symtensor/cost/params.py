@@ -51,6 +51,23 @@ def weight_axes(ops, layouts) -> frozenset:
     return frozenset(out)
 
 
+def ops_with_parameters(graph) -> tuple:
+    """The ops of ``graph`` that read a parameter (``Evaluator.param_ops``)."""
+    return tuple(op for op in graph.ops if any(graph.tensors[t].param for t in op.inputs))
+
+
+def dense_group(graph, layouts: dict, param_ops: tuple | None = None) -> frozenset:
+    """The mesh axes of the dense data-parallel group (dp x cp) of ``layouts`` (by mesh position): those over which
+    the attention core's parameters are data-parallel (``data_axes``); none without attention. ``param_ops``:
+    ``ops_with_parameters(graph)``, where the caller holds them. The group hybrid sharding splits
+    (``TrainConfig.dp_replicate`` replicas of ``dp_shard`` ranks each): the search's, the summary's and explain's."""
+    core = next((op for op in graph.ops if op.kind == "attention"), None)
+    if core is None:
+        return frozenset()
+    ops = ops_with_parameters(graph) if param_ops is None else param_ops
+    return data_axes(layouts.get(core.name, REPLICATED), weight_axes(ops, layouts))
+
+
 def data_axes(layout: OpLayout, waxes: frozenset) -> frozenset:
     """The axes over which a parameter of an op with ``layout`` is data-parallel: those cutting
     the batch or an expert op's token slots, and those cutting the sequence that are not tensor-parallel

@@ -18,6 +18,7 @@ from __future__ import annotations
 import math
 
 from symtensor.cost.engine import engine_named
+from symtensor.cost.params import dense_group
 from symtensor.cost.stack import DEFAULTS as STACK_DEFAULTS, KEYS as STACK_KEYS
 
 MODEL_DIMS = ("n", "g", "d", "h", "f", "v", "r")
@@ -121,8 +122,10 @@ def config_summary(plan) -> dict:
     # all-to-all context parallelism the search found where the engine's own is ring attention (a stated one is a
     # stack fact, ``_stack``)
     kind = {"cp_comm": "a2a"} if a2a and deg["cp"] > 1 and train.context != "a2a" else {}
-    # hybrid sharding: the dense shard group, dp x cp over the replicas (the key only under HSDP)
-    hybrid = {} if train.dp_replicate is None else {"dp_shard": deg["dp"] * deg["cp"] // train.dp_replicate}
+    # hybrid sharding: the dense data-parallel group (``cost.params.dense_group``, dp x cp where the plan is
+    # homogeneous) over the replicas (the key only under HSDP)
+    hybrid = {} if train.dp_replicate is None else \
+        {"dp_shard": mesh.size(tuple(dense_group(g, plan.op_layouts()))) // train.dp_replicate}
     return {"tp": deg["tp"], "pp": train.pp, "dp": deg["dp"], "cp": deg["cp"], "ep": edeg["ep"], "etp": edeg["tp"],
             "sp": sp, "zero": train.zero, **hybrid, "recompute": train.recompute,
             "micro_batch": max(1, g.meta["micro_batch"] // max(deg["dp"], 1)),

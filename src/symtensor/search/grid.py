@@ -44,10 +44,9 @@ import heapq
 import math
 
 from symtensor.cost import TrainConfig
-from symtensor.cost.params import data_axes, weight_axes
+from symtensor.cost.params import dense_group
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB
-from symtensor.layout import REPLICATED
 from symtensor.search.megatron import check_config, configuration, inner_grid, role_layouts, train_config
 from symtensor.search.parallel import Background
 from symtensor.search.pool import Costed, EvaluatorPool
@@ -256,21 +255,12 @@ def point_bound(pool: EvaluatorPool, base: dict, vpps: list[int]) -> float:
 
 
 # -- hybrid sharding: a variant of a costed point ---------------------------------------------------
-def dense_group(ev, layouts: dict) -> frozenset:
-    """The mesh axes of the dense data-parallel group (dp x cp) of ``layouts``: those over which
-    the attention core's parameters are data-parallel (``cost.params.data_axes``)."""
-    core = next((op for op in ev.graph.ops if op.kind == "attention"), None)
-    if core is None:
-        return frozenset()
-    return data_axes(layouts.get(core.name, REPLICATED), weight_axes(ev.param_ops, layouts))
-
-
 def shard_sizes(ev, layouts: dict, zero: int) -> list[int]:
     """The hybrid-sharding degrees (``Parallelism.dp_shard``) worth costing for ``layouts``: the
     ranks of the dense data-parallel group on a whole number of inner cluster levels, short of the
     whole group (one node's ranks on a two-level cluster); none at ZeRO 0 or when the group lies
     on one level."""
-    group = dense_group(ev, layouts)
+    group = dense_group(ev.graph, layouts, ev.param_ops)
     if zero == 0 or not group:
         return []
     total = ev.mesh.size(tuple(group))
@@ -293,7 +283,7 @@ def hybrid_variant(ev, point: Costed, flat: Costed | None = None) -> tuple[Coste
     if not point.report.fits or point.train.dp_replicate is not None:
         return flat, None, False
     best, note, overflowed = flat, None, False
-    group = ev.mesh.size(tuple(dense_group(ev, point.layouts)))
+    group = ev.mesh.size(tuple(dense_group(ev.graph, point.layouts, ev.param_ops)))
     for n in shard_sizes(ev, point.layouts, point.train.zero):
         train = point.train.replace(dp_replicate=group // n)
         rep = ev.evaluate(point.layouts, train, check=False)
