@@ -232,16 +232,16 @@ def _megatron_peak_chunks(pp: int, v: int, m: int, rank: int, weights=None) -> t
 @pytest.mark.parametrize("pp, v, m", [(2, 2, 4), (4, 2, 8), (4, 3, 12), (8, 4, 64), (8, 2, 8), (4, 4, 8), (2, 3, 6)])
 def test_interleaved_ranks_hold_what_megatrons_schedule_holds(pp, v, m):
     """Every rank's activations in flight under the interleaved schedule (``pipeline.inflight``, in micro-batches
-    of the rank's layers) and its loss's (``pipeline.loss_inflight``: the last chunk's), against a replay of
+    of the rank's layers) and its loss's (``pipeline.chunk_inflight``'s last chunk), against a replay of
     Megatron's schedule. Until the twelfth session every rank but the first was counted as under plain 1F1B
     (pp - s micro-batches: the last rank held 1, where Megatron's holds ((v - 1) pp + 1) / v)."""
-    from symtensor.cost.pipeline import inflight, loss_inflight
+    from symtensor.cost.pipeline import chunk_inflight, inflight
 
     train = TrainConfig(global_batch=m, micro_steps=m, pp=pp, vpp=v)
     for rank in range(pp):
         chunks, last = _megatron_peak_chunks(pp, v, m, rank)
         assert inflight(rank, train) == pytest.approx(chunks / v), rank
-        assert loss_inflight(rank, train) == last, rank
+        assert chunk_inflight(rank, train)[-1] == last, rank
     plain = TrainConfig(global_batch=m, micro_steps=m, pp=pp)
     assert [inflight(s, plain) for s in range(pp)] == [min(m, pp - s) for s in range(pp)]
 

@@ -253,13 +253,6 @@ def chunk_inflight(s: int, train: TrainConfig, weights: list[float] | None = Non
     return best
 
 
-def loss_inflight(s: int, train: TrainConfig) -> float:
-    """Micro-batches whose loss (and LM head) activations rank ``s`` holds at once where it holds the most chunks:
-    the loss is the last model chunk's (``chunk_inflight``'s last): one on the last rank in the steady state, where
-    ``inflight`` counts ((vpp - 1) pp + 1) / vpp of every chunk; under 1F1B as ``inflight``."""
-    return chunk_inflight(s, train)[-1]
-
-
 def held_activations(s: int, train: TrainConfig, acts: list[float], total: float, first: float = 0.0,
                      last: float = 0.0) -> tuple[float, float]:
     """Activation bytes rank ``s`` holds where it holds the most: of its transformer layers, and of the ops before
