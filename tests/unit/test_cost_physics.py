@@ -286,11 +286,32 @@ def test_tensor_parallel_domain_is_the_calibration_rows():
         assert tps and (min(tps), max(tps)) == (lo, hi)
 
 
+def test_width_domain_is_the_calibration_rows():
+    """``bands.WIDTH`` is the range of hidden sizes of the models of each device's time rows, as the calibration
+    files hold them (A100: Korthikanti et al. 2022's GPT 22B to 1T; H100: NeMo's Llama 3.1 8B to 405B)."""
+    rows = [r for r in calibration.load_rows() if r.metric in calibration.TIME_METRICS]
+    for device, (lo, hi) in bands.WIDTH.items():
+        widths = [int(r.fields["hidden"]) for r in rows if r.device == device]
+        assert widths and (min(widths), max(widths)) == (lo, hi)
+
+
+def test_a_model_narrower_than_the_rows_is_widened():
+    """A 1.3B model (hidden 2,048) on H100 is narrower than every H100 row's (Llama 3.1 8B's 4,096 and up): its
+    band widens along ``width`` and says so; Llama 3 8B keeps the calibrated band."""
+    narrow = evaluation_json(api.evaluate("gpt3-1.3b", "dgx-h100", 64, tp=1, zero=1, global_batch=512))
+    calibrated = evaluation_json(api.evaluate("llama3-8b", "dgx-h100", 64, tp=1, zero=1, global_batch=512))
+    assert narrow["band_widened"] == ["width"] and not narrow["band_calibrated"]
+    assert calibrated["band_widened"] == [] and calibrated["band_calibrated"]
+    lo, hi = bands.RESIDUALS[("H100", "dense 3D")]
+    w, step = bands.WIDEN["width"], narrow["step_time_s"]
+    assert narrow["step_time_band_s"] == pytest.approx([step / (1 + hi + w), step / (1 + lo - w)])
+
+
 def test_a_plan_outside_the_rows_tensor_parallel_degree_is_widened():
     """A data-parallel A100 plan is not what A100's base range was measured on (every A100 row runs TP 8):
     its band widens along ``parallelism`` and says so; a TP-8 A100 plan and a TP-1 H100 plan (H100 rows run
-    TP 1 to 8) keep the calibrated band."""
-    a100 = {tp: evaluation_json(api.evaluate("gpt3-6.7b", "dgx-a100-80g", 64, tp=tp, zero=1, global_batch=512))
+    TP 1 to 8) keep the calibrated band (a model as wide as the rows': GPT 22B, ``bands.WIDTH``)."""
+    a100 = {tp: evaluation_json(api.evaluate("gpt-22b", "dgx-a100-80g", 64, tp=tp, zero=1, global_batch=512))
             for tp in (1, 8)}
     assert a100[1]["band_widened"] == ["parallelism"] and not a100[1]["band_calibrated"]
     assert a100[8]["band_widened"] == [] and a100[8]["band_calibrated"]

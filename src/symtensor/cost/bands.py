@@ -17,7 +17,9 @@ expected in [step / (1 + hi), step / (1 + lo)]. It is built by one documented ru
    experts: no rows), the precision (FP8: no rows), the scale (devices outside 8 .. 2,240), the network
    (inter-node bandwidth per GPU outside 25 .. 50 GB/s, the DGX A100 and DGX H100 rails), the parallelism
    (a tensor-parallel degree outside those of the device's own time rows, ``TENSOR_PARALLEL``: every A100
-   row runs TP 8, so a data-parallel A100 plan is not what its base range was measured on).
+   row runs TP 8, so a data-parallel A100 plan is not what its base range was measured on), the model's width
+   (a hidden size outside those of the device's own time rows, ``WIDTH``: a narrower model runs GEMMs of shapes
+   no row ran and a larger share of memory-bound and host work than any row holds).
 3. The range never goes below -0.6 (a prediction 2.5x too fast) nor above +1.5.
 
 The widths are stated guesses of how much each unmodelled difference moves a step, sized from what was
@@ -50,12 +52,17 @@ DOMAIN = {"engine": ("megatron",), "precision": ("bf16", "fp16"), "devices": (8,
 # 2022 runs are all TP 8, calibration_h100.csv's NeMo runs TP 1, 4 and 8 (tests/unit/test_cost_physics.py reads
 # them back from the files)
 TENSOR_PARALLEL = {"A100": (8, 8), "H100": (1, 8)}
+# (smallest, largest) hidden size of the models of each device table's time rows: calibration.csv's GPT 22B to 1T,
+# calibration_h100.csv's Llama 3.1 8B to 405B (tests/unit/test_cost_physics.py reads them back from the files)
+WIDTH = {"A100": (6144, 25600), "H100": (4096, 16384)}
 # residual widened on each side per dimension outside the domain (rule 2 of the module docstring); parallelism's
 # is the A100's measured sustained clock against the burst its TP-8 rows ran at (1 - 1,200 / 1,410 MHz,
 # ``kernels.A100_SUSTAINED_CLOCK``): a data-parallel A100 step may run at either (published data-parallel A100
 # runs match the sustained one, tests/unit/test_published_mfu.py)
+# width's is the engine's, a guess of the same kind: what no row measured (other GEMM shapes, the memory-bound
+# and host share of a narrow model's step) moves a step about as much as a stack nobody calibrated
 WIDEN = {"device": 0.10, "engine": 0.15, "regime": 0.10, "family": 0.15, "precision": 0.10, "scale": 0.05,
-         "network": 0.05, "parallelism": round(1 - kernels.A100_SUSTAINED_CLOCK, 3)}
+         "network": 0.05, "parallelism": round(1 - kernels.A100_SUSTAINED_CLOCK, 3), "width": 0.15}
 LIMITS = (-0.6, 1.5)
 
 
@@ -103,9 +110,9 @@ def verdict(a: Band, b: Band, a_s: float, b_s: float) -> str:
 
 def outside(*, framework: str = "megatron", regime: str = "dense 3D", precision: str = "bf16",
             devices: int | None = None, network_gbps_per_device: float | None = None,
-            table: str | None = None, tp: int | None = None) -> tuple[str, ...]:
+            table: str | None = None, tp: int | None = None, hidden: int | None = None) -> tuple[str, ...]:
     """The dimensions (``WIDEN`` keys but ``device``) along which a prediction leaves ``DOMAIN`` (and, for a
-    device ``table`` with rows of its own, its rows' ``TENSOR_PARALLEL`` degrees)."""
+    device ``table`` with rows of its own, its rows' ``TENSOR_PARALLEL`` degrees and ``WIDTH``)."""
     out = []
     if framework not in DOMAIN["engine"]:
         out.append("engine")
@@ -124,21 +131,25 @@ def outside(*, framework: str = "megatron", regime: str = "dense 3D", precision:
     lo, hi = TENSOR_PARALLEL.get(table, (None, None))
     if tp is not None and lo is not None and not lo <= tp <= hi:
         out.append("parallelism")
+    lo, hi = WIDTH.get(table, (None, None))
+    if hidden is not None and lo is not None and not lo <= hidden <= hi:
+        out.append("width")
     return tuple(out)
 
 
 def band_of(step_s: float, device_name: str, *, zero: int, seq: int, lora: bool, moe: bool, framework: str,
             precision: str = "bf16", devices: int | None = None,
-            network_gbps_per_device: float | None = None, tp: int | None = None) -> Band:
+            network_gbps_per_device: float | None = None, tp: int | None = None, hidden: int | None = None
+            ) -> Band:
     """The band of a prediction for a configuration on a device (its own table and regime, the rule of
     the module docstring): a device that borrows another's table (``efficiency.TRANSFERS``) has no
-    calibration rows, so no measured range of its own."""
+    calibration rows, so no measured range of its own. ``hidden``: the model's hidden size (``WIDTH``)."""
     from symtensor.cost.efficiency import own_table
 
     regime = regime_of(zero=zero, seq=seq, lora=lora, moe=moe, framework=framework)
     table = own_table(device_name)
     dims = outside(framework=framework, regime=regime, precision=precision, devices=devices,
-                   network_gbps_per_device=network_gbps_per_device, table=table, tp=tp)
+                   network_gbps_per_device=network_gbps_per_device, table=table, tp=tp, hidden=hidden)
     return band(step_s, table or device_name, regime, dims)
 
 

@@ -49,7 +49,7 @@ def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: 
     residuals of the user's own runs where the cluster file was calibrated on them (``symtensor
     calibrate --runs``), else the shipped calibration's for its device and regime, widened along
     each dimension the prediction leaves the calibrated domain (precision, scale, network
-    bandwidth per device: the outermost level's, the tensor-parallel degree ``tp``)."""
+    bandwidth per device: the outermost level's, the tensor-parallel degree ``tp``, the model's width)."""
     from symtensor.cost.bands import band_of, from_residuals
 
     if cluster.band is not None:
@@ -57,7 +57,7 @@ def config_band(cfg, cluster, step_s: float, *, zero: int, seq: int, framework: 
     network = cluster.levels[-1].bandwidth / 1e9 if cluster.nodes > 1 else None
     return band_of(step_s, cluster.device.name, zero=zero, seq=seq, lora=cfg.lora_rank > 0, moe=cfg.is_moe,
                    framework=framework, precision=precision, devices=cluster.n_devices,
-                   network_gbps_per_device=network, tp=tp)
+                   network_gbps_per_device=network, tp=tp, hidden=cfg.hidden)
 
 
 def evaluation_json(plan: Plan) -> dict:
