@@ -57,7 +57,8 @@ can identify closes the 8-20% left (leave-one-source-out on rows that are all te
 What the published data-parallel runs pay beyond that is for a user's own runs to calibrate (``calibrate
 --runs``, issue 22 point 4); the error band says so (``cost.bands``: an A100 plan below the calibration
 rows' tensor-parallel degree, 8, is widened along ``parallelism``). H100: the GEMMs run at the GH100's sustained
-ceiling (MSMF, cost/kernels.py); the 0.35-1.3B cases are 2-10 points above llm-foundry's 26-45%. Strict: a
+ceiling (MSMF, cost/kernels.py); the 0.35-1.3B cases are 2-10 points above llm-foundry's 26-45% (narrower than
+every H100 calibration row, their bands widen along ``width``, ``cost.bands.WIDTH``). Strict: a
 change that brings one inside fails here until it is taken off the list.
 """
 
