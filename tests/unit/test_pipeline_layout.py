@@ -279,3 +279,22 @@ def test_an_uneven_interleaved_layout_holds_each_chunks_own_activations():
     peak, _ = _megatron_peak_chunks(2, 2, 8, 0, [5, 1])
     assert peak > 5 * 3  # (the first step's count of the rank's mean: what was charged before)
     assert uneven["activations_layers"] == pytest.approx(per_layer * peak, rel=1e-9)
+
+
+def test_explain_shows_each_ranks_chunks_in_flight():
+    """``explain`` of an interleaved plan says what each rank holds where it holds the most (``analysis.explain
+    .in_flight``): the layers of its model chunks, the micro-batches of each then (the replay's weighted peak), and
+    the activations the memory terms count."""
+    from symtensor.analysis.explain import explain_plan
+    from symtensor.api import evaluate
+    from symtensor.hardware import GIB
+
+    kw = dict(tp=1, pp=2, vpp=2, global_batch=8, micro_batch=1, seq=128, overrides={"layers": 12})
+    plan = evaluate("tiny-llama", "dgx-h100", 2, pp_layout="Et*5|t*3|t|t*3L", **kw)
+    out = explain_plan(plan)["in_flight"]
+    first = out["ranks"][0]
+    assert first["chunk_layers"] == [5, 1] and out["ranks"][1]["chunk_layers"] == [3, 3]
+    peak, _ = _megatron_peak_chunks(2, 2, 8, 0, [5, 1])
+    assert sum(n * k for n, k in zip(first["micro_batches"], first["chunk_layers"])) == peak
+    assert first["activations_gib"] == pytest.approx(plan.report.memory["activations"] / GIB, rel=1e-9)
+    assert out["verdict"].startswith("pipeline rank 0 holds the most activations")

@@ -83,6 +83,8 @@ def explain_plan(plan, op: str | None = None, formulas: bool = False) -> dict:
                                              plan.train.zero)
     if plan.train.layer_split is not None:  # (a plan with the rule's split says nothing of it, as before)
         out["pipeline"] = pipeline_split_why(plan, problem.ev, layouts)
+    if plan.train.vpp > 1:  # (the interleaved schedule's activations in flight, chunk by chunk)
+        out["in_flight"] = in_flight(plan, problem.ev, layouts)
     assumed = description_notes(plan)  # (what the costing assumes of the run: packed documents)
     if assumed:
         out["assumptions"] = assumed
@@ -180,6 +182,37 @@ def pipeline_split_why(plan, ev, layouts) -> dict:
     return {"layer_split": list(split), "layout": layout_string(split), "rank_seconds": list(ours),
             "rule_split": list(even), "rule_rank_seconds": list(theirs), "rule_step_time_s": rule.step_time_s,
             "verdict": verdict}
+
+
+def in_flight(plan, ev, layouts) -> dict:
+    """Under the interleaved schedule, what each pipeline rank holds where it holds the most (``cost.memory``'s
+    activations, ``cost.pipeline.held_activations``): the layers of each of its model chunks (virtual stages s,
+    s + pp, ...) and the micro-batches of each in flight then, its activations in GiB; and a line for the rank that
+    holds the most."""
+    from symtensor.cost.memory import layer_activations
+    from symtensor.cost.pipeline import held_activations
+
+    train, pp = plan.train, plan.train.pp
+    chunks = train.chunk_layers(plan.model.layers)
+    ranks = []
+    for s, st in enumerate(ev.stages(layouts, train)):
+        total, _, acts = layer_activations(st, train)
+        layers, other, counts = held_activations(s, train, acts, total, st.other_saved - st.loss_saved,
+                                                 st.loss_saved)
+        ranks.append({"rank": s, "chunk_layers": list(chunks[s::pp]), "micro_batches": list(counts),
+                      "activations_gib": (layers + other) / GIB})
+    top = max(ranks, key=lambda r: r["activations_gib"])
+    runs: list = []  # consecutive chunks of equal layers and micro-batches: [first, last, layers, micro-batches]
+    for c, (k, n) in enumerate(zip(top["chunk_layers"], top["micro_batches"])):
+        if runs and runs[-1][2:] == [k, n]:
+            runs[-1][1] = c
+        else:
+            runs.append([c, c, k, n])
+    held = ", ".join(f"{n} of chunk{f's {a}-{b}' if b > a else f' {a}'} ({k} layer{'s' if k != 1 else ''}"
+                     f"{' each' if b > a else ''})" for a, b, k, n in runs)
+    verdict = (f"pipeline rank {top['rank']} holds the most activations, {top['activations_gib']:.2f} GiB, where its "
+               f"held model chunks weigh the most in Megatron's interleaved schedule: micro-batches {held}")
+    return {"ranks": ranks, "verdict": verdict}
 
 
 def _groups(plan, problem) -> list[tuple]:

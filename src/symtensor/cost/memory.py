@@ -214,6 +214,25 @@ def nccl_bytes(groups) -> float:
     return sum(NCCL_PAIR_BYTES if g == 2 else NCCL_GROUP_BYTES for g in groups if g > 1)
 
 
+def layer_activations(st: Stage, train: TrainConfig) -> tuple[float, float, list[float]]:
+    """What stage ``st``'s transformer layers hold of one micro-batch under ``train``'s recomputation, the most one
+    layer's recomputation brings back at once, and the first per model chunk in its proportions (empty under
+    1F1B): the layers' inputs under full recomputation, what torchtitan's checkpointing keeps under its modes, else
+    what they save, less what lives in host memory."""
+    if train.recompute == "full":
+        redo = max(st.layer_saved, default=0.0)
+        if engine_of(train).timed_peak and st.layer_saved:  # torchtitan: the checkpoint keeps the block's input,
+            # which the re-run forward reads in place (counted once, as under layer:N: ``Segment._kept``)
+            redo -= st.layer_inputs / len(st.layer_saved)
+        return st.layer_inputs, redo, st.chunk_inputs
+    if train.recompute not in RECOMPUTE:  # torchtitan's per-op or every-N-th-layer checkpointing
+        return st.layer_kept, st.rematerialised, st.chunk_kept
+    # less what lives in host memory: the first N layers' saved activations (at most layers - N sets on the device
+    # at once: ``cost.engine.CPU_OFFLOAD``) or the offloaded modules' inputs of every layer (``cost.offload``);
+    # nothing without offloading (what lives in host memory taken from each chunk alike)
+    return sum(st.layer_saved) - sum(offloaded(st, train)), 0.0, st.chunk_saved
+
+
 def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicators=None) -> tuple[dict, float, float]:
     """Per-stage memory; returns the terms of the stage whose device peak is the largest (bytes; ``TERMS``),
     the allocated peak and the device's reserved peak (both the largest over the stages).
@@ -228,27 +247,14 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
     context = CUDA_CONTEXT_BYTES if device is not None else 0.0
     best, alloc_peak, peak = None, -1.0, -1.0
     for s, st in enumerate(stages):
-        if train.recompute == "full":
-            layers_act, chunks = st.layer_inputs, st.chunk_inputs
-            redo = max(st.layer_saved, default=0.0)
-            if eng.timed_peak and st.layer_saved:  # torchtitan: the checkpoint keeps the block's input, which the
-                # re-run forward reads in place (counted once, as under layer:N: ``Segment._kept``)
-                redo -= st.layer_inputs / len(st.layer_saved)
-        elif train.recompute not in RECOMPUTE:  # torchtitan's per-op or every-N-th-layer checkpointing
-            layers_act, redo, chunks = st.layer_kept, st.rematerialised, st.chunk_kept
-        else:
-            # less what lives in host memory: the first N layers' saved activations (at most layers - N sets on
-            # the device at once: ``cost.engine.CPU_OFFLOAD``) or the offloaded modules' inputs of every layer
-            # (``cost.offload``); nothing without offloading
-            layers_act, redo = sum(st.layer_saved) - sum(offloaded(st, train)), 0.0
-            chunks = st.chunk_saved  # (what lives in host memory taken from each chunk alike)
+        layers_act, redo, chunks = layer_activations(st, train)
         held = inflight(s, train)
         paired = ep_overlap_layer(st, train, held)
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]
         # (the embedding's activations are the first model chunk's, the loss's the last one's)
-        layers_held, other = held_activations(s, train, chunks, layers_act, st.other_saved - st.loss_saved,
-                                              st.loss_saved)
+        layers_held, other, _ = held_activations(s, train, chunks, layers_act, st.other_saved - st.loss_saved,
+                                                 st.loss_saved)
         mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
                "activations": layers_held + other + paired,
                "activations_layers": layers_held + paired,

@@ -304,6 +304,11 @@ class Evaluator:
             self.check(layouts, train)
         return _Accumulator(self, layouts, train).run()
 
+    def stages(self, layouts: dict[str, OpLayout], train: TrainConfig) -> list[Stage]:
+        """The pipeline stages' sums of ``evaluate`` (what ``explain`` reads beside the report: each rank's model
+        chunks)."""
+        return _Accumulator(self, layouts, train).accumulate()
+
     def step_floor(self, train: TrainConfig) -> float:
         """A lower bound of the step time of every plan of this graph with ``train``'s micro-batches
         and recomputation, whatever its layouts, pipeline and ZeRO stage: every whole op (forward,
@@ -414,6 +419,11 @@ class _Accumulator:
         return self.layouts.get(op.name, REPLICATED)
 
     def run(self) -> CostReport:
+        self.accumulate()
+        return self._finish()
+
+    def accumulate(self) -> list[Stage]:
+        """Each pipeline stage's sums of its segments (costed, memoised), before the step is put together."""
         ev, train = self.ev, self.train
         layers = ev.graph.meta["layers"]
         pieces: dict = {}  # (id(ops), id(external), cross, BF16) -> (segment, params), once per evaluation
@@ -442,7 +452,7 @@ class _Accumulator:
                 self.stages[s].add_to_chunk(seg, chunk[layer], train.vpp)
         for (s, _, _), (seg, params, times) in counts.items():
             self.stages[s].add(seg, params, times)
-        return self._finish()
+        return self.stages
 
     def _params(self, sig_id, ops, lay, low: bool = True) -> Params:
         """The segment's parameters; ``low``: not a layer kept in BF16 (``TrainConfig.bf16_span``), so under

@@ -254,9 +254,10 @@ def chunk_inflight(s: int, train: TrainConfig, weights: list[float] | None = Non
 
 
 def held_activations(s: int, train: TrainConfig, acts: list[float], total: float, first: float = 0.0,
-                     last: float = 0.0) -> tuple[float, float]:
+                     last: float = 0.0) -> tuple[float, float, list]:
     """Activation bytes rank ``s`` holds where it holds the most: of its transformer layers, and of the ops before
-    and after them (the embedding's ``first``, on the first model chunk, and the loss's ``last``, on the last).
+    and after them (the embedding's ``first``, on the first model chunk, and the loss's ``last``, on the last);
+    and the micro-batches of each model chunk it holds then (``chunk_inflight``).
     ``acts``: per model chunk, its layers' bytes per micro-batch in their proportions (empty under 1F1B), scaled to
     ``total``, the rank's layers' bytes per micro-batch; each chunk counts the micro-batches of it in flight
     (``chunk_inflight``). Where the chunks weigh alike, the layers' ``total`` times ``inflight``, as every chunk was
@@ -264,12 +265,12 @@ def held_activations(s: int, train: TrainConfig, acts: list[float], total: float
     2 pp - 1 times, its others pp, and a heavier chunk 0 more than that later in its steady state)."""
     if train.vpp == 1 or not acts or not sum(acts):
         n = chunk_inflight(s, train)
-        return total * inflight(s, train), first * n[0] + last * n[-1]
+        return total * inflight(s, train), first * n[0] + last * n[-1], n
     scaled = [a * total / sum(acts) for a in acts]
     weights = [a + (first if c == 0 else 0.0) + (last if c == len(acts) - 1 else 0.0) for c, a in enumerate(scaled)]
     n = chunk_inflight(s, train, weights)
     layers = total * inflight(s, train) if len(set(acts)) <= 1 else sum(k * a for k, a in zip(n, scaled))
-    return layers, first * n[0] + last * n[-1]
+    return layers, first * n[0] + last * n[-1], n
 
 
 def rank_seconds(seconds: dict[int, float], counts: tuple[int, ...], pp: int) -> list[float]:

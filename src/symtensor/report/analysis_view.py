@@ -65,6 +65,8 @@ def print_explain(console, out: dict, full: bool) -> None:
         print_memory(console, out["memory"])
     if "pipeline" in out:
         console.print(f"pipeline: {out['pipeline']['verdict']}", markup=False)
+    if "in_flight" in out:
+        console.print(f"in flight: {out['in_flight']['verdict']}", markup=False)
     if full:
         for lt in out["layer_types"]:
             print_candidates(console, lt)
