@@ -211,7 +211,7 @@ def in_flight(plan, ev, layouts) -> dict:
     held = ", ".join(f"{n} of chunk{f's {a}-{b}' if b > a else f' {a}'} ({k} layer{'s' if k != 1 else ''}"
                      f"{' each' if b > a else ''})" for a, b, k, n in runs)
     verdict = (f"pipeline rank {top['rank']} holds the most activations, {top['activations_gib']:.2f} GiB, where its "
-               f"held model chunks weigh the most in Megatron's interleaved schedule: micro-batches {held}")
+               f"held model chunks weigh the most in the interleaved schedule: micro-batches {held}")
     return {"ranks": ranks, "verdict": verdict}
 
 
