@@ -96,14 +96,13 @@ def _bound_and_search(pool: EvaluatorPool, bases: list[dict], mine=None, beat: f
     (costed only when nothing fits, after every other point), (1, ...). ``beat``:
     ``megatron_grid``'s."""
     floor = _floor_share(pool, bases[0]["global_batch"]) if bases and beat < math.inf else 0.0
-    e2e = pool.get(bases[0]["global_batch"], 1).eff.end_to_end if bases else None
     heap = []  # (bound, index, tier, base, vpps, host): the index breaks ties as the serial order does
     for index, base in enumerate(bases):
         if mine is not None and not mine(base):
             continue
         vpps = virtual_stages(pool.cfg.layers, base["pp"])
         m = base["global_batch"] // (base["micro_batch"] * base["dp"])
-        host = _host_share(e2e, base, vpps)
+        host = _host_share(pool.end_to_end, base, vpps)
         heap.append((floor * (1 + (base["pp"] - 1) / (vpps[-1] * m)) + host, index, 0, base, vpps, host))
     heapq.heapify(heap)
     totals: dict = {}  # inner grid -> (the point that costs it, its compute, the sum of its layer costs)

@@ -9,8 +9,10 @@ the search as a ``plan.Plan`` (``EvaluatorPool.plan``), which names mesh axes in
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from symtensor.cost import RECOMPUTE, CostReport, Evaluator, TrainConfig
+from symtensor.cost.efficiency import efficiency_for
 from symtensor.cost.engine import (
     GRADIENTS,
     OPTIMIZER,
@@ -272,6 +274,12 @@ class EvaluatorPool:
                     counts.setdefault((ev.op_sig(op), role), [0, op, role])[0] += 1
             hit = self._op_runs[graph_batch] = [tuple(v) for v in counts.values()]
         return hit
+
+    @cached_property
+    def end_to_end(self):
+        """The end-to-end constants (``EndToEnd``) every evaluator of this pool costs with (``Evaluator.eff``'s),
+        without building one."""
+        return efficiency_for(self.cluster, self.framework).end_to_end
 
     def get(self, graph_batch: int, pp: int) -> Evaluator:
         """The evaluator of one micro-step batch and pipeline depth."""
