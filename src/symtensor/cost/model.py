@@ -105,6 +105,7 @@ class Evaluator:
         self._regions: dict = {}  # recomputation -> its checkpointed regions (``recompute_regions``)
         self._extra_cache: dict = {}  # (equal-op id, layout uid, loss kernel) -> ``extra_saved_bytes``
         self._factors: dict = {}  # TensorLayout -> devices that split it (``factor``)
+        self._placements: dict = {}  # (pp, layers per virtual stage) -> ``placement``
         self.expert_ops = frozenset(op.name for op in graph.ops if moe.expert_op(op))  # ``moe.expert_op``, by name
         self.segments = self._index_segments()
 
@@ -113,7 +114,8 @@ class Evaluator:
         (``EvaluatorPool.release``): a costed segment names its evaluator, a reference cycle that only
         Python's cyclic collector would free, and it is paused over a plan."""
         for cache in (self._op_cache, self._segment_cache, self._boundary_seconds, self._segment_params_cache,
-                      self._wiring_cache, self._floor_cache, self._regions, self._extra_cache, self._factors):
+                      self._wiring_cache, self._floor_cache, self._regions, self._extra_cache, self._factors,
+                      self._placements):
             cache.clear()
 
     # -- graph facts ------------------------------------------------------------------------
@@ -270,26 +272,27 @@ class Evaluator:
             if why is not None:
                 raise PlanError(f"op {op.name}: {why}")
 
-    def virtual_stage_of(self, train: TrainConfig) -> dict[int, int]:
-        """The virtual stage k (``TrainConfig.chunk_layers``: Megatron's layout order) of each transformer layer."""
-        out, start = {}, 0
-        for k, c in enumerate(train.chunk_layers(self.graph.meta["layers"])):
-            for layer in range(start, start + c):
-                out[layer] = k
-            start += c
-        return out
+    def placement(self, train: TrainConfig) -> tuple[dict[int, int], dict[int, int]]:
+        """The pipeline rank of each layer index (-1: the embedding, on the first; ``layers``: the head and loss,
+        on the last) and the model chunk of its rank of each transformer layer: virtual stage k
+        (``TrainConfig.chunk_layers``, Megatron's layout order) is chunk k // pp on rank k % pp, as Megatron's
+        interleaved schedule places its chunks. Memoised per split (every evaluation reads it)."""
+        layers = self.graph.meta["layers"]
+        split = train.chunk_layers(layers)
+        key = (train.pp, split)
+        hit = self._placements.get(key)
+        if hit is None:
+            stage, chunk, start = {-1: 0, layers: train.pp - 1}, {}, 0
+            for k, c in enumerate(split):
+                for layer in range(start, start + c):
+                    stage[layer], chunk[layer] = k % train.pp, k // train.pp
+                start += c
+            hit = self._placements[key] = (stage, chunk)
+        return hit
 
     def stage_of(self, train: TrainConfig) -> dict[int, int]:
-        """The pipeline rank of each layer index (-1: the embedding, on the first; ``layers``: the
-        head and loss, on the last): virtual stage k (``virtual_stage_of``) is on rank k % pp, as
-        Megatron's interleaved schedule places its chunks."""
-        layers = self.graph.meta["layers"]
-        return {-1: 0, layers: train.pp - 1, **{i: k % train.pp for i, k in self.virtual_stage_of(train).items()}}
-
-    def chunk_of(self, train: TrainConfig) -> dict[int, int]:
-        """The model chunk of its rank (k // pp of its virtual stage k, ``virtual_stage_of``) of each transformer
-        layer."""
-        return {i: k // train.pp for i, k in self.virtual_stage_of(train).items()}
+        """The pipeline rank of each layer index (``placement``)."""
+        return self.placement(train)[0]
 
     def evaluate(self, layouts: dict[str, OpLayout], train: TrainConfig, check: bool = True) -> CostReport:
         if train.pp != self.pp:
@@ -429,7 +432,7 @@ class _Accumulator:
         pieces: dict = {}  # (id(ops), id(external), cross, BF16) -> (segment, params), once per evaluation
         counts: dict = {}  # (stage, segment, params) -> identical layers
         stage = self.stage
-        chunk = ev.chunk_of(train) if train.vpp > 1 else None
+        chunk = ev.placement(train)[1] if train.vpp > 1 else None
         for sig_id, ops, external, layer, repeated in ev.segments:
             s = stage[layer]
             # the producer of a repeated layer's input is the layer just before it
