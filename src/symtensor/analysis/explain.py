@@ -186,19 +186,16 @@ def pipeline_split_why(plan, ev, layouts) -> dict:
 
 def in_flight(plan, ev, layouts) -> dict:
     """Under the interleaved schedule, what each pipeline rank holds where it holds the most (``cost.memory``'s
-    activations, ``cost.pipeline.held_activations``): the layers of each of its model chunks (virtual stages s,
+    activations, ``cost.memory.stage_activations``): the layers of each of its model chunks (virtual stages s,
     s + pp, ...) and the micro-batches of each in flight then, its activations in GiB; and a line for the rank that
     holds the most."""
-    from symtensor.cost.memory import layer_activations
-    from symtensor.cost.pipeline import held_activations
+    from symtensor.cost.memory import stage_activations
 
     train, pp = plan.train, plan.train.pp
     chunks = train.chunk_layers(plan.model.layers)
     ranks = []
     for s, st in enumerate(ev.stages(layouts, train)):
-        total, _, acts = layer_activations(st, train)
-        layers, other, counts = held_activations(s, train, acts, total, st.other_saved - st.loss_saved,
-                                                 st.loss_saved)
+        layers, other, _, counts = stage_activations(s, st, train)
         ranks.append({"rank": s, "chunk_layers": list(chunks[s::pp]), "micro_batches": list(counts),
                       "activations_gib": (layers + other) / GIB})
     top = max(ranks, key=lambda r: r["activations_gib"])

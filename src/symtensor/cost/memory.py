@@ -233,6 +233,16 @@ def layer_activations(st: Stage, train: TrainConfig) -> tuple[float, float, list
     return sum(st.layer_saved) - sum(offloaded(st, train)), 0.0, st.chunk_saved
 
 
+def stage_activations(s: int, st: Stage, train: TrainConfig) -> tuple[float, float, float, list]:
+    """What pipeline rank ``s`` (stage ``st``) holds where it holds the most: its layers' activations, those of
+    the ops before and after them (the embedding's on its first model chunk, the loss's on its last), the most one
+    layer's recomputation brings back at once (``layer_activations``), and the micro-batches of each model chunk
+    it holds then (``pipeline.held_activations``). ``memory_peak`` and ``explain`` read it."""
+    total, redo, chunks = layer_activations(st, train)
+    layers, other, counts = held_activations(s, train, chunks, total, st.other_saved - st.loss_saved, st.loss_saved)
+    return layers, other, redo, counts
+
+
 def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicators=None) -> tuple[dict, float, float]:
     """Per-stage memory; returns the terms of the stage whose device peak is the largest (bytes; ``TERMS``),
     the allocated peak and the device's reserved peak (both the largest over the stages).
@@ -247,14 +257,11 @@ def memory_peak(stages: list[Stage], train: TrainConfig, device=None, communicat
     context = CUDA_CONTEXT_BYTES if device is not None else 0.0
     best, alloc_peak, peak = None, -1.0, -1.0
     for s, st in enumerate(stages):
-        layers_act, redo, chunks = layer_activations(st, train)
+        layers_held, other, redo, _ = stage_activations(s, st, train)
         held = inflight(s, train)
         paired = ep_overlap_layer(st, train, held)
         gathered = gathered_transient(st, train)
         state = st.static["params"] + st.static["grads"] + st.static["optimizer"]
-        # (the embedding's activations are the first model chunk's, the loss's the last one's)
-        layers_held, other, _ = held_activations(s, train, chunks, layers_act, st.other_saved - st.loss_saved,
-                                                 st.loss_saved)
         mem = {"params": st.static["params"], "grads": st.static["grads"], "optimizer": st.static["optimizer"],
                "activations": layers_held + other + paired,
                "activations_layers": layers_held + paired,
