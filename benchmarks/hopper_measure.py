@@ -305,6 +305,95 @@ def expert_mlp(dev, hidden, ffn, experts, tokens_per_expert, grouped: bool):
     return run, e * t * (2 * h * 2 * f + 2 * f * h) * 3
 
 
+CPP_LOOP = r"""
+#include <torch/extension.h>
+// The expert MLP's GEMMs, one per expert, from C++ (as Transformer Engine's grouped GEMM loops over its GEMMs in
+// C++): forward gate/up and down, backward their input and weight gradients; the SwiGLU in between is one kernel
+// over all experts, as in the Python loop.
+void expert_loop(at::Tensor x, at::Tensor w1, at::Tensor w2, at::Tensor out1, at::Tensor act, at::Tensor out2,
+                 at::Tensor g2, at::Tensor dact, at::Tensor dout1, at::Tensor dx, at::Tensor dw1, at::Tensor dw2,
+                 int64_t e, int64_t t, int64_t f) {
+  for (int64_t i = 0; i < e; ++i) {
+    at::Tensor o = out1.narrow(0, i * t, t);
+    at::mm_out(o, x.narrow(0, i * t, t), w1[i].t());
+  }
+  at::mul_out(act, at::silu(out1.narrow(1, 0, f)), out1.narrow(1, f, f));
+  for (int64_t i = 0; i < e; ++i) {
+    at::Tensor o = out2.narrow(0, i * t, t);
+    at::mm_out(o, act.narrow(0, i * t, t), w2[i].t());
+  }
+  for (int64_t i = 0; i < e; ++i) {
+    at::Tensor o = dact.narrow(0, i * t, t), gw = dw2[i];
+    at::mm_out(o, g2.narrow(0, i * t, t), w2[i]);
+    at::mm_out(gw, g2.narrow(0, i * t, t).t(), act.narrow(0, i * t, t));
+  }
+  at::cat_out(dout1, {dact, dact}, 1);
+  for (int64_t i = 0; i < e; ++i) {
+    at::Tensor o = dx.narrow(0, i * t, t), gw = dw1[i];
+    at::mm_out(o, dout1.narrow(0, i * t, t), w1[i]);
+    at::mm_out(gw, dout1.narrow(0, i * t, t).t(), x.narrow(0, i * t, t));
+  }
+}
+"""
+
+
+def expert_host_cpp(dev, smoke):
+    """The per-expert loop driven from C++ (no Python per GEMM): exposed host seconds per local expert."""
+    from torch.utils.cpp_extension import load_inline
+    ext = load_inline("expert_loop_ext", cpp_sources=CPP_LOOP, functions=["expert_loop"], verbose=False)
+    rows = []
+    hidden, ffn = (128, 64) if smoke else (4096, 1536)
+    dt = torch.bfloat16
+    for e, t in ([(4, 64)] if smoke else [(e, t) for e in (4, 8, 16, 32) for t in (128, 512, 1024, 2048)]):
+        total, h, f = e * t, hidden, ffn
+        x = torch.randn(total, h, device=dev, dtype=dt)
+        w1 = torch.randn(e, 2 * f, h, device=dev, dtype=dt) / h**0.5
+        w2 = torch.randn(e, h, f, device=dev, dtype=dt) / f**0.5
+        out1, act = torch.empty(total, 2 * f, device=dev, dtype=dt), torch.empty(total, f, device=dev, dtype=dt)
+        out2, g2 = torch.empty(total, h, device=dev, dtype=dt), torch.randn(total, h, device=dev, dtype=dt)
+        dact, dout1 = torch.empty(total, f, device=dev, dtype=dt), torch.empty(total, 2 * f, device=dev, dtype=dt)
+        dx, dw1, dw2 = torch.empty(total, h, device=dev, dtype=dt), torch.empty_like(w1), torch.empty_like(w2)
+
+        def run():
+            ext.expert_loop(x, w1, w2, out1, act, out2, g2, dact, dout1, dx, dw1, dw2, e, t, f)
+        for _ in range(3):
+            run()
+        eager = []
+        for _ in range(15):
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            run()
+            t_issue = time.perf_counter() - t0
+            if dev.type == "cuda":
+                torch.cuda.synchronize()
+            eager.append((time.perf_counter() - t0, t_issue))
+        row = dict(path="per_expert_cpp", blas="cublas", experts=e, tokens=t, hidden=h, ffn=f,
+                   eager_s=statistics.median(w for w, _ in eager), issue_s=statistics.median(i for _, i in eager))
+        if dev.type == "cuda":
+            graph = torch.cuda.CUDAGraph()
+            s = torch.cuda.Stream()
+            s.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(s):
+                run()
+            torch.cuda.current_stream().wait_stream(s)
+            with torch.cuda.graph(graph):
+                run()
+            replay = []
+            for _ in range(15):
+                torch.cuda.synchronize()
+                t0 = time.perf_counter()
+                graph.replay()
+                torch.cuda.synchronize()
+                replay.append(time.perf_counter() - t0)
+            row["graph_s"] = statistics.median(replay)
+            row["exposed_per_expert_s"] = (row["eager_s"] - row["graph_s"]) / e
+        rows.append(row)
+    log("expert cpp", [(r["experts"], r["tokens"], round(1e6 * r.get("exposed_per_expert_s", 0), 1),
+                        round(1e6 * r["issue_s"] / r["experts"], 1)) for r in rows])
+    return rows
+
+
 def expert_host(dev, smoke, label):
     """Exposed host seconds per local expert: (eager after a sync) - (CUDA-graph replay), per expert."""
     rows = []
@@ -430,7 +519,7 @@ class GPT(torch.nn.Module):
         return F.linear(self.ln(x), self.emb.weight)  # tied head
 
 
-def training_steps(dev, smoke, out_dir, vocab=VOCAB, key="training_steps", compiled=False, only=None):
+def training_steps(dev, smoke, out_dir, vocab=VOCAB, key="training_steps", compiled=False, only=None, fsdp=False):
     """One GPU, eager PyTorch: fp32 parameters, BF16 autocast, SDPA (PyTorch picks the kernel: cuDNN's on
     Hopper), fused AdamW, no recomputation, one micro-batch per step; median step of 6 after 3 warm-up
     steps; the SM clock and power sampled (NVML) through the timed steps."""
@@ -446,13 +535,19 @@ def training_steps(dev, smoke, out_dir, vocab=VOCAB, key="training_steps", compi
         torch.manual_seed(0)
         with torch.device(dev):
             model = GPT(layers, h, heads, f, vocab, seq)
+        if fsdp:  # FSDP2 as torchtitan applies it: each block, then the root; BF16 compute, FP32 reduction
+            from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+            mp = MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            for blk in model.blocks:
+                fully_shard(blk, mp_policy=mp)
+            fully_shard(model, mp_policy=mp)
         opt = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=dev.type == "cuda")
         fwd = torch.compile(model) if compiled else model
         ids = torch.randint(0, vocab, (mb, seq), device=dev)
         params = sum(p.numel() for p in model.parameters())
 
         def step():
-            with torch.autocast(dev.type, dtype=torch.bfloat16):
+            with torch.autocast(dev.type, dtype=torch.bfloat16, enabled=not fsdp):
                 logits = fwd(ids)
             loss = F.cross_entropy(logits.float().view(-1, vocab), ids.view(-1))
             loss.backward()
@@ -479,8 +574,8 @@ def training_steps(dev, smoke, out_dir, vocab=VOCAB, key="training_steps", compi
         # model FLOPs per token: 6 N (non-embedding parameters) + 6 V h (the tied head) + 12 L h s (attention,
         # counted in full: the published ranges' convention)
         flops_tok = 6 * nonemb + 6 * vocab * h + 12 * layers * h * seq
-        row = dict(model=name, compiled=compiled, vocab=vocab, micro_batch=mb, seq=seq, params=params, step_s=t,
-                   steps=times, clocks=clocks,
+        row = dict(model=name, compiled=compiled, fsdp=fsdp, vocab=vocab, micro_batch=mb, seq=seq, params=params,
+                   step_s=t, steps=times, clocks=clocks,
                    tokens_per_s=tokens / t, model_tflops=flops_tok * tokens / t / 1e12,
                    mfu_full_989=flops_tok * tokens / t / 989e12)
         if dev.type == "cuda":
@@ -653,6 +748,25 @@ def main():
                 RESULTS[name] = {"error": repr(e)[:500]}
                 log("FAILED", name, repr(e)[:300])
             save(args.out)
+        return
+    if args.only == "round4":  # the fourth: FSDP2 (world size 1) steps, the per-expert loop from C++
+        RESULTS["environment"] = environment(dev)
+        import torch.distributed as dist
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", "29517")
+        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=0, world_size=1)
+        if dev.type == "cuda":
+            torch.cuda.set_device(0)
+        for name, fn in (("expert_host_cpp", lambda: expert_host_cpp(dev, args.smoke)),
+                         ("training_steps_fsdp2", lambda: training_steps(
+                             dev, args.smoke, args.out, vocab=50304, key="training_steps_fsdp2", fsdp=True))):
+            try:
+                RESULTS[name] = fn()
+            except Exception as e:  # noqa: BLE001
+                RESULTS[name] = {"error": repr(e)[:500]}
+                log("FAILED", name, repr(e)[:300])
+            save(args.out)
+        dist.destroy_process_group()
         return
     if args.only == "expert_host_lt":  # a child process: cuBLASLt chosen before the first GEMM
         RESULTS["expert_host_cublaslt"] = expert_host(dev, args.smoke, "cublaslt")
