@@ -41,9 +41,12 @@ class EndToEnd:
             "the CPU overheads of PyTorch ops, such as torch.split() and torch.empty() (2x num_gemms calls)",
             #1499) launches per expert, and the layer cannot hide that host work behind the GPU: the dispatcher
             synchronises the host once per layer for the token counts (Megatron's MoEAlltoAllTokenDispatcher
-            ``cuda_sync_point``, DeepEP's normal kernels, HybridEP: ``cost.moe``). No measurement of it for
-            these kernels was found and the shipped calibration rows have no MoE run, so it is 0 unless a
-            user's own runs fit it (``symtensor calibrate --runs``, ``calibration.USER_ONLY``).
+            ``cuda_sync_point``, DeepEP's normal kernels, HybridEP: ``cost.moe``). Measured once, on one H200
+            (``benchmarks/results/hopper_runs.md``): one GEMM per expert issued from a Python loop leaves 124-150
+            us per local expert exposed at 128 tokens per expert, 81-106 at 512 and 10 or less at 2,048, where
+            the GPU outruns the host; Transformer Engine's loop runs in C++ and was not measured, so the loop's
+            figures bound it from above and do not price it. The shipped calibration rows have no MoE run: 0
+            unless a user's own runs fit it (``symtensor calibrate --runs``, ``calibration.USER_ONLY``).
     """
 
     step_s: float = 0.0
