@@ -102,10 +102,12 @@ def steps_section(runs):
         pred = plan.report.step_time_s
         err = pred / run["step_s"] - 1
         c = run.get("clocks") or {}
+        h100 = h100_mfu(run)
         rows.append(dict(run=label, model=run["model"], compiled=bool(run.get("compiled")),
                          vocab=run.get("vocab", 50257),
                          micro_batch=run["micro_batch"], measured_step_s=round(run["step_s"], 4),
-                         measured_mfu_full=round(run["mfu_full_989"], 4), predicted_step_s=round(pred, 4),
+                         measured_mfu_full=round(run["mfu_full_989"], 4),
+                         h100_mfu_full=None if h100 is None else round(h100, 4), predicted_step_s=round(pred, 4),
                          error=round(err, 4), band_lo_s=round(lo, 4), band_hi_s=round(hi, 4),
                          in_band=lo <= run["step_s"] <= hi,
                          predicted_mfu_full=round(plan.report.mfu * full_attention_ratio(plan.graph), 4),
@@ -114,7 +116,6 @@ def steps_section(runs):
                          sm_mhz_median=c.get("sm_mhz_median"), power_w_median=c.get("power_w_median")))
         r = rows[-1]
         clock = f"{c['sm_mhz_median']:.0f} / {c['power_w_median']:.0f}" if c else "-"
-        h100 = h100_mfu(run)
         lines.append(f"| {label} | {run['step_s']:.3f} | {100 * run['mfu_full_989']:.1f}% | {clock} | "
                      f"{'-' if h100 is None else f'{100 * h100:.1f}%'} | {pred:.3f} | {100 * err:+.1f}% | "
                      f"{lo:.3f}-{hi:.3f} | {r['in_band']} | {r['measured_reserved_gib']:.1f} / "

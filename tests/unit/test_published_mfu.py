@@ -24,11 +24,17 @@ Published ranges (MFU = model FLOPs / (time x devices x dense BF16 peak), per de
     13-22B   39-62%  llm-foundry MPT-13B 51.7-59.6%, MPT-30B 39.4-56.4%; torchtitan Llama 2 13B 53.8-61.1%
     70B      48-56%  torchtitan Llama 2 70B 50.5-50.8%, Llama 3 70B 51.7%; llm-foundry MPT-70B 48.6-53.3%
   H100 80GB
-    < 2B     26-45%  llm-foundry MPT-760M, 1B on H100-80GB: 26.3-43.2%; Megatron-Core r0.8.0's own 1.7B GPT on 48 H100
-                     at TP 1 (NVIDIA/Megatron-LM@f2e5db402c images/model_table.png: 408.8 TFLOP/s, 41%, its FLOP count
-                     attention in full), the one Megatron run of this class found, inside it. Read as a held-out row
-                     (benchmarks/megatron_readme_runs.py, round 5) the model is 33% optimistic on it: the H100 cases
-                     below, planned Megatron 0.35-1.3B at 47-55%, are outside for that reason, not the range's
+    < 2B     26-58.7%  published: llm-foundry MPT-760M, 1B on H100-80GB: 26.3-43.2%; Megatron-Core r0.8.0's own 1.7B
+                     GPT on 48 H100 at TP 1 (NVIDIA/Megatron-LM@f2e5db402c images/model_table.png: 408.8 TFLOP/s, 41%,
+                     its FLOP count attention in full), the one Megatron run of this class found, inside it (read as a
+                     held-out row, benchmarks/megatron_readme_runs.py round 5, the model is 33% optimistic on it).
+                     Measured (the top, ``measured_h100_top``): this project's GPT-3 350M-1.3B training steps on one
+                     H200, the GH100 die of H100 SXM at the same clocks and 700 W (benchmarks/hopper_measure.py, raw
+                     and read in benchmarks/results/hopper_runs.md): eager PyTorch 41.9-56.4%, torch.compile'd 1.3B
+                     64.1%; at H100's HBM bandwidth (each step's memory-bound kernels slowed by 4,800 / 3,350 GB/s,
+                     everything else as measured: a lower bound of the same step on H100) 35.1-49.5% and 58.7%. The
+                     published top (45%) is older stacks' (2023 llm-foundry, Megatron-Core r0.8.0), not the device's;
+                     the cost model predicts the eager steps within 3.5% (hopper_runs.md)
     2.7-8B   27-63%  llm-foundry MPT-3B/7B 26.8-46.4%; NVIDIA dgxc-benchmarking (NeMo 25.02) Llama 3.1 8B: 12.27 s
                      per 128 x 8,192 tokens on 8 H100s (calibration_h100.csv), 62.6% counted in full (55.6% halved)
     13-22B   30-57%  llm-foundry MPT-13B 31.7-44.3%, MPT-30B 29.9-43.9%; dgxc-benchmarking Nemotron-4 15B 56.7%
@@ -56,13 +62,17 @@ about 0.6% as FSDP2's eager fp32 cross-entropy, 36 B per logit), and no other do
 can identify closes the 8-20% left (leave-one-source-out on rows that are all tensor-parallel Megatron runs).
 What the published data-parallel runs pay beyond that is for a user's own runs to calibrate (``calibrate
 --runs``, issue 22 point 4); the error band says so (``cost.bands``: an A100 plan below the calibration
-rows' tensor-parallel degree, 8, is widened along ``parallelism``). H100: the GEMMs run at the GH100's sustained
-ceiling (MSMF, cost/kernels.py); the 0.35-1.3B cases are 2-10 points above llm-foundry's 26-45% (narrower than
-every H100 calibration row, their bands widen along ``width``, ``cost.bands.WIDTH``). Strict: a
-change that brings one inside fails here until it is taken off the list.
+rows' tensor-parallel degree, 8, is widened along ``parallelism``). The A100 question (its sustained clock against
+the step's mix of kernels) needs an A100 to measure; on the GH100 it was measured (benchmarks/results/hopper_runs.md):
+back-to-back GEMMs hold the SM clock at 1,485 MHz at 700 W, the training steps ran at 1,935-1,965 MHz below it.
+H100: the 0.35-1.3B cases (46.7-54.6%) were 2-10 points above the published 26-45% until the sixteenth session, and
+are inside the measured top (58.7%). Strict: a change that brings one inside fails here until it is taken off the
+list.
 """
 
+import csv
 import functools
+from pathlib import Path
 
 import pytest
 
@@ -73,15 +83,25 @@ from symtensor.graph import full_attention_ratio
 MODELS = ("gpt3-125m", "gpt3-350m", "gpt3-760m", "gpt3-1.3b", "gpt3-2.7b", "gpt3-6.7b", "gpt3-13b", "gpt-22b",
           "llama2-7b", "llama2-13b", "llama2-70b", "llama3-8b", "llama3-70b", "qwen2-7b", "qwen2-72b")
 ENGINES = (("megatron", 1), ("fsdp2", 3))
+MEASURED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "hopper_runs.csv"
+
+
+def measured_h100_top(size: str) -> float:
+    """The highest MFU (%, attention in full) of this project's measured GH100 steps of models of ``size`` class
+    at H100's HBM bandwidth (``h100_mfu_full``, benchmarks/hopper_runs.py), padded vocabularies only (the model
+    pads every vocabulary)."""
+    with open(MEASURED) as f:
+        rows = [r for r in csv.DictReader(f) if r["h100_mfu_full"] and r["vocab"] == "50304"]
+    return max(100 * float(r["h100_mfu_full"]) for r in rows if size_class(r["model"]) == size)
+
+
 RANGES = {"dgx-a100-80g": {"small": (42, 70.5), "7b": (45, 72.1), "13b": (39, 62), "70b": (48, 56)},
           "dgx-h100": {"small": (26, 45), "7b": (27, 63), "13b": (30, 57), "70b": (36, 55)}}
 KNOWN_OUTSIDE = {
     ("dgx-a100-80g", "gpt3-1.3b", "megatron"), ("dgx-a100-80g", "gpt3-2.7b", "megatron"),
     ("dgx-a100-80g", "gpt3-6.7b", "megatron"), ("dgx-a100-80g", "gpt3-13b", "fsdp2"),
     ("dgx-a100-80g", "gpt-22b", "fsdp2"), ("dgx-a100-80g", "llama2-7b", "megatron"),
-    ("dgx-a100-80g", "llama2-13b", "fsdp2"), ("dgx-h100", "gpt3-350m", "megatron"),
-    ("dgx-h100", "gpt3-760m", "megatron"), ("dgx-h100", "gpt3-760m", "fsdp2"), ("dgx-h100", "gpt3-1.3b", "megatron"),
-    ("dgx-h100", "gpt3-1.3b", "fsdp2"),
+    ("dgx-a100-80g", "llama2-13b", "fsdp2"),
 }
 
 
@@ -89,6 +109,23 @@ def size_class(model: str) -> str:
     params = {"125m": 0.125, "350m": 0.35, "760m": 0.76, "1.3b": 1.3, "2.7b": 2.7, "6.7b": 6.7, "13b": 13,
               "22b": 22, "7b": 7, "8b": 8, "70b": 70, "72b": 72}[model.rsplit("-", 1)[-1]]
     return "small" if params < 2 else "7b" if params < 10 else "13b" if params < 30 else "70b"
+
+
+def published_or_measured(cluster: str, size: str) -> tuple[float, float]:
+    """The range of ``cluster``'s device and ``size`` class: the published one, its top raised to this project's
+    measured GH100 steps where they ran faster (H100 below 2B: the module docstring)."""
+    lo, hi = RANGES[cluster][size]
+    if cluster == "dgx-h100" and size == "small":
+        hi = max(hi, measured_h100_top(size))
+    return lo, hi
+
+
+def test_the_measured_gh100_steps_raise_the_h100_small_range():
+    """The measured steps are read as the docstring says: the compiled 1.3B step at H100's bandwidth (58.7%) is the
+    top, above the published 45%; the 2.7-8B class keeps its published top (the measured 2.7B, 48.7%, is inside)."""
+    assert published_or_measured("dgx-h100", "small") == (26, pytest.approx(58.65, abs=0.01))
+    assert published_or_measured("dgx-h100", "7b") == RANGES["dgx-h100"]["7b"]
+    assert published_or_measured("dgx-a100-80g", "small") == RANGES["dgx-a100-80g"]["small"]
 
 
 @functools.cache
@@ -122,6 +159,6 @@ def test_data_parallel_mfu_within_the_published_range(cluster, model, framework,
     if mfu is None:
         assert framework == "megatron" and size_class(model) != "small"  # ZeRO 1 keeps whole weights: too big
         return
-    lo, hi = RANGES[cluster][size_class(model)]
+    lo, hi = published_or_measured(cluster, size_class(model))
     assert lo <= mfu <= hi, f"{model} on {cluster} ({framework}): {mfu:.1f}% outside {lo}-{hi}%"
 
