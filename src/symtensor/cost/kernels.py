@@ -346,7 +346,13 @@ MAMF_H100_SXM = 792.1 / 989
 # limit as a duty cycle reconciles them (compute fills 79-83% of their steps; with dynamic power C V^2 f and the
 # voltage rising with the clock, power grows about as f^3, so the clock could rise at most (1/0.8)^(1/3) = 1.08x
 # above the sustained one, less with any power drawn while communicating, not the 1.18x to the burst; it would
-# take power growing no faster than f^1.4 and none while communicating). The published data-parallel A100
+# take power growing no faster than f^1.4 and none while communicating). Measured on the GH100 since (one H200,
+# benchmarks/results/hopper_runs.md): back-to-back 8,192^3 products hold 1,485 MHz at 692 W, the same products
+# sharing the time with 1 GiB copies 1,620 MHz at three quarters of it and 1,920 MHz at half, and whole training
+# steps of GPT-3 350M-2.7B (GEMMs and attention 55-78% of their kernel time) ran at 1,935-1,965 MHz at 571-662 W,
+# their GEMMs at 0.81-0.85 of 989: a real step's kernels draw less than the benchmark's random-data products, so the
+# f^3 argument above bounds the benchmark, not a step. What clock a multi-GPU step of large GEMMs holds (the
+# calibration rows') was not measured; the tables keep the sustained rate. The published data-parallel A100
 # runs (tests/unit/test_published_mfu.py) are nearer the sustained clock (21 of 24 cases inside their range at
 # 0.851, the 70B ones 0.4-1.7 points below; 17 of 24 at the burst): a plan unlike the TP-8 rows gets that clock's
 # spread in its error band
