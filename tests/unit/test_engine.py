@@ -60,3 +60,27 @@ def test_frozen_weights_sharded_by_fsdp2_are_gathered_for_compute():
     base, lora = _costed("fsdp2", 1), _costed("fsdp2", 1, lora=True)
     assert lora.memory["params"] == pytest.approx(base.memory["params"], rel=0.05)
     assert lora.comm_bytes["all_gather"] >= base.comm_bytes["all_gather"] > 0
+
+
+def test_a_plan_says_what_an_unpadded_vocabulary_costs_where_the_engine_does_not_pad(capsys):
+    """The graph is costed with the vocabulary padded to a multiple of 128, as Megatron-LM pads it; under an engine of
+    PyTorch models (torchtitan, Hugging Face under DeepSpeed) GPT-2's 50,257 tokens stay unpadded and run on cuBLAS's
+    unaligned kernels (measured on H200), so the plan says so, in evaluate's JSON, plan's notes and explain; not
+    under Megatron's engines, nor for a vocabulary that is a multiple of 8."""
+    import json
+
+    from symtensor import api
+    from symtensor.analysis.explain import explain_plan
+    from symtensor.cli import main
+    from symtensor.plan.document import description_notes
+
+    assert main(["evaluate", "gpt3-1.3b", "--cluster", "dgx-h100", "--devices", "8", "--framework", "fsdp2",
+                 "--zero", "3", "--json"]) == 0
+    notes = json.loads(capsys.readouterr().out)["notes"]
+    assert any(n.startswith("vocabulary 50,257 costed padded to 50,304") for n in notes)
+    plan = api.plan("gpt3-350m", "dgx-h100", 8, framework="deepspeed")
+    assert explain_plan(plan)["assumptions"][0].startswith("vocabulary 50,257 costed padded to 50,304")
+    for quiet in (api.evaluate("gpt3-1.3b", "dgx-h100", 8, zero=1),
+                  api.evaluate("gpt3-1.3b", "dgx-h100", 8, zero=1, framework="megatron-deepspeed"),
+                  api.evaluate("llama3-8b", "dgx-h100", 8, zero=3, framework="fsdp2")):
+        assert not any(n.startswith("vocabulary") for n in description_notes(quiet))

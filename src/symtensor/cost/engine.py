@@ -280,6 +280,12 @@ class Engine:
     # runs no attention with its query sequence cut (``cut_refusal``)
     context: str = "p2p"
     contexts: tuple[str, ...] = ("p2p",)
+    # whether the engine pads the vocabulary to a multiple of 128 itself (Megatron-LM's --make-vocab-size-divisible-by,
+    # default 128, megatron/training/arguments.py; Megatron-DeepSpeed keeps it), as the graph is always costed
+    # (``models.builder.VOCAB_PAD``); an engine of PyTorch models (torchtitan, Hugging Face models under DeepSpeed)
+    # runs the vocabulary the model states, and a plan says what a vocabulary that is no multiple of 8 costs there
+    # (``plan.document.description_notes``)
+    pads_vocab: bool = False
 
     @property
     def a2a_only(self) -> bool:
@@ -359,7 +365,7 @@ ENGINES = {
                        attention_kernels=TE_ATTENTION, grad_reduce_bf16="buffer", refuses=(_SAC,),
                        recompute_modules=True, unit_reduce_buffer=True, replicate_once=True,
                        moe_combine_keeps=0.0, cpu_offload=True, moe_dispatchers=_EP_DISPATCHERS,
-                       contexts=("p2p", "a2a")),
+                       contexts=("p2p", "a2a"), pads_vocab=True),
     "fsdp2": Engine("fsdp2", ddp_bucket_bytes=25 * 2**20, per_tensor_gathers=False, regather_recompute=False,
                     tp_overlap=False, keeps_sp_shard=False, exposed_param_gather=False, copy_out=True,
                     state_bytes=(4, 4, 8), sharded_from=(1, 1, 1), reshards_from=3, pytorch_kernels=True,
@@ -381,7 +387,7 @@ ENGINES["megatron-deepspeed"] = Engine(
     tp_overlap=False, keeps_sp_shard=True, exposed_param_gather=True, copy_out=False, state_bytes=(2, 6, 12),
     sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False, bucket_buffers=1, loss_grad_bytes=4,
     attention_kernels=SDPA_ATTENTION, p2p_transfers=4, reduce_after_backward=True, zero_all_reduce=True,
-    reduce_bytes=4, refuses=(
+    reduce_bytes=4, pads_vocab=True, refuses=(
         ("zero2", f"{_DS_PIPE} runs ZeRO 0 or 1 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); "
                   "use --zero 1, or --framework deepspeed (Megatron-DeepSpeed's --no-pipeline-parallel, pp 1)"),
         ("zero3", f"{_DS_PIPE} runs ZeRO 0 or 1 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); "

@@ -102,11 +102,25 @@ def notes(plan: Plan) -> list[str]:
     return [*plan.notes, *([repeat] if repeat else []), *description_notes(plan)]
 
 
+# BF16 rows of 16 bytes: a GEMM dimension that is no multiple of this many elements leaves cuBLAS its unaligned
+# kernels (measured on H200: a 50,257-wide LM head at 0.09-0.15 of peak, 50,258-50,260 at 0.25-0.29, 50,264 at
+# 0.67-0.81; benchmarks/results/hopper_runs.md)
+UNALIGNED_ELEMENTS = 8
+
+
 def description_notes(plan: Plan) -> list[str]:
-    """What the costing assumes of the run beyond the model's architecture: packed documents, as the graph's
-    attention carries them (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``), and context
-    parallelism run as all-to-alls (``plan.summary.all_to_all_context``: DeepSpeed-Ulysses, Megatron's a2a)."""
+    """What the costing assumes of the run beyond the model's architecture: a vocabulary padded that the engine
+    would run unpadded (``Engine.pads_vocab``), packed documents, as the graph's attention carries them
+    (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``), and context parallelism run as
+    all-to-alls (``plan.summary.all_to_all_context``: DeepSpeed-Ulysses, Megatron's a2a)."""
     out = []
+    stated, costed = plan.model.vocab, plan.graph.meta["config"].vocab
+    if stated % UNALIGNED_ELEMENTS and not engine_named(plan.train.framework).pads_vocab:
+        out.append(f"vocabulary {stated:,} costed padded to {costed:,}, as Megatron-LM pads it: a stack that keeps "
+                   f"{stated:,} (no multiple of {UNALIGNED_ELEMENTS}) runs its LM head and embedding GEMMs on cuBLAS's "
+                   "unaligned kernels, measured at 0.09-0.15 of peak on H200 and GPT-3 350M-2.7B steps 14-30% slower "
+                   "(benchmarks/results/hopper_runs.md); pad the vocabulary (e.g. resize_token_embeddings("
+                   "pad_to_multiple_of=128))")
     doc = next((op.attr("document") for op in plan.graph.ops if op.attr("document")), None)
     if doc is not None:
         out.append(f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
