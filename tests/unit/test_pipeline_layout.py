@@ -182,6 +182,23 @@ def test_the_grid_takes_the_balanced_split_where_it_is_faster():
     assert launched_split(8, 2, export(plan, "megatron")) == split
 
 
+def test_a_balanced_split_that_overflows_gives_way_to_the_rules_where_that_fits():
+    """The split balances time: the first stage of Llama 3 8B at pp 2 takes a layer more (the head weighs on the
+    last) and holds two micro-batches of four in flight, which overflows 80 GB where Megatron's even split fits.
+    The grid point is then the rule's, fitting, as ``api.evaluate`` chooses, not dropped as overflowing."""
+    pool = EvaluatorPool(PRESETS["llama3-8b"], load_cluster("dgx-h100", devices=8), 4096)
+    point = dict(tp=2, pp=2, dp=2, zero=1, micro_batch=4, global_batch=64, seq=4096, recompute="none")
+    split = pool.split_of(configuration(pool.held(point)))[0]
+    assert split == (17, 15)
+    forced = pool.try_config(**point, layer_split=split, balance=False)
+    assert not forced.report.fits
+    cand, rule = pool.try_config(**point), pool.try_config(**point, balance=False)
+    assert cand.report.fits and cand.train.layer_split is None and cand.megatron["layer_split"] is None
+    assert cand.report.step_time_s == rule.report.step_time_s
+    said = evaluate("llama3-8b", "dgx-h100", 8, **point, sp=cand.megatron["sp"])  # (the same choice, evaluate's)
+    assert said.report.step_time_s == rule.report.step_time_s and said.train.layer_split is None
+
+
 def test_explain_says_why_the_plan_takes_its_split(tmp_path):
     from symtensor.analysis.explain import explain_plan
     from symtensor.search import megatron_plan

@@ -320,13 +320,25 @@ class EvaluatorPool:
         """Cost a Megatron configuration (complete: ``megatron.configuration``; its layouts are
         legal by construction; ``check`` checks them anyway, for a configuration a user gave).
         A pipelined one without a stated split takes, with ``balance``, the balanced split where
-        that is the faster by its layers' costs (``split_of``); the rule's otherwise (the seeds'
-        scan, which the per-op search refines with the rule's split, and the Megatron recipe)."""
+        that is the faster by its layers' costs (``split_of``) and fits, or where the rule's does not fit
+        either: the balance is by time, and a stage given more layers holds more, so a balanced split that
+        overflows is costed again with the rule's (as ``api.evaluate`` chooses between the two); the rule's
+        otherwise (the seeds' scan, which the per-op search refines with the rule's split, and the Megatron
+        recipe)."""
         ev, layouts = self.layouts(c)
         self.costed += 1
         if balance and c["pp"] > 1 and c["layer_split"] is None:
             split = self.split_of(c)[0]
-            c = c if split is None else {**c, "layer_split": split}
+            if split is not None:
+                balanced = {**c, "layer_split": split}
+                train = train_config(balanced)
+                costed = Costed(train, layouts, ev.evaluate(layouts, train, check=check), balanced)
+                if costed.report.fits:
+                    return costed
+                self.costed += 1
+                train = train_config(c)
+                rule = Costed(train, layouts, ev.evaluate(layouts, train, check=check), c)
+                return rule if rule.report.fits else costed
         train = train_config(c)
         return Costed(train, layouts, ev.evaluate(layouts, train, check=check), c)
 
