@@ -486,6 +486,12 @@ H100 = DeviceKernels(
                "the two GH100 parts measured (H200, HBM3e: init 0.81, scale 0.66)",
     })
 
+# A per-shape table of a PyTorch stack's GEMMs on the GH100 was measured since (benchmarks/hopper_measure.py on one
+# H200: 137 aligned shapes of GPT-3 layers, cuBLAS through torch 2.11, back to back at the power-limited clock;
+# benchmarks/results/hopper_runs.md): 0.60-0.78 of 989 where the A100 transfer charges 0.48-0.63. Taken as H100's
+# and H200's stack table it makes the NeMo H100 calibration rows 4.1% fast (mean |error| from 1.9%) and the A100
+# rows' leave-one-source-out error 8.5% (from 3.2%): not taken. Those multi-GPU Transformer Engine runs ran slower
+# than one GPU's PyTorch GEMMs; what clock they held was not measured.
 # H200: the GH100 die of H100 SXM5 (132 SMs, 989 BF16 TFLOP/s) with 141 GB of HBM3e at 4.8 TB/s: its compute
 # kernels are H100's; its HBM fractions are its own measurement.
 H200 = DeviceKernels(
