@@ -356,42 +356,53 @@ def expert_host_cpp(dev, smoke):
 
         def run():
             ext.expert_loop(x, w1, w2, out1, act, out2, g2, dact, dout1, dx, dw1, dw2, e, t, f)
-        for _ in range(3):
-            run()
-        eager = []
-        for _ in range(15):
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            t0 = time.perf_counter()
-            run()
-            t_issue = time.perf_counter() - t0
-            if dev.type == "cuda":
-                torch.cuda.synchronize()
-            eager.append((time.perf_counter() - t0, t_issue))
-        row = dict(path="per_expert_cpp", blas="cublas", experts=e, tokens=t, hidden=h, ffn=f,
-                   eager_s=statistics.median(w for w, _ in eager), issue_s=statistics.median(i for _, i in eager))
-        if dev.type == "cuda":
-            graph = torch.cuda.CUDAGraph()
-            s = torch.cuda.Stream()
-            s.wait_stream(torch.cuda.current_stream())
-            with torch.cuda.stream(s):
-                run()
-            torch.cuda.current_stream().wait_stream(s)
-            with torch.cuda.graph(graph):
-                run()
-            replay = []
-            for _ in range(15):
-                torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                graph.replay()
-                torch.cuda.synchronize()
-                replay.append(time.perf_counter() - t0)
-            row["graph_s"] = statistics.median(replay)
-            row["exposed_per_expert_s"] = (row["eager_s"] - row["graph_s"]) / e
-        rows.append(row)
+        rows.append(dict(path="per_expert_cpp", blas="cublas", experts=e, tokens=t, hidden=h, ffn=f,
+                         **exposed_host(dev, run, e)))
     log("expert cpp", [(r["experts"], r["tokens"], round(1e6 * r.get("exposed_per_expert_s", 0), 1),
                         round(1e6 * r["issue_s"] / r["experts"], 1)) for r in rows])
     return rows
+
+
+def exposed_host(dev, run, experts: int) -> dict:
+    """``run`` (an expert MLP's GEMMs) after three warm-ups: the median of 15 eager runs from a synchronised GPU
+    (wall seconds and the host's issue seconds), of 15 replays of its CUDA graph (the kernels alone), and the
+    difference per local expert (the host time the GPU waits for)."""
+    for _ in range(3):
+        run()
+    eager = []
+    for _ in range(15):
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        run()
+        t_issue = time.perf_counter() - t0
+        if dev.type == "cuda":
+            torch.cuda.synchronize()
+        eager.append((time.perf_counter() - t0, t_issue))
+    row = dict(eager_s=statistics.median(w for w, _ in eager), issue_s=statistics.median(i for _, i in eager))
+    if dev.type != "cuda":
+        return row
+    try:
+        graph = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            run()
+        torch.cuda.current_stream().wait_stream(s)
+        with torch.cuda.graph(graph):
+            run()
+        replay = []
+        for _ in range(15):
+            torch.cuda.synchronize()
+            t0 = time.perf_counter()
+            graph.replay()
+            torch.cuda.synchronize()
+            replay.append(time.perf_counter() - t0)
+        row["graph_s"] = statistics.median(replay)
+        row["exposed_per_expert_s"] = (row["eager_s"] - row["graph_s"]) / experts
+    except RuntimeError as err:
+        row["graph_error"] = str(err)[:200]
+    return row
 
 
 def expert_host(dev, smoke, label):
@@ -407,44 +418,8 @@ def expert_host(dev, smoke, label):
                 rows.append(dict(path="grouped_mm" if grouped else "per_expert", experts=e, tokens=t,
                                  error=str(err)[:200]))
                 continue
-            for _ in range(3):
-                run()
-            eager = []
-            for _ in range(15):
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                t0 = time.perf_counter()
-                run()
-                t_issue = time.perf_counter() - t0
-                if dev.type == "cuda":
-                    torch.cuda.synchronize()
-                eager.append((time.perf_counter() - t0, t_issue))
-            row = dict(path="grouped_mm" if grouped else "per_expert", blas=label, experts=e, tokens=t, hidden=hidden,
-                       ffn=ffn, flops=flops, eager_s=statistics.median(w for w, _ in eager),
-                       issue_s=statistics.median(i for _, i in eager))
-            if dev.type == "cuda":
-                try:
-                    graph = torch.cuda.CUDAGraph()
-                    s = torch.cuda.Stream()
-                    s.wait_stream(torch.cuda.current_stream())
-                    with torch.cuda.stream(s):
-                        run()
-                    torch.cuda.current_stream().wait_stream(s)
-                    with torch.cuda.graph(graph):
-                        run()
-                    replay = []
-                    for _ in range(15):
-                        torch.cuda.synchronize()
-                        t0 = time.perf_counter()
-                        graph.replay()
-                        torch.cuda.synchronize()
-                        replay.append(time.perf_counter() - t0)
-                    row["graph_s"] = statistics.median(replay)
-                    row["exposed_per_expert_s"] = (row["eager_s"] - row["graph_s"]) / e
-                    del graph
-                except RuntimeError as err:
-                    row["graph_error"] = str(err)[:200]
-            rows.append(row)
+            rows.append(dict(path="grouped_mm" if grouped else "per_expert", blas=label, experts=e, tokens=t,
+                             hidden=hidden, ffn=ffn, flops=flops, **exposed_host(dev, run, e)))
         log("expert", label, "grouped" if grouped else "per_expert",
             [(r["experts"], r["tokens"], round(1e6 * r.get("exposed_per_expert_s", 0), 1)) for r in rows[-len(cases):]])
     # the host cost of one call, GPU idle: a small GEMM and a small add, issued back to back
@@ -714,6 +689,20 @@ def kernel_breakdown(step):
     return {"total_us": sum(v[1] for _, v in top), "top": [(n, c, us) for n, (c, us) in top[:60]]}
 
 
+def run_sections(out_dir, sections) -> None:
+    """Each (name, fn) in turn, its result (or its error: one section failing keeps the others') and seconds
+    saved as it ends."""
+    for name, fn in sections:
+        t0 = time.perf_counter()
+        try:
+            RESULTS[name] = fn()
+        except Exception as e:  # noqa: BLE001
+            RESULTS[name] = {"error": repr(e)[:500]}
+            log("FAILED", name, repr(e)[:300])
+        RESULTS.setdefault("section_s", {})[name] = time.perf_counter() - t0
+        save(out_dir)
+
+
 def main():
     ap = argparse.ArgumentParser()
     ap.add_argument("--out", required=True)
@@ -726,28 +715,16 @@ def main():
     timer = Timer(dev)
     if args.only == "round2":  # the second device run: padded vocabulary, alignment, clocks in training
         RESULTS["environment"] = environment(dev)
-        for name, fn in (("alignment", lambda: alignment_gemms(dev, timer, args.smoke)),
-                         ("training_steps_padded", lambda: training_steps(dev, args.smoke, args.out, vocab=50304,
-                                                                          key="training_steps_padded"))):
-            try:
-                RESULTS[name] = fn()
-            except Exception as e:  # noqa: BLE001
-                RESULTS[name] = {"error": repr(e)[:500]}
-                log("FAILED", name, repr(e)[:300])
-            save(args.out)
+        run_sections(args.out, (("alignment", lambda: alignment_gemms(dev, timer, args.smoke)),
+                                ("training_steps_padded", lambda: training_steps(
+                                    dev, args.smoke, args.out, vocab=50304, key="training_steps_padded"))))
         return
     if args.only == "round3":  # the third: compiled steps (fused memory-bound kernels) and the clock by duty
         RESULTS["environment"] = environment(dev)
-        for name, fn in (("duty_sweep", lambda: duty_sweep(dev, args.smoke)),
-                         ("training_steps_compiled", lambda: training_steps(
-                             dev, args.smoke, args.out, vocab=50304, key="training_steps_compiled", compiled=True,
-                             only=("gpt3-350m", "gpt3-1.3b")))):
-            try:
-                RESULTS[name] = fn()
-            except Exception as e:  # noqa: BLE001
-                RESULTS[name] = {"error": repr(e)[:500]}
-                log("FAILED", name, repr(e)[:300])
-            save(args.out)
+        run_sections(args.out, (("duty_sweep", lambda: duty_sweep(dev, args.smoke)),
+                                ("training_steps_compiled", lambda: training_steps(
+                                    dev, args.smoke, args.out, vocab=50304, key="training_steps_compiled",
+                                    compiled=True, only=("gpt3-350m", "gpt3-1.3b")))))
         return
     if args.only == "round4":  # the fourth: FSDP2 (world size 1) steps, the per-expert loop from C++
         RESULTS["environment"] = environment(dev)
@@ -757,15 +734,9 @@ def main():
         dist.init_process_group("nccl" if dev.type == "cuda" else "gloo", rank=0, world_size=1)
         if dev.type == "cuda":
             torch.cuda.set_device(0)
-        for name, fn in (("expert_host_cpp", lambda: expert_host_cpp(dev, args.smoke)),
-                         ("training_steps_fsdp2", lambda: training_steps(
-                             dev, args.smoke, args.out, vocab=50304, key="training_steps_fsdp2", fsdp=True))):
-            try:
-                RESULTS[name] = fn()
-            except Exception as e:  # noqa: BLE001
-                RESULTS[name] = {"error": repr(e)[:500]}
-                log("FAILED", name, repr(e)[:300])
-            save(args.out)
+        run_sections(args.out, (("expert_host_cpp", lambda: expert_host_cpp(dev, args.smoke)),
+                                ("training_steps_fsdp2", lambda: training_steps(
+                                    dev, args.smoke, args.out, vocab=50304, key="training_steps_fsdp2", fsdp=True))))
         dist.destroy_process_group()
         return
     if args.only == "expert_host_lt":  # a child process: cuBLASLt chosen before the first GEMM
@@ -782,15 +753,7 @@ def main():
                 ("memory_bound", lambda: memory_bound(dev, timer, args.smoke)),
                 ("fp8", lambda: fp8_gemms(dev, timer)),
                 ("soak", lambda: soak(dev, 2.0 if args.smoke else args.soak_s, args.smoke)))
-    for name, fn in sections:
-        t0 = time.perf_counter()
-        try:
-            RESULTS[name] = fn()
-        except Exception as e:  # noqa: BLE001 - one section failing keeps the others' results
-            RESULTS[name] = {"error": repr(e)[:500]}
-            log("FAILED", name, repr(e)[:300])
-        RESULTS.setdefault("section_s", {})[name] = time.perf_counter() - t0
-        save(args.out)
+    run_sections(args.out, sections)
     t0 = time.perf_counter()
     env = dict(os.environ, TORCH_BLAS_PREFER_CUBLASLT="1")
     cmd = [sys.executable, __file__, "--out", args.out, "--only", "expert_host_lt"]
