@@ -110,7 +110,8 @@ UNALIGNED_ELEMENTS = 8
 
 def description_notes(plan: Plan) -> list[str]:
     """What the costing assumes of the run beyond the model's architecture: a vocabulary padded that the engine
-    would run unpadded (``Engine.pads_vocab``), packed documents, as the graph's attention carries them
+    would run unpadded (``Engine.pads_vocab``), a hidden or FFN width no multiple of 8 costed at aligned GEMM rates,
+    packed documents, as the graph's attention carries them
     (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``), and context parallelism run as
     all-to-alls (``plan.summary.all_to_all_context``: DeepSpeed-Ulysses, Megatron's a2a)."""
     out = []
@@ -121,6 +122,13 @@ def description_notes(plan: Plan) -> list[str]:
                    "unaligned kernels, measured at 0.09-0.15 of peak on H200 and GPT-3 350M-2.7B steps 14-30% slower "
                    "(benchmarks/results/hopper_runs.md); pad the vocabulary (e.g. resize_token_embeddings("
                    "pad_to_multiple_of=128))")
+    odd = [f"{name} {size:,}" for name, size in (("hidden", plan.model.hidden), ("FFN", plan.model.ffn))
+           if size % UNALIGNED_ELEMENTS]
+    if odd:
+        out.append(f"{' and '.join(odd)} no multiple of {UNALIGNED_ELEMENTS}: the layers' GEMMs over it run on "
+                   "cuBLAS's unaligned kernels, measured on H200 at 0.22-0.24 of peak for a 5,140-wide layer against "
+                   "0.67-0.73 at 5,120 (benchmarks/results/hopper_runs.md), about three times slower than the aligned "
+                   "rates they are costed at")
     doc = next((op.attr("document") for op in plan.graph.ops if op.attr("document")), None)
     if doc is not None:
         out.append(f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
