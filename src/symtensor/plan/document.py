@@ -115,8 +115,9 @@ def description_notes(plan: Plan) -> list[str]:
     (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``), and context parallelism run as
     all-to-alls (``plan.summary.all_to_all_context``: DeepSpeed-Ulysses, Megatron's a2a)."""
     out = []
-    stated, costed = plan.model.vocab, plan.graph.meta["config"].vocab
-    if stated % UNALIGNED_ELEMENTS and not engine_named(plan.train.framework).pads_vocab:
+    built = plan.graph.meta.get("config")  # (None for a captured model: its graph has the module's own shapes)
+    stated, costed = plan.model.vocab, built.vocab if built is not None else plan.model.vocab
+    if costed != stated and stated % UNALIGNED_ELEMENTS and not engine_named(plan.train.framework).pads_vocab:
         out.append(f"vocabulary {stated:,} costed padded to {costed:,}, as Megatron-LM pads it: a stack that keeps "
                    f"{stated:,} (no multiple of {UNALIGNED_ELEMENTS}) runs its LM head and embedding GEMMs on cuBLAS's "
                    "unaligned kernels, measured at 0.09-0.15 of peak on H200 and GPT-3 350M-2.7B steps 14-30% slower "
