@@ -327,7 +327,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("profile", help="measure this machine's GEMM, attention, memory and collective curves "
                                        "into a cluster file")
     p.add_argument("--out", required=True, help="the cluster file to write (YAML)")
-    p.add_argument("--devices", type=int, help="processes (default: every GPU with nccl, 2 with gloo)")
+    p.add_argument("--devices", type=int, help="processes (default: every GPU with nccl, 2 with gloo); 1 measures "
+                                               "the kernels alone and keeps the links of its preset (or --like)")
     p.add_argument("--backend", help="nccl (GPUs) or gloo (CPU processes); default nccl where there are GPUs")
     p.add_argument("--quick", action="store_true", help="a few points per curve (under a minute)")
     p.add_argument("--force", action="store_true", help="overwrite --out")

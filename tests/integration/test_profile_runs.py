@@ -63,6 +63,23 @@ def test_profile_writes_every_curve_and_refuses_to_overwrite(profiled, capsys):
 
 
 @pytest.mark.dist
+def test_one_process_profiles_its_kernels_under_a_presets_network(tmp_path, capsys):
+    """One device (a workstation's one GPU; here one gloo process) measures its kernels and no link: the file keeps
+    the --like preset's levels as published, shows, and plans."""
+    pytest.importorskip("torch")
+    path = tmp_path / "one.yaml"
+    assert main(["profile", "--devices", "1", "--backend", "gloo", "--quick", "--like", "dgx-h100", "--out",
+                 str(path), "--json"]) == 0
+    doc = read(str(path))
+    assert doc["measured"]["world_size"] == 1 and doc["measured"]["collectives"] == {}
+    assert [lv["name"] for lv in doc["levels"]] == [lv.name for lv in load_cluster("dgx-h100", devices=8).levels]
+    assert {"gemm", "attention", "hbm"} <= set(doc["efficiency"])
+    capsys.readouterr()
+    assert main(["plan", "llama2-7b", "--cluster", str(path), "--devices", "16", "--no-baselines", "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["step_time_s"] > 0
+
+
+@pytest.mark.dist
 def test_plan_uses_the_profiled_curves(profiled, tmp_path, capsys):
     from symtensor import api
 

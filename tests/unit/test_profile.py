@@ -121,14 +121,40 @@ def test_a_known_gpu_keeps_the_presets_published_peaks():
     assert "published numbers of preset dgx-h100" in doc["measured"]["note"]
 
 
+def test_one_device_keeps_its_presets_levels_and_measures_its_kernels(tmp_path):
+    """One GPU measures its kernels and no link: the file takes the published levels of its preset (matched by the
+    device's name, or --like) and its kernel fractions, and loads; without a preset it is one line naming --like.
+    A one-process request with --like passes the checks."""
+    result = synthetic(device="NVIDIA H200", gemm=0.7, groups=())
+    result["meta"]["world_size"] = 1
+    doc, fitted = build(result)
+    device, levels = PRESETS["dgx-h200"]
+    assert [lv["name"] for lv in doc["levels"]] == [lv.name for lv in levels]
+    assert [lv["bandwidth_gbps"] for lv in doc["levels"]] == [lv.bandwidth / 1e9 for lv in levels]
+    assert doc["efficiency"]["gemm"] == pytest.approx(0.7 * PEAK / device.flops("bf16"), rel=0.01)
+    assert "link_half_bytes" not in doc["efficiency"] and doc["measured"]["collectives"] == {}
+    assert len(fitted) == 5
+    cluster = load_cluster(str(write(doc, str(tmp_path / "one.yaml"))), devices=64)
+    assert efficiency_for(cluster).gemm == doc["efficiency"]["gemm"] and cluster.device.name == "NVIDIA H200"
+    assert curves(str(tmp_path / "one.yaml"))
+    bare = synthetic(groups=())
+    bare["meta"]["world_size"] = 1
+    with pytest.raises(PlanError, match="one-device profile measures no links and device 'CPU test' matches no "
+                                        "preset: name the cluster whose network the file keeps with --like"):
+        build(bare)
+    assert build(bare, like="dgx-a100-80g")[0]["levels"][0]["name"] == PRESETS["dgx-a100-80g"][1][0].name
+    assert check_request(str(tmp_path / "c.yaml"), 1, "gloo", False, "dgx-h100", None) == (1, "gloo")
+
+
 # -- one line per bad request or file ------------------------------------------------------------
 @pytest.mark.parametrize("kwargs, match", [
     ({"backend": "mpi"}, "unknown backend 'mpi': use nccl"),
     ({"backend": "gloo", "devices": 10_000}, "--devices 10000: gloo runs at most 4 processes per CPU core"),
-    ({"backend": "gloo", "devices": 1}, "needs at least 2 devices"),
+    ({"backend": "gloo", "devices": 0}, "give a number of devices, 1 or more"),
+    ({"backend": "gloo", "devices": 1}, "a one-device profile measures no links and this machine matches no preset"),
     ({"backend": "gloo", "devices": 4, "ranks_per_node": 3}, "--ranks-per-node 3 must divide --devices 4"),
     ({"backend": "gloo", "like": "dgx-h10"}, "not a cluster preset. Did you mean dgx-h100"),
-], ids=["backend", "too-many", "one", "ranks-per-node", "like"])
+], ids=["backend", "too-many", "none", "one-without-preset", "ranks-per-node", "like"])
 def test_bad_requests_fail_before_any_process(kwargs, match, tmp_path):
     with pytest.raises(PlanError, match=match):
         check_request(str(tmp_path / "c.yaml"), kwargs.get("devices", 2), kwargs.get("backend"), False,

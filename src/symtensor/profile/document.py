@@ -148,8 +148,19 @@ def _efficiency(meta: dict, compute: dict[str, Curve], links: dict, peaks: dict)
     out = {"source": source} | {k: _sig(c.a / (peaks["hbm"] if k == "hbm" else peaks["flops"]))
                                 for k, c in compute.items()}
     out |= {"gemm_knee": _sig(compute["gemm"].knee), "attention_knee": _sig(compute["attention"].knee)}
-    # one message-size curve for every level and kind: the median of the measured ones
-    return out | {"link_half_bytes": _sig(median(c.knee for c in links.values()))}
+    # one message-size curve for every level and kind: the median of the measured ones (none measured: the preset's)
+    return out | ({"link_half_bytes": _sig(median(c.knee for c in links.values()))} if links else {})
+
+
+def links_preset(device_name: str, like: str | None, devices: int) -> str | None:
+    """The preset whose published peaks and levels the file keeps (``preset_for``); a PlanError where one device
+    is profiled (it measures no link) and no preset names the network it sits in."""
+    preset = preset_for(device_name, like)
+    if devices < 2 and preset is None:
+        what = f"device {device_name!r}" if device_name else "this machine"
+        raise PlanError(f"a one-device profile measures no links and {what} matches no preset: name the cluster "
+                        "whose network the file keeps with --like PRESET (e.g. --like dgx-h100)")
+    return preset
 
 
 def build(result: dict, like: str | None = None) -> tuple[dict, list[Curve]]:
@@ -157,11 +168,12 @@ def build(result: dict, like: str | None = None) -> tuple[dict, list[Curve]]:
 
     Args:
         result: ``{"meta": provenance, "memory_bytes": per device, "tables": measured tables}`` as
-            ``symtensor.profile.worker.measure`` returns it (collectives on at least one level).
+            ``symtensor.profile.worker.measure`` returns it (collectives on the levels with two members or more:
+            none where one device was profiled, whose file then keeps its preset's levels as published).
         like: a preset whose published peaks to keep (default: matched by the device name).
     """
     meta, tables = result["meta"], result["tables"]
-    preset = preset_for(meta["device"], like)
+    preset = links_preset(meta["device"], like, meta["world_size"])
     groups = {t["level"]: t["group"] for t in tables["collectives"]}
     names = {i: lv.name for i, lv in enumerate(PRESETS[preset][1])} if preset else LEVEL_NAMES
     compute = compute_curves(tables)

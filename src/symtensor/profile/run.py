@@ -17,7 +17,7 @@ from pathlib import Path
 
 from symtensor.errors import PlanError
 from symtensor.hardware.cluster import preset_for
-from symtensor.profile.document import check_writable, curves, read
+from symtensor.profile.document import check_writable, curves, links_preset, read
 from symtensor.profile.grid import STEP_MARK
 
 BACKENDS = ("nccl", "gloo")
@@ -43,8 +43,8 @@ def check_request(out: str, devices: int | None, backend: str | None, force: boo
         raise PlanError("--backend nccl needs CUDA GPUs and torch sees none here; use --backend gloo")
     limit = gpus if backend == "nccl" else MAX_PROCESSES_PER_CORE * (os.cpu_count() or 1)
     devices = devices if devices is not None else (gpus if backend == "nccl" else 2)
-    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 2:
-        raise PlanError(f"--devices {devices!r}: the profile measures collectives, so it needs at least 2 devices")
+    if isinstance(devices, bool) or not isinstance(devices, int) or devices < 1:
+        raise PlanError(f"--devices {devices!r}: give a number of devices, 1 or more (one measures no links)")
     if devices > limit:
         what = (f"this machine has {gpus} GPU(s)" if backend == "nccl" else
                 f"gloo runs at most {MAX_PROCESSES_PER_CORE} processes per CPU core, {limit} on this machine")
@@ -53,6 +53,10 @@ def check_request(out: str, devices: int | None, backend: str | None, force: boo
     if ranks_per_node is not None and (ranks_per_node < 1 or devices % ranks_per_node):
         raise PlanError(f"--ranks-per-node {ranks_per_node} must divide --devices {devices}")
     preset_for("", like)  # an unknown preset fails here
+    if devices == 1:  # one device measures no links: the file keeps a preset's (its GPU's, or --like)
+        import torch
+
+        links_preset(torch.cuda.get_device_name(0) if backend == "nccl" else "", like, devices)
     check_writable(out, force)
     return devices, backend
 
