@@ -97,3 +97,5 @@ def test_a_plan_says_a_width_no_multiple_of_8_is_costed_at_aligned_rates():
         notes = description_notes(api.evaluate("gpt3-13b", "dgx-h100", 8, zero=3 if framework == "fsdp2" else 1,
                                                framework=framework))
         assert any(n.startswith("hidden 5,140 no multiple of 8") for n in notes), notes
+    ascend = description_notes(api.evaluate("gpt3-13b", "ascend-910b", 16, zero=1))  # (no cuBLAS there)
+    assert not any(n.startswith("hidden") for n in ascend)

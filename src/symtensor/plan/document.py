@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from symtensor.cost.engine import context_of, engine_named
 from symtensor.hardware import GIB
+from symtensor.hardware.cluster import PRESET_DEVICES
 from symtensor.plan.plan import Plan
 from symtensor.plan.summary import layer_types, megatron_summary, recipe_of, repeated_work_note
 
@@ -106,25 +107,30 @@ def notes(plan: Plan) -> list[str]:
 # kernels (measured on H200: a 50,257-wide LM head at 0.09-0.15 of peak, 50,258-50,260 at 0.25-0.29, 50,264 at
 # 0.67-0.81; benchmarks/results/hopper_runs.md)
 UNALIGNED_ELEMENTS = 8
+# the device names of PRESET_DEVICES that are NVIDIA GPUs (cuBLAS's kernels; not Ascend's)
+CUBLAS_DEVICES = tuple(key for key, _ in PRESET_DEVICES if key != "910B")
 
 
 def description_notes(plan: Plan) -> list[str]:
     """What the costing assumes of the run beyond the model's architecture: a vocabulary padded that the engine
-    would run unpadded (``Engine.pads_vocab``), a hidden or FFN width no multiple of 8 costed at aligned GEMM rates,
+    would run unpadded (``Engine.pads_vocab``), a hidden or FFN width no multiple of 8 costed at aligned GEMM rates
+    (both on NVIDIA GPUs, whose cuBLAS was measured),
     packed documents, as the graph's attention carries them
     (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``), and context parallelism run as
     all-to-alls (``plan.summary.all_to_all_context``: DeepSpeed-Ulysses, Megatron's a2a)."""
     out = []
+    cublas = any(key in plan.cluster.device.name for key in CUBLAS_DEVICES)
     built = plan.graph.meta.get("config")  # (None for a captured model: its graph has the module's own shapes)
     stated, costed = plan.model.vocab, built.vocab if built is not None else plan.model.vocab
-    if costed != stated and stated % UNALIGNED_ELEMENTS and not engine_named(plan.train.framework).pads_vocab:
+    pads = engine_named(plan.train.framework).pads_vocab
+    if cublas and costed != stated and stated % UNALIGNED_ELEMENTS and not pads:
         out.append(f"vocabulary {stated:,} costed padded to {costed:,}, as Megatron-LM pads it: a stack that keeps "
                    f"{stated:,} (no multiple of {UNALIGNED_ELEMENTS}) runs its LM head and embedding GEMMs on cuBLAS's "
                    "unaligned kernels, measured at 0.09-0.15 of peak on H200 and GPT-3 350M-2.7B steps 14-30% slower "
                    "(benchmarks/results/hopper_runs.md); pad the vocabulary (e.g. resize_token_embeddings("
                    "pad_to_multiple_of=128))")
     odd = [f"{name} {size:,}" for name, size in (("hidden", plan.model.hidden), ("FFN", plan.model.ffn))
-           if size % UNALIGNED_ELEMENTS]
+           if cublas and size % UNALIGNED_ELEMENTS]
     if odd:
         out.append(f"{' and '.join(odd)} no multiple of {UNALIGNED_ELEMENTS}: the layers' GEMMs over it run on "
                    "cuBLAS's unaligned kernels, measured on H200 at 0.22-0.24 of peak for a 5,140-wide layer against "

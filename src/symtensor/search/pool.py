@@ -326,21 +326,20 @@ class EvaluatorPool:
         otherwise (the seeds' scan, which the per-op search refines with the rule's split, and the Megatron
         recipe)."""
         ev, layouts = self.layouts(c)
-        self.costed += 1
-        if balance and c["pp"] > 1 and c["layer_split"] is None:
-            split = self.split_of(c)[0]
-            if split is not None:
-                balanced = {**c, "layer_split": split}
-                train = train_config(balanced)
-                costed = Costed(train, layouts, ev.evaluate(layouts, train, check=check), balanced)
-                if costed.report.fits:
-                    return costed
-                self.costed += 1
-                train = train_config(c)
-                rule = Costed(train, layouts, ev.evaluate(layouts, train, check=check), c)
-                return rule if rule.report.fits else costed
-        train = train_config(c)
-        return Costed(train, layouts, ev.evaluate(layouts, train, check=check), c)
+
+        def costed(config: dict) -> Costed:
+            self.costed += 1
+            train = train_config(config)
+            return Costed(train, layouts, ev.evaluate(layouts, train, check=check), config)
+
+        split = self.split_of(c)[0] if balance and c["pp"] > 1 and c["layer_split"] is None else None
+        if split is None:
+            return costed(c)
+        balanced = costed({**c, "layer_split": split})
+        if balanced.report.fits:
+            return balanced
+        rule = costed(c)
+        return rule if rule.report.fits else balanced
 
     def split_of(self, point: dict) -> tuple[tuple[int, ...] | None, float, float]:
         """The layer split a pipelined Megatron grid point runs with, by its inner grid's layer
