@@ -151,8 +151,8 @@ def breakdown_section(runs):
     for label, run in runs:
         plan = predict(run)
         got, charged = measured_split(run), charged_split(plan)
-        layers, h, _, f = {"gpt3-350m": (24, 1024, 16, 4096), "gpt3-760m": (24, 1536, 16, 6144),
-                           "gpt3-1.3b": (24, 2048, 16, 8192), "gpt3-2.7b": (32, 2560, 32, 10240)}[run["model"]]
+        cfg = plan.model  # (the zoo's GPT-3 dimensions, which hopper_measure.py's models copy)
+        layers, h, f = cfg.layers, cfg.hidden, cfg.ffn
         tokens = run["micro_batch"] * run["seq"]
         flops = 3 * 2 * tokens * (layers * (4 * h * h + 2 * h * f) + run.get("vocab", 50257) * h)
         rate = flops / (got["gemm"] / 1e3) / 989e12
