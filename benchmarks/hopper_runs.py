@@ -234,15 +234,25 @@ def expert_section(r1):
 
 
 def fp8_section(r1):
+    """FP8 rows against the model's charged FP8 rate, and the FP8 over BF16 speedup where the BF16 sweep timed the
+    same shape (forward layout; a square one in any) against the model's (``precision.gemm_speedup``'s rule: twice
+    the ratio of the two envelopes at the GEMM's FLOPs)."""
+    bf16 = {(r["M"], r["N"], r["K"]): r["tflops"] for r in r1["gemm_bf16"]
+            if r["layout"] == "TN" or r["M"] == r["N"] == r["K"]}
     lines = ["## FP8 GEMMs alone (`torch._scaled_mm`, E4M3, one scale per tensor: the tensorwise recipes' cuBLASLt "
-             "GEMM), back to back, against the model's charged FP8 rate", "",
-             "| M x N x K | measured TFLOP/s (of 1,979) | charged |", "|---|---:|---:|"]
+             "GEMM), back to back, against the model's charged FP8 rate and speedup over BF16", "",
+             "| M x N x K | measured TFLOP/s (of 1,979) | charged | BF16 measured TFLOP/s | speedup measured | "
+             "model's |", "|---|---:|---:|---:|---:|---:|"]
     for row in r1["fp8"]:
         if "tflops" not in row:
             continue
-        charged = kernels.gemm_shape_efficiency("H200", row["M"], row["N"], row["K"], "fp8", "TN")
-        lines.append(f"| {row['M']} x {row['N']} x {row['K']} | {row['tflops']:.0f} ({row['tflops'] / 1979:.3f}) | "
-                     f"{charged:.3f} |")
+        m, n, k = row["M"], row["N"], row["K"]
+        charged = kernels.gemm_shape_efficiency("H200", m, n, k, "fp8", "TN")
+        model = 2 * kernels.gemm_efficiency("H200", m, n, k, "fp8") / kernels.gemm_efficiency("H200", m, n, k, "bf16")
+        b = bf16.get((m, n, k))
+        speedup = f"{row['tflops'] / b:.2f}" if b else "-"
+        lines.append(f"| {m} x {n} x {k} | {row['tflops']:.0f} ({row['tflops'] / 1979:.3f}) | {charged:.3f} | "
+                     f"{f'{b:.0f}' if b else '-'} | {speedup} | {max(1.0, model):.2f} |")
     return lines
 
 
