@@ -266,7 +266,7 @@ _DEEPGEMM_DENSE = ((64, 2112, 7168, 206), (64, 24576, 1536, 289), (64, 32768, 51
                    (4096, 7168, 16384, 1520), (4096, 4096, 7168, 1410), (4096, 7168, 2048, 1168))
 # (Every FP8 recipe reads these blockwise rows. Measured since on the GH100 (benchmarks/results/hopper_runs.md):
 # cuBLASLt's tensorwise FP8 GEMM, what Transformer Engine's delayed and current scaling run, at 0.54-0.67 of 1,979
-# back to back, within 2% of this table's charge at 8,192-16,384-sized products and 8-25% above it at 2,048-4,096
+# back to back, within 2% of this table's charge at 8,192-16,384-sized products and 8-28% above it at 2,048-4,096
 # dims; a table per recipe is not built.)
 H800_FP8 = GemmTable(rows=tuple((m, n, k, "-", tf / 1979.0) for m, n, k, tf in _DEEPGEMM_DENSE), peak_tflops=1979.0,
                      sms=132, source=f"{DEEPGEMM}: 'Normal GEMMs for dense models'")
