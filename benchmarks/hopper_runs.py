@@ -131,9 +131,10 @@ def summary(rows, which) -> str:
 
 
 def breakdown_section(runs):
+    splits = [(label, run, predict(run)) for label, run in runs]  # (each run costed once, for both parts)
+    splits = [(label, run, plan, measured_split(run), charged_split(plan)) for label, run, plan in splits]
     ratios = defaultdict(list)
-    for _, run in runs:
-        got, charged = measured_split(run), charged_split(predict(run))
+    for _, run, _, got, charged in splits:
         kind = "compiled" if run.get("compiled") else "eager"
         ratios[("gemm", kind)].append(charged["gemm"] / got["gemm"])
         ratios[("memory", kind)].append((charged["memory"] + charged.get("embedding", 0)) / got["memory"])
@@ -148,9 +149,7 @@ def breakdown_section(runs):
              "than measured.", "",
              "| run | GEMM measured / charged | attention measured / charged | memory-bound measured / charged | "
              "GEMM rate in situ (of 989) |", "|---|---:|---:|---:|---:|"]
-    for label, run in runs:
-        plan = predict(run)
-        got, charged = measured_split(run), charged_split(plan)
+    for label, run, plan, got, charged in splits:
         cfg = plan.model  # (the zoo's GPT-3 dimensions, which hopper_measure.py's models copy)
         layers, h, f = cfg.layers, cfg.hidden, cfg.ffn
         tokens = run["micro_batch"] * run["seq"]

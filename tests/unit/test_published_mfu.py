@@ -86,6 +86,7 @@ ENGINES = (("megatron", 1), ("fsdp2", 3))
 MEASURED = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "hopper_runs.csv"
 
 
+@functools.cache  # (the file is read once for every case)
 def measured_h100_top(size: str) -> float:
     """The highest MFU (%, attention in full) of this project's measured GH100 steps of models of ``size`` class
     at H100's HBM bandwidth (``h100_mfu_full``, benchmarks/hopper_runs.py), padded vocabularies only (the model
