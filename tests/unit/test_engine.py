@@ -62,11 +62,20 @@ def test_frozen_weights_sharded_by_fsdp2_are_gathered_for_compute():
     assert lora.comm_bytes["all_gather"] >= base.comm_bytes["all_gather"] > 0
 
 
-def test_a_plan_says_what_an_unpadded_vocabulary_costs_where_the_engine_does_not_pad(capsys):
-    """The graph is costed with the vocabulary padded to a multiple of 128, as Megatron-LM pads it; under an engine of
-    PyTorch models (torchtitan, Hugging Face under DeepSpeed) GPT-2's 50,257 tokens stay unpadded and run on cuBLAS's
-    unaligned kernels (measured on H200), so the plan says so, in evaluate's JSON, plan's notes and explain; not
-    under Megatron's engines, nor for a vocabulary that is a multiple of 8."""
+def op_time(plan, block: str):
+    """The costed time of ``plan``'s first op of ``block`` (``cost.model.Evaluator.op_time``)."""
+    ev, layouts = plan.evaluator(), plan.op_layouts()
+    op = next(op for op in plan.graph.ops if op.block.endswith(block))
+    return ev.op_time(op, layouts[op.name])
+
+
+def test_an_unpadded_vocabulary_is_costed_unaligned_where_the_engine_does_not_pad(capsys):
+    """The graph is built with the vocabulary padded to a multiple of 128, as Megatron-LM pads it; under an engine of
+    PyTorch models (torchtitan, Hugging Face under DeepSpeed) GPT-2's 50,257 tokens stay unpadded and the LM head runs
+    on cuBLAS's unaligned kernels: on the GH100 costed at their measured rate (cost.kernels.GH100_ALIGNMENT, 0.15-0.21
+    of the aligned rate for an odd width), and said, in evaluate's JSON, plan's notes and explain; not under
+    Megatron's engines, nor for a vocabulary that is a multiple of 8. Where no unaligned rate was measured (A100)
+    the head is costed aligned and the note says so."""
     import json
 
     from symtensor import api
@@ -77,25 +86,44 @@ def test_a_plan_says_what_an_unpadded_vocabulary_costs_where_the_engine_does_not
     assert main(["evaluate", "gpt3-1.3b", "--cluster", "dgx-h100", "--devices", "8", "--framework", "fsdp2",
                  "--zero", "3", "--json"]) == 0
     notes = json.loads(capsys.readouterr().out)["notes"]
-    assert any(n.startswith("vocabulary 50,257 costed padded to 50,304") for n in notes)
+    said = [n for n in notes if n.startswith("vocabulary 50,257 (no multiple of 8) runs unpadded")]
+    assert said and "costed at cuBLAS's unaligned rate measured on the GH100" in said[0]
     plan = api.plan("gpt3-350m", "dgx-h100", 8, framework="deepspeed")
-    assert explain_plan(plan)["assumptions"][0].startswith("vocabulary 50,257 costed padded to 50,304")
+    assert explain_plan(plan)["assumptions"][0].startswith("vocabulary 50,257 (no multiple of 8) runs unpadded")
     for quiet in (api.evaluate("gpt3-1.3b", "dgx-h100", 8, zero=1),
                   api.evaluate("gpt3-1.3b", "dgx-h100", 8, zero=1, framework="megatron-deepspeed"),
                   api.evaluate("llama3-8b", "dgx-h100", 8, zero=3, framework="fsdp2")):
         assert not any(n.startswith(("vocabulary", "hidden", "FFN")) for n in description_notes(quiet))
+    a100 = description_notes(api.evaluate("gpt3-1.3b", "dgx-a100-80g", 8, zero=3, framework="fsdp2"))
+    assert any(n.startswith("vocabulary 50,257") and "costed at aligned rates" in n for n in a100)
+
+    # the cost: the head's GEMMs at the measured odd-width rate on H100, the rest of the step unchanged
+    fsdp, padded = (op_time(api.evaluate("gpt3-1.3b", "dgx-h100", 8, zero=3, framework="fsdp2", overrides=o),
+                            "lm_head") for o in (None, {"vocab": 50304}))
+    assert fsdp.fwd_s == pytest.approx(padded.fwd_s / 0.1528, rel=0.02)  # (the TN rows' mean ratio)
+    same, padded = (op_time(api.evaluate("gpt3-1.3b", "dgx-a100-80g", 8, zero=3, framework="fsdp2", overrides=o),
+                            "lm_head") for o in (None, {"vocab": 50304}))
+    assert same.fwd_s == pytest.approx(padded.fwd_s)
 
 
-def test_a_plan_says_a_width_no_multiple_of_8_is_costed_at_aligned_rates():
-    """GPT-3 13B as the GPT-3 paper states it (hidden 5,140) runs its layers' GEMMs on cuBLAS's unaligned kernels
-    (measured on H200 at a third of the aligned rate); the costing does not model that, and says so under every
-    engine (none pads a model's hidden size)."""
+def test_a_width_no_multiple_of_8_is_costed_at_the_measured_unaligned_rate():
+    """GPT-3 13B as the GPT-3 paper states it (hidden 5,140, 4 x an odd number) runs its layers' GEMMs on cuBLAS's
+    unaligned kernels: on the GH100 (H100, H200) at the rate measured for that class (0.35 of the aligned rate:
+    cost.kernels.GH100_ALIGNMENT), under every engine (none pads a model's hidden size), and the plan says so; on
+    A100 (no unaligned measurement) at aligned rates, said as such; not on Ascend (no cuBLAS)."""
     from symtensor import api
     from symtensor.plan.document import description_notes
 
     for framework in ("megatron", "fsdp2"):
         notes = description_notes(api.evaluate("gpt3-13b", "dgx-h100", 8, zero=3 if framework == "fsdp2" else 1,
                                                framework=framework))
-        assert any(n.startswith("hidden 5,140 no multiple of 8") for n in notes), notes
+        assert any(n.startswith("hidden 5,140 no multiple of 8") and "measured on the GH100" in n for n in notes)
+    slow = api.evaluate("gpt3-13b", "dgx-h100", 8, zero=1, recompute="full")
+    aligned = api.evaluate("gpt3-13b", "dgx-h100", 8, zero=1, recompute="full", overrides={"hidden": 5120})
+    down = [op_time(p, "down_proj") for p in (slow, aligned)]
+    assert down[0].fwd_s / down[1].fwd_s == pytest.approx(5140 / 5120 / 0.3594, rel=0.03)  # (class 4, TN)
+    assert slow.report.step_time_s > 2 * aligned.report.step_time_s
+    a100 = description_notes(api.evaluate("gpt3-13b", "dgx-a100-80g", 8, zero=1))
+    assert any(n.startswith("hidden 5,140") and "costed at aligned rates" in n for n in a100)
     ascend = description_notes(api.evaluate("gpt3-13b", "ascend-910b", 16, zero=1))  # (no cuBLAS there)
     assert not any(n.startswith("hidden") for n in ascend)

@@ -18,7 +18,7 @@ def test_every_table_has_a_source():
     for device, kind, key, _table, source in tables:
         assert len(source) > 40, (device, kind, key)
         assert any(word in source for word in ("arXiv", "SimuMax", "DeepGEMM", "gpu-benches", "FlashAttention",
-                                               "XLA")), source
+                                               "XLA", "hopper_measure.py")), source
     # copied rows carry their licence
     for source in (K.SIMUMAX, K.DEEPGEMM, K.MAMF, K.MSMF, K.GPU_BENCHES, K.FA3_PAPER, K.XLA_SM90):
         assert any(lic in source for lic in ("Apache-2.0", "MIT", "CC BY", "GPL-3.0")), source
@@ -152,3 +152,40 @@ def test_unknown_names_are_one_line_errors(call, match):
     with pytest.raises(PlanError, match=match) as err:
         call()
     assert "\n" not in str(err.value)
+
+
+def test_the_alignment_rows_are_the_measured_ones():
+    """``GH100_ALIGNMENT`` holds the H200 alignment microbenchmark's rows as measured (benchmarks/results/hopper_h200/
+    round2.json, rounded to 0.1 TFLOP/s), each unaligned weight paired with the aligned one of its kind (the vocabulary
+    rows with 50,304, the 5,140-wide ones with 5,120) in the same layout."""
+    import json
+    from pathlib import Path
+
+    raw = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "hopper_h200" /
+                      "round2.json").read_text())["alignment"]
+    tf = {(r["out"], r["inp"], r["layout"]): r["tflops"] for r in raw}
+    rows = K.GH100_ALIGNMENT.rows
+    assert len(rows) == len([k for k in tf if k[0] % 8 or k[1] % 8]) == 15
+    for out, inp, layout, t, aout, ainp, at in rows:
+        assert t == pytest.approx(tf[out, inp, layout], abs=0.05) and at == pytest.approx(tf[aout, ainp, layout],
+                                                                                        abs=0.05)
+        assert (out % 8 or inp % 8) and not (aout % 8 or ainp % 8) and abs(out - aout) <= 80 and abs(inp - ainp) <= 20
+
+
+def test_alignment_factor_by_class():
+    """An aligned weight (both dims multiples of 8), a device without an alignment table, or FP8 (its own
+    alignment rule, cost.precision): 1. On the GH100: an odd width at its class's measured mean per layout, a width
+    of 2 or 4 times an odd number at theirs, the lower dimension's class deciding; every factor in (0, 1)."""
+    assert [K.aligned_elements(w) for w in (50257, 50258, 50260, 5140, 20560, 4096, 2570)] == [1, 2, 4, 4, 8, 8, 2]
+    for device in ("H100-SXM5-80GB", "H200"):
+        assert K.alignment_factor(device, 4096, 14336, "bf16", "TN") == 1.0
+        odd = [K.alignment_factor(device, 50257, 2048, "bf16", lay) for lay in K.GEMM_LAYOUTS]
+        assert odd == pytest.approx([99.0 / 648.1, 142.5 / 695.5, 148.5 / 705.8], rel=1e-6)
+        four = K.alignment_factor(device, 20560, 5140, "bf16", "TN")
+        assert four == pytest.approx((279.0 / 648.1 + 214.1 / 690.4 + 236.2 / 699.4) / 3, rel=1e-6)
+        assert K.alignment_factor(device, 5140, 20560, "bf16", "TN") == four  # (the lower dimension's class)
+        assert all(0 < f < 1 for f in K.alignment_means(device, "bf16").values())
+        assert K.alignment_factor(device, 50257, 2048, "fp8", "TN") == 1.0
+    for device in ("A100-SXM4-80GB", "B200", "Ascend-910B"):
+        assert K.alignment_factor(device, 50257, 2048, "bf16", "TN") == 1.0
+

@@ -171,7 +171,7 @@ def efficiency_for(cluster, framework: str = "megatron") -> Efficiency:
         base = base.replace(source=f"{table}'s table transferred to {name} ({why}); {base.source}")
     engine = engine_named(framework)
     base = base.replace(kernels=kdev, attention_kernel=attention_kernel(
-        engine, name, lambda k: kernels.has_attention(kdev, k)))
+        engine, name, lambda k: kernels.has_attention(kdev, k)), pads_vocab=engine.pads_vocab)
     if framework in PYTORCH_KERNELS:
         sdpa = base.attention_sdpa or base.attention
         base = base.replace(attention=sdpa, attention_bwd=sdpa * ATTENTION_BWD_RATIO, eager_elementwise=True)

@@ -45,6 +45,10 @@ Lookup rules (one per table kind):
          seq (clamped outside). A causal curve that was not published (backward) reads the non-causal one:
          an upper bound, causal being slower at every published seq.
   hbm    hbm_fraction(device, pattern): the measured fraction of STREAM-like kernels at full occupancy.
+  alignment  ``alignment_factor``: a dense GEMM whose weight has a dimension no multiple of 8 elements (16 bytes of
+         BF16) runs at the device's measured unaligned-over-aligned ratio for that dimension's class (odd; 2 or 4
+         times an odd number) and layout (the mean of its measured rows); 1 where both dimensions are multiples of
+         8 or the device measured none (``DeviceKernels.alignment``: the GH100 only; plans say so elsewhere).
 
 Unknown devices, kernels, dtypes and directions raise a one-line ``PlanError``.
 """
@@ -80,6 +84,10 @@ XLA_SM90 = ("XLA's matmul performance table (tensorflow/tensorflow @372d578b, th
             "by XLA's matmul_perf_table_gen (short timed runs, i.e. the boost clock), rows copied in "
             "cost/kernels_data.py")
 NVIDIA_GEMM_GUIDE = "NVIDIA Deep Learning Performance docs, 'Matrix Multiplication Background User's Guide'"
+HOPPER_ALIGNMENT = ("this project's benchmarks/hopper_measure.py round 2 on one H200 (torch 2.11 + CUDA 13.0, cuBLAS "
+                    "through torch.mm, back to back; raw rows in benchmarks/results/hopper_h200/round2.json, read in "
+                    "benchmarks/results/hopper_runs.md): 16,384-token BF16 GEMMs whose weight has a dimension no "
+                    "multiple of 8 against the nearest aligned one, in each layout")
 MSMF = ("Bekman, ml-engineering, compute/accelerator/benchmarks/README.md, section 'MAMF & MSMF' (the revision after "
         "744d01e1 of 2026-08-22 that adds mamf-finder's sustained mode; CC BY-SA 4.0): MSMF = Maximum Sustainable "
         "Matmul FLOPS, BF16, measured after a thermal soak with the SM clock at its power-saturated floor, 'the "
@@ -126,6 +134,20 @@ class Curve:
         assert len(self.xs) == len(self.ys) and list(self.xs) == sorted(self.xs), self.source
 
 
+@dataclass(frozen=True, slots=True)
+class AlignmentTable:
+    """Measured GEMMs whose weight (out x in) has a dimension no multiple of ``ALIGN_ELEMENTS``, each against the
+    nearest aligned weight at the same tokens and layout (``alignment_factor`` reads them).
+
+    Attributes:
+        rows: (out, in, layout, TFLOP/s, aligned out, aligned in, aligned TFLOP/s), layout as ``GEMM_LAYOUTS``.
+        source: where the rows come from.
+    """
+
+    rows: tuple
+    source: str
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DeviceKernels:
     """One device's kernel tables.
@@ -143,6 +165,8 @@ class DeviceKernels:
         hbm: STREAM pattern -> measured fraction of HBM bandwidth (``HBM_PATTERNS``).
         transfers: table -> why this device reads another device's numbers.
         ceiling: dtype -> (best measured dense GEMM fraction, source): no lookup exceeds it.
+        alignment: dtype -> AlignmentTable: what a GEMM whose weight dimensions are no multiple of 8 elements
+            runs at against an aligned one (``alignment_factor``); a device without one is charged aligned rates.
         stack: dtype -> (GemmTable, scale): where the device's own GEMM table was not timed the way a training
             stack runs its GEMMs (H100: XLA autotunes each dot and times the kernel alone), a training stack's
             measured table (scaled as ``gemm``): the cost model's charged rate (``gemm_shape_efficiency``) is
@@ -160,6 +184,7 @@ class DeviceKernels:
     transfers: dict = field(default_factory=dict)
     ceiling: dict = field(default_factory=dict)
     stack: dict = field(default_factory=dict)
+    alignment: dict = field(default_factory=dict)
 
 
 # -- helpers -----------------------------------------------------------------------------------------------------
@@ -452,6 +477,27 @@ _A100_HBM = {"init": 1880 / 2039, "read": 1769 / 2039, "scale": 1732 / 2039, "tr
 _H100_PCIE_HBM = {"init": 2016 / 2039, "read": 1942 / 2039, "scale": 1704 / 2039, "triad": 1832 / 2039}
 _H200_HBM = {"init": 3884 / 4800, "read": 2756 / 4800, "scale": 3165 / 4800, "triad": 3534 / 4800}
 
+# A GEMM's operands are rows of its weight's dimensions (Y[M,N] = X[M,K] W[K,N]: X's rows are K long, W's and
+# Y's N long, in every layout of its three GEMMs); cuBLAS's fast Tensor Core kernels load 16-byte vectors (and on
+# Hopper by TMA, whose strides must be multiples of 16 bytes: CUDA driver API cuTensorMapEncodeTiled), so a row of
+# BF16 elements that is no multiple of 8 leaves it kernels that load 2, 4 or 8 bytes at a time (NVIDIA's "Matrix
+# Multiplication Background User's Guide", Tensor Core requirements: "multiples of 8" for FP16/BF16, most efficient
+# when aligned). Measured on the GH100 (H200): an odd width (50,257, GPT-2's vocabulary) 0.15-0.21 of the aligned
+# rate, a width of 2 or 4 times an odd number (50,258, 50,260; GPT-3 13B's hidden 5,140) 0.30-0.43. Rows: (out,
+# in, layout, TFLOP/s, aligned out, aligned in, aligned TFLOP/s), rounded to 0.1 TFLOP/s.
+ALIGN_ELEMENTS = 8
+GH100_ALIGNMENT = AlignmentTable(source=HOPPER_ALIGNMENT, rows=(
+    (50257, 2048, "TN", 99.0, 50304, 2048, 648.1), (50257, 2048, "NN", 142.5, 50304, 2048, 695.5),
+    (50257, 2048, "NT", 148.5, 50304, 2048, 705.8),
+    (50258, 2048, "TN", 278.0, 50304, 2048, 648.1), (50258, 2048, "NN", 246.9, 50304, 2048, 695.5),
+    (50258, 2048, "NT", 280.9, 50304, 2048, 705.8),
+    (50260, 2048, "TN", 279.0, 50304, 2048, 648.1), (50260, 2048, "NN", 248.2, 50304, 2048, 695.5),
+    (50260, 2048, "NT", 282.6, 50304, 2048, 705.8),
+    (5140, 5140, "TN", 214.1, 5120, 5120, 690.4), (5140, 5140, "NN", 228.6, 5120, 5120, 688.7),
+    (5140, 5140, "NT", 217.2, 5120, 5120, 717.6),
+    (20560, 5140, "TN", 236.2, 20480, 5120, 699.4), (20560, 5140, "NN", 237.9, 20480, 5120, 669.9),
+    (20560, 5140, "NT", 235.9, 20480, 5120, 668.5)))
+
 A100 = DeviceKernels(
     name="A100-SXM4-80GB", sms=108, peak_tflops={"bf16": 312.0, "fp16": 312.0},
     gemm={"bf16": (A100_PCIE_BF16, A100_SXM_SCALE)}, grouped={"bf16": (A100_PCIE_GROUPED, A100_SXM_SCALE)},
@@ -470,6 +516,7 @@ H100 = DeviceKernels(
     gemm={"bf16": (H100_BF16, GH100_SUSTAINED), "fp8": (H800_FP8, GH100_SUSTAINED)},
     grouped={"bf16": (A100_PCIE_GROUPED, H100_SCALE), "fp8": (H800_FP8_GROUPED, GH100_SUSTAINED)},
     attention=dict(H100_ATTENTION), hbm=dict(_H100_PCIE_HBM), stack={"bf16": (A100_PCIE_BF16, H100_SCALE)},
+    alignment={"bf16": GH100_ALIGNMENT},
     ceiling={"bf16": (MSMF_H200, f"{MSMF}: H200 SXM 698.6 of 989 TFLOP/s sustained (8 GPUs x 5 rounds, "
                                  "torch 2.14 + CUDA 13.0), the GH100 die of H100 SXM at the same 700 W"),
              "fp8": (1520 / 1979 * GH100_SUSTAINED, f"{DEEPGEMM}: best dense row, 4096x7168x16384 at 1,520 "
@@ -501,6 +548,7 @@ H100 = DeviceKernels(
 H200 = DeviceKernels(
     name="H200", sms=132, peak_tflops=dict(H100.peak_tflops), gemm=dict(H100.gemm), grouped=dict(H100.grouped),
     attention=dict(H100.attention), hbm=dict(_H200_HBM), ceiling=dict(H100.ceiling), stack=dict(H100.stack),
+    alignment=dict(H100.alignment),
     transfers={"gemm, grouped, attention": "H100 SXM5's tables: the same GH100 die, SM count, clocks and 700 W; "
                                            "only HBM differs (the sustained GEMM ceiling is H200's own MSMF)",
                **{k: v for k, v in H100.transfers.items() if k != "hbm"}})
@@ -678,6 +726,8 @@ def all_tables():
         for key, curve in dev.attention.items():
             out.append((dev.name, "attention", key, curve, curve.source))
         out.append((dev.name, "hbm", "all", dev.hbm, GPU_BENCHES))
+        for dtype, table in dev.alignment.items():
+            out.append((dev.name, "alignment", dtype, table, table.source))
     return out
 
 
@@ -764,6 +814,39 @@ def _shape_rule(index: _ShapeIndex, m, n, k, layout, groups, sms) -> float:
     logs, effs = by.get(layout) or by.get("-") or by["*"]
     d = logs - (math.log(m), math.log(n), math.log(k))
     return min(effs[int(np.einsum("ij,ij->i", d, d).argmin())] * scale, bound)
+
+
+def aligned_elements(width: float) -> int:
+    """The largest power of two, at most ``ALIGN_ELEMENTS``, that divides ``width`` (1 for an odd width)."""
+    w, a = int(width), 1
+    while a < ALIGN_ELEMENTS and w % (2 * a) == 0:
+        a *= 2
+    return a
+
+
+@functools.cache
+def alignment_means(device_name: str, dtype: str) -> dict:
+    """(alignment class, layout) -> the mean over the device's measured rows of that class of unaligned over
+    aligned TFLOP/s; the class of a row is ``aligned_elements`` of its weight's less aligned dimension."""
+    table = device_kernels(device_name).alignment.get(dtype) if device_name else None
+    by: dict = {}
+    for out, inp, layout, tf, _, _, aligned in table.rows if table else ():
+        key = (min(aligned_elements(out), aligned_elements(inp)), layout)
+        by.setdefault(key, []).append(tf / aligned)
+    return {key: sum(v) / len(v) for key, v in by.items()}
+
+
+def alignment_factor(device_name: str, out: float, inp: float, dtype: str, layout: str) -> float:
+    """The fraction of its aligned rate a GEMM of weight ``out`` x ``inp`` runs at in ``layout`` on the device
+    (``ALIGN_ELEMENTS``): 1 where both are multiples of 8 or the device has no alignment table for ``dtype``, else
+    the mean measured ratio of its class (``alignment_means``; a class the device did not measure reads the
+    nearest lower one measured, an odd width's at worst)."""
+    a = min(aligned_elements(out), aligned_elements(inp))
+    means = alignment_means(device_name, dtype)
+    if a >= ALIGN_ELEMENTS or not means:
+        return 1.0
+    lower = [c for c, lay in means if lay == layout and c <= a] or [min(c for c, _ in means)]
+    return means[(max(lower), layout)]
 
 
 @functools.lru_cache(maxsize=65536)

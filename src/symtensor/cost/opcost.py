@@ -259,6 +259,10 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
     fwd = kernels.gemm_shape_efficiency(eff.kernels, m, n, k, tdtype, "TN", groups)
     dgrad = kernels.gemm_shape_efficiency(eff.kernels, m, k, n, tdtype, "NN", groups)
     wgrad = kernels.gemm_shape_efficiency(eff.kernels, n, k, m, tdtype, "NT", groups)
+    if op.kind == "linear" and groups == 1:  # a weight no multiple of 8 wide (``kernels.alignment_factor``)
+        out = n if eff.pads_vocab or op.attr("stated_vocab") is None else op.attr("stated_vocab")
+        fwd, dgrad, wgrad = (e * kernels.alignment_factor(eff.kernels, out, k, tdtype, layout)
+                             for e, layout in zip((fwd, dgrad, wgrad), kernels.GEMM_LAYOUTS))
     bwd = 2 / (1 / dgrad + 1 / wgrad) if grad_operands >= 2 else min(dgrad, wgrad)
     return fwd, bwd
 

@@ -117,6 +117,9 @@ class Efficiency:
             above; a cluster file's measured fraction of a class takes the class out of the tables.
         attention_kernel: the table kernel (``cost.kernels``: fa2, fa3, cudnn, te) the engine's
             fused attention runs on this device.
+        pads_vocab: the engine pads the vocabulary as the graph is built (``Engine.pads_vocab``); where it does
+            not, the LM head's GEMMs run the model's stated vocabulary and its alignment
+            (``cost.opcost.op_rates``).
         end_to_end: the end-to-end constants (``EndToEnd``).
         source: provenance of the numbers.
     """
@@ -137,6 +140,7 @@ class Efficiency:
     kernels: str = ""
     tables: tuple[str, ...] = ()
     attention_kernel: str = ""
+    pads_vocab: bool = True
     end_to_end: EndToEnd = EndToEnd()
     source: str = field(default="", compare=False)
 

@@ -38,6 +38,7 @@ def padded_vocab(vocab: int) -> int:
 
 class _Builder:
     def __init__(self, cfg: ModelConfig, micro_batch: int, seq: int, dtype: str):
+        self.stated_vocab = cfg.vocab
         if cfg.vocab >= VOCAB_PAD:
             cfg = cfg.replace(vocab=padded_vocab(cfg.vocab))
         self.cfg, self.b, self.s, self.dtype = cfg, micro_batch, seq, dtype
@@ -301,7 +302,10 @@ class _Builder:
         w = self.param("lm_head.weight", (cfg.hidden, cfg.vocab), ("h", "v"),
                        tie="word_embeddings" if cfg.tied else None)
         logits = self.act("logits", (b, s, cfg.vocab), ("b", "s", "v"))
-        self.op("lm_head", "linear", sizes, [xf, w], [("b", "s", "h"), ("h", "v")], [logits], [("b", "s", "v")])
+        # (the vocabulary the model states, where padding changed it: what an engine that does not pad runs)
+        stated = {"stated_vocab": self.stated_vocab} if self.stated_vocab != cfg.vocab else {}
+        self.op("lm_head", "linear", sizes, [xf, w], [("b", "s", "h"), ("h", "v")], [logits], [("b", "s", "v")],
+                **stated)
         loss = self.act("loss", (b, s), ("b", "s"), dtype="fp32")
         self.op("loss", "cross_entropy", {"b": b, "s": s, "v": cfg.vocab}, [logits, "labels"],
                 [("b", "s", "v"), ("b", "s")], [loss], [("b", "s")])

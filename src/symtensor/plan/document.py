@@ -8,6 +8,7 @@ of its regime, ``cost.bands``) and the baselines beside a searched plan.
 from __future__ import annotations
 
 from symtensor.cost.engine import context_of, engine_named
+from symtensor.cost.kernels import ALIGN_ELEMENTS, alignment_means
 from symtensor.hardware import GIB
 from symtensor.hardware.cluster import PRESET_DEVICES
 from symtensor.plan.plan import Plan
@@ -103,39 +104,43 @@ def notes(plan: Plan) -> list[str]:
     return [*plan.notes, *([repeat] if repeat else []), *description_notes(plan)]
 
 
-# BF16 rows of 16 bytes: a GEMM dimension that is no multiple of this many elements leaves cuBLAS its unaligned
-# kernels (measured on H200: a 50,257-wide LM head at 0.09-0.15 of peak, 50,258-50,260 at 0.25-0.29, 50,264 at
-# 0.67-0.81; benchmarks/results/hopper_runs.md)
-UNALIGNED_ELEMENTS = 8
 # the device names of PRESET_DEVICES that are NVIDIA GPUs (cuBLAS's kernels; not Ascend's)
 CUBLAS_DEVICES = tuple(key for key, _ in PRESET_DEVICES if key != "910B")
 
 
 def description_notes(plan: Plan) -> list[str]:
-    """What the costing assumes of the run beyond the model's architecture: a vocabulary padded that the engine
-    would run unpadded (``Engine.pads_vocab``), a hidden or FFN width no multiple of 8 costed at aligned GEMM rates
-    (both on NVIDIA GPUs, whose cuBLAS was measured),
+    """What the costing assumes of the run beyond the model's architecture: a vocabulary, hidden or FFN width no
+    multiple of 8 (``cost.kernels.ALIGN_ELEMENTS``) on an NVIDIA GPU (cuBLAS's unaligned kernels): costed at the
+    device's measured unaligned rate where it has one (``cost.kernels.alignment_factor``: the GH100), noted as
+    costed at aligned rates elsewhere; a vocabulary padded by an engine that pads (``Engine.pads_vocab``) is costed
+    aligned and not noted;
     packed documents, as the graph's attention carries them
     (``ModelConfig.doc_tokens`` shorter than the sequence: ``models.builder``), and context parallelism run as
     all-to-alls (``plan.summary.all_to_all_context``: DeepSpeed-Ulysses, Megatron's a2a)."""
+    from symtensor.cost.efficiency import efficiency_for
+
     out = []
     cublas = any(key in plan.cluster.device.name for key in CUBLAS_DEVICES)
+    eff = efficiency_for(plan.cluster, plan.train.framework)
+    costed = eff.tabled("gemm") and bool(alignment_means(eff.kernels, "bf16"))
+    how = ("are costed at cuBLAS's unaligned rate measured on the GH100 (one H200, benchmarks/results/"
+           "hopper_runs.md)" if costed else "are costed at aligned rates (no measured unaligned rate for this "
+           "device's GEMMs; on the GH100, one H200, they ran about three times slower: benchmarks/results/"
+           "hopper_runs.md)")
     built = plan.graph.meta.get("config")  # (None for a captured model: its graph has the module's own shapes)
-    stated, costed = plan.model.vocab, built.vocab if built is not None else plan.model.vocab
+    stated = plan.model.vocab
+    padded = built.vocab if built is not None else stated
     pads = engine_named(plan.train.framework).pads_vocab
-    if cublas and costed != stated and stated % UNALIGNED_ELEMENTS and not pads:
-        out.append(f"vocabulary {stated:,} costed padded to {costed:,}, as Megatron-LM pads it: a stack that keeps "
-                   f"{stated:,} (no multiple of {UNALIGNED_ELEMENTS}) runs its LM head and embedding GEMMs on cuBLAS's "
-                   "unaligned kernels, measured at 0.09-0.15 of peak on H200 and GPT-3 350M-2.7B steps 14-30% slower "
-                   "(benchmarks/results/hopper_runs.md); pad the vocabulary (e.g. resize_token_embeddings("
-                   "pad_to_multiple_of=128))")
+    if cublas and padded != stated and stated % ALIGN_ELEMENTS and not pads:
+        out.append(f"vocabulary {stated:,} (no multiple of {ALIGN_ELEMENTS}) runs unpadded on this engine: its LM "
+                   f"head's GEMMs {how}, 0.15-0.43 of the aligned rate; pad the vocabulary (e.g. "
+                   "resize_token_embeddings(pad_to_multiple_of=128)) to run them aligned")
     odd = [f"{name} {size:,}" for name, size in (("hidden", plan.model.hidden), ("FFN", plan.model.ffn))
-           if cublas and size % UNALIGNED_ELEMENTS]
+           if cublas and size % ALIGN_ELEMENTS]
     if odd:
-        out.append(f"{' and '.join(odd)} no multiple of {UNALIGNED_ELEMENTS}: the layers' GEMMs over it run on "
-                   "cuBLAS's unaligned kernels, measured on H200 at 0.22-0.24 of peak for a 5,140-wide layer against "
-                   "0.67-0.73 at 5,120 (benchmarks/results/hopper_runs.md), about three times slower than the aligned "
-                   "rates they are costed at")
+        out.append(f"{' and '.join(odd)} no multiple of {ALIGN_ELEMENTS}: the layers' GEMMs over it {how} (0.35 of "
+                   "the aligned rate for a 5,140-wide layer against 5,120); a width that is a multiple of 8 runs "
+                   "them aligned")
     doc = next((op.attr("document") for op in plan.graph.ops if op.attr("document")), None)
     if doc is not None:
         out.append(f"packed sequences: attention costed per document of {doc:,} tokens (doc_tokens), not per "
