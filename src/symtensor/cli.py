@@ -109,8 +109,9 @@ def _moe_args(p: argparse.ArgumentParser) -> None:
                    "default: the engine's own")
     p.add_argument("--attention", default=None, metavar="KERNEL",
                    help="the attention kernel your stack runs: te (Transformer Engine's: cuDNN on Hopper; NeMo "
-                   "AutoModel's attn te), sdpa (PyTorch's flash backend, FlashAttention-2: torchtitan), fa3 "
-                   "(FlashAttention-3, Hopper); default: the engine's own")
+                   "AutoModel's attn te), sdpa (PyTorch's, as torch >= 2.11 and torchtitan run it: cuDNN on Hopper "
+                   "and Blackwell, FlashAttention-2 elsewhere), fa2 (FlashAttention-2: flash-attn, or SDPA on torch "
+                   "<= 2.10), fa3 (FlashAttention-3, Hopper); default: the engine's own")
     p.add_argument("--tp-comm-overlap", dest="tp_comm_overlap", action=argparse.BooleanOptionalAction, default=None,
                    help="Megatron's --tp-comm-overlap (tensor-parallel communication behind the GEMMs, with "
                    "sequence parallelism) or, with --no-, exposed: Megatron-LM's default; default: the engine's (on)")

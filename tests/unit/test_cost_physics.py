@@ -119,8 +119,8 @@ def test_attention_kernel_changes_attention_time_by_its_ratio_and_nothing_else(f
     """The attention kernel of the run's stack (``--set attention=...``) is priced on the attention
     op alone: FlashAttention v1 (flash1) runs at half of FlashAttention-2 (flash2) forward and
     backward (Dao 2023), flash2 at the device's FlashAttention-2 table whatever the engine, and
-    ``flash`` (the default) at the engine's own kernel's table (Transformer Engine's cuDNN attention on
-    H100, FlashAttention-2 elsewhere and under the PyTorch stacks); every other op costs the same. Times
+    ``flash`` (the default) at the engine's own kernel's table (cuDNN's attention on H100, as Transformer Engine
+    and PyTorch's SDPA since torch 2.11 run it; FlashAttention-2 on A100); every other op costs the same. Times
     are compared without the per-op idle gap (EndToEnd.kernel_gap_s), which no kernel changes."""
     from symtensor.cost import kernels as K
     from symtensor.cost.efficiency import efficiency_for
@@ -128,7 +128,7 @@ def test_attention_kernel_changes_attention_time_by_its_ratio_and_nothing_else(f
     cluster = load_cluster(device, devices=8)
     eff = efficiency_for(cluster, framework)
     gap = eff.end_to_end.kernel_gap_s
-    engine = "cudnn" if framework == "megatron" and device == "dgx-h100" else "fa2"
+    engine = "cudnn" if device == "dgx-h100" else "fa2"
     assert eff.attention_kernel == engine
     flash, flash2, flash1 = (_op_times(k, framework, device) for k in ("flash", "flash2", "flash1"))
     assert flash.keys() == flash1.keys() == flash2.keys()

@@ -104,24 +104,26 @@ def _evaluate(framework: str, cluster: str = "dgx-h100", **stack):
 
 @pytest.mark.parametrize("framework, own", [("megatron", "te"), ("fsdp2", "sdpa")])
 def test_an_unstated_attention_kernel_is_the_engines_own(framework, own):
-    """Megatron runs Transformer Engine's attention (cuDNN's on Hopper), torchtitan's FSDP2 PyTorch's SDPA flash
-    backend (FlashAttention-2): stating that kernel changes nothing."""
+    """Megatron runs Transformer Engine's attention (cuDNN's on Hopper), torchtitan's FSDP2 PyTorch's SDPA (cuDNN's
+    first on Hopper too): stating that kernel changes nothing."""
     default, stated = _evaluate(framework).report, _evaluate(framework, attention=own).report
     assert (stated.step_time_s, stated.memory) == (default.step_time_s, default.memory)
 
 
 def test_a_stated_attention_kernel_runs_at_its_own_table():
-    """Each stated kernel prices attention at its measured table on the device (``stack_kernels.ATTENTION``): TE's is
-    cuDNN's on H100 and FlashAttention-2 on A100, SDPA's FlashAttention-2, FA3 Hopper's only. On H100 FSDP2 with TE's
-    attention (NeMo AutoModel's ``attn: te``) runs a faster step than with SDPA's, and the search's floor under the
-    stated kernel stays below the step it charges."""
+    """Each stated kernel prices attention at its measured table on the device (``stack_kernels.ATTENTION``): TE's and
+    SDPA's (torch >= 2.11, torchtitan) are cuDNN's on H100 and FlashAttention-2 on A100, fa2 FlashAttention-2 on both,
+    FA3 Hopper's only. On H100 FSDP2 with FlashAttention-2 (SDPA on an older torch) runs a slower step than with its
+    own (cuDNN's, as TE's: NeMo AutoModel's ``attn: te`` costs the same), and the search's floor under the stated
+    kernel stays below the step it charges."""
     h100, a100 = (efficiency_for(load_cluster(c, devices=8), "fsdp2") for c in ("dgx-h100", "dgx-a100-80g"))
-    assert table_attention_kernel(h100, None, "te") == ("cudnn", 1.0)
+    for stated in ("te", "sdpa", None):
+        assert table_attention_kernel(h100, None, stated) == ("cudnn", 1.0)
+        assert table_attention_kernel(a100, None, stated) == ("fa2", 1.0)
+    assert table_attention_kernel(h100, None, "fa2") == table_attention_kernel(a100, None, "fa2") == ("fa2", 1.0)
     assert table_attention_kernel(h100, None, "fa3") == ("fa3", 1.0)
-    assert table_attention_kernel(a100, None, "te") == ("fa2", 1.0)
-    assert table_attention_kernel(h100, None, None) == ("fa2", 1.0)
-    te = _evaluate("fsdp2", attention="te")
-    assert te.report.step_time_s < _evaluate("fsdp2").report.step_time_s
+    te, fa2 = _evaluate("fsdp2", attention="te"), _evaluate("fsdp2", attention="fa2")
+    assert te.report.step_time_s == _evaluate("fsdp2").report.step_time_s < fa2.report.step_time_s
     assert evaluation_json(te)["attention_kernel"] == "te"  # the prediction names the kernel it was costed with
     assert evaluation_json(_evaluate("fsdp2"))["attention_kernel"] == "flash"
     cluster = load_cluster("dgx-h100", devices=8)
@@ -136,7 +138,7 @@ def test_attention_kernels_a_stack_or_device_does_not_run_are_refused():
         _evaluate("fsdp2", "dgx-a100-80g", attention="fa3")
     with pytest.raises(PlanError, match="megatron runs Transformer Engine's attention, not sdpa"):
         _evaluate("megatron", attention="sdpa")
-    with pytest.raises(PlanError, match="attention='flex'; use one of te, sdpa, fa3"):
+    with pytest.raises(PlanError, match="attention='flex'; use one of te, sdpa, fa2, fa3"):
         Stack(attention="flex")
     torchtitan_config(_evaluate("fsdp2", attention="sdpa"))
     with pytest.raises(PlanError, match="torchtitan's attention is PyTorch's scaled_dot_product_attention"):

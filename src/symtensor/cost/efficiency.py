@@ -66,9 +66,10 @@ CALIBRATED = A100
 # --fit`` on calibration_h100.csv (NeMo 2 Llama 3.1 8B/70B/405B runs on DGX H100, 17 iteration
 # times); the batched-matmul, HBM and link fractions are A100's (the H100 rows cannot separate
 # them: every run overlaps its communication and uses fused attention).
-# On H100 PyTorch's SDPA runs FlashAttention-2, which reaches ~35% of the BF16 peak forward
-# (~350 TFLOP/s at head dim 128; Shah et al. 2024, FlashAttention-3, Fig. 5), against the fused
-# attention Transformer Engine runs in the NeMo rows.
+# attention_sdpa, the scalar fallback of a device without attention tables (none shipped): PyTorch's SDPA as
+# FlashAttention-2, which reaches ~35% of the BF16 peak forward on H100 (~350 TFLOP/s at head dim 128; Shah et
+# al. 2024, FlashAttention-3, Fig. 5), against the fused attention Transformer Engine runs in the NeMo rows. With
+# the tables, SDPA runs cuDNN's fused attention on H100 since torch 2.11 (``engine.SDPA_ATTENTION``).
 H100 = A100.replace(kernels="H100-SXM5-80GB", attention_kernel="cudnn",
                     gemm=0.6208, attention=0.6332, attention_bwd=0.6332 * ATTENTION_BWD_RATIO, attention_sdpa=0.35,
                     source="H100: fitted on shared/data/calibration_h100.csv (NeMo 2 Llama 3.1 on DGX H100); "

@@ -319,7 +319,7 @@ _SAC = ("sac", "torchtitan's selective checkpointing (selective-op, layer:N) run
 # Transformer Engine "prefers cuDNN flash attention on Hopper+ architectures, and Tri Dao flash attention on
 # Ampere" (NeMo docs, memory_optimizations.rst, NVIDIA/NeMo#9188); Blackwell's only table is SimuMax's measured
 # Transformer Engine attention (``te``), which Blackwell Ultra (B300, GB300) reads too (cost.kernels.B300).
-# PyTorch's SDPA runs FlashAttention-2 (its flash backend since torch 2.2).
+# PyTorch's SDPA: ``SDPA_ATTENTION`` below (cuDNN on Hopper and Blackwell since torch 2.11, FlashAttention-2 elsewhere).
 # NVFP4 (``cost.precision``) is costed as Transformer Engine's NVFP4BlockScaling, which Megatron-LM runs
 # (--fp4-format e2m1 --fp4-recipe nvfp4); torchtitan's nvfp4 converter (pytorch/torchtitan@b5bcd76c
 # torchtitan/components/quantization/nvfp4.py) runs torchao's prototype Triton NVFP4 kernels instead, for which
@@ -340,7 +340,19 @@ _PIPE = ("pp", "DeepSpeed's pipeline parallelism is its pipeline engine (ZeRO 0 
                "costed as --framework megatron-deepspeed; use --pp 1 under --framework deepspeed, or that engine")
 TE_ATTENTION = (("H100", "cudnn"), ("H200", "cudnn"), ("H800", "cudnn"), ("B200", "te"), ("B300", "te"),
                 ("", "fa2"))
-SDPA_ATTENTION = (("", "fa2"),)
+# PyTorch's scaled_dot_product_attention prefers cuDNN's fused attention on sm90 and sm100 since torch 2.11
+# (aten/src/ATen/native/transformers/cuda/sdp_utils.cpp ``check_prefer_cudnn_attention``: the backend order cuDNN,
+# flash, efficient, math where the bundled cuDNN is above 9.15.0, which torch 2.11's CUDA wheels are the first to
+# carry; the guard came in after the 2.5 bugs, pytorch/pytorch#138522, #162073; huggingface/transformers#48163
+# "on recent torch the default is already cuDNN"), the kernels Transformer Engine's DotProductAttention runs there;
+# elsewhere (A100) FlashAttention-2. torchtitan puts cuDNN first itself, on any torch (pytorch/torchtitan@0012170a
+# torchtitan/models/attention.py ``ScaledDotProductAttentionWrapper.sdpa_backends``: CUDNN_ATTENTION, FLASH_ATTENTION,
+# EFFICIENT_ATTENTION, MATH under ``sdpa_kernel(..., set_priority=True)``; pytorch/torchtitan#1000, 2025-03-20).
+# Measured: torch 2.11's SDPA ran cuDNN's kernels in this project's H200 steps (benchmarks/results/hopper_runs.md).
+# A stack on torch 2.10 or older (and torchtitan before March 2025) states ``--attention fa2``.
+SDPA_ATTENTION = TE_ATTENTION
+# the flash-attn library's FlashAttention-2 (Megatron-DeepSpeed's --use-flash-attn-v2), on every device
+FA2_ATTENTION = (("", "fa2"),)
 # a device without the engine's kernel's tables runs the first of these it has
 ATTENTION_FALLBACK = ("fa2", "cudnn", "fa3", "te")
 
@@ -386,7 +398,7 @@ ENGINES["megatron-deepspeed"] = Engine(
     "megatron-deepspeed", ddp_bucket_bytes=5e8 * 4, per_tensor_gathers=False, regather_recompute=False,
     tp_overlap=False, keeps_sp_shard=True, exposed_param_gather=True, copy_out=False, state_bytes=(2, 6, 12),
     sharded_from=(3, 2, 1), reshards_from=3, pytorch_kernels=False, bucket_buffers=1, loss_grad_bytes=4,
-    attention_kernels=SDPA_ATTENTION, p2p_transfers=4, reduce_after_backward=True, zero_all_reduce=True,
+    attention_kernels=FA2_ATTENTION, p2p_transfers=4, reduce_after_backward=True, zero_all_reduce=True,
     reduce_bytes=4, pads_vocab=True, refuses=(
         ("zero2", f"{_DS_PIPE} runs ZeRO 0 or 1 (\"ZeRO-2 and ZeRO-3 are incompatible with pipeline parallelism\"); "
                   "use --zero 1, or --framework deepspeed (Megatron-DeepSpeed's --no-pipeline-parallel, pp 1)"),

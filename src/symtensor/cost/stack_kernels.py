@@ -36,7 +36,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from symtensor.cost import kernels
-from symtensor.cost.engine import SDPA_ATTENTION, TE_ATTENTION, table_kernel
+from symtensor.cost.engine import FA2_ATTENTION, SDPA_ATTENTION, TE_ATTENTION, table_kernel
 
 
 @dataclass(frozen=True, slots=True)
@@ -59,10 +59,12 @@ ELEMENTWISE = ("eager", "fused")
 # The attention kernels a stack may state (``Stack.attention``), under the names the stacks give them, and the
 # kernel of the measured tables (``cost.kernels``) each runs per device, the first device-name part found winning:
 # ``te``, Transformer Engine's DotProductAttention (cuDNN's fused attention on Hopper, the megatron engine's
-# ``TE_ATTENTION``: NeMo AutoModel's ``attn: te`` backend too); ``sdpa``, PyTorch's scaled_dot_product_attention
-# with its flash backend (FlashAttention-2, the fsdp2 engine's ``SDPA_ATTENTION``); ``fa3``, FlashAttention-3
-# (Hopper only: Shah et al. 2024). Unstated, the engine's own.
-ATTENTION = {"te": TE_ATTENTION, "sdpa": SDPA_ATTENTION, "fa3": (("", "fa3"),)}
+# ``TE_ATTENTION``: NeMo AutoModel's ``attn: te`` backend too); ``sdpa``, PyTorch's scaled_dot_product_attention as
+# torch 2.11 and later and torchtitan run it (cuDNN's fused attention on Hopper and Blackwell, FlashAttention-2
+# elsewhere: the fsdp2 and deepspeed engines' ``SDPA_ATTENTION``); ``fa2``, FlashAttention-2 on every device (the
+# flash-attn library, or SDPA's flash backend on torch 2.10 and older without torchtitan's cuDNN priority:
+# ``FA2_ATTENTION``); ``fa3``, FlashAttention-3 (Hopper only: Shah et al. 2024). Unstated, the engine's own.
+ATTENTION = {"te": TE_ATTENTION, "sdpa": SDPA_ATTENTION, "fa2": FA2_ATTENTION, "fa3": (("", "fa3"),)}
 
 # The dtype the model's parameters are kept in, which is what the optimizer updates (``Stack.param_dtype``): ``fp32``,
 # the engines' own (Megatron's fp32 main parameters, torchtitan's fp32 model under FSDP2's bf16 mixed precision);

@@ -155,7 +155,8 @@ def torchtitan_config(plan) -> dict:
         raise PlanError(f"torchtitan's loss is PyTorch's cross-entropy on an fp32 copy of the logits, not "
                         f"{p.stack.loss}: plan with --loss fp32 (or leave it out), or export this one to megatron")
     if p.stack.attention not in (None, "sdpa"):  # torchtitan/models/attention.py: scaled_dot_product_attention
-        raise PlanError(f"torchtitan's attention is PyTorch's scaled_dot_product_attention (FlashAttention-2), not "
+        raise PlanError(f"torchtitan's attention is PyTorch's scaled_dot_product_attention (cuDNN's first on Hopper "
+                        f"and Blackwell, FlashAttention-2 elsewhere), not "
                         f"{p.stack.attention}: plan with --attention sdpa (or leave it out), or export this one to "
                         "megatron")
     if p.stack.param_dtype == "bf16":  # its model in fp32, FSDP2 MixedPrecisionPolicy(param_dtype=bf16) gathers bf16
