@@ -26,8 +26,13 @@ How each run is costed (``symtensor.api.evaluate``, the same call as ``symtensor
     whole) = ``layer:2``; "selective op" and plain "selective" (torchtitan's default option, op: each
     block keeps every other matmul's output and SDPA's, re-runs the rest) = ``selective-op``. (Until
     round 3 this script bracketed them between "none" and "full" by a share of full's increment.)
-  * Attention kernels, the model's ``attention`` (``--set attention=...``): torchtitan runs SDPA
-    (FlashAttention-2), NeMo Transformer Engine's fused attention: ``flash``, each engine's own.
+  * Attention kernels, the model's ``attention`` (``--set attention=...``): torchtitan runs SDPA, whose
+    order put FlashAttention-2 first on Hopper and A100 until 2025-10-09 (torch's own order before 2025-05-14,
+    torchtitan's FLASH_ATTENTION-first list on non-Blackwell devices from then, pytorch/torchtitan 3b85aa31f #1196;
+    cuDNN first only since 6a3a9da95 #1776, the fsdp2 engine's own now): every torchtitan source here predates it
+    (performance.md @041336434 2024-04-24 and @eaea6f6a2 2025-02-02, the asyncTP benchmark @c720cb872
+    2025-06-15), so its rows state ``attention=flash2`` (FlashAttention-2's table whatever the engine, as they
+    were costed before round 6). NeMo Transformer Engine's fused attention: ``flash``, the engine's own.
     llm-foundry's MPT yamls set ``attn_config: attn_impl: triton`` (mpt-125m.yaml @2a59782a, the
     benchmark script's ``--attn_impl`` default too), flash-attn's Triton FlashAttention (v1):
     ``attention=flash1`` (``symtensor.cost.efficiency.ATTENTION_KERNELS``: half of FlashAttention-2,
@@ -146,8 +151,9 @@ def cluster_files(folder: Path) -> dict:
 
 def kernel_of(row: dict) -> str:
     """The attention kernel of a run (``ModelConfig.attention``): llm-foundry's MPT yamls run
-    flash-attn's Triton kernel, the others their engine's own."""
-    return "flash1" if row["source"] == "llm-foundry" else "flash"
+    flash-attn's Triton kernel, torchtitan's sources SDPA's FlashAttention-2 (the module docstring), the others
+    their engine's own."""
+    return {"llm-foundry": "flash1", "torchtitan": "flash2"}.get(row["source"], "flash")
 
 
 def cluster_of(row: dict, clusters: dict) -> str:

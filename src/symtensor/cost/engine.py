@@ -345,11 +345,13 @@ TE_ATTENTION = (("H100", "cudnn"), ("H200", "cudnn"), ("H800", "cudnn"), ("B200"
 # flash, efficient, math where the bundled cuDNN is above 9.15.0, which torch 2.11's CUDA wheels are the first to
 # carry; the guard came in after the 2.5 bugs, pytorch/pytorch#138522, #162073; huggingface/transformers#48163
 # "on recent torch the default is already cuDNN"), the kernels Transformer Engine's DotProductAttention runs there;
-# elsewhere (A100) FlashAttention-2. torchtitan puts cuDNN first itself, on any torch (pytorch/torchtitan@0012170a
-# torchtitan/models/attention.py ``ScaledDotProductAttentionWrapper.sdpa_backends``: CUDNN_ATTENTION, FLASH_ATTENTION,
-# EFFICIENT_ATTENTION, MATH under ``sdpa_kernel(..., set_priority=True)``; pytorch/torchtitan#1000, 2025-03-20).
-# Measured: torch 2.11's SDPA ran cuDNN's kernels in this project's H200 steps (benchmarks/results/hopper_runs.md).
-# A stack on torch 2.10 or older (and torchtitan before March 2025) states ``--attention fa2``.
+# elsewhere (A100) FlashAttention-2. torchtitan sets the order itself (``sdpa_kernel(backends, set_priority=True)``):
+# cuDNN first on every device since 2025-10-09 (pytorch/torchtitan 6a3a9da95, #1776: torchtitan/models/attention.py
+# ``ScaledDotProductAttentionWrapper.sdpa_backends`` CUDNN_ATTENTION, FLASH_ATTENTION, ...; at b5bcd76c6, 2026-08,
+# torchtitan/models/common/attention.py the same), FlashAttention-2 first on Hopper and cuDNN on B200 from 2025-05-14
+# (#1196) to then, torch's own order before. Measured: torch 2.11's SDPA ran cuDNN's kernels in this project's H200
+# steps (benchmarks/results/hopper_runs.md). A stack on torch 2.10 or older, or torchtitan before October 2025, states
+# ``--attention fa2``.
 SDPA_ATTENTION = TE_ATTENTION
 # the flash-attn library's FlashAttention-2 (Megatron-DeepSpeed's --use-flash-attn-v2), on every device
 FA2_ATTENTION = (("", "fa2"),)

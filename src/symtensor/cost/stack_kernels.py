@@ -62,7 +62,7 @@ ELEMENTWISE = ("eager", "fused")
 # ``TE_ATTENTION``: NeMo AutoModel's ``attn: te`` backend too); ``sdpa``, PyTorch's scaled_dot_product_attention as
 # torch 2.11 and later and torchtitan run it (cuDNN's fused attention on Hopper and Blackwell, FlashAttention-2
 # elsewhere: the fsdp2 and deepspeed engines' ``SDPA_ATTENTION``); ``fa2``, FlashAttention-2 on every device (the
-# flash-attn library, or SDPA's flash backend on torch 2.10 and older without torchtitan's cuDNN priority:
+# flash-attn library, or SDPA's flash backend on torch 2.10 and older, torchtitan's on Hopper before October 2025:
 # ``FA2_ATTENTION``); ``fa3``, FlashAttention-3 (Hopper only: Shah et al. 2024). Unstated, the engine's own.
 ATTENTION = {"te": TE_ATTENTION, "sdpa": SDPA_ATTENTION, "fa2": FA2_ATTENTION, "fa3": (("", "fa3"),)}
 
