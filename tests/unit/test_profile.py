@@ -179,7 +179,9 @@ def test_unwritable_or_existing_out(tmp_path):
     (lambda d: d["efficiency"].update(gemm="fast"), "efficiency: gemm must be a positive number"),
     (lambda d: d["efficiency"].update(gem=0.5), "efficiency: unknown key\\(s\\) \\['gem'\\]"),
     (lambda d: d["levels"][0]["link_efficiency"].update(all_reduce=0), "link_efficiency: all_reduce must be a"),
-], ids=["no-measured", "missing-curve", "row-keys", "negative", "collective", "efficiency", "unknown", "link"])
+    (lambda d: d["efficiency"].update(pads_vocab=0), "efficiency: unknown key\\(s\\) \\['pads_vocab'\\]"),
+], ids=["no-measured", "missing-curve", "row-keys", "negative", "collective", "efficiency", "unknown", "link",
+        "engine-field"])
 def test_missing_or_malformed_curves_are_one_line(edit, match, tmp_path, capsys):
     doc, _ = build(synthetic())
     edit(doc)

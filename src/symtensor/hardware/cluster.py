@@ -531,8 +531,9 @@ def _efficiency(data: dict, where: str) -> dict:
 
 
 # Efficiency fields a cluster file's efficiency: section may not set (provenance, the kernel tables'
-# choice, the end-to-end constants, which have their own end_to_end: section)
-NOT_FRACTIONS = ("source", "kernels", "tables", "attention_kernel", "end_to_end")
+# choice, the end-to-end constants, which have their own end_to_end: section, and what the engine decides:
+# its eager kernels and whether it pads the vocabulary)
+NOT_FRACTIONS = ("source", "kernels", "tables", "attention_kernel", "end_to_end", "eager_elementwise", "pads_vocab")
 
 
 def _end_to_end(data: dict, where: str) -> dict:
