@@ -15,7 +15,7 @@ from symtensor.cost.efficiency import efficiency_for
 from symtensor.errors import PlanError
 from symtensor.hardware import load_cluster
 from symtensor.profile import read
-from symtensor.profile.grid import KINDS
+from symtensor.profile.grid import KINDS, grid_for
 
 pytestmark = pytest.mark.dist
 
@@ -54,6 +54,9 @@ def test_profile_writes_every_curve_and_refuses_to_overwrite(profiled, capsys):
     assert [lv["name"] for lv in doc["levels"]] == ["intra", "inter"]
     assert all(set(lv["link_efficiency"]) == set(KINDS) for lv in doc["levels"])
     assert doc["measured"]["backend"] == "gloo" and doc["measured"]["torch"] and "this CPU's" in doc["measured"]["note"]
+    # the unaligned GEMMs against their aligned twins (grid.Grid.unaligned), and their fraction (capped at 1)
+    assert [(r["m"], r["n"], r["k"]) for r in doc["measured"]["unaligned"]] == list(grid_for("cpu", True).unaligned)
+    assert 0 < doc["efficiency"]["gemm_unaligned_1"] <= 1
     assert main(["clusters", "--show", str(profiled)]) == 0 and "intra" in capsys.readouterr().out
     assert main(["calibrate", "--cluster", str(profiled), "--json"]) == 0
     fit = json.loads(capsys.readouterr().out)

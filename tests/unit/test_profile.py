@@ -214,3 +214,57 @@ def test_failed_workers_are_one_line_with_their_log(workers, shown):
     with open(log) as f:
         assert f.read().startswith(workers)
     os.unlink(log)
+
+
+def test_the_profile_measures_what_unaligned_gemms_cost_and_the_planner_charges_it(tmp_path, capsys):
+    """``symtensor profile`` times GEMMs whose weight is no multiple of 8 wide against their aligned twins (the
+    grids' ``unaligned``); the file keeps the rows under ``measured: unaligned`` and, per alignment class, the mean
+    FLOP/s ratio as ``efficiency: gemm_unaligned_1/2/4``. The planner then charges a model's unaligned widths at
+    those fractions on that cluster (an A100, which has no alignment table of its own), says so in the plan, and
+    keeps an aligned model as it was. A file without the table (written before the probe) still reads."""
+    from symtensor import api
+    from symtensor.plan.document import description_notes
+    from symtensor.profile.grid import GRIDS
+
+    assert all(g.unaligned for g in GRIDS.values()) and all(n % 8 or k % 8 for g in GRIDS.values()
+                                                            for _, n, k in g.unaligned)
+    result = synthetic(device="NVIDIA A100-SXM4-80GB")
+    flops = 2 * 8192 * 4096 * 4096  # the aligned twin's
+    result["tables"]["unaligned"] = [
+        {"m": 8192, "n": 4097, "k": 4096, "seconds": 8192 * 4097 * 4096 * 2 / (0.2 * flops / 1e-3),
+         "aligned_seconds": 1e-3},
+        {"m": 8192, "n": 4100, "k": 4096, "seconds": 8192 * 4100 * 4096 * 2 / (0.5 * flops / 1e-3),
+         "aligned_seconds": 1e-3}]
+    doc, _ = build(result, like="dgx-a100-80g")
+    assert doc["efficiency"]["gemm_unaligned_1"] == pytest.approx(0.2, rel=1e-3)
+    assert doc["efficiency"]["gemm_unaligned_4"] == pytest.approx(0.5, rel=1e-3)
+    assert "gemm_unaligned_2" not in doc["efficiency"] and len(doc["measured"]["unaligned"]) == 2
+    path = write(doc, str(tmp_path / "a100.yaml"))
+    assert main(["calibrate", "--cluster", str(path)]) == 0  # (the file reads back, its curves against it)
+    capsys.readouterr()
+    eff = efficiency_for(load_cluster(str(path), devices=8))
+    assert eff.unaligned == ((1, doc["efficiency"]["gemm_unaligned_1"]), (4, doc["efficiency"]["gemm_unaligned_4"]))
+
+    def step(cluster, **over):
+        return api.evaluate("gpt3-13b", str(cluster), 8, zero=1, recompute="full", overrides=over or None)
+
+    stated, aligned = step(path), step(path, hidden=5120)
+    assert stated.report.step_time_s > 1.5 * aligned.report.step_time_s  # (5,140: class 4, at 0.5)
+    notes = description_notes(stated)
+    assert any(n.startswith("hidden 5,140") and "the cluster file measured (symtensor profile)" in n for n in notes)
+    del doc["measured"]["unaligned"]
+    for key in ("gemm_unaligned_1", "gemm_unaligned_4"):
+        del doc["efficiency"][key]
+    older = write(doc, str(tmp_path / "older.yaml"))
+    assert main(["calibrate", "--cluster", str(older)]) == 0
+    assert efficiency_for(load_cluster(str(older), devices=8)).unaligned == ()
+    assert step(older, hidden=5120).report.step_time_s == aligned.report.step_time_s  # (aligned: unchanged)
+    assert step(older).report.step_time_s < 0.7 * stated.report.step_time_s  # (no measurement: aligned rates)
+    broken, _ = build(result, like="dgx-a100-80g")
+    broken["measured"]["unaligned"][0]["aligned_seconds"] = -1
+    bad = tmp_path / "bad.yaml"
+    bad.write_text(yaml.safe_dump(broken))
+    capsys.readouterr()
+    assert main(["calibrate", "--cluster", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "measured.unaligned[0]: aligned_seconds must be a positive number" in err, err

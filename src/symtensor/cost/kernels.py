@@ -828,7 +828,7 @@ def aligned_elements(width: float) -> int:
 def alignment_means(device_name: str, dtype: str) -> dict:
     """(alignment class, layout) -> the mean over the device's measured rows of that class of unaligned over
     aligned TFLOP/s; the class of a row is ``aligned_elements`` of its weight's less aligned dimension."""
-    table = device_kernels(device_name).alignment.get(dtype) if device_name else None
+    table = device_kernels(device_name).alignment.get(dtype)
     by: dict = {}
     for out, inp, layout, tf, _, _, aligned in table.rows if table else ():
         key = (min(aligned_elements(out), aligned_elements(inp)), layout)
@@ -836,14 +836,18 @@ def alignment_means(device_name: str, dtype: str) -> dict:
     return {key: sum(v) / len(v) for key, v in by.items()}
 
 
-def alignment_factor(device_name: str, out: float, inp: float, dtype: str, layout: str) -> float:
+def alignment_factor(device_name: str, out: float, inp: float, dtype: str, layout: str, measured=()) -> float:
     """The fraction of its aligned rate a GEMM of weight ``out`` x ``inp`` runs at in ``layout`` on the device
-    (``ALIGN_ELEMENTS``): 1 where both are multiples of 8 or the device has no alignment table for ``dtype``, else
-    the mean measured ratio of its class (``alignment_means``; a class the device did not measure reads the
-    nearest lower one measured, an odd width's at worst)."""
+    (``ALIGN_ELEMENTS``): 1 where both are multiples of 8 or nothing was measured, else the mean measured ratio of
+    its class: ``measured``, the (class, fraction) pairs a cluster file's profile measured (every layout alike;
+    ``Efficiency.unaligned``), else the device's table for ``dtype`` (``alignment_means``); a class not measured
+    reads the nearest lower one measured, an odd width's at worst."""
     a = min(aligned_elements(out), aligned_elements(inp))
-    means = alignment_means(device_name, dtype)
-    if a >= ALIGN_ELEMENTS or not means:
+    if a >= ALIGN_ELEMENTS:
+        return 1.0
+    means = ({(c, lay): f for c, f in measured for lay in GEMM_LAYOUTS} if measured
+             else alignment_means(device_name, dtype) if device_name else {})
+    if not means:
         return 1.0
     lower = [c for c, lay in means if lay == layout and c <= a] or [min(c for c, _ in means)]
     return means[(max(lower), layout)]

@@ -503,7 +503,7 @@ def cluster_calibration(data: dict, where: str) -> dict:
 # The raw tables and provenance that ``symtensor profile`` writes under ``measured:`` (their rows are
 # checked by symtensor.profile.document, which fits and shows them).
 MEASURED_KEYS = ("date", "device", "torch", "cuda", "nccl", "backend", "dtype", "world_size", "ranks_per_node",
-                 "note", "peaks", "gemm", "bmm", "attention", "memory", "collectives")
+                 "note", "peaks", "gemm", "bmm", "attention", "memory", "unaligned", "collectives")
 
 
 def level_link_efficiency(lv: dict, here: str) -> tuple[tuple[str, float], ...]:

@@ -117,6 +117,10 @@ class Efficiency:
             above; a cluster file's measured fraction of a class takes the class out of the tables.
         attention_kernel: the table kernel (``cost.kernels``: fa2, fa3, cudnn, te) the engine's
             fused attention runs on this device.
+        gemm_unaligned_1, gemm_unaligned_2, gemm_unaligned_4: the fraction of the aligned rate a dense GEMM runs at
+            whose weight's less aligned dimension is an odd number, 2 or 4 times one (no multiple of 8 elements:
+            cuBLAS's unaligned kernels), as ``symtensor profile`` measures it; 0: not measured, the device's kernel
+            table's (``cost.kernels.alignment_factor``).
         pads_vocab: the engine pads the vocabulary as the graph is built (``Engine.pads_vocab``); where it does
             not, the LM head's GEMMs run the model's stated vocabulary and its alignment
             (``cost.opcost.op_rates``).
@@ -140,6 +144,9 @@ class Efficiency:
     kernels: str = ""
     tables: tuple[str, ...] = ()
     attention_kernel: str = ""
+    gemm_unaligned_1: float = 0.0
+    gemm_unaligned_2: float = 0.0
+    gemm_unaligned_4: float = 0.0
     pads_vocab: bool = True
     end_to_end: EndToEnd = EndToEnd()
     source: str = field(default="", compare=False)
@@ -154,6 +161,12 @@ class Efficiency:
 
     def replace(self, **kw) -> Efficiency:
         return replace(self, **kw)
+
+    @property
+    def unaligned(self) -> tuple[tuple[int, float], ...]:
+        """The measured (alignment class, fraction of the aligned rate) pairs (``gemm_unaligned_*``), if any."""
+        return tuple((c, f) for c, f in ((1, self.gemm_unaligned_1), (2, self.gemm_unaligned_2),
+                                         (4, self.gemm_unaligned_4)) if f)
 
     def tabled(self, cls: str) -> bool:
         """Whether op class ``cls`` (``TABLE_CLASSES``) is costed from the kernel tables."""

@@ -122,11 +122,15 @@ def description_notes(plan: Plan) -> list[str]:
     out = []
     cublas = any(key in plan.cluster.device.name for key in CUBLAS_DEVICES)
     eff = efficiency_for(plan.cluster, plan.train.framework)
-    costed = eff.tabled("gemm") and bool(alignment_means(eff.kernels, "bf16"))
-    how = ("are costed at cuBLAS's unaligned rate measured on the GH100 (one H200, benchmarks/results/"
-           "hopper_runs.md)" if costed else "are costed at aligned rates (no measured unaligned rate for this "
-           "device's GEMMs; on the GH100, one H200, they ran about three times slower: benchmarks/results/"
-           "hopper_runs.md)")
+    if eff.unaligned:
+        how = "are costed at the unaligned rate the cluster file measured (symtensor profile)"
+    elif eff.tabled("gemm") and alignment_means(eff.kernels, "bf16"):
+        how = ("are costed at cuBLAS's unaligned rate measured on the GH100 (one H200, "
+               "benchmarks/results/hopper_runs.md)")
+    else:
+        how = ("are costed at aligned rates (no measured unaligned rate for this device's GEMMs: symtensor profile "
+               "measures it; on the GH100, one H200, they ran about three times slower: benchmarks/results/"
+               "hopper_runs.md)")
     built = plan.graph.meta.get("config")  # (None for a captured model: its graph has the module's own shapes)
     stated = plan.model.vocab
     padded = built.vocab if built is not None else stated

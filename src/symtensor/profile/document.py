@@ -40,6 +40,8 @@ COLUMNS = {"gemm": {"m": int, "n": int, "k": int, "seconds": float},
                          "fwd_seconds": float, "bwd_seconds": float},
            "memory": {"kernel": str, "elements": int, "bytes": int, "seconds": float}}
 MESSAGE_COLUMNS = {"bytes": int, "seconds": float}
+# the unaligned GEMMs and their aligned twins (``grid.Grid.unaligned``): a table files written before it lack
+UNALIGNED_COLUMNS = {"m": int, "n": int, "k": int, "seconds": float, "aligned_seconds": float}
 LEVEL_NAMES = {0: "intra", 1: "inter"}  # levels of a device without a preset: within a node, across nodes
 
 
@@ -63,6 +65,20 @@ def compute_curves(tables: dict) -> dict[str, Curve]:
     # bytes / (HBM bandwidth x hbm) without a size curve
     return {"gemm": gemm, "bmm": fit_curve(*pts["bmm"], knee=gemm.knee), "attention": fwd,
             "attention_bwd": fit_curve(*pts["attention_bwd"], knee=fwd.knee), "hbm": fit_curve(*pts["hbm"], knee=0.0)}
+
+
+def unaligned_fractions(rows: list[dict]) -> dict[str, float]:
+    """The ``gemm_unaligned_*`` efficiency fields of the measured unaligned GEMMs: per alignment class of the
+    weight's less aligned dimension (``cost.kernels.aligned_elements``), the mean over its rows of the GEMM's
+    FLOP/s over its aligned twin's (N and K rounded down to multiples of 8)."""
+    from symtensor.cost.kernels import aligned_elements
+
+    by: dict[int, list[float]] = {}
+    for r in rows:
+        n, k = r["n"], r["k"]
+        ratio = (n * k / r["seconds"]) / ((n - n % 8) * (k - k % 8) / r["aligned_seconds"])
+        by.setdefault(min(aligned_elements(n), aligned_elements(k)), []).append(ratio)
+    return {f"gemm_unaligned_{c}": _sig(min(1.0, sum(v) / len(v))) for c, v in sorted(by.items()) if c < 8}
 
 
 def link_curves(level_tables: list[dict], names: dict[int, str]) -> dict[tuple[int, str], Curve]:
@@ -184,6 +200,8 @@ def build(result: dict, like: str | None = None) -> tuple[dict, list[Curve]]:
         "best_memory_gbps": _sig(peaks["best_bytes"] / GB),
         "best_bus_gbps": {names[i]: _sig(max(links[(i, k)].a for k in KINDS) / GB) for i in sorted(groups)}}}
     measured |= {name: [_rounded(r) for r in tables[name]] for name in COLUMNS}
+    if tables.get("unaligned"):
+        measured["unaligned"] = [_rounded(r) for r in tables["unaligned"]]
     measured["collectives"] = {names[t["level"]]: {"group": t["group"]} | {k: [_rounded(r) for r in t[k]]
                                                                            for k in KINDS}
                                for t in tables["collectives"]}
@@ -191,7 +209,8 @@ def build(result: dict, like: str | None = None) -> tuple[dict, list[Curve]]:
            "device": {"name": meta["device"], "peak_tflops": peaks["tflops"], "hbm_gbps": _sig(peaks["hbm"] / GB),
                       "memory_gib": _sig(result["memory_bytes"] / GIB),
                       "source": f"peaks {peaks['basis']}; memory measured {meta['date']}"},
-           "levels": _levels(meta, groups, links, preset), "efficiency": _efficiency(meta, compute, links, peaks),
+           "levels": _levels(meta, groups, links, preset),
+           "efficiency": _efficiency(meta, compute, links, peaks) | unaligned_fractions(tables.get("unaligned", [])),
            "measured": measured}
     cluster_from_dict(doc, 1, "the profile")  # the schema is the loader's
     return doc, list(compute.values()) + list(links.values())
@@ -285,6 +304,8 @@ def measured_tables(doc: dict, path: str) -> dict:
     if missing:
         raise PlanError(f"{path}: measured: lacks the curve(s) {', '.join(missing)}; profile again")
     tables = {k: _rows(measured[k], cols, f"{path}: measured.{k}") for k, cols in COLUMNS.items()}
+    if "unaligned" in measured:  # (optional: files written before the probe lack it)
+        tables["unaligned"] = _rows(measured["unaligned"], UNALIGNED_COLUMNS, f"{path}: measured.unaligned")
     names = [lv["name"] for lv in doc["levels"]]
     colls = measured["collectives"]
     if not isinstance(colls, dict):

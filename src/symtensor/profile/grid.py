@@ -29,6 +29,9 @@ class Grid:
         message_bytes: collective message sizes (``cost.collectives`` definitions of the size).
         norm_width: the row length of the normalised and soft-maxed tensors.
         point_budget_s: seconds of timed repetitions per point at most.
+        unaligned: (M, N, K) of ``[M, K] @ [K, N]`` with N or K no multiple of 8 (an odd one, 2 and 4 times an odd
+            one), each timed with its aligned twin (N and K rounded down to multiples of 8): what cuBLAS's
+            unaligned kernels cost on this device (``cost.kernels.alignment_factor``).
     """
 
     gemm: tuple[tuple[int, int, int], ...]
@@ -38,10 +41,11 @@ class Grid:
     message_bytes: tuple[int, ...]
     norm_width: int
     point_budget_s: float
+    unaligned: tuple[tuple[int, int, int], ...] = ()
 
     def steps(self, levels: int) -> int:
         """Progress steps of a run whose collectives span ``levels`` levels (one per point)."""
-        compute = len(self.gemm) + len(self.bmm) + len(self.attention) + len(self.memory)
+        compute = len(self.gemm) + len(self.bmm) + len(self.attention) + len(self.memory) + len(self.unaligned)
         return compute + levels * len(KINDS) * len(self.message_bytes)
 
 
@@ -69,20 +73,26 @@ _GPU_GEMM_QUICK = ((512, 512, 512), (2048, 2048, 2048), (8192, 8192, 8192), (64,
 _CPU_GEMM = tuple((n, n, n) for n in (32, 64, 128, 256, 512)) + ((8, 512, 512), (512, 128, 512), (64, 1024, 256))
 _CPU_GEMM_QUICK = ((32, 32, 32), (128, 128, 128), (384, 384, 384), (16, 384, 384))
 
+# GEMMs of a weight 4,097 / 4,098 / 4,100 wide (an odd width, 2 and 4 times an odd one), and 4,100 deep
+_GPU_UNALIGNED = ((8192, 4097, 4096), (8192, 4098, 4096), (8192, 4100, 4096), (8192, 4096, 4100))
+_CPU_UNALIGNED = ((256, 257, 256), (256, 258, 256), (256, 260, 256))
+
 GRIDS = {
     ("cuda", False): Grid(gemm=_GPU_GEMM, bmm=((64, 1024, 1024, 128), (64, 4096, 4096, 128), (256, 2048, 128, 2048)),
                           attention=_attention(2, 16, (512, 1024, 2048, 4096, 8192), (64, 128)),
                           memory=_memory((2**24, 2**26, 2**28)), message_bytes=_powers(10, 30, 2), norm_width=4096,
-                          point_budget_s=0.25),
+                          point_budget_s=0.25, unaligned=_GPU_UNALIGNED),
     ("cuda", True): Grid(gemm=_GPU_GEMM_QUICK, bmm=((64, 2048, 2048, 128),),
                          attention=_attention(2, 16, (1024, 4096), (128,)), memory=_memory((2**26,)),
-                         message_bytes=_powers(12, 28, 4), norm_width=4096, point_budget_s=0.05),
+                         message_bytes=_powers(12, 28, 4), norm_width=4096, point_budget_s=0.05,
+                         unaligned=_GPU_UNALIGNED[:1] + _GPU_UNALIGNED[2:3]),
     ("cpu", False): Grid(gemm=_CPU_GEMM, bmm=((16, 128, 128, 64), (16, 256, 256, 64)),
                          attention=_attention(1, 4, (64, 128, 256, 512), (32, 64)), memory=_memory((2**21, 2**23)),
-                         message_bytes=_powers(10, 24, 2), norm_width=1024, point_budget_s=0.1),
+                         message_bytes=_powers(10, 24, 2), norm_width=1024, point_budget_s=0.1,
+                         unaligned=_CPU_UNALIGNED),
     ("cpu", True): Grid(gemm=_CPU_GEMM_QUICK, bmm=((8, 128, 128, 64),), attention=_attention(1, 4, (64, 256), (32,)),
                         memory=_memory((2**21,)), message_bytes=_powers(10, 22, 4), norm_width=1024,
-                        point_budget_s=0.02),
+                        point_budget_s=0.02, unaligned=_CPU_UNALIGNED[:1]),
 }
 
 

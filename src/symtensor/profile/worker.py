@@ -88,6 +88,18 @@ def measure_gemm(b: Bench, grid: Grid, step) -> list[dict]:
     return rows
 
 
+def measure_unaligned(b: Bench, grid: Grid, step) -> list[dict]:
+    """Each unaligned GEMM of the grid and its aligned twin (N and K rounded down to multiples of 8)."""
+    rows = []
+    for m, n, k in grid.unaligned:
+        x, w = b.randn(m, k), b.randn(k, n)
+        xa, wa = b.randn(m, k - k % 8), b.randn(k - k % 8, n - n % 8)
+        rows.append({"m": m, "n": n, "k": k, "seconds": b.seconds(lambda: x @ w),
+                     "aligned_seconds": b.seconds(lambda: xa @ wa)})
+        step(f"gemm {m}x{n}x{k} unaligned")
+    return rows
+
+
 def measure_bmm(b: Bench, grid: Grid, step) -> list[dict]:
     rows = []
     for batch, m, n, k in grid.bmm:
@@ -254,7 +266,8 @@ def measure(backend: str, quick: bool, per_node: int, dtype: str) -> dict | None
 
     torch.manual_seed(rank)
     compute = {"gemm": measure_gemm(b, grid, step), "bmm": measure_bmm(b, grid, step),
-               "attention": measure_attention(b, grid, step), "memory": measure_memory(b, grid, step)}
+               "attention": measure_attention(b, grid, step), "memory": measure_memory(b, grid, step),
+               "unaligned": measure_unaligned(b, grid, step)}
     dist.barrier()
     collectives = measure_collectives(b, grid, per_node, step)
     every = [None] * dist.get_world_size() if rank == 0 else None
