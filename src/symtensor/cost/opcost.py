@@ -243,7 +243,8 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
     if not eff.tabled("gemm") or len(op.in_dims) < 2:  # (a reshape: no FLOPs)
         e = (eff.bmm if op.kind == "bmm" else eff.gemm) * (1.0 if floor else grouped_tile_factor(op, sizes))
         if not floor and eff.unaligned and len(op.in_dims) >= 2:  # (measured by symtensor profile)
-            e *= _unaligned(op, sizes, eff, dtype, "TN")
+            m, n, k, groups = gemm_shape(op, sizes)
+            e *= _unaligned(op, n, k, groups, eff, dtype)[0]
         return e, e
     tdtype = kernels.table_dtype(eff.kernels, dtype)
     m, n, k, groups = gemm_shape(op, sizes)
@@ -261,22 +262,22 @@ def op_rates(op, sizes, eff, grad_operands: int, dtype, flops: float, floor: boo
     fwd = kernels.gemm_shape_efficiency(eff.kernels, m, n, k, tdtype, "TN", groups)
     dgrad = kernels.gemm_shape_efficiency(eff.kernels, m, k, n, tdtype, "NN", groups)
     wgrad = kernels.gemm_shape_efficiency(eff.kernels, n, k, m, tdtype, "NT", groups)
-    fwd, dgrad, wgrad = (e * _unaligned(op, sizes, eff, tdtype, layout)
-                         for e, layout in zip((fwd, dgrad, wgrad), kernels.GEMM_LAYOUTS))
+    fwd, dgrad, wgrad = (e * f for e, f in zip((fwd, dgrad, wgrad), _unaligned(op, n, k, groups, eff, tdtype)))
     bwd = 2 / (1 / dgrad + 1 / wgrad) if grad_operands >= 2 else min(dgrad, wgrad)
     return fwd, bwd
 
 
-def _unaligned(op, sizes, eff, dtype: str, layout: str) -> float:
-    """The fraction of its aligned rate a dense linear op's GEMM in ``layout`` runs at, its weight's dimensions
-    being no multiple of 8 (``kernels.alignment_factor``: the cluster file's measured fractions, else the device's
-    table), the LM head at the vocabulary the model states where the engine does not pad it; 1 for other ops."""
-    m, n, k, groups = gemm_shape(op, sizes)
+def _unaligned(op, n: float, k: float, groups: float, eff, dtype: str) -> tuple[float, ...]:
+    """Per layout (``kernels.GEMM_LAYOUTS``), the fraction of its aligned rate a dense linear op's GEMM of weight
+    ``n`` x ``k`` runs at, a dimension being no multiple of 8 (``kernels.alignment_factor``: the cluster file's
+    measured fractions, else the device's table), the LM head at the vocabulary the model states where the engine
+    does not pad it; 1 for other ops."""
     if op.kind != "linear" or groups != 1:
-        return 1.0
+        return 1.0, 1.0, 1.0
     out = n if eff.pads_vocab or op.attr("stated_vocab") is None else op.attr("stated_vocab")
     device = eff.kernels if eff.tabled("gemm") else ""
-    return kernels.alignment_factor(device, out, k, dtype, layout, eff.unaligned)
+    return tuple(kernels.alignment_factor(device, out, k, dtype, layout, eff.unaligned)
+                 for layout in kernels.GEMM_LAYOUTS)
 
 
 # The table kernel of each ``kernel`` attr a run may name (``models.config.ATTENTION``) other than the
