@@ -151,7 +151,8 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     buffer fetches an unsharded bucket per unit, in the main-gradient dtype: ``cost.engine``). Megatron's ZeRO 1
     buckets are views of its contiguous gradient buffer, and the distributed optimizer gathers into its parameter
     buffer in place: nothing. FSDP2 under a pipeline (``Engine.pipeline_sync_once``) accumulates every unit's
-    unsharded gradients, in the gathered weights' dtype, until the schedule's reduction."""
+    unsharded gradients, in the gathered weights' dtype, until the schedule's reduction: of its trainable
+    parameters (a frozen weight, LoRA's base, has none)."""
     eng, z = engine_of(train), train.zero
     grads = sum(u.grad_bytes * u.times for u in st.units)
     double = eng.zero_sharded(z) and not eng.shards(WEIGHTS, z)  # ZeRO 1/2: the double-buffered IPG buckets
@@ -161,7 +162,8 @@ def engine_buffers(st: Stage, train: TrainConfig) -> float:
     if eng.unit_reduce_buffer and eng.shards(GRADIENTS, z):  # (a unit's bucket, where gradients are sharded)
         out += st.unit_grads
     if syncs_per_schedule(train):
-        out += sum(p.unsharded * times for p, times in st.params)  # unsharded gradients until the schedule reduces
+        # unsharded gradients until the schedule reduces (trainable parameters only: ``params.param_cost``)
+        out += sum(p.unsharded_grads * times for p, times in st.params)
     return out
 
 

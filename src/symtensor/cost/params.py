@@ -237,6 +237,7 @@ class Params:
         self.waxes = waxes  # the plan's tensor-parallel axes (see data_axes)
         self.quantized, self.bf16 = quantized, bf16
         self.opt_time = self.other_s = self.grad_bytes = self.unsharded = 0.0
+        self.unsharded_grads = 0.0  # the trainable parameters' gathered bytes: their unsharded gradients' size
         self.copies = self.gathered_copies = 0.0  # quantized weight copies (``ParamCost.copies``)
         self.step_bytes: dict[str, float] = {}  # per step, outside the data-parallel group
         self.static = dict(params=0.0, grads=0.0, optimizer=0.0)
@@ -290,6 +291,8 @@ class Params:
         self.opt_time += pc.opt_time
         self.other_s += pc.other_s
         self.unsharded += pc.unsharded
+        if pc.grads:  # (a frozen weight, LoRA's base, has no gradient)
+            self.unsharded_grads += pc.unsharded
         if not self.bf16:  # (a layer kept in BF16 has no quantized copies)
             self.copies += pc.copies
             self.gathered_copies += pc.gathered_copies
