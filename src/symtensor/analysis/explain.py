@@ -119,7 +119,7 @@ def fp8_bought(plan, ev, layouts) -> dict:
     """What FP8 (or FP4) bought an FP8 (FP4) plan: the same layouts and configuration re-costed in BF16 (``ev``:
     the plan's evaluator; ``layouts``: its ``Plan.op_layouts``), against the plan (step, compute, memory),
     and the numerics note (``cost.precision``); an FP4 plan also against FP8 (``fp4_bought``)."""
-    from symtensor.cost.precision import NUMERICS_NOTE
+    from symtensor.cost.precision import NUMERICS_NOTE, fp8_gain
 
     if plan.train.precision == "fp4":
         return fp4_bought(plan, ev, layouts)
@@ -131,7 +131,7 @@ def fp8_bought(plan, ev, layouts) -> dict:
             "memory_gib": rep.memory_peak / GIB, "bf16_memory_gib": bf16.memory_peak / GIB, "bf16_fits": bf16.fits,
             "fp8_weights_gib": rep.memory.get("fp8_weights", 0.0) / GIB,
             "summary": f"FP8 GEMMs ({plan.train.fp8_recipe} scaling) run this plan in {rep.step_time_s:.4g} s "
-                       f"against {bf16.step_time_s:.4g} s in BF16 ({bf16.step_time_s / rep.step_time_s:.2f}x): "
+                       f"against {bf16.step_time_s:.4g} s in BF16 ({fp8_gain(bf16.step_time_s, rep.step_time_s)}): "
                        f"compute {bf16.breakdown['compute']:.4g} -> {rep.breakdown['compute']:.4g} s; memory "
                        f"{bf16.memory_peak / GIB:.1f} -> {rep.memory_peak / GIB:.1f} GiB per device (FP8 weight "
                        "copies in, FP8 saved GEMM inputs out)",

@@ -199,6 +199,21 @@ NUMERICS_NOTE = ("FP8 changes the numerics: GEMM operands are rounded to 8 bits 
                  "committing a long training run to it")
 # how a note of an FP8 plan ends: what FP8 leaves in BF16, and how to keep all of it BF16
 STAYS_BF16 = "attention, norms, embedding and LM head stay BF16; --precision bf16 keeps BF16"
+# The model's error on FP8's speedup itself: the median |error| of its FP8-over-BF16 GEMM speedup against the
+# speedups measured on one H200 at the same shapes (benchmarks/results/hopper_runs.md, FP8 table: 8 shapes, errors
+# -18.0, +2.7, -3.1, +5.8, -5.7, +3.3, +72.9, -11.4%). A step FP8 buys less than this is not one the model can tell
+# from its BF16 step (the two share every other cost, so their bands' overlap says nothing here).
+FP8_SPEEDUP_ERROR = 0.0575
+
+
+def fp8_gain(was_s: float, now_s: float) -> str:
+    """How an FP8 plan's note states its gain over the same layouts in BF16: ``1.32x``, or, inside the model's error
+    of FP8's speedup (``FP8_SPEEDUP_ERROR``), that gain said to be a tie."""
+    ratio = was_s / now_s
+    if ratio < 1 + FP8_SPEEDUP_ERROR:
+        return (f"{ratio:.2f}x, inside the model's error of FP8's speedup ({100 * FP8_SPEEDUP_ERROR:.0f}%, "
+                "measured on H200): a tie with BF16")
+    return f"{ratio:.2f}x"
 NUMERICS_NOTE_FP4 = ("NVFP4 changes the numerics more than FP8: GEMM operands are rounded to 4 bits (E2M1, a scale "
                      "per 16 elements), gradients stochastically; NVIDIA's NVFP4 pre-training keeps some last layers "
                      "in BF16 (Megatron-LM --first-last-layers-bf16; --first-last-layers-bf16 N,M here): check the "

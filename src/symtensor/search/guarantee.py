@@ -43,7 +43,7 @@ from contextlib import ExitStack
 from dataclasses import replace
 
 from symtensor.cost import TrainConfig
-from symtensor.cost.precision import NUMERICS_NOTE, STAYS_BF16
+from symtensor.cost.precision import NUMERICS_NOTE, STAYS_BF16, fp8_gain
 from symtensor.errors import PlanError
 from symtensor.hardware import MEMORY_HEADROOM, Cluster
 from symtensor.models import ModelConfig
@@ -211,7 +211,7 @@ def in_fp8(pool: EvaluatorPool, plan: Plan) -> Plan:
     if best is None or best.report.step_time_s >= plan.report.step_time_s:
         return plan
     was, now = plan.report.step_time_s, best.report.step_time_s
-    note = (f"FP8 GEMMs ({recipe} scaling) bought {was / now:.2f}x on it: {now:.4g} s per step against {was:.4g} s "
+    note = (f"FP8 GEMMs ({recipe} scaling) bought {fp8_gain(was, now)} on it: {now:.4g} s per step against {was:.4g} s "
             f"in BF16 (recomputation {best.train.recompute}, ZeRO {best.train.zero}; {STAYS_BF16})")
     return pool.plan(best, notes=(*plan.notes, note, NUMERICS_NOTE)).with_account(plan)
 

@@ -18,7 +18,7 @@ import time
 from symtensor.cost import Evaluator, TrainConfig
 from symtensor.cost.opcost import local_sizes
 from symtensor.cost.pipeline import balanced_split, layout_string
-from symtensor.cost.precision import RECIPES, STAYS_BF16, fp8_gemm, gemm_refusal, numerics_note
+from symtensor.cost.precision import RECIPES, STAYS_BF16, fp8_gain, fp8_gemm, gemm_refusal, numerics_note
 from symtensor.errors import PlanError
 from symtensor.hardware import GIB, MEMORY_HEADROOM, divisors
 from symtensor.layout import REPLICATED, OpLayout, refusal
@@ -333,7 +333,7 @@ def precision_variant(s: OuterSearch, zero_variants: bool = True) -> str | None:
         rc += f", {base.train.micro_steps} -> {s.best.train.micro_steps} micro-batches per step"
     other = "" if base is first else \
         f"; the fastest BF16 layouts ({first.report.step_time_s:.4g} s) gain less from FP8 or do not take it"
-    return (f"FP8 GEMMs ({recipe} scaling) bought {was / now:.2f}x: {now:.4g} s per step against {was:.4g} s for "
+    return (f"FP8 GEMMs ({recipe} scaling) bought {fp8_gain(was, now)}: {now:.4g} s per step against {was:.4g} s for "
             f"the same layouts in BF16{rc}{other} ({STAYS_BF16})")
 
 
