@@ -102,10 +102,12 @@ def _evaluate(framework: str, cluster: str = "dgx-h100", **stack):
                         stack=Stack(**stack), **RUN)
 
 
-@pytest.mark.parametrize("framework, own", [("megatron", "te"), ("fsdp2", "sdpa")])
+@pytest.mark.parametrize("framework, own", [("megatron", "te"), ("fsdp2", "sdpa"), ("deepspeed", "sdpa"),
+                                           ("megatron-deepspeed", "fa2")])
 def test_an_unstated_attention_kernel_is_the_engines_own(framework, own):
-    """Megatron runs Transformer Engine's attention (cuDNN's on Hopper), torchtitan's FSDP2 PyTorch's SDPA (cuDNN's
-    first on Hopper too): stating that kernel changes nothing."""
+    """Megatron runs Transformer Engine's attention (cuDNN's on Hopper), torchtitan's FSDP2 and DeepSpeed's Hugging
+    Face models PyTorch's SDPA (cuDNN's first on Hopper too), Megatron-DeepSpeed flash-attn's FlashAttention-2:
+    stating that kernel changes nothing."""
     default, stated = _evaluate(framework).report, _evaluate(framework, attention=own).report
     assert (stated.step_time_s, stated.memory) == (default.step_time_s, default.memory)
 
@@ -133,11 +135,14 @@ def test_a_stated_attention_kernel_runs_at_its_own_table():
 
 def test_attention_kernels_a_stack_or_device_does_not_run_are_refused():
     """One line each: a kernel without a measured table on the device (FlashAttention-3 on A100), a kernel Megatron
-    does not run, a name no stack uses, and torchtitan's export of a kernel other than its SDPA."""
+    or Megatron-DeepSpeed does not run, a name no stack uses, and torchtitan's export of a kernel other than its
+    SDPA."""
     with pytest.raises(PlanError, match="attention fa3 has no measured kernel table on A100"):
         _evaluate("fsdp2", "dgx-a100-80g", attention="fa3")
     with pytest.raises(PlanError, match="megatron runs Transformer Engine's attention, not sdpa"):
         _evaluate("megatron", attention="sdpa")
+    with pytest.raises(PlanError, match="megatron-deepspeed runs flash-attn's FlashAttention-2 .*, not sdpa"):
+        _evaluate("megatron-deepspeed", attention="sdpa")
     with pytest.raises(PlanError, match="attention='flex'; use one of te, sdpa, fa2, fa3"):
         Stack(attention="flex")
     torchtitan_config(_evaluate("fsdp2", attention="sdpa"))

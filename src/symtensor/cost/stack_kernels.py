@@ -96,6 +96,11 @@ def refusal(loss, elementwise=None, attention=None, param_dtype=None) -> str | N
 # kernel or its vocab-parallel one (megatron/core/models/common/language_module/language_module.py
 # ``compute_language_model_loss``), never PyTorch's own cross-entropy
 ENGINE_LOSSES = {"megatron": (None, "fused", "vocab-parallel")}
+# the attention kernels each engine's stack runs, where it does not run them all, and what it runs: Megatron-core's
+# Transformer Engine DotProductAttention; Megatron-DeepSpeed's flash-attn FlashAttention-2 (--use-flash-attn-v2,
+# ``cost.engine``'s megatron-deepspeed), neither PyTorch's SDPA
+ENGINE_ATTENTION = {"megatron": ((None, "te"), "Transformer Engine's attention"),
+                    "megatron-deepspeed": ((None, "fa2"), "flash-attn's FlashAttention-2 (--use-flash-attn-v2)")}
 
 
 def engine_refusal(stack, framework: str) -> str | None:
@@ -108,9 +113,10 @@ def engine_refusal(stack, framework: str) -> str | None:
     if framework == "megatron" and stack.elementwise == "eager":
         return ("megatron runs Transformer Engine's fused norms, RoPE and SwiGLU, not eager PyTorch composites: leave "
                 "--elementwise out, or use --framework fsdp2")
-    if framework == "megatron" and stack.attention not in (None, "te"):
-        return (f"megatron runs Transformer Engine's attention, not {stack.attention}: leave --attention out (or state "
-                "te), or use --framework fsdp2")
+    kernels, runs = ENGINE_ATTENTION.get(framework, ((stack.attention,), ""))
+    if stack.attention not in kernels:
+        return (f"{framework} runs {runs}, not {stack.attention}: leave --attention out (or state {kernels[1]}), or "
+                "use --framework fsdp2")
     return param_dtype_refusal(stack.param_dtype, framework)
 
 
