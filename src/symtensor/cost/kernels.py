@@ -824,14 +824,20 @@ def aligned_elements(width: float) -> int:
     return a
 
 
+def alignment_class(out: float, inp: float) -> int:
+    """The alignment class of a GEMM's weight ``out`` x ``inp``: ``aligned_elements`` of its less aligned dimension
+    (1, 2 or 4; ``ALIGN_ELEMENTS`` when both are aligned)."""
+    return min(aligned_elements(out), aligned_elements(inp))
+
+
 @functools.cache
 def alignment_means(device_name: str, dtype: str) -> dict:
     """(alignment class, layout) -> the mean over the device's measured rows of that class of unaligned over
-    aligned TFLOP/s; the class of a row is ``aligned_elements`` of its weight's less aligned dimension."""
+    aligned TFLOP/s; the class of a row is its weight's ``alignment_class``."""
     table = device_kernels(device_name).alignment.get(dtype)
     by: dict = {}
     for out, inp, layout, tf, _, _, aligned in table.rows if table else ():
-        key = (min(aligned_elements(out), aligned_elements(inp)), layout)
+        key = (alignment_class(out, inp), layout)
         by.setdefault(key, []).append(tf / aligned)
     return {key: sum(v) / len(v) for key, v in by.items()}
 
@@ -842,7 +848,7 @@ def alignment_factor(device_name: str, out: float, inp: float, dtype: str, layou
     its class: ``measured``, the (class, fraction) pairs a cluster file's profile measured (every layout alike;
     ``Efficiency.unaligned``), else the device's table for ``dtype`` (``alignment_means``); a class not measured
     reads the nearest lower one measured, an odd width's at worst."""
-    a = min(aligned_elements(out), aligned_elements(inp))
+    a = alignment_class(out, inp)
     if a >= ALIGN_ELEMENTS:
         return 1.0
     means = ({(c, lay): f for c, f in measured for lay in GEMM_LAYOUTS} if measured

@@ -275,9 +275,15 @@ def _unaligned(op, n: float, k: float, groups: float, eff, dtype: str) -> tuple[
     if op.kind != "linear" or groups != 1:
         return 1.0, 1.0, 1.0
     out = n if eff.pads_vocab or op.attr("stated_vocab") is None else op.attr("stated_vocab")
+    return tuple(unaligned_factor(eff, out, k, dtype, layout) for layout in kernels.GEMM_LAYOUTS)
+
+
+def unaligned_factor(eff, out: float, inp: float, dtype: str = "bf16", layout: str = "TN") -> float:
+    """``kernels.alignment_factor`` of a weight ``out`` x ``inp`` under ``eff``: the cluster file's measured fractions
+    (``Efficiency.unaligned``) first, else the device's table where its GEMMs are tabled (none where a cluster file
+    measured its GEMM rate without them)."""
     device = eff.kernels if eff.tabled("gemm") else ""
-    return tuple(kernels.alignment_factor(device, out, k, dtype, layout, eff.unaligned)
-                 for layout in kernels.GEMM_LAYOUTS)
+    return kernels.alignment_factor(device, out, inp, dtype, layout, eff.unaligned)
 
 
 # The table kernel of each ``kernel`` attr a run may name (``models.config.ATTENTION``) other than the

@@ -99,8 +99,8 @@ ENGINE_LOSSES = {"megatron": (None, "fused", "vocab-parallel")}
 # the attention kernels each engine's stack runs, where it does not run them all, and what it runs: Megatron-core's
 # Transformer Engine DotProductAttention; Megatron-DeepSpeed's flash-attn FlashAttention-2 (--use-flash-attn-v2,
 # ``cost.engine``'s megatron-deepspeed), neither PyTorch's SDPA
-ENGINE_ATTENTION = {"megatron": ((None, "te"), "Transformer Engine's attention"),
-                    "megatron-deepspeed": ((None, "fa2"), "flash-attn's FlashAttention-2 (--use-flash-attn-v2)")}
+ENGINE_ATTENTION = {"megatron": ("te", "Transformer Engine's attention"),
+                    "megatron-deepspeed": ("fa2", "flash-attn's FlashAttention-2 (--use-flash-attn-v2)")}
 
 
 def engine_refusal(stack, framework: str) -> str | None:
@@ -113,9 +113,9 @@ def engine_refusal(stack, framework: str) -> str | None:
     if framework == "megatron" and stack.elementwise == "eager":
         return ("megatron runs Transformer Engine's fused norms, RoPE and SwiGLU, not eager PyTorch composites: leave "
                 "--elementwise out, or use --framework fsdp2")
-    kernels, runs = ENGINE_ATTENTION.get(framework, ((stack.attention,), ""))
-    if stack.attention not in kernels:
-        return (f"{framework} runs {runs}, not {stack.attention}: leave --attention out (or state {kernels[1]}), or "
+    own = ENGINE_ATTENTION.get(framework)
+    if own is not None and stack.attention not in (None, own[0]):
+        return (f"{framework} runs {own[1]}, not {stack.attention}: leave --attention out (or state {own[0]}), or "
                 "use --framework fsdp2")
     return param_dtype_refusal(stack.param_dtype, framework)
 

@@ -8,7 +8,8 @@ of its regime, ``cost.bands``) and the baselines beside a searched plan.
 from __future__ import annotations
 
 from symtensor.cost.engine import context_of, engine_named
-from symtensor.cost.kernels import ALIGN_ELEMENTS, alignment_means
+from symtensor.cost.kernels import ALIGN_ELEMENTS
+from symtensor.cost.opcost import unaligned_factor
 from symtensor.hardware import GIB
 from symtensor.hardware.cluster import PRESET_DEVICES
 from symtensor.plan.plan import Plan
@@ -124,7 +125,7 @@ def description_notes(plan: Plan) -> list[str]:
     eff = efficiency_for(plan.cluster, plan.train.framework)
     if eff.unaligned:
         how = "are costed at the unaligned rate the cluster file measured (symtensor profile)"
-    elif eff.tabled("gemm") and alignment_means(eff.kernels, "bf16"):
+    elif unaligned_factor(eff, 1, ALIGN_ELEMENTS) < 1:  # (an odd width: the device's table prices it)
         how = ("are costed at cuBLAS's unaligned rate measured on the GH100 (one H200, "
                "benchmarks/results/hopper_runs.md)")
     else:

@@ -30,7 +30,7 @@ from symtensor.profile.fit import (
     median,
     memory_points,
 )
-from symtensor.profile.grid import KINDS, MEMORY_KERNELS
+from symtensor.profile.grid import KINDS, MEMORY_KERNELS, aligned_twin
 
 GB, TFLOPS, GIB, US = 1e9, 1e12, 2**30, 1e-6
 # the columns of each measured table: name -> type (bool before int: a bool is an int)
@@ -69,16 +69,17 @@ def compute_curves(tables: dict) -> dict[str, Curve]:
 
 def unaligned_fractions(rows: list[dict]) -> dict[str, float]:
     """The ``gemm_unaligned_*`` efficiency fields of the measured unaligned GEMMs: per alignment class of the
-    weight's less aligned dimension (``cost.kernels.aligned_elements``), the mean over its rows of the GEMM's
-    FLOP/s over its aligned twin's (N and K rounded down to multiples of 8)."""
-    from symtensor.cost.kernels import aligned_elements
+    weight (``cost.kernels.alignment_class``), the mean over its rows of the GEMM's FLOP/s over its aligned
+    twin's (``grid.aligned_twin``)."""
+    from symtensor.cost.kernels import ALIGN_ELEMENTS, alignment_class
 
     by: dict[int, list[float]] = {}
     for r in rows:
         n, k = r["n"], r["k"]
-        ratio = (n * k / r["seconds"]) / ((n - n % 8) * (k - k % 8) / r["aligned_seconds"])
-        by.setdefault(min(aligned_elements(n), aligned_elements(k)), []).append(ratio)
-    return {f"gemm_unaligned_{c}": _sig(min(1.0, sum(v) / len(v))) for c, v in sorted(by.items()) if c < 8}
+        ratio = (n * k / r["seconds"]) / (aligned_twin(n) * aligned_twin(k) / r["aligned_seconds"])
+        by.setdefault(alignment_class(n, k), []).append(ratio)
+    return {f"gemm_unaligned_{c}": _sig(min(1.0, sum(v) / len(v))) for c, v in sorted(by.items())
+            if c < ALIGN_ELEMENTS}
 
 
 def link_curves(level_tables: list[dict], names: dict[int, str]) -> dict[tuple[int, str], Curve]:

@@ -12,6 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from symtensor.cost.kernels import ALIGN_ELEMENTS
+
 STEP_MARK = "symtensor-profile-step"  # rank 0 prints "STEP_MARK done total what" per point
 KINDS = ("all_reduce", "all_gather", "reduce_scatter", "all_to_all")  # the collectives measured
 MEMORY_KERNELS = ("copy", "rmsnorm", "swiglu", "softmax")
@@ -30,8 +32,8 @@ class Grid:
         norm_width: the row length of the normalised and soft-maxed tensors.
         point_budget_s: seconds of timed repetitions per point at most.
         unaligned: (M, N, K) of ``[M, K] @ [K, N]`` with N or K no multiple of 8 (an odd one, 2 and 4 times an odd
-            one), each timed with its aligned twin (N and K rounded down to multiples of 8): what cuBLAS's
-            unaligned kernels cost on this device (``cost.kernels.alignment_factor``).
+            one), each timed with its aligned twin (N and K rounded down to multiples of 8: ``aligned_twin``): what
+            cuBLAS's unaligned kernels cost on this device (``cost.kernels.alignment_factor``).
     """
 
     gemm: tuple[tuple[int, int, int], ...]
@@ -72,6 +74,12 @@ _GPU_GEMM = tuple((n, n, n) for n in (256, 512, 1024, 2048, 4096, 8192)) + (
 _GPU_GEMM_QUICK = ((512, 512, 512), (2048, 2048, 2048), (8192, 8192, 8192), (64, 4096, 4096), (4096, 14336, 4096))
 _CPU_GEMM = tuple((n, n, n) for n in (32, 64, 128, 256, 512)) + ((8, 512, 512), (512, 128, 512), (64, 1024, 256))
 _CPU_GEMM_QUICK = ((32, 32, 32), (128, 128, 128), (384, 384, 384), (16, 384, 384))
+
+def aligned_twin(width: int) -> int:
+    """The width an unaligned GEMM of the grid is timed against: ``width`` rounded down to a multiple of
+    ``cost.kernels.ALIGN_ELEMENTS``."""
+    return width - width % ALIGN_ELEMENTS
+
 
 # GEMMs of a weight 4,097 / 4,098 / 4,100 wide (an odd width, 2 and 4 times an odd one), and 4,100 deep
 _GPU_UNALIGNED = ((8192, 4097, 4096), (8192, 4098, 4096), (8192, 4100, 4096), (8192, 4096, 4100))

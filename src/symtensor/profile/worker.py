@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from symtensor.errors import PlanError
 from symtensor.profile.document import build, check_writable, write
 from symtensor.profile.fit import median
-from symtensor.profile.grid import KINDS, STEP_MARK, Grid, grid_for
+from symtensor.profile.grid import KINDS, STEP_MARK, Grid, aligned_twin, grid_for
 
 MAX_REPS = 200  # repetitions of one point at most (a tiny kernel within its budget)
 _DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
@@ -89,11 +89,11 @@ def measure_gemm(b: Bench, grid: Grid, step) -> list[dict]:
 
 
 def measure_unaligned(b: Bench, grid: Grid, step) -> list[dict]:
-    """Each unaligned GEMM of the grid and its aligned twin (N and K rounded down to multiples of 8)."""
+    """Each unaligned GEMM of the grid and its aligned twin (``grid.aligned_twin``)."""
     rows = []
     for m, n, k in grid.unaligned:
         x, w = b.randn(m, k), b.randn(k, n)
-        xa, wa = b.randn(m, k - k % 8), b.randn(k - k % 8, n - n % 8)
+        xa, wa = b.randn(m, aligned_twin(k)), b.randn(aligned_twin(k), aligned_twin(n))
         rows.append({"m": m, "n": n, "k": k, "seconds": b.seconds(lambda: x @ w),
                      "aligned_seconds": b.seconds(lambda: xa @ wa)})
         step(f"gemm {m}x{n}x{k} unaligned")
